@@ -1,0 +1,1 @@
+"""analysis wing of stare_lab."""

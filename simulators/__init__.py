@@ -1,0 +1,1 @@
+"""simulators wing of stare_lab."""

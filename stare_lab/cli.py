@@ -1,0 +1,93 @@
+"""The ``stare-lab`` front door: argument parsing and error printing only.
+
+Each wing owns its subcommand in its own ``cli.py`` and registers it under the entry-point group
+``stare_lab.commands`` (see ``pyproject.toml``). An entry point is a callable ``register(subparsers)`` that adds
+one sub-parser and sets ``func`` (``func(args) -> int`` exit code) as its default. The core never imports its
+callers: the commands are discovered with :mod:`importlib.metadata`. A subcommand whose wing cannot be imported
+(extras not installed) still appears and says why it is unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib import metadata
+from typing import Sequence
+
+from . import __version__
+from .errors import StareLabError
+
+ENTRY_POINT_GROUP = "stare_lab.commands"
+
+#: Subcommands the toolkit promises; each is provided by a wing through an entry point.
+KNOWN_COMMANDS = {
+    "simulate": "run tabular / small-transformer policy simulations (simulators)",
+    "analyze": "plots and a report from run directories (analysis)",
+    "promote": "turn simulated STARE settings into a trainer config (trainer)",
+    "train": "full-scale GRPO / STARE training with vLLM + DeepSpeed (trainer)",
+    "evaluate": "score a checkpoint on the math benchmarks (trainer)",
+}
+
+
+def _unavailable(name: str, reason: str):
+    def run(args: argparse.Namespace) -> int:
+        print(f"stare-lab {name}: not available: {reason}", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every discovered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="stare-lab",
+        description="stare_lab: entropy-preserving RL post-training (STARE) — simulate, analyze, train, evaluate.",
+    )
+    parser.add_argument("--version", action="version", version=f"stare-lab {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    registered: set[str] = set()
+    try:
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # noqa: BLE001 - broken metadata must not break --help
+        eps = []
+    for ep in sorted(eps, key=lambda e: e.name):
+        if ep.name in registered:
+            continue
+        try:
+            register = ep.load()
+            register(sub)
+        except Exception as err:  # noqa: BLE001 - a broken or uninstalled wing only disables its command
+            p = sub.add_parser(ep.name, help=KNOWN_COMMANDS.get(ep.name, "") + " [unavailable]")
+            p.set_defaults(func=_unavailable(ep.name, f"{type(err).__name__}: {err}"))
+        registered.add(ep.name)
+    for name, help_text in KNOWN_COMMANDS.items():
+        if name not in registered:
+            p = sub.add_parser(name, help=help_text + " [not installed]")
+            p.set_defaults(func=_unavailable(name, "no installed package provides this command"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 1 error, 2 usage/unavailable)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except StareLabError as err:
+        print(f"stare-lab {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"stare-lab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

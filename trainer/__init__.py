@@ -1,0 +1,1 @@
+"""trainer wing of stare_lab."""
