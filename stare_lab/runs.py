@@ -12,6 +12,22 @@ RUN/
 Every metrics row holds :data:`REQUIRED_KEYS`; other keys are namespaced (``loss/…``, ``stare/…``,
 ``quadrant/…``, ``time/…``). Non-finite floats are written as JSON ``null`` (never a bare ``NaN`` token), so every
 line is strict JSON.
+
+Conventions every writer follows (analysis relies on them):
+
+* ``config.yaml`` has top-level ``source`` (``simulator`` | ``trainer``), ``method`` (e.g. ``grpo``, ``o1``,
+  ``c2``), ``seed`` and ``loss`` (the :class:`~stare_lab.config.LossConfig` as a dict, so the target entropy is at
+  ``loss.stare.target_entropy``); anything else is free.
+* ``entropy`` is the batch token-mean entropy before the update (nats); ``entropy_change`` the measured one-step
+  change on the same states (or null); ``pred_entropy_change`` the primary first-order prediction. Further
+  predictors go under ``pred/<name>`` (e.g. ``pred/grad_dot`` = ∇θH·Δθ, ``pred/phi_tokens`` = token-level Φ sum).
+* Quadrants (science.md §2): ``quadrant/{pos,neg}_{high,low}/count`` (tokens with Â>0 / Â<0 and surprisal
+  above / below the critical value) and ``quadrant/{pos,neg}_{high,low}/dH`` (their summed first-order ΔH
+  contribution, nats).
+* STARE selection: ``stare/frac_pos_selected``, ``stare/frac_neg_selected`` (|L±| / valid tokens).
+* Held-out evaluation: ``eval/accuracy``, ``eval/pass@<k>`` (only on the steps that evaluate); sampled-batch
+  ``accuracy`` and ``pass@<G>`` when the source has a verifier.
+* Timing: ``time/step_s`` and ``time/<phase>_s``.
 """
 
 from __future__ import annotations
