@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import Any, Iterable, Mapping, TypeVar
 from .errors import ConfigError
 
 T = TypeVar("T")
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 __all__ = [
     "STAREConfig",
@@ -65,7 +68,11 @@ def join_key(prefix: str, name: str) -> str:
 
 
 def _fmt(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, float) and not isinstance(value, bool):
+        return format(value, "g")
+    return str(value)
 
 
 def check_finite(key: str, value: Any) -> None:
@@ -422,6 +429,10 @@ def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads "1e-3" as a string
+        elif isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "-inf", "nan"):
+            value = float(value)
         parsed.append((key, value))
     return parsed
 
