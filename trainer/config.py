@@ -1,0 +1,448 @@
+"""The trainer's config tree: dataclasses in the core's config system (:mod:`stare_lab.config`).
+
+One YAML file (plus dotted ``key=value`` overrides) builds a :class:`TrainerConfig`::
+
+    method: o1                  # label written to config.yaml (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, ...)
+    seed: 0
+    out_dir: runs/o1
+    model:     {path: ..., dtype: bfloat16, gradient_checkpointing: true}
+    data:      {train_files: [...], prompt_key: problem, answer_key: answer, max_prompt_length: 1024}
+    rollout:   {engine: vllm, n: 8, temperature: 1.0, top_p: 1.0, max_response_length: 3072}
+    algorithm: {advantage_estimator: grpo, dynamic_sampling: true, max_gen_rounds: 3, overlong: keep}
+    reward:    {kind: math}
+    loss:      {loss_mode: stare, stare: {variant: O1, top_p_ratio: 0.1}}     # stare_lab.config.LossConfig
+    optim:     {lr: 1.0e-6, train_batch_size: 64, micro_batch_max_tokens: 16384, grad_clip: 1.0}
+    deepspeed: {zero_stage: 3, precision: bf16}
+    schedule:  {total_steps: 500, save_freq: 20, eval_freq: 10}
+
+Every default lives here and is printed into the run's ``config.yaml``. Errors are
+:class:`~stare_lab.errors.ConfigError` naming the dotted key (``rollout.n=0 is outside (0, inf]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from stare_lab.config import (
+    LossConfig,
+    check_choice,
+    check_positive,
+    check_range,
+    config_prefix,
+    load_config,
+    to_dict,
+)
+from stare_lab.errors import ConfigError
+
+__all__ = [
+    "ModelConfig",
+    "DataConfig",
+    "RolloutConfig",
+    "AlgorithmConfig",
+    "RewardConfig",
+    "OptimConfig",
+    "DeepSpeedConfig",
+    "ScheduleConfig",
+    "TrainerConfig",
+    "METHODS",
+    "load_trainer_config",
+    "DEFAULT_PROMPT_TEMPLATE",
+]
+
+#: Default user-message template for math prompts (the paper's instruction, science.md §4).
+DEFAULT_PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+
+#: Method labels (design.md / analysis) → what they require of the loss config. ``None`` = any value.
+METHODS: dict[str, dict[str, Any]] = {
+    "grpo": {"loss_mode": "grpo"},
+    "grpo-ds": {"loss_mode": "grpo", "dynamic_sampling": True},
+    "o1": {"loss_mode": "stare", "variant": "O1", "adaptive": False},
+    "c2": {"loss_mode": "stare", "variant": "C2"},
+    "o1-adaptive": {"loss_mode": "stare", "variant": "O1", "adaptive": True},
+    "clip_cov": {"loss_mode": "clip_cov"},
+    "kl_cov": {"loss_mode": "kl_cov"},
+    "entropy_bonus": {"loss_mode": "grpo", "entropy_coeff_positive": True},
+    "forking_tokens": {"loss_mode": "forking_tokens"},
+}
+
+
+def _p(prefix: str) -> str:
+    return prefix + "." if prefix else ""
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The policy model.
+
+    Attributes:
+        path: local directory of a Hugging Face checkpoint (never downloaded: runs are offline).
+        tokenizer: tokenizer directory; ``None`` = ``path``.
+        chat_template: a Jinja chat template overriding the tokenizer's; ``None`` keeps the tokenizer's.
+        dtype: weights dtype of the trainer's master copy when not using mixed precision (``float32``), and of
+            the rollout engine (``rollout.dtype=auto`` follows ``deepspeed.precision``).
+        gradient_checkpointing: recompute activations in the backward pass (saves memory, ~30% slower).
+        attn_implementation: transformers attention backend (``sdpa``, ``eager``, ``flash_attention_2``).
+    """
+
+    path: str = ""
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("model"))
+        check_choice(f"{p}dtype", self.dtype, ["float32", "bfloat16", "float16"])
+        check_choice(f"{p}attn_implementation", self.attn_implementation, ["sdpa", "eager", "flash_attention_2"])
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Training prompts.
+
+    Attributes:
+        train_files: JSONL / Parquet files (or ``hf:NAME:SPLIT`` for a locally cached ``datasets`` dataset),
+            each record holding ``prompt_key`` and ``answer_key``.
+        prompt_key: record field with the problem text.
+        answer_key: record field with the gold answer (graded by ``trainer.rewards``).
+        prompt_template: ``str.format`` template of the user message; ``{problem}`` is the record's prompt.
+        use_chat_template: wrap the message with the tokenizer's chat template (add generation prompt).
+        max_prompt_length: tokens; longer prompts are handled per ``truncation``.
+        truncation: ``left`` (keep the end of the prompt, logged), ``right`` (keep the start, logged), or
+            ``error`` (raise :class:`~stare_lab.errors.DataError`).
+        shuffle: reshuffle the prompts every epoch (seeded by ``seed`` and the epoch number).
+        max_samples: use only the first N records (``None`` = all).
+    """
+
+    train_files: list[str] = dataclasses.field(default_factory=list)
+    prompt_key: str = "problem"
+    answer_key: str = "answer"
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    use_chat_template: bool = True
+    max_prompt_length: int = 1024
+    truncation: str = "left"
+    shuffle: bool = True
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("data"))
+        check_positive(f"{p}max_prompt_length", self.max_prompt_length, integer=True)
+        check_choice(f"{p}truncation", self.truncation, ["left", "right", "error"])
+        if self.max_samples is not None:
+            check_positive(f"{p}max_samples", self.max_samples, integer=True)
+        if "{problem}" not in self.prompt_template:
+            raise ConfigError(f"{p}prompt_template={self.prompt_template!r} must contain {{problem}}")
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    """Sampling and the rollout engine.
+
+    Attributes:
+        engine: ``vllm`` (colocated vLLM ``LLM`` per rank) or ``hf`` (transformers ``generate``, for debugging).
+        n: responses per prompt (the group size G).
+        temperature: sampling temperature (> 0); the trainer's log-probs and entropies use the same value.
+        top_p, top_k: nucleus / top-k filtering (top_k = -1 disables it).
+        max_response_length: max new tokens per response.
+        dtype: engine dtype; ``auto`` = bf16 if ``deepspeed.precision`` is bf16 else float32.
+        gpu_memory_utilization: vLLM's fraction of GPU memory (ignored on CPU; the KV cache size there comes from
+            ``VLLM_CPU_KVCACHE_SPACE`` GiB).
+        tensor_parallel_size: vLLM tensor-parallel group size (inside one node; divides the world size).
+        enforce_eager: disable CUDA graphs / compilation (always on for CPU).
+        enable_sleep_mode: free vLLM's memory during the update (GPU only; ignored on CPU).
+        max_num_seqs: vLLM's max concurrent sequences.
+        sync_bucket_mb: size of the buckets in which ZeRO-3 parameters are gathered for the weight sync (MiB).
+        stop: extra stop strings.
+    """
+
+    engine: str = "vllm"
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_response_length: int = 3072
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    enable_sleep_mode: bool = True
+    max_num_seqs: int = 256
+    sync_bucket_mb: float = 512.0
+    stop: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("rollout"))
+        check_choice(f"{p}engine", self.engine, ["vllm", "hf"])
+        check_positive(f"{p}n", self.n, integer=True)
+        check_range(f"{p}temperature", self.temperature, 0, None, lo_open=True)
+        check_range(f"{p}top_p", self.top_p, 0, 1, lo_open=True)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
+            raise ConfigError(f"{p}top_k={self.top_k} must be -1 (off) or a positive integer")
+        check_positive(f"{p}max_response_length", self.max_response_length, integer=True)
+        check_choice(f"{p}dtype", self.dtype, ["auto", "float32", "bfloat16", "float16"])
+        check_range(f"{p}gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, lo_open=True)
+        check_positive(f"{p}tensor_parallel_size", self.tensor_parallel_size, integer=True)
+        check_positive(f"{p}max_num_seqs", self.max_num_seqs, integer=True)
+        check_range(f"{p}sync_bucket_mb", self.sync_bucket_mb, 0, None, lo_open=True)
+
+
+@dataclasses.dataclass
+class AlgorithmConfig:
+    """Advantages, dynamic sampling, truncation handling (science.md §3).
+
+    Attributes:
+        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
+        adv_eps: ε of the GRPO std normalisation.
+        quantile_k: K of QAE.
+        dynamic_sampling: keep only groups with non-zero reward variance (DAPO), regenerating up to
+            ``max_gen_rounds`` rounds to fill the batch; then continue with what was kept (logged).
+        max_gen_rounds: bound on generation rounds per step (≥ 1). Never an endless loop.
+        overlong: responses cut by ``max_response_length`` (finish reason ``length``): ``keep`` them with their
+            reward, or ``mask`` them out of the loss (their tokens get response_mask 0).
+        overlong_buffer_len: DAPO soft overlong penalty: responses longer than ``max_response_length −
+            overlong_buffer_len`` lose reward linearly up to ``overlong_penalty_factor`` (0 = off).
+        overlong_penalty_factor: maximal soft overlong penalty (reward units).
+    """
+
+    advantage_estimator: str = "grpo"
+    adv_eps: float = 1e-6
+    quantile_k: float = 0.4
+    dynamic_sampling: bool = False
+    max_gen_rounds: int = 3
+    overlong: str = "keep"
+    overlong_buffer_len: int = 0
+    overlong_penalty_factor: float = 0.0
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("algorithm"))
+        check_choice(f"{p}advantage_estimator", self.advantage_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
+        check_range(f"{p}adv_eps", self.adv_eps, 0, None)
+        check_range(f"{p}quantile_k", self.quantile_k, 0, 1)
+        check_positive(f"{p}max_gen_rounds", self.max_gen_rounds, integer=True)
+        check_choice(f"{p}overlong", self.overlong, ["keep", "mask"])
+        check_positive(f"{p}overlong_buffer_len", self.overlong_buffer_len, integer=True, allow_zero=True)
+        check_range(f"{p}overlong_penalty_factor", self.overlong_penalty_factor, 0, None)
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    """Reward function of the rollouts.
+
+    Attributes:
+        kind: ``math`` (math-verify on the last ``\\boxed{}``: 1 if right else 0; the default for the math
+            benchmarks) or ``gsm8k-lenient`` (also accepts the last number in the response — for demos with
+            weak models; never the default).
+        format_reward: added when the response contains a ``\\boxed{}`` (0 = off; demos only).
+        timeout_s: grading timeout per response, seconds (enforced in the main thread).
+        on_error: a grader that raises: ``zero`` (reward 0, logged and counted) or ``raise``.
+    """
+
+    kind: str = "math"
+    format_reward: float = 0.0
+    timeout_s: float = 5.0
+    on_error: str = "zero"
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("reward"))
+        check_choice(f"{p}kind", self.kind, ["math", "gsm8k-lenient"])
+        check_range(f"{p}format_reward", self.format_reward, 0, None)
+        check_range(f"{p}timeout_s", self.timeout_s, 0, None, lo_open=True)
+        check_choice(f"{p}on_error", self.on_error, ["zero", "raise"])
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """Optimisation.
+
+    Attributes:
+        lr: learning rate (paper: 1e-6 constant).
+        schedule: ``constant``, ``linear`` (decay to 0 at ``schedule.total_steps``) or ``cosine``.
+        warmup_steps: linear warm-up steps.
+        weight_decay, betas, eps: AdamW settings.
+        grad_clip: global grad-norm clip (0 = off).
+        train_batch_size: prompts per step, global over all ranks (each gives ``rollout.n`` responses).
+        micro_batch_max_tokens: token budget of one packed micro-batch (prompt + response tokens, per rank).
+        optimizer: ``torch_adamw`` (client ``torch.optim.AdamW``; no op build) or ``deepspeed_adamw``
+            (DeepSpeed's fused/CPU Adam; builds an op on first use).
+    """
+
+    lr: float = 1e-6
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    train_batch_size: int = 64
+    micro_batch_max_tokens: int = 16384
+    optimizer: str = "torch_adamw"
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("optim"))
+        check_range(f"{p}lr", self.lr, 0, None)
+        check_choice(f"{p}schedule", self.schedule, ["constant", "linear", "cosine"])
+        check_positive(f"{p}warmup_steps", self.warmup_steps, integer=True, allow_zero=True)
+        check_range(f"{p}weight_decay", self.weight_decay, 0, None)
+        if len(self.betas) != 2:
+            raise ConfigError(f"{p}betas={self.betas} must be two numbers")
+        for i, b in enumerate(self.betas):
+            check_range(f"{p}betas[{i}]", b, 0, 1, hi_open=True)
+        check_range(f"{p}eps", self.eps, 0, None, lo_open=True)
+        check_range(f"{p}grad_clip", self.grad_clip, 0, None)
+        check_positive(f"{p}train_batch_size", self.train_batch_size, integer=True)
+        check_positive(f"{p}micro_batch_max_tokens", self.micro_batch_max_tokens, integer=True)
+        check_choice(f"{p}optimizer", self.optimizer, ["torch_adamw", "deepspeed_adamw"])
+
+
+@dataclasses.dataclass
+class DeepSpeedConfig:
+    """DeepSpeed settings; :func:`trainer.launch.deepspeed_json` turns them into the DeepSpeed JSON.
+
+    Attributes:
+        zero_stage: 0, 1, 2 or 3.
+        precision: ``bf16``, ``fp16`` or ``fp32``.
+        offload_optimizer, offload_param: ZeRO-Offload of optimizer states / parameters (ZeRO-3) to CPU.
+        config_file: a DeepSpeed JSON to start from instead of the generated one (the trainer still sets batch
+            sizes and gradient clipping).
+        overrides: mapping merged (recursively) into the generated JSON last, e.g.
+            ``{"zero_optimization": {"reduce_bucket_size": 5e7}}``.
+    """
+
+    zero_stage: int = 3
+    precision: str = "bf16"
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    config_file: str | None = None
+    overrides: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("deepspeed"))
+        check_choice(f"{p}zero_stage", self.zero_stage, [0, 1, 2, 3])
+        check_choice(f"{p}precision", self.precision, ["bf16", "fp16", "fp32"])
+        if self.offload_param and self.zero_stage != 3:
+            raise ConfigError(f"{p}offload_param=true needs {p}zero_stage=3, got {self.zero_stage}")
+
+
+@dataclasses.dataclass
+class ScheduleConfig:
+    """Run length and periodic actions (all in steps; 0 = never).
+
+    Attributes:
+        total_steps: optimizer steps to run.
+        save_freq: checkpoint every N steps (and at the end).
+        keep_checkpoints: how many checkpoints to keep (oldest deleted).
+        eval_freq: evaluate every N steps (needs ``eval_config``; run by ``trainer.evaluate``).
+        eval_config: path of an evaluation config for ``trainer.evaluate`` (``None`` = no periodic evaluation).
+        resume: ``auto`` (resume from ``out_dir/checkpoint`` if present), ``never`` (fail if the run exists)
+            or ``must`` (fail if there is nothing to resume).
+        tensorboard: also log scalars to ``out_dir/tensorboard``.
+        wandb_project: log to Weights & Biases under this project (``None`` = off).
+        progress_bar: tqdm progress bar on rank 0.
+    """
+
+    total_steps: int = 100
+    save_freq: int = 20
+    keep_checkpoints: int = 2
+    eval_freq: int = 0
+    eval_config: str | None = None
+    resume: str = "auto"
+    tensorboard: bool = False
+    wandb_project: str | None = None
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix("schedule"))
+        check_positive(f"{p}total_steps", self.total_steps, integer=True)
+        check_positive(f"{p}save_freq", self.save_freq, integer=True, allow_zero=True)
+        check_positive(f"{p}keep_checkpoints", self.keep_checkpoints, integer=True)
+        check_positive(f"{p}eval_freq", self.eval_freq, integer=True, allow_zero=True)
+        check_choice(f"{p}resume", self.resume, ["auto", "never", "must"])
+
+
+@dataclasses.dataclass
+class TrainerConfig:
+    """The whole trainer config (written resolved into the run's ``config.yaml``).
+
+    Attributes:
+        method: label of the method (a key of :data:`METHODS`, or any other string for custom setups); for the
+            known labels the loss config must match (e.g. ``o1`` needs ``loss.loss_mode=stare``, variant O1).
+        seed: the run's seed: data order, sampling and initialisation of everything random derive from it.
+        out_dir: run directory (``metrics.jsonl``, ``config.yaml``, ``checkpoint/``).
+        source: always ``trainer`` (run-directory convention).
+    """
+
+    method: str = "grpo"
+    seed: int = 0
+    out_dir: str = "runs/train"
+    source: str = "trainer"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    deepspeed: DeepSpeedConfig = dataclasses.field(default_factory=DeepSpeedConfig)
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+
+    def __post_init__(self) -> None:
+        p = _p(config_prefix(""))
+        check_choice(f"{p}source", self.source, ["trainer"])
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"{p}seed={self.seed} must be a non-negative integer")
+        req = METHODS.get(self.method)
+        if req is None:
+            return
+        loss = self.loss
+        if loss.loss_mode != req["loss_mode"]:
+            raise ConfigError(
+                f"{p}method={self.method!r} needs {p}loss.loss_mode={req['loss_mode']!r}, got {loss.loss_mode!r}"
+            )
+        if "variant" in req and loss.stare.variant != req["variant"]:
+            raise ConfigError(
+                f"{p}method={self.method!r} needs {p}loss.stare.variant={req['variant']!r}, got {loss.stare.variant!r}"
+            )
+        if "adaptive" in req and loss.stare.adaptive != req["adaptive"]:
+            raise ConfigError(
+                f"{p}method={self.method!r} needs {p}loss.stare.adaptive={req['adaptive']}, got {loss.stare.adaptive}"
+            )
+        if req.get("dynamic_sampling") and not self.algorithm.dynamic_sampling:
+            raise ConfigError(f"{p}method={self.method!r} needs {p}algorithm.dynamic_sampling=true")
+        if req.get("entropy_coeff_positive") and loss.entropy_coeff <= 0:
+            raise ConfigError(f"{p}method={self.method!r} needs {p}loss.entropy_coeff > 0")
+
+    def require_model_and_data(self) -> None:
+        """Check what a real run needs (not needed to build a config): a model directory and data files.
+
+        Raises:
+            ConfigError: if ``model.path`` is empty or not a directory, or ``data.train_files`` is empty or names a
+                missing file.
+        """
+        if not self.model.path:
+            raise ConfigError("model.path is empty; set it to a local Hugging Face model directory")
+        if not Path(self.model.path).is_dir():
+            raise ConfigError(f"model.path={self.model.path!r} is not a directory")
+        if not self.data.train_files:
+            raise ConfigError("data.train_files is empty; give at least one JSONL/Parquet file")
+        for i, f in enumerate(self.data.train_files):
+            if not f.startswith("hf:") and not Path(f).is_file():
+                raise ConfigError(f"data.train_files[{i}]={f!r} does not exist")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain dicts (what goes into ``config.yaml``)."""
+        return to_dict(self)
+
+
+def load_trainer_config(
+    path: str | Path | Mapping[str, Any] | None, overrides: Iterable[str] = ()
+) -> TrainerConfig:
+    """Load a :class:`TrainerConfig` from YAML (or a mapping / ``None`` for defaults) plus dotted overrides.
+
+    Raises:
+        ConfigError: missing/invalid file, unknown key, wrong type or out-of-range value (naming the dotted key).
+    """
+    return load_config(path, overrides, TrainerConfig)
+
