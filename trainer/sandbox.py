@@ -38,7 +38,6 @@ import os
 import selectors
 import shutil
 import signal
-import site
 import subprocess
 import sys
 import time
@@ -155,7 +154,6 @@ sys.stdin.close()
 sys.stdin = open(os.devnull)
 linecache.cache["<code>"] = (len(_src), None, _src.splitlines(True), "<code>")
 sys.argv = ["<code>"]
-del _limit, _d
 try:
     exec(compile(_src, "<code>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
 except SystemExit:
@@ -174,10 +172,13 @@ def _python_runtime() -> tuple[str, list[str], list[str]]:
     for d in (os.path.realpath(sys.base_prefix), os.path.dirname(exe)):
         if not d.startswith("/usr/") and d != "/usr":
             binds.append(d)
-    sites = []
-    for d in site.getsitepackages() + [site.getusersitepackages()]:
-        if d and os.path.isdir(d):
-            sites.append(os.path.realpath(d))
+    # exactly the site-packages directories on the running interpreter's path (a venv's, not the base's)
+    sites: list[str] = []
+    for d in sys.path:
+        if os.path.basename(d) in ("site-packages", "dist-packages") and os.path.isdir(d):
+            real = os.path.realpath(d)
+            if real not in sites:
+                sites.append(real)
     return exe, binds, sites
 
 
@@ -230,8 +231,9 @@ def _bwrap_argv(memory_mb: int, workdir_mb: int, cpu_s: int, site_packages: bool
         "--",
     ]  # fmt: skip
     boot = _BOOTSTRAP.format(mem=memory_mb * 1024 * 1024, fsize=workdir_mb * 1024 * 1024, cpu=cpu_s, sites=sites)
-    # -I: isolated mode (ignore PYTHON* variables, user site, and the cwd on sys.path); -B: no .pyc writes.
-    return argv + [exe, "-I", "-B", "-c", boot]
+    # -I: isolated mode (ignore PYTHON* variables, user site, and the cwd on sys.path); -S: no automatic
+    # site-packages (the bootstrap adds exactly ``sites``); -B: no .pyc writes.
+    return argv + [exe, "-I", "-S", "-B", "-c", boot]
 
 
 @functools.lru_cache(maxsize=4)
