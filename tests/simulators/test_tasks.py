@@ -87,7 +87,7 @@ def test_config_errors_name_the_key():
         TaskConfig(name="sort", answer_len=4)
     with pytest.raises(ConfigError, match=r"num_digits=12 is outside"):
         TaskConfig(num_digits=12)
-    with pytest.raises(ConfigError, match=r"train_size \+ eval_size"):
+    with pytest.raises(ConfigError, match=r"task.train_size \+ task.eval_size = 70"):
         TaskConfig(num_digits=2, train_size=60, eval_size=10)
     with pytest.raises(DataError, match=r"prompts must have shape \[B, 7\]"):
         make_task("pick").check(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long))
