@@ -88,6 +88,6 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"num_digits=12 is outside"):
         TaskConfig(num_digits=12)
     with pytest.raises(ConfigError, match=r"task.train_size \+ task.eval_size = 70"):
-        TaskConfig(num_digits=2, train_size=60, eval_size=10)
+        TaskConfig(num_digits=2, answer_len=2, train_size=60, eval_size=10)
     with pytest.raises(DataError, match=r"prompts must have shape \[B, 7\]"):
         make_task("pick").check(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long))
