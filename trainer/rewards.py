@@ -1,0 +1,612 @@
+"""Answer grading and rule rewards for math RL and evaluation (STARE §4: math-verify on the last ``\\boxed{}``).
+
+Public API (scripts, tests, the trainer's reward and ``trainer.evaluate`` import these):
+
+* :func:`extract_boxed` — the content of the last complete ``\\boxed{…}`` / ``\\fbox{…}`` (nested braces,
+  ``\\boxed 5`` without braces) or ``None``.
+* :func:`grade` — ``grade(response, gold, benchmark=None) -> bool``; :func:`grade_response` returns a
+  :class:`GradeResult` with the extracted answer and a status (``ok``, ``no_answer``, ``timeout``, ``error``,
+  ``rejected``).
+* :func:`math_reward` — batch reward (1.0 right / 0.0 wrong); a grader exception or timeout gives 0 and is
+  counted and logged, never raised (unless ``on_error="raise"``).
+* :func:`gsm8k_lenient_reward` (last number in the response) and :func:`format_reward` (has a boxed answer) —
+  separate, explicitly configured rewards, never the default for the math benchmarks.
+
+Grading pipeline for one response (``grade_response``):
+
+1. Extract the last boxed answer; none → wrong, status ``no_answer``.
+2. Normalise both answers (:func:`normalize_answer`: ``$…$`` wrappers, ``\\left``/``\\right``, spacing commands,
+   ``\\dfrac``, degree signs, ``\\$``, trailing period). Equal strings → right.
+3. If both are plain numbers (integers with leading zeros or thousands separators, decimals, ``27.0``,
+   scientific notation ``4.5e33`` / ``4.5\\times10^{33}``, integer fractions, trailing units in ``\\text{}``),
+   compare exact rationals: two integers must be equal exactly (so a huge-number near miss such as
+   1000000 vs 1000001 is wrong — no float tolerance); otherwise within the benchmark's relative tolerance
+   (:data:`RELATIVE_TOLERANCE`). No math-verify call is needed.
+4. Otherwise math-verify (``parse`` of ``\\boxed{answer}`` with LaTeX + expression extraction, ``verify`` with its
+   default float rounding); the parsed gold is cached.
+
+Timeouts: math-verify can hang on adversarial LaTeX. Each item runs under a wall-clock limit (``timeout_s``)
+enforced with ``SIGALRM`` when called from the main thread; math-verify's own signal timeouts are disabled (they
+raise outside the main thread). Called from another thread, items run without a limit (logged once).
+Answers with exponent towers, huge exponents or huge factorials are rejected before sympy sees them (status
+``rejected``): sympy would compute them in C, where no signal can interrupt it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import re
+import signal
+import threading
+from fractions import Fraction
+from typing import Iterator, Sequence
+
+from stare_lab.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PROMPT_INSTRUCTION",
+    "RELATIVE_TOLERANCE",
+    "GradeResult",
+    "GradingTimeout",
+    "extract_boxed",
+    "normalize_answer",
+    "normalize_gold",
+    "parse_number",
+    "grade",
+    "grade_response",
+    "grade_batch",
+    "math_reward",
+    "gsm8k_lenient_reward",
+    "format_reward",
+    "last_number",
+]
+
+#: The paper's instruction appended to every problem (science.md §4; Qwen2.5-Math evaluation prompt).
+PROMPT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+#: Relative tolerance for numeric comparisons that are not integer-vs-integer, per benchmark. Minerva answers are
+#: physical quantities given to 2–3 significant figures, so 1% is accepted there (our choice; the Qwen2.5-Math
+#: harness uses 1e-4, Minerva's paper compares to the rounded reference); elsewhere 1e-6 ≈ math-verify's 6-digit
+#: float rounding. ``None`` is the default for unknown or unnamed benchmarks.
+RELATIVE_TOLERANCE: dict[str | None, float] = {
+    None: 1e-6,
+    "aime24": 1e-6,
+    "aime25": 1e-6,
+    "amc23": 1e-6,
+    "math500": 1e-6,
+    "olympiadbench": 1e-6,
+    "minerva_math": 1e-2,
+    "gsm8k": 1e-6,
+}
+
+#: Benchmarks where integers are also compared with the relative tolerance (not exactly).
+_TOLERANT_INTEGERS = {"minerva_math"}
+
+#: Longest answer (characters) handed to math-verify; longer boxed contents are graded by string match only.
+MAX_ANSWER_CHARS = 1000
+
+
+class GradingTimeout(BaseException):
+    """Raised inside a grading call when its wall-clock limit expires.
+
+    A ``BaseException`` (like math-verify's own ``TimeoutException``) so that the broad ``except Exception`` blocks
+    inside math-verify and sympy cannot swallow it.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class GradeResult:
+    """Outcome of grading one response.
+
+    Attributes:
+        correct: the extracted answer is equivalent to the gold answer.
+        extracted: content of the last boxed answer (``None`` if the response has none).
+        status: ``ok`` (graded), ``no_answer`` (no boxed answer), ``timeout`` (limit hit: graded wrong),
+            ``error`` (the grader raised: graded wrong), ``rejected`` (answer too large to evaluate safely:
+            graded wrong unless it matched the gold string).
+    """
+
+    correct: bool
+    extracted: str | None
+    status: str
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# extraction
+# ----------------------------------------------------------------------------------------------------------------
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def _match_braces(text: str, start: int) -> int | None:
+    """Index just past the ``}`` closing the ``{`` at ``text[start]``, or ``None`` if unbalanced.
+
+    Escaped braces ``\\{`` / ``\\}`` do not count.
+    """
+    depth = 0
+    i = start
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{…}`` (or ``\\fbox{…}``) in ``text``.
+
+    Handles nested braces, whitespace before the brace (``\\boxed {x}``) and the brace-less form ``\\boxed 5``
+    (content up to the next whitespace or ``$``). A trailing ``\\boxed{`` left open by a truncated response is
+    skipped in favour of the previous complete one. An empty box counts as no answer.
+
+    Returns:
+        the stripped content, or ``None`` if there is no complete, non-empty boxed answer.
+    """
+    if not isinstance(text, str):
+        return None
+    starts = [m.end() for m in _BOX_RE.finditer(text)]
+    for pos in reversed(starts):
+        j = pos
+        while j < len(text) and text[j] in " \t":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            end = _match_braces(text, j)
+            if end is None:
+                continue
+            content = text[j + 1 : end - 1].strip()
+        elif j > pos:  # "\boxed 5": one whitespace-delimited token
+            m = re.match(r"[^\s$]+", text[j:])
+            content = m.group(0) if m else ""
+        else:
+            continue
+        if content:
+            return content
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# normalisation
+# ----------------------------------------------------------------------------------------------------------------
+
+_SPACING_RE = re.compile(r"\\[,;:! ]|\\q?quad\b|~")
+_DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\degree\b")
+
+
+def normalize_answer(answer: str) -> str:
+    """Conservative string normalisation of an answer (meaning-preserving edits only).
+
+    Removes ``$`` wrappers, ``\\left``/``\\right``/``\\displaystyle``, spacing commands (``\\!``, ``\\,``, ``~``,
+    ``\\quad``), degree marks, ``\\$`` and ``\\%``, a trailing period, and all whitespace; maps ``\\dfrac``/
+    ``\\tfrac`` to ``\\frac``. Two answers with equal normalised strings are graded equal.
+    """
+    s = answer.strip()
+    s = s.replace("$", "").replace("\\$", "")
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
+    s = s.replace("\\displaystyle", "")
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = _SPACING_RE.sub(" ", s)
+    s = _DEGREE_RE.sub("", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = re.sub(r"\s+", "", s)
+    s = s.rstrip(".")
+    return s
+
+
+def normalize_gold(gold: str, benchmark: str | None = None) -> str:
+    """Benchmark-specific cleanup of a gold answer before comparison.
+
+    * OlympiadBench: ``$…$``-wrapped answers and multi-answer lists (``$69$,$84$`` → ``69,84``), trailing period.
+    * AIME / AMC: numeric strings (``025``, ``27.0``) are kept; :func:`parse_number` compares them numerically.
+    * Everything: surrounding whitespace and a final newline are removed.
+
+    Raises:
+        DataError: if ``gold`` is not a string or is empty.
+    """
+    if not isinstance(gold, str):
+        raise DataError(f"gold answer must be a string, got {type(gold).__name__} {gold!r}")
+    g = gold.strip()
+    if not g:
+        raise DataError("gold answer is empty")
+    if "$" in g.replace("\\$", ""):
+        g = re.sub(r"(?<!\\)\$", "", g).strip()
+        g = g.rstrip(".").strip()
+    return g
+
+
+# number forms: 1,234 · 025 · 27.0 · .5 · 4.5e33 · 4.5\times10^{33} · 10^{-5} · \frac{3}{4} · 3/4 · -1./3
+_INT = r"\d{1,3}(?:,\d{3})+(?![\d,])|\d+"
+_DEC = rf"(?:{_INT})(?:\.\d*)?|\.\d+"
+_NUM_RE = re.compile(
+    rf"(?P<sign>[+-]?)(?P<mant>{_DEC})"
+    r"(?:(?:[eE](?P<e>[+-]?\d+))|(?:\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(?P<p>[+-]?\d+)\s*\}?))?"
+)
+_POW10_RE = re.compile(r"(?P<sign>[+-]?)10\s*\^\s*\{?\s*(?P<p>[+-]?\d+)\s*\}?")
+_FRAC_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*\{\s*(?P<a>\d+)\s*\}\s*\{\s*(?P<b>\d+)\s*\}")
+_FRAC_SHORT_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*(?P<a>\d)\s*(?P<b>\d)")
+_UNIT_TAIL_RE = re.compile(
+    r"(?:\s*(?:\\(?:text|mathrm|mbox|rm|textrm)\s*\{[^{}]*\}|\^\s*\{?\s*[23]\s*\}?|\\%|%|\\\$))+\s*$"
+)
+
+
+def _to_fraction(m: re.Match) -> Fraction | None:
+    mant = m.group("mant").replace(",", "")
+    if mant.endswith("."):
+        mant = mant[:-1]
+    val = Fraction(mant)
+    exp = m.group("e") or m.group("p")
+    if exp is not None:
+        e = int(exp)
+        if abs(e) > 400:
+            return None
+        val *= Fraction(10) ** e
+    return -val if m.group("sign") == "-" else val
+
+
+def parse_number(answer: str) -> tuple[Fraction, bool] | None:
+    """Parse ``answer`` as one plain real number, exactly.
+
+    Accepted: integers (leading zeros, thousands separators ``1,234``/``10,\\!080``), decimals (``27.0``, ``.5``,
+    ``5.``), scientific notation (``4.5e33``, ``4.5\\times10^{33}``,
+    ``10^{-5}``), integer fractions (``\\frac{3}{4}``, ``\\frac34``, ``3/4``), with an optional trailing unit in
+    ``\\text{}``/``\\mathrm{}``, ``\\%`` or a degree mark, after :func:`normalize_answer`-style cleanup.
+
+    Returns:
+        ``(value, is_integer_literal)`` — the exact rational value and whether it was written as an integer (no
+        decimal point, exponent or fraction) — or ``None`` if ``answer`` is not such a number.
+    """
+    s = answer.strip().replace("$", "").replace("\\$", "")
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = _SPACING_RE.sub("", s)
+    s = _DEGREE_RE.sub("", s)
+    s = _UNIT_TAIL_RE.sub("", s).strip().rstrip(".")
+    if not s or len(s) > 200:
+        return None
+    m = _NUM_RE.fullmatch(s)
+    if m:
+        val = _to_fraction(m)
+        if val is None:
+            return None
+        is_int = m.group("e") is None and m.group("p") is None and "." not in m.group("mant")
+        return val, is_int
+    m = _POW10_RE.fullmatch(s)
+    if m:
+        e = int(m.group("p"))
+        if abs(e) > 400:
+            return None
+        val = Fraction(10) ** e
+        return (-val if m.group("sign") == "-" else val), False
+    m = _FRAC_RE.fullmatch(s) or _FRAC_SHORT_RE.fullmatch(s)
+    if m:
+        a, b = int(m.group("a")), int(m.group("b"))
+        if b == 0:
+            return None
+        val = Fraction(a, b)
+        return (-val if m.group("sign") == "-" else val), False
+    m = re.fullmatch(r"(?P<sign>[+-]?)(?P<a>\d+)\s*/\s*(?P<b>\d+)", s)
+    if m:
+        a, b = int(m.group("a")), int(m.group("b"))
+        if b == 0:
+            return None
+        val = Fraction(a, b)
+        return (-val if m.group("sign") == "-" else val), False
+    return None
+
+
+def _numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool], benchmark: str | None) -> bool:
+    """Exact for integer literals (unless the benchmark tolerates integers), else relative tolerance."""
+    (x, x_int), (y, y_int) = a, b
+    if x == y:
+        return True
+    if x_int and y_int and benchmark not in _TOLERANT_INTEGERS:
+        return False
+    tol = RELATIVE_TOLERANCE.get(benchmark, RELATIVE_TOLERANCE[None])
+    return abs(x - y) <= Fraction(tol) * max(abs(x), abs(y))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# safety and timeouts
+# ----------------------------------------------------------------------------------------------------------------
+
+_TOWER_RE = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\d+\s*\^|\^\s*\{?\s*\(?\s*\d{7,}")
+_BIG_FACT_RE = re.compile(r"\d{5,}\s*!")
+_BIG_INT_RE = re.compile(r"\d{400,}")
+
+
+def _too_large(answer: str) -> bool:
+    """True for answers sympy may evaluate in C for a very long time (towers, 1e6+ exponents, 10^5+ factorials)."""
+    return bool(_TOWER_RE.search(answer) or _BIG_FACT_RE.search(answer) or _BIG_INT_RE.search(answer))
+
+
+_warned_thread = False
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`GradingTimeout` in the body after ``seconds`` of wall time (main thread only; else no limit).
+
+    A previously armed ``ITIMER_REAL`` and ``SIGALRM`` handler are restored afterwards.
+    """
+    global _warned_thread
+    if not seconds or seconds <= 0 or not hasattr(signal, "setitimer"):
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        if not _warned_thread:
+            logger.warning("grading outside the main thread runs without a per-item timeout")
+            _warned_thread = True
+        yield
+        return
+
+    def _handler(signum, frame):  # noqa: ARG001
+        raise GradingTimeout(f"grading took longer than {seconds} s")
+
+    old_handler = signal.signal(signal.SIGALRM, _handler)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay > 0:
+            signal.setitimer(signal.ITIMER_REAL, old_delay, old_interval)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# math-verify
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _mv():
+    """Import math-verify lazily (the ``trainer`` extra) and quiet its 'timeout disabled' warnings.
+
+    Returns ``(to_sympy, verify)``: ``to_sympy(latex)`` normalises a LaTeX answer the way math-verify's LaTeX
+    extraction does and converts the WHOLE string with latex2sympy (raising on a syntax error). We do not use
+    ``math_verify.parse`` on the boxed content: when the full answer fails to parse, its regex extraction falls back
+    to a sub-expression (``\\frac{1}{3}E_1+\\frac{2}{3}E_2+1`` → ``2/3``), so two different answers that share a
+    fragment would verify as equal.
+    """
+    try:
+        from math_verify import LatexExtractionConfig, verify
+        from math_verify.parser import normalize_latex, parse_latex_cached
+    except ImportError as err:  # pragma: no cover - math-verify is a trainer dependency
+        raise DataError("grading needs math-verify>=0.7: pip install 'math-verify[antlr4_13_2]'") from err
+    for name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    norm_config = dataclasses.replace(LatexExtractionConfig().normalization_config, boxed="last")
+
+    def to_sympy(latex: str):
+        return parse_latex_cached(normalize_latex(latex, config=norm_config))
+
+    return to_sympy, verify
+
+
+def _mv_parse(answer: str) -> list:
+    """``[sympy_object, answer]``, or ``[answer]`` if the whole answer does not parse (string compare only)."""
+    to_sympy, _ = _mv()
+    try:
+        expr = to_sympy(answer)
+    except GradingTimeout:
+        raise
+    except Exception:  # noqa: BLE001 - unparseable LaTeX is an ordinary outcome
+        return [answer]
+    # latex2sympy lower-cases symbol names, so "N=n" becomes the tautology Eq(n, n): such a degenerate relation
+    # would verify against any other relation; compare the strings only.
+    if getattr(expr, "is_Relational", False) and getattr(expr, "lhs", None) == getattr(expr, "rhs", None):
+        return [answer]
+    if expr is None or isinstance(expr, bool) or getattr(expr, "is_Boolean", False) and expr in (True, False):
+        return [answer]
+    return [expr, answer]
+
+
+@functools.lru_cache(maxsize=8192)
+def _mv_parse_gold(gold: str) -> tuple:
+    """Parsed gold answer (cached: the same golds are graded many times)."""
+    return tuple(_mv_parse(gold))
+
+
+def _symbolic_equal(gold: str, pred: str) -> bool:
+    """math-verify ``verify`` of the parsed answers (its default float rounding 6, numeric precision 15)."""
+    _, verify = _mv()
+    g = list(_mv_parse_gold(gold))
+    p = _mv_parse(pred)
+    return bool(verify(g, p, timeout_seconds=None))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# grading
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _answers_equal(pred: str, gold: str, benchmark: str | None) -> bool:
+    """Compare an extracted answer with a (normalised) gold answer; see the module docstring for the steps."""
+    if normalize_answer(pred) == normalize_answer(gold):
+        return True
+    g_num = parse_number(gold)
+    p_num = parse_number(pred)
+    if g_num is not None and p_num is not None:
+        return _numbers_equal(p_num, g_num, benchmark)
+    if len(pred) > MAX_ANSWER_CHARS:
+        return False
+    if _too_large(pred):
+        raise _Rejected
+    return _symbolic_equal(gold, pred)
+
+
+class _Rejected(Exception):
+    pass
+
+
+def grade_response(
+    response: str, gold: str, benchmark: str | None = None, timeout_s: float | None = 5.0
+) -> GradeResult:
+    """Grade one response against a gold answer (pipeline in the module docstring).
+
+    Args:
+        response: the model's full response text; its last complete ``\\boxed{}`` is the answer.
+        gold: the reference answer as stored in the benchmark (no ``\\boxed``); see :func:`normalize_gold`.
+        benchmark: benchmark name (``aime24``, ``aime25``, ``amc23``, ``math500``, ``minerva_math``,
+            ``olympiadbench``, ``gsm8k``) selecting gold cleanup and numeric tolerance; ``None`` = generic.
+        timeout_s: wall-clock limit for this item in seconds (main thread only); ``None`` = no limit.
+
+    Returns:
+        a :class:`GradeResult`. Never raises for a bad response or a grader failure (status ``error``/``timeout``).
+
+    Raises:
+        DataError: if ``gold`` is not a non-empty string (a data bug, not a model failure).
+    """
+    g = normalize_gold(gold, benchmark)
+    pred = extract_boxed(response) if isinstance(response, str) else None
+    if pred is None:
+        return GradeResult(False, None, "no_answer")
+    try:
+        with _time_limit(timeout_s):
+            ok = _answers_equal(pred, g, benchmark)
+        return GradeResult(ok, pred, "ok")
+    except GradingTimeout:
+        logger.debug("grading timed out (%s s) on answer %.200r", timeout_s, pred)
+        return GradeResult(False, pred, "timeout")
+    except _Rejected:
+        logger.debug("answer rejected as too large to evaluate: %.200r", pred)
+        return GradeResult(False, pred, "rejected")
+    except Exception as err:  # noqa: BLE001 - a grader bug must not crash training or evaluation
+        logger.debug("grading raised %s: %s on answer %.200r", type(err).__name__, err, pred)
+        return GradeResult(False, pred, "error")
+
+
+def grade(response: str, gold: str, benchmark: str | None = None) -> bool:
+    """True iff the last boxed answer of ``response`` is equivalent to ``gold`` (see :func:`grade_response`).
+
+    Uses a 5 s per-item timeout (main thread). Raises :class:`~stare_lab.errors.DataError` only for an invalid
+    gold answer.
+    """
+    return grade_response(response, gold, benchmark).correct
+
+
+def grade_batch(
+    responses: Sequence[str],
+    golds: Sequence[str],
+    benchmark: str | Sequence[str | None] | None = None,
+    timeout_s: float | None = 5.0,
+) -> list[GradeResult]:
+    """:func:`grade_response` for each ``(response, gold)`` pair; ``benchmark`` is one name or one per item.
+
+    Raises:
+        DataError: if the lengths differ or a gold answer is invalid.
+    """
+    n = len(responses)
+    if len(golds) != n:
+        raise DataError(f"got {n} responses but {len(golds)} gold answers; need one gold answer per response")
+    if benchmark is None or isinstance(benchmark, str):
+        benches: Sequence[str | None] = [benchmark] * n
+    else:
+        benches = list(benchmark)
+        if len(benches) != n:
+            raise DataError(f"got {n} responses but {len(benches)} benchmark names")
+    return [grade_response(r, g, b, timeout_s) for r, g, b in zip(responses, golds, benches)]
+
+
+def _log_failures(results: Sequence[GradeResult], what: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    bad = {k: v for k, v in counts.items() if k in ("timeout", "error", "rejected")}
+    if bad:
+        logger.warning("%s: %d of %d responses could not be graded (%s); they get reward 0",
+                       what, sum(bad.values()), len(results), ", ".join(f"{k} {v}" for k, v in sorted(bad.items())))
+    return counts
+
+
+def math_reward(
+    responses: Sequence[str],
+    golds: Sequence[str],
+    benchmark: str | Sequence[str | None] | None = None,
+    timeout_s: float | None = 5.0,
+    on_error: str = "zero",
+    stats: dict | None = None,
+) -> list[float]:
+    """Binary rule reward: 1.0 if the last boxed answer is right (:func:`grade_response`), else 0.0.
+
+    A response without a boxed answer, a grading timeout or a grader exception gives 0.0; timeouts/errors are
+    counted and logged (warning) and, if ``stats`` is a dict, its keys ``ok``/``no_answer``/``timeout``/``error``/
+    ``rejected`` are incremented.
+
+    Args:
+        on_error: ``"zero"`` (default) or ``"raise"`` (raise :class:`DataError` if any item timed out or errored —
+            for debugging a grader).
+
+    Raises:
+        DataError: mismatched lengths, invalid gold answers, or (``on_error="raise"``) a failed item.
+    """
+    if on_error not in ("zero", "raise"):
+        raise DataError(f"on_error={on_error!r} is not one of {{'zero', 'raise'}}")
+    results = grade_batch(responses, golds, benchmark, timeout_s)
+    counts = _log_failures(results, "math_reward")
+    if stats is not None:
+        for k, v in counts.items():
+            stats[k] = stats.get(k, 0) + v
+    if on_error == "raise" and any(r.status in ("timeout", "error") for r in results):
+        first = next(r for r in results if r.status in ("timeout", "error"))
+        raise DataError(f"grading failed ({first.status}) on answer {first.extracted!r}")
+    return [1.0 if r.correct else 0.0 for r in results]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# optional rewards (explicitly configured; never the default for the math benchmarks)
+# ----------------------------------------------------------------------------------------------------------------
+
+_LAST_NUM_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (thousands separators removed), or ``None``."""
+    found = _LAST_NUM_RE.findall(text or "")
+    return found[-1].replace(",", "") if found else None
+
+
+def gsm8k_lenient_reward(
+    responses: Sequence[str], golds: Sequence[str], timeout_s: float | None = 5.0
+) -> list[float]:
+    """Lenient GSM8K reward: 1.0 if the boxed answer is right, or — when there is no boxed answer — if the last
+    number in the response equals the gold number exactly. For demos with weak models only; never the default.
+
+    Raises:
+        DataError: mismatched lengths or invalid gold answers.
+    """
+    results = grade_batch(responses, golds, "gsm8k", timeout_s)
+    _log_failures(results, "gsm8k_lenient_reward")
+    out = []
+    for resp, gold, res in zip(responses, golds, results):
+        if res.correct:
+            out.append(1.0)
+            continue
+        if res.extracted is None:
+            num, g = last_number(resp), parse_number(normalize_gold(gold, "gsm8k"))
+            if num is not None and g is not None and Fraction(num) == g[0]:
+                out.append(1.0)
+                continue
+        out.append(0.0)
+    return out
+
+
+def format_reward(responses: Sequence[str]) -> list[float]:
+    """1.0 for a response with a complete, non-empty ``\\boxed{}`` answer (:func:`extract_boxed`), else 0.0.
+
+    A shaping term, added with an explicit weight (``reward.format_reward``); off by default.
+    """
+    return [1.0 if extract_boxed(r) is not None else 0.0 for r in responses]
