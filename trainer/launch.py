@@ -1,0 +1,158 @@
+"""Process setup: environment defaults, torch.distributed init (torchrun / deepspeed launcher / one process), and
+the generated DeepSpeed JSON.
+
+Launch (see ``docs/trainer.md``): one process ``stare-lab train CFG``; one node ``torchrun --nproc_per_node 8 -m
+trainer.cli CFG``; N nodes ``torchrun --nnodes N --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:PORT``
+(or ``deepspeed --hostfile hosts``). Nothing here assumes one node: ranks come from ``RANK``/``WORLD_SIZE``/
+``LOCAL_RANK``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from stare_lab.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DistInfo", "cpu_env_defaults", "init_distributed", "deepspeed_json"]
+
+
+@dataclasses.dataclass
+class DistInfo:
+    """Rank layout: global ``rank``/``world_size``, ``local_rank``, tensor-parallel size ``tp`` and the derived
+    data-parallel coordinates (``dp_rank = rank // tp``, ``dp_size = world_size // tp``; ``tp_rank = rank % tp``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    tp: int = 1
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def cpu_env_defaults() -> None:
+    """Set (``setdefault``) the environment the CPU path needs (shared/environment.md): one OpenMP thread,
+    DeepSpeed's CPU accelerator, in-process vLLM with a 1 GiB KV cache, a fixed op-build cache, offline hub."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        venv = os.environ.get("VIRTUAL_ENV")
+        if venv:
+            os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(venv) / "torch_extensions"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(tp: int = 1) -> DistInfo:
+    """Initialise torch.distributed (gloo on CPU, nccl on GPU) from the launcher's env; for a plain single process
+    set ``RANK=0 WORLD_SIZE=1`` and a free ``MASTER_PORT`` first (DeepSpeed needs a process group even then).
+
+    Raises:
+        ConfigError: if ``tp`` does not divide the world size.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if world % tp:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide the world size {world}")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return DistInfo(rank=rank, world_size=world, local_rank=local, tp=tp)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def deepspeed_json(cfg: Any, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config for a :class:`trainer.config.TrainerConfig`.
+
+    Gradient accumulation is caller-owned (``managed_gradient_accumulation: false``, GAS 1): the trainer runs a
+    variable number of packed micro-batches per step, calls ``backward`` on each and ``step`` once. The batch sizes
+    below are nominal (DeepSpeed needs them; they don't drive the loop). ``deepspeed.config_file`` is the base if
+    given, ``deepspeed.overrides`` are merged last.
+
+    Raises:
+        ConfigError: if ``deepspeed.config_file`` is missing or not JSON.
+    """
+    ds = cfg.deepspeed
+    if ds.config_file:
+        p = Path(ds.config_file)
+        if not p.is_file():
+            raise ConfigError(f"deepspeed.config_file={ds.config_file!r} does not exist")
+        try:
+            base = json.loads(p.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"deepspeed.config_file={ds.config_file!r} is not valid JSON: {err}") from None
+    else:
+        zero: dict[str, Any] = {"stage": ds.zero_stage}
+        if ds.zero_stage == 3:
+            zero.update(
+                stage3_gather_16bit_weights_on_model_save=True,
+                stage3_param_persistence_threshold=0,
+                overlap_comm=False,
+            )
+        if ds.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if ds.offload_param:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        base = {"zero_optimization": zero, "steps_per_print": 10**9, "wall_clock_breakdown": False}
+        if ds.precision == "bf16":
+            base["bf16"] = {"enabled": True}
+        elif ds.precision == "fp16":
+            base["fp16"] = {"enabled": True, "initial_scale_power": 16}
+    base = copy.deepcopy(base)
+    base.update(
+        train_micro_batch_size_per_gpu=1,
+        gradient_accumulation_steps=1,
+        train_batch_size=world_size,
+        managed_gradient_accumulation=False,
+        gradient_clipping=float(cfg.optim.grad_clip),
+    )
+    return _merge(base, copy.deepcopy(dict(ds.overrides)))
