@@ -1,0 +1,122 @@
+"""``stare-lab simulate``: run a simulator preset for several methods × seeds (registered via the entry point
+``stare_lab.commands: simulate = simulators.cli:register``).
+
+Example::
+
+    stare-lab simulate --preset collapse --methods grpo,o1,c2 --seeds 3 --out runs/collapse stare.reweight_w=1.5
+
+Writes ``OUT/<method>/seed<k>/`` run directories, ``OUT/summary.json`` and PNGs under ``OUT/figures`` (by
+``stare-lab analyze`` through the front door when available, else minimal plots of our own; ``--no-plots`` skips
+them), and prints a table per method. Any ``key=value`` overrides a config field of the preset's simulator
+(``stare.*`` is short for ``loss.stare.*``). This module imports nothing heavy at registration time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["register", "handler"]
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``simulate`` sub-parser to the front door's ``subparsers`` and set its handler."""
+    from .presets import DEFAULT_METHODS, DEFAULT_PRESET, METHODS, PRESETS
+
+    p = subparsers.add_parser(
+        "simulate",
+        help="run tabular / small-transformer policy simulations (simulators)",
+        description=(
+            "Run a simulator preset for methods x seeds; writes OUT/<method>/seed<k>/ run directories, "
+            "OUT/summary.json, plots and a table. Tabular presets: "
+            + ", ".join(PRESETS)
+            + "; transformer presets come from simulators.transformer."
+        ),
+    )
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name (default {DEFAULT_PRESET})")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated methods from {{{', '.join(METHODS)}}} (default {','.join(DEFAULT_METHODS)})",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds, 0..N-1 (default 3)")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's)")
+    p.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
+    p.add_argument("--resume", action="store_true", help="continue existing runs bit-exactly from their checkpoints")
+    p.add_argument("--overwrite", action="store_true", help="replace existing runs in OUT")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lr=0.5 stare.reweight_w=1.5")
+    p.set_defaults(func=handler)
+    return p
+
+
+def _plots(out: Path, summary: dict) -> str:
+    """PNGs via ``stare-lab analyze`` (through the front door: no sideways import of ``analysis``); if that is not
+    available or fails, the sweep's fallback plots. Returns a one-line note."""
+    from stare_lab.cli import main as front_door
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = front_door(["analyze", str(out), "--out", str(out / "figures")])
+    except SystemExit as exc:  # argparse inside analyze
+        rc = exc.code if isinstance(exc.code, int) else 1
+    if rc == 0:
+        return f"figures: {out / 'figures'} (stare-lab analyze)"
+    from .sweep import fallback_plots
+
+    paths = fallback_plots(out, summary)
+    reason = (err.getvalue().strip().splitlines() or ["analyze failed"])[-1]
+    logger.debug("stare-lab analyze unavailable (%s); wrote fallback plots", reason)
+    return f"figures: {', '.join(str(p) for p in paths)} (fallback plots; stare-lab analyze: {reason})"
+
+
+def handler(args: argparse.Namespace) -> int:
+    """Run the sweep described by ``args``; returns 0. User errors raise StareLabError (the front door prints one
+    line and exits 1)."""
+    from .presets import PRESETS, get_preset, preset_names
+    from .sweep import format_table, plan_sweep, run_sweep
+
+    if args.list_presets:
+        for name in preset_names():
+            spec = get_preset(name)
+            print(f"{name:<16} [{spec['kind']}] {spec['description'] if name in PRESETS else ''}")
+        return 0
+    t0 = time.perf_counter()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    out = Path(args.out) if args.out else Path("runs") / args.preset
+    plan = plan_sweep(
+        args.preset,
+        methods,
+        args.seeds,
+        out,
+        overrides=args.overrides,
+        steps=args.steps,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
+    total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
+        summary = run_sweep(plan, progress=bar.update)
+    print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s) x {len(plan.seeds)} seed(s) -> {out}")
+    print(format_table(summary))
+    if not args.no_plots:
+        print(_plots(out, summary))
+    print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from stare_lab.cli import main
+
+    sys.exit(main(["simulate", *sys.argv[1:]]))

@@ -1,0 +1,190 @@
+"""Named simulator presets and the method table shared by every simulator.
+
+A *preset* is a named bundle of config overrides for one simulator *kind*:
+
+* ``kind="tabular"`` presets live here in :data:`PRESETS` (overrides for
+  :class:`simulators.tabular.TabularSimConfig`);
+* ``kind="transformer"`` presets live in ``simulators.transformer.PRESETS`` (overrides for its
+  ``TransformerSimConfig``); :func:`get_preset` finds them there, importing that module lazily (it pulls in
+  ``transformers``, which the tabular path must not pay for).
+
+A *method* (``grpo``, ``o1``, …) is a name the simulators and analysis use for a training recipe; :data:`METHODS`
+maps it to the settings of the core's loss registry (``stare_lab.losses``) and to the simulator-level switches
+(dynamic sampling). :func:`method_overrides` returns those settings as config overrides, so both simulators resolve
+a method the same way.
+
+Paper defaults (science.md §4: W = 1.1, M = 0.9, P = 10 %, G = 8, 64 prompts) are the preset defaults. The paper's
+H_tgt = 0.3 nats belongs to a 7B LM whose entropy starts near 0.55 nats; the tabular presets scale it to the
+simulator with ``target_entropy_frac`` (H_tgt = frac × initial mean entropy, frac = 0.55 like 0.3 / 0.55).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from stare_lab.errors import ConfigError
+
+__all__ = ["PRESETS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "method_overrides", "get_preset", "preset_names"]
+
+#: method name → what it sets. ``loss`` entries are LossConfig fields (``stare`` a nested STAREConfig dict);
+#: ``dynamic_sampling`` is the simulator switch (DAPO dynamic sampling, science.md §3); ``entropy_bonus`` marks the
+#: method whose ``loss.entropy_coeff`` must be > 0 (the simulator fills in its ``entropy_bonus_coeff`` if it is 0).
+METHODS: dict[str, dict[str, Any]] = {
+    "grpo": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False},
+    "grpo-ds": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": True},
+    "o1": {"loss": {"loss_mode": "stare", "stare": {"variant": "O1"}}, "dynamic_sampling": False},
+    "c2": {"loss": {"loss_mode": "stare", "stare": {"variant": "C2"}}, "dynamic_sampling": False},
+    "o1-adaptive": {
+        "loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": True}},
+        "dynamic_sampling": False,
+    },
+    "clip_cov": {"loss": {"loss_mode": "clip_cov"}, "dynamic_sampling": False},
+    "kl_cov": {"loss": {"loss_mode": "kl_cov"}, "dynamic_sampling": False},
+    "entropy_bonus": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False, "entropy_bonus": True},
+    "forking_tokens": {"loss": {"loss_mode": "forking_tokens"}, "dynamic_sampling": False},
+}
+
+#: the methods ``stare-lab simulate`` runs when ``--methods`` is not given.
+DEFAULT_METHODS = ("grpo", "o1", "c2")
+
+DEFAULT_PRESET = "collapse"
+
+#: Tabular presets: name → {"kind", "description", "overrides"} (overrides for TabularSimConfig).
+PRESETS: dict[str, dict[str, Any]] = {
+    "collapse": {
+        "kind": "tabular",
+        "description": (
+            "factored sequences (64 prompts x 4 positions x 8 tokens, 2 correct tokens per position), reward 1 iff "
+            "all 4 positions are correct; GRPO collapses the entropy"
+        ),
+        "overrides": {
+            "task": "sequence",
+            "reward": "verifiable",
+            "num_prompts": 64,
+            "group_size": 8,
+            "seq_len": 4,
+            "vocab_size": 8,
+            "num_correct": 2,
+            "threshold": 4,
+            "init_spread": 1.0,
+            "lr": 2.0,
+            "steps": 150,
+            "target_entropy_frac": 0.55,
+        },
+    },
+    "random-reward": {
+        "kind": "tabular",
+        "description": (
+            "rewards Bernoulli(0.5) independent of the tokens (64 prompts x 4 positions x 8 tokens); the expected "
+            "update is zero and GRPO still collapses the entropy through sampling noise (science.md §2)"
+        ),
+        "overrides": {
+            "task": "sequence",
+            "reward": "random",
+            "random_reward_p": 0.5,
+            "num_prompts": 64,
+            "group_size": 8,
+            "seq_len": 4,
+            "vocab_size": 8,
+            "init_spread": 1.0,
+            "lr": 2.0,
+            "steps": 300,
+            "target_entropy_frac": 0.55,
+        },
+    },
+    "theory": {
+        "kind": "tabular",
+        "description": (
+            "the collapse task with small steps (lr 0.05): the first-order prediction of every step's entropy "
+            "change should agree with the measured change"
+        ),
+        "overrides": {
+            "task": "sequence",
+            "reward": "verifiable",
+            "num_prompts": 64,
+            "group_size": 8,
+            "seq_len": 4,
+            "vocab_size": 8,
+            "num_correct": 2,
+            "threshold": 4,
+            "init_spread": 1.0,
+            "lr": 0.05,
+            "steps": 100,
+            "target_entropy_frac": 0.55,
+        },
+    },
+    "bandit": {
+        "kind": "tabular",
+        "description": "one position per prompt (64 prompts x 16 tokens, 3 correct); the one-step bandit",
+        "overrides": {
+            "task": "bandit",
+            "reward": "verifiable",
+            "num_prompts": 64,
+            "group_size": 8,
+            "seq_len": 1,
+            "vocab_size": 16,
+            "num_correct": 3,
+            "threshold": 1,
+            "init_spread": 1.0,
+            "lr": 2.0,
+            "steps": 150,
+            "target_entropy_frac": 0.55,
+        },
+    },
+}
+
+
+def method_overrides(method: str) -> dict[str, Any]:
+    """The settings method ``method`` implies, as a nested dict (a deep copy of :data:`METHODS` ``[method]``).
+
+    Raises:
+        ConfigError: if ``method`` is not in :data:`METHODS` (the message lists the allowed names).
+    """
+    if method not in METHODS:
+        raise ConfigError(f"method={method!r} is not one of {{{', '.join(METHODS)}}}")
+    return copy.deepcopy(METHODS[method])
+
+
+def _transformer_presets() -> dict[str, dict[str, Any]] | None:
+    """``simulators.transformer.PRESETS`` or ``None`` if that module is missing or cannot be imported."""
+    try:
+        from simulators import transformer  # lazy: pulls in transformers
+    except ImportError:
+        return None
+    presets = getattr(transformer, "PRESETS", None)
+    return presets if isinstance(presets, dict) else None
+
+
+def preset_names(include_transformer: bool = True) -> list[str]:
+    """All preset names: the tabular ones, then (if importable) the transformer ones."""
+    names = list(PRESETS)
+    if include_transformer:
+        names += [n for n in (_transformer_presets() or {}) if n not in PRESETS]
+    return names
+
+
+def get_preset(name: str) -> dict[str, Any]:
+    """Resolve a preset name to ``{"name", "kind", "description", "overrides"}`` (a deep copy).
+
+    Tabular presets come from :data:`PRESETS`; any other name is looked up in ``simulators.transformer.PRESETS``
+    (imported only then) and gets ``kind="transformer"``.
+
+    Raises:
+        ConfigError: unknown preset (the message lists the known names).
+    """
+    if name in PRESETS:
+        out = copy.deepcopy(PRESETS[name])
+        out["name"] = name
+        return out
+    tp = _transformer_presets()
+    if tp is not None and name in tp:
+        return {
+            "name": name,
+            "kind": "transformer",
+            "description": "small transformer simulator (simulators.transformer)",
+            "overrides": copy.deepcopy(tp[name]),
+        }
+    known = list(PRESETS) + [n for n in (tp or {}) if n not in PRESETS]
+    hint = "" if tp is not None else " (transformer presets unavailable: simulators.transformer not importable)"
+    raise ConfigError(f"preset={name!r} is not one of {{{', '.join(known)}}}{hint}")

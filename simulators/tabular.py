@@ -1,0 +1,777 @@
+"""Tabular softmax-policy simulator of GRPO / STARE entropy dynamics (science.md §2, §4, §6).
+
+The policy is a table of free logits ``z[S, L, V]``: S prompts, L positions per response, V tokens; the token at
+position l of a response to prompt p is drawn from softmax(z[p, l] / τ) independently of the other positions
+(a *factored* sequence policy; ``task="bandit"`` is L = 1). Rewards come from a verifiable rule — each
+(prompt, position) has ``num_correct`` correct tokens and a response earns 1 iff at least ``threshold`` of its
+positions are correct — or are ``random`` (Bernoulli(p), independent of the tokens: the near-criticality case).
+
+Two modes:
+
+* ``sampled``: each step draws G responses per prompt, computes rewards, group advantages
+  (``stare_lab.advantages``), optional dynamic sampling, the STARE gate/weights (``stare_lab.stare``) and the loss
+  (``stare_lab.losses.compute_policy_loss``, the same code path as the trainer), backpropagates to the logits and
+  takes one plain SGD step. **Learning-rate scaling**: the loss is a token-mean over the n·G·L tokens of the batch
+  (n groups), so ∂loss/∂z[p, l] carries a factor 1/(n·G·L). The update is ``z ← z − lr · (n·L) · ∂loss/∂z``, which
+  for GRPO at ρ = 1 is exactly science.md §2's group update Δz = (lr/G) Σ_i Â_i ω_i (e_{a_i} − π) at every state:
+  ``lr`` means the same for every S, G and L.
+* ``expected``: the mean-field limit G → ∞ of the same objective. Â → (r − p̄_p)/σ_p per prompt (p̄_p = P(r = 1),
+  σ_p = sqrt(p̄_p(1 − p̄_p)), the G → ∞ limit of the unbiased group std), and the expected update at state (p, l) is
+  Δz_k = (lr/τ) · π_k (B_k − Σ_j π_j B_j), B_k = E[ω Â | a_l = k] (Cui et al.'s expected PG; for GRPO B_k = A_k and
+  the first-order entropy change is the covariance law −lr·Cov_π(log π, π A), science.md §2). The conditional
+  reward law is exact (Poisson-binomial over the other positions). STARE's top-P selection becomes a threshold on
+  surprisal: the fraction P of the probability mass of T+ (T−) with the highest surprisal gets W (M); the boundary
+  token gets the fractional weight. Approximations, documented: finite-G effects (the sample std, all-equal groups
+  with Â = 0, the max(1, ·) in k = max(1, ⌈P·|T±|⌉)) are dropped. Random rewards give B ≡ 0 for GRPO: the
+  mean-field update is exactly zero (the near-criticality point), so collapse under random rewards is a pure
+  sampling-noise effect that only ``sampled`` mode shows. ``expected`` supports the methods grpo, grpo-ds (≡ grpo in
+  the limit: no group has zero variance), o1, c2, o1-adaptive and entropy_bonus.
+
+Every step logs (besides ``stare_lab.runs.REQUIRED_KEYS``): ``entropy`` = mean entropy over all S·L states before
+the update (for the batch of a step without dynamic sampling this is exactly the batch token-mean entropy, since
+every response visits every position of its prompt); ``entropy_change`` = the same mean after minus before;
+``pred_entropy_change`` = ``stare_lab.entropy.predicted_entropy_change(z, Δz)`` averaged the same way (the exact
+first order of this step's Δz); ``pred/phi_tokens`` = Σ over sampled tokens of c·Φ(a) / (S·L), where c is the
+token's coefficient in Δz = Σ c (e_a − π) (excludes the entropy-bonus term); quadrant counts and summed ΔH
+contributions (Â sign × surprisal above/below ``critical_surprisal``); the STARE selected fractions; ``accuracy``
+and ``pass@G``; ``time/*`` timings. Checkpoints (logits, RNG state, controller state, step) make ``resume`` bit-exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from stare_lab.config import (
+    LossConfig,
+    check_choice,
+    check_positive,
+    check_range,
+    config_prefix,
+    from_dict,
+    join_key,
+    to_dict,
+)
+from stare_lab.errors import ConfigError, RunError
+from stare_lab.runs import RunWriter
+
+from .presets import METHODS, method_overrides
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TabularSimConfig", "TabularState", "run", "init_state", "sampled_step", "expected_step", "fit_line"]
+
+EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
+CHECKPOINT_FILE = "state.pt"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TabularSimConfig:
+    """One tabular simulation run (one method, one seed). Every default is here and lands in ``config.yaml``.
+
+    Attributes:
+        method: one of :data:`simulators.presets.METHODS`; sets ``loss.loss_mode``, the STARE variant /
+            adaptive flag, ``dynamic_sampling`` and (``entropy_bonus``) ``loss.entropy_coeff``.
+        seed: RNG seed; the same seed gives the same initial logits and correct sets for every method.
+        mode: ``sampled`` (G rollouts per prompt, autograd through the core loss) or ``expected`` (mean field).
+        task: ``sequence`` (L positions) or ``bandit`` (requires ``seq_len = 1``).
+        reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
+        num_prompts: S ≥ 1.  group_size: G ≥ 1 responses per prompt.  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
+        num_correct: K ∈ [1, V] correct tokens per (prompt, position).
+        threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
+        random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
+        init_spread: σ ≥ 0 of the initial logits z ~ N(0, σ²) (0 → uniform, entropy log V nats).
+        lr: SGD step size > 0 (see the module docstring for its scaling).
+        steps: number of updates ≥ 1.
+        temperature: τ > 0 of sampling, log-probs and entropy.
+        dynamic_sampling: keep only groups with non-zero reward variance (DAPO), refilling up to
+            ``ds_max_rounds`` rounds of fresh rollouts; set by method ``grpo-ds``.
+        ds_max_rounds: ≥ 1 sampling rounds per step under dynamic sampling.
+        entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
+        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
+        target_entropy_frac: if set, H_tgt = frac × the initial mean entropy (nats), written into
+            ``loss.stare.target_entropy`` of the resolved config; ``None`` keeps ``loss.stare.target_entropy``.
+        collapse_frac: a run has collapsed at the first step whose entropy is below collapse_frac × initial.
+        band: half-width (nats) of the band around H_tgt counted as "in band" in the summary.
+        checkpoint_every: steps between checkpoints (and one at the end), ≥ 1.
+        loss: the core :class:`~stare_lab.config.LossConfig` (``loss_mode`` is set by ``method``).
+    """
+
+    method: str = "grpo"
+    seed: int = 0
+    mode: str = "sampled"
+    task: str = "sequence"
+    reward: str = "verifiable"
+    num_prompts: int = 64
+    group_size: int = 8
+    seq_len: int = 4
+    vocab_size: int = 8
+    num_correct: int = 2
+    threshold: int | None = None
+    random_reward_p: float = 0.5
+    init_spread: float = 1.0
+    lr: float = 2.0
+    steps: int = 150
+    temperature: float = 1.0
+    dynamic_sampling: bool = False
+    ds_max_rounds: int = 4
+    entropy_bonus_coeff: float = 0.01
+    advantage_estimator: str = "grpo"
+    target_entropy_frac: float | None = 0.55
+    collapse_frac: float = 0.1
+    band: float = 0.05
+    checkpoint_every: int = 50
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        p = config_prefix("")
+        k = lambda name: join_key(p, name)  # noqa: E731
+        if self.method not in METHODS:
+            raise ConfigError(f"{k('method')}={self.method!r} is not one of {{{', '.join(METHODS)}}}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"{k('seed')}={self.seed!r} must be an integer >= 0")
+        check_choice(k("mode"), self.mode, ["sampled", "expected"])
+        check_choice(k("task"), self.task, ["sequence", "bandit"])
+        check_choice(k("reward"), self.reward, ["verifiable", "random"])
+        for name in ("num_prompts", "group_size", "seq_len", "steps", "ds_max_rounds", "checkpoint_every"):
+            check_positive(k(name), getattr(self, name), integer=True)
+        check_positive(k("vocab_size"), self.vocab_size, integer=True)
+        if self.vocab_size < 2:
+            raise ConfigError(f"{k('vocab_size')}={self.vocab_size} must be >= 2")
+        if self.task == "bandit" and self.seq_len != 1:
+            raise ConfigError(f"{k('seq_len')}={self.seq_len} must be 1 for task='bandit'")
+        check_positive(k("num_correct"), self.num_correct, integer=True)
+        if self.num_correct > self.vocab_size:
+            raise ConfigError(f"{k('num_correct')}={self.num_correct} is outside [1, vocab_size={self.vocab_size}]")
+        if self.threshold is not None:
+            check_positive(k("threshold"), self.threshold, integer=True)
+            if self.threshold > self.seq_len:
+                raise ConfigError(f"{k('threshold')}={self.threshold} is outside [1, seq_len={self.seq_len}]")
+        check_range(k("random_reward_p"), self.random_reward_p, 0, 1)
+        check_range(k("init_spread"), self.init_spread, 0, None)
+        check_range(k("lr"), self.lr, 0, None, lo_open=True)
+        check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
+        if not isinstance(self.dynamic_sampling, bool):
+            raise ConfigError(f"{k('dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")
+        check_range(k("entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
+        check_choice(k("advantage_estimator"), self.advantage_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
+        if self.target_entropy_frac is not None:
+            check_range(k("target_entropy_frac"), self.target_entropy_frac, 0, None)
+        check_range(k("collapse_frac"), self.collapse_frac, 0, 1)
+        check_range(k("band"), self.band, 0, None)
+        if self.mode == "expected" and self.method not in EXPECTED_METHODS:
+            raise ConfigError(
+                f"{k('method')}={self.method!r} has no expected-mode dynamics; with mode='expected' use one of "
+                f"{{{', '.join(EXPECTED_METHODS)}}}"
+            )
+        if self.mode == "expected" and self.advantage_estimator != "grpo":
+            raise ConfigError(f"{k('advantage_estimator')}={self.advantage_estimator!r}: mode='expected' supports 'grpo'")
+        self._apply_method(p)
+
+    def _apply_method(self, prefix: str) -> None:
+        """Set what the method implies (science.md §3–4 via :data:`METHODS`) and re-validate the loss config."""
+        spec = method_overrides(self.method)
+        loss = spec["loss"]
+        self.loss.loss_mode = loss["loss_mode"]
+        for key, value in loss.get("stare", {}).items():
+            setattr(self.loss.stare, key, value)
+        if spec["dynamic_sampling"]:
+            self.dynamic_sampling = True
+        if spec.get("entropy_bonus") and self.loss.entropy_coeff == 0:
+            self.loss.entropy_coeff = self.entropy_bonus_coeff
+        self.loss.validate(join_key(prefix, "loss"))
+
+    @property
+    def is_stare(self) -> bool:
+        """True for the methods whose loss is the STARE loss (a controller and token weights are used)."""
+        return self.loss.loss_mode == "stare"
+
+    @property
+    def reward_threshold(self) -> int:
+        """Correct positions needed for reward 1 (``threshold`` or L)."""
+        return self.seq_len if self.threshold is None else self.threshold
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# state
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TabularState:
+    """The mutable state of a run: logits ``z [S, L, V]`` float64, ``correct [S, L, V]`` bool, the sampling
+    ``generator``, the STARE ``controller`` (None for non-STARE methods) and the next ``step``."""
+
+    logits: torch.Tensor
+    correct: torch.Tensor
+    generator: torch.Generator
+    controller: Any
+    step: int = 0
+
+
+def init_state(config: TabularSimConfig) -> TabularState:
+    """Initial state of a run: logits z ~ N(0, init_spread²) and the correct sets (K random tokens per state),
+    both drawn from a ``torch.Generator`` seeded with ``config.seed`` (same seed → same start for every method).
+
+    If ``config.target_entropy_frac`` is set, this resolves H_tgt = frac × initial mean entropy into
+    ``config.loss.stare.target_entropy`` (mutating ``config``; :func:`run` passes a copy) before building the STARE
+    controller, so the resolved target is what ``config.yaml`` records.
+    """
+    S, L, V = config.num_prompts, config.seq_len, config.vocab_size
+    g = torch.Generator().manual_seed(config.seed)
+    logits = config.init_spread * torch.randn(S, L, V, generator=g, dtype=torch.float64)
+    ranks = torch.rand(S, L, V, generator=g).argsort(dim=-1).argsort(dim=-1)
+    correct = ranks < config.num_correct
+    if config.target_entropy_frac is not None:
+        config.loss.stare.target_entropy = config.target_entropy_frac * mean_entropy(logits, config.temperature)
+    controller = None
+    if config.is_stare:
+        from stare_lab.stare import STAREController
+
+        controller = STAREController(config.loss.stare)
+    return TabularState(logits=logits, correct=correct, generator=g, controller=controller)
+
+
+def mean_entropy(logits: torch.Tensor, temperature: float) -> float:
+    """Mean over all states of the entropy (nats) of softmax(logits / τ) (``stare_lab.entropy``)."""
+    from stare_lab.entropy import entropy_from_logits
+
+    return float(entropy_from_logits(logits, temperature=temperature).double().mean())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# rewards and sampling
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _sample(config: TabularSimConfig, state: TabularState, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw G responses for each prompt in ``prompts [n]`` → (tokens ``[n·G, L]`` long, rewards ``[n·G]`` float32);
+    responses of one prompt are contiguous (group_size layout)."""
+    G, L, V = config.group_size, config.seq_len, config.vocab_size
+    n = prompts.numel()
+    probs = torch.softmax(state.logits[prompts] / config.temperature, dim=-1)  # [n, L, V]
+    draws = torch.multinomial(probs.reshape(n * L, V), G, replacement=True, generator=state.generator)
+    tokens = draws.reshape(n, L, G).permute(0, 2, 1).reshape(n * G, L)
+    if config.reward == "random":
+        p = torch.full((n * G,), float(config.random_reward_p))
+        rewards = torch.bernoulli(p, generator=state.generator).float()
+    else:
+        hits = state.correct[prompts].repeat_interleave(G, dim=0).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        rewards = (hits.sum(-1) >= config.reward_threshold).float()
+    return tokens, rewards
+
+
+def _rollouts(config: TabularSimConfig, state: TabularState) -> dict[str, Any]:
+    """One step's rollout batch: all S prompts once, or with dynamic sampling the groups with non-zero reward
+    variance from up to ``ds_max_rounds`` rounds (at most S groups kept; if none survive, the batch is empty)."""
+    from stare_lab.advantages import filter_groups
+
+    S, G = config.num_prompts, config.group_size
+    all_prompts = torch.arange(S)
+    if not config.dynamic_sampling:
+        tokens, rewards = _sample(config, state, all_prompts)
+        return {"prompts": all_prompts, "tokens": tokens, "rewards": rewards, "rounds": 1, "first_rewards": rewards}
+    kept_p, kept_t, kept_r, first = [], [], [], None
+    n_kept, rounds = 0, 0
+    while n_kept < S and rounds < config.ds_max_rounds:
+        tokens, rewards = _sample(config, state, all_prompts)
+        first = rewards if first is None else first
+        rounds += 1
+        keep = filter_groups(rewards, G).reshape(S, G)[:, 0]
+        idx = keep.nonzero().squeeze(-1)[: S - n_kept]
+        kept_p.append(all_prompts[idx])
+        kept_t.append(tokens.reshape(S, G, -1)[idx].reshape(-1, tokens.shape[-1]))
+        kept_r.append(rewards.reshape(S, G)[idx].reshape(-1))
+        n_kept += idx.numel()
+    return {
+        "prompts": torch.cat(kept_p),
+        "tokens": torch.cat(kept_t),
+        "rewards": torch.cat(kept_r),
+        "rounds": rounds,
+        "first_rewards": first,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# per-step diagnostics shared by both modes
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _quadrants(
+    coef: torch.Tensor,
+    adv: torch.Tensor,
+    phi: torch.Tensor,
+    high: torch.Tensor,
+    n_states: int,
+    count_weight: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """Quadrant statistics (science.md §2, STARE Fig. 2) over tokens with advantage ``adv`` (Â>0 / Â<0) × surprisal
+    above / below s* (``high``): the token count (``count_weight`` summed: expected counts in expected mode) and
+    the summed first-order ΔH contribution ``coef·Φ / n_states`` (nats, on the scale of ``entropy_change``).
+    ``coef`` is each token's coefficient c in Δz = Σ c (e_a − π); all tensors share one shape."""
+    out: dict[str, float] = {}
+    contrib = phi * coef / n_states
+    weight = torch.ones_like(phi) if count_weight is None else count_weight
+    for sign_name, sign_mask in (("pos", adv > 0), ("neg", adv < 0)):
+        for s_name, s_mask in (("high", high), ("low", ~high)):
+            m = sign_mask & s_mask
+            count = weight[m].sum()
+            out[f"quadrant/{sign_name}_{s_name}/count"] = int(count) if count_weight is None else float(count)
+            out[f"quadrant/{sign_name}_{s_name}/dH"] = float(contrib[m].sum())
+    return out
+
+
+def fit_line(pred: list[float], meas: list[float]) -> dict[str, float | None]:
+    """Least-squares fit ``meas ≈ intercept + slope·pred`` → ``{"slope", "intercept", "r2", "rel_err"}``.
+
+    ``r2`` is the coefficient of determination of the fit; ``rel_err`` = ‖meas − pred‖ / ‖meas‖ (agreement with
+    the identity line). Values are ``None`` where undefined (fewer than 2 points, or no variance).
+    """
+    pts = [(p, m) for p, m in zip(pred, meas) if p is not None and m is not None]
+    if len(pts) < 2:
+        return {"slope": None, "intercept": None, "r2": None, "rel_err": None}
+    x = torch.tensor([p for p, _ in pts], dtype=torch.float64)
+    y = torch.tensor([m for _, m in pts], dtype=torch.float64)
+    xc, yc = x - x.mean(), y - y.mean()
+    sxx, syy = float((xc * xc).sum()), float((yc * yc).sum())
+    norm_y = float(y.norm())
+    rel = float((y - x).norm()) / norm_y if norm_y > 0 else None
+    if sxx == 0 or syy == 0:
+        return {"slope": None, "intercept": None, "r2": None, "rel_err": rel}
+    slope = float((xc * yc).sum()) / sxx
+    intercept = float(y.mean()) - slope * float(x.mean())
+    r2 = 1.0 - float(((yc - slope * xc) ** 2).sum()) / syy
+    return {"slope": slope, "intercept": intercept, "r2": r2, "rel_err": rel}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sampled mode
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def sampled_step(
+    config: TabularSimConfig, state: TabularState, h_before: float | None = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """One sampled GRPO/STARE step through the core: returns (Δz ``[S, L, V]`` float64, metrics row) without
+    applying Δz. The controller (if any) is updated here, once, from the pre-update mean entropy ``h_before``
+    (computed if not given). Draws from ``state.generator``."""
+    from stare_lab.advantages import group_advantages
+    from stare_lab.entropy import critical_surprisal, entropy_from_logits, entropy_sensitivity, logprobs_from_logits
+    from stare_lab.losses import PolicyLossInputs, compute_policy_loss
+
+    S, G, L = config.num_prompts, config.group_size, config.seq_len
+    tau = config.temperature
+    t0 = time.perf_counter()
+    h_before = mean_entropy(state.logits, tau) if h_before is None else h_before
+    gate_on, w, m = _gate(state, h_before)
+    batch = _rollouts(config, state)
+    t1 = time.perf_counter()
+    first = batch["first_rewards"].reshape(S, G)
+    row: dict[str, Any] = {
+        "entropy": h_before,
+        "reward": float(first.mean()),
+        "gate_on": int(gate_on),
+        "stare_w": w,
+        "stare_m": m,
+        "accuracy": float(first.mean()),
+        f"pass@{G}": float((first > 0).any(-1).float().mean()),
+    }
+    prompts, tokens, rewards = batch["prompts"], batch["tokens"], batch["rewards"]
+    n = prompts.numel()
+    if config.dynamic_sampling:
+        row["ds/kept_groups"] = n
+        row["ds/rounds"] = batch["rounds"]
+    delta = torch.zeros_like(state.logits)
+    if n == 0:  # dynamic sampling kept nothing: no update this step (documented)
+        row.update({"pred_entropy_change": 0.0, "pred/phi_tokens": 0.0, "loss/pg_loss": 0.0})
+        row["time/rollout_s"] = t1 - t0
+        return delta, row
+    z = state.logits.detach().clone().requires_grad_(True)
+    zb = z[prompts].repeat_interleave(G, dim=0)  # [n·G, L, V]
+    logprobs = logprobs_from_logits(zb, tokens, temperature=tau)
+    logprobs.retain_grad()
+    mask = torch.ones(n * G, L, dtype=torch.bool)
+    adv = group_advantages(rewards, group_size=G, estimator=config.advantage_estimator)
+    need_entropy = config.loss.entropy_coeff > 0 or config.loss.loss_mode == "forking_tokens"
+    ent_b = entropy_from_logits(zb, temperature=tau) if need_entropy else None
+    weights = None
+    if config.is_stare:
+        from stare_lab.stare import stare_token_weights
+
+        weights, stats = stare_token_weights(
+            logprobs.detach(), adv, mask, config.loss.stare, gate_on=gate_on, reweight_w=w, reweight_m=m
+        )
+        for key in ("frac_pos_selected", "frac_neg_selected"):
+            if key in stats:
+                row[f"stare/{key}"] = float(stats[key])
+    inputs = PolicyLossInputs(
+        logprobs=logprobs,
+        old_logprobs=logprobs.detach(),
+        advantages=adv,
+        response_mask=mask,
+        entropy=ent_b,
+        token_weights=weights,
+        generator=state.generator,
+    )
+    loss, metrics = compute_policy_loss(config.loss.loss_mode, inputs, config.loss)
+    loss.backward()
+    t2 = time.perf_counter()
+    scale = config.lr * n * L  # token-mean over n·G·L tokens → per-state GRPO group update (module docstring)
+    delta = -scale * z.grad
+    for key, value in metrics.items():
+        row[key if "/" in key else f"loss/{key}"] = float(value)
+    # diagnostics: exact first order of Δz, and its token-level Φ decomposition Δz = Σ c (e_a − π)/τ
+    n_states = S * L
+    row["pred_entropy_change"] = float(predicted_entropy_change_mean(state.logits, delta, tau))
+    coef = (-scale * logprobs.grad).detach()  # [n·G, L]
+    zb_d = zb.detach()
+    phi = entropy_sensitivity(zb_d, tokens, temperature=tau) / tau**2
+    s_tok = -logprobs.detach()
+    high = s_tok > critical_surprisal(zb_d, temperature=tau)
+    adv_tok = adv.reshape(-1, 1).expand(-1, L) if adv.dim() == 1 else adv
+    row["pred/phi_tokens"] = float((coef * phi).sum()) / n_states
+    row.update(_quadrants(coef, adv_tok, phi, high, n_states))
+    row["time/rollout_s"] = t1 - t0
+    row["time/update_s"] = t2 - t1
+    return delta, row
+
+
+def _gate(state: TabularState, h_before: float) -> tuple[bool, float, float]:
+    """Controller update for this step (science.md §4 step 3) → (gate_on, W, M); (False, 1, 1) without STARE."""
+    if state.controller is None:
+        return False, 1.0, 1.0
+    gate_on = bool(state.controller.update(h_before))
+    return gate_on, float(state.controller.reweight_w), float(state.controller.reweight_m)
+
+
+def predicted_entropy_change_mean(logits: torch.Tensor, delta: torch.Tensor, temperature: float) -> float:
+    """Mean over all states of ``stare_lab.entropy.predicted_entropy_change(z, Δz)`` (nats; same averaging as the
+    ``entropy`` column, so it predicts ``entropy_change``)."""
+    from stare_lab.entropy import predicted_entropy_change
+
+    return float(predicted_entropy_change(logits, delta, temperature=temperature).mean())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# expected (mean-field) mode
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def success_given_token(config: TabularSimConfig, probs: torch.Tensor, correct: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact reward law of the factored policy: (p̄ ``[S]`` = P(r = 1), P(r = 1 | a_l = k) ``[S, L, V]``).
+
+    Verifiable rule: with q_l = P(a_l correct) = Σ_{k ∈ C_l} π_lk and positions independent, the number of correct
+    positions other than l is Poisson-binomial; P(r = 1 | a_l = k) = P(count_{−l} ≥ threshold − 1[k ∈ C_l]),
+    computed by the O(L²) dynamic programme over the other positions. Random rewards: P(r = 1 | ·) = p.
+    """
+    S, L, V = probs.shape
+    if config.reward == "random":
+        p = float(config.random_reward_p)
+        return torch.full((S,), p, dtype=probs.dtype), torch.full((S, L, V), p, dtype=probs.dtype)
+    m = config.reward_threshold
+    q = (probs * correct).sum(-1)  # [S, L]
+    tail_correct, tail_wrong = [], []
+    for l in range(L):
+        dist = torch.zeros(S, L, dtype=probs.dtype)  # count of correct positions among the others, 0..L-1
+        dist[:, 0] = 1.0
+        for j in range(L):
+            if j != l:
+                qj = q[:, j : j + 1]
+                dist = dist * (1 - qj) + torch.nn.functional.pad(dist[:, :-1], (1, 0)) * qj
+        tail = dist.flip(-1).cumsum(-1).flip(-1)  # tail[:, t] = P(count ≥ t)
+        tail = torch.cat([tail, torch.zeros(S, 1, dtype=probs.dtype)], dim=-1)  # P(count ≥ L) = 0
+        tail_correct.append(tail[:, max(m - 1, 0)])
+        tail_wrong.append(tail[:, m])
+    tc = torch.stack(tail_correct, dim=1)  # [S, L]
+    tw = torch.stack(tail_wrong, dim=1)
+    given = torch.where(correct, tc.unsqueeze(-1), tw.unsqueeze(-1))
+    p_bar = q[:, 0] * tc[:, 0] + (1 - q[:, 0]) * tw[:, 0]
+    return p_bar, given
+
+
+def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float) -> torch.Tensor:
+    """Mean-field top-P selection: the fraction of each entry's mass selected when the ``frac`` share of the total
+    ``mass`` with the highest ``surprisal`` is selected (the boundary entry is selected fractionally). Returns a
+    tensor of ``surprisal``'s shape with values in [0, 1]; the G → ∞ limit of k = ⌈P·|T|⌉ (science.md §4 step 4)."""
+    s, w = surprisal.reshape(-1), mass.reshape(-1)
+    order = torch.argsort(s, descending=True, stable=True)
+    w_sorted = w[order]
+    budget = frac * float(w.sum())
+    before = torch.cumsum(w_sorted, 0) - w_sorted
+    sel = ((budget - before) / w_sorted.clamp_min(1e-300)).clamp(0.0, 1.0)
+    sel = torch.where(w_sorted > 0, sel, torch.zeros_like(sel))
+    out = torch.empty_like(sel)
+    out[order] = sel
+    return out.reshape(surprisal.shape)
+
+
+def expected_step(
+    config: TabularSimConfig, state: TabularState, h_before: float | None = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The mean-field expected update (module docstring) → (Δz ``[S, L, V]`` float64, metrics row), not applied.
+
+    Δz_k = (lr/τ)·π_k (B_k − Σ_j π_j B_j), B_k = ω⁺_k A⁺_k + ω⁻_k A⁻_k with A⁺_k = E[Â·1(Â>0) | a_l = k] =
+    P(r=1|k)(1 − p̄)/(σ + ε), A⁻_k = −P(r=0|k)·p̄/(σ + ε), σ = sqrt(p̄(1 − p̄)), ε = 1e-6 (the core's GRPO ε). For
+    GRPO (ω ≡ 1) this is Cui et al.'s expected PG, Δz_k = lr·π_k A_k with E_π A = 0, whose first-order entropy
+    change is −lr·Cov_π(log π, π A) (science.md §2). Plus lr·β·∂H/∂z for the entropy bonus.
+    """
+    from stare_lab.entropy import critical_surprisal, entropy_from_logits, entropy_sensitivity, logprobs_from_logits
+
+    S, G, L, V = config.num_prompts, config.group_size, config.seq_len, config.vocab_size
+    tau, eps = config.temperature, 1e-6
+    t0 = time.perf_counter()
+    z = state.logits
+    h_before = mean_entropy(z, tau) if h_before is None else h_before
+    gate_on, w, m = _gate(state, h_before)
+    vocab_ids = torch.arange(V).expand(S, L, V)
+    z_all = z.unsqueeze(-2).expand(S, L, V, V)
+    logp = logprobs_from_logits(z_all, vocab_ids, temperature=tau).detach()  # [S, L, V]
+    probs = logp.exp()
+    p_bar, p1 = success_given_token(config, probs, state.correct)
+    sigma = (p_bar * (1 - p_bar)).clamp_min(0).sqrt()
+    active = (sigma > 0).to(z.dtype)[:, None, None]  # Â ≡ 0 for a prompt that always / never succeeds
+    a_pos = active * p1 * (1 - p_bar)[:, None, None] / (sigma[:, None, None] + eps)
+    a_neg = -active * (1 - p1) * p_bar[:, None, None] / (sigma[:, None, None] + eps)
+    mass_pos, mass_neg = active * probs * p1, active * probs * (1 - p1)
+    w_pos, w_neg = torch.ones_like(probs), torch.ones_like(probs)
+    row: dict[str, Any] = {}
+    if config.is_stare:
+        surprisal = -logp
+        frac = float(config.loss.stare.top_p_ratio)
+        sel_pos = top_mass_fraction(surprisal, mass_pos, frac)
+        sel_neg = top_mass_fraction(surprisal, mass_neg, frac)
+        row["stare/frac_pos_selected"] = float((sel_pos * mass_pos).sum()) / (S * L)
+        row["stare/frac_neg_selected"] = float((sel_neg * mass_neg).sum()) / (S * L)
+        if gate_on:
+            w_pos = 1 + (w - 1) * sel_pos
+            if config.loss.stare.variant == "C2":
+                w_neg = 1 + (m - 1) * sel_neg
+    b = w_pos * a_pos + w_neg * a_neg
+    delta = (config.lr / tau) * probs * (b - (probs * b).sum(-1, keepdim=True))  # ∂log π/∂z = (e − π)/τ
+    if config.loss.entropy_coeff > 0:
+        zg = z.detach().clone().requires_grad_(True)
+        entropy_from_logits(zg, temperature=tau).sum().backward()
+        delta = delta + config.lr * config.loss.entropy_coeff * zg.grad
+    row.update(
+        {
+            "entropy": h_before,
+            "reward": float(p_bar.mean()),
+            "gate_on": int(gate_on),
+            "stare_w": w,
+            "stare_m": m,
+            "accuracy": float(p_bar.mean()),
+            f"pass@{G}": float((1 - (1 - p_bar) ** G).mean()),
+            "pred_entropy_change": predicted_entropy_change_mean(z, delta, tau),
+        }
+    )
+    # token-level decomposition Δz = Σ_k c_k (e_k − π)/τ with c_k = lr·π_k B_k, split into the Â>0 and Â<0 parts
+    phi = entropy_sensitivity(z_all, vocab_ids, temperature=tau).detach() / tau**2
+    high = (-logp) > critical_surprisal(z, temperature=tau).unsqueeze(-1)
+    c_pos, c_neg = config.lr * probs * w_pos * a_pos, config.lr * probs * w_neg * a_neg
+    row["pred/phi_tokens"] = float(((c_pos + c_neg) * phi).sum()) / (S * L)
+    ones = torch.ones_like(phi)
+    row.update(
+        _quadrants(
+            torch.cat([c_pos, c_neg]),
+            torch.cat([ones * active, -ones * active]),
+            torch.cat([phi, phi]),
+            torch.cat([high, high]),
+            S * L,
+            count_weight=G * torch.cat([mass_pos, mass_neg]),
+        )
+    )
+    row["time/update_s"] = time.perf_counter() - t0
+    return delta, row
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the run: loop, checkpoint / resume, summary
+# ----------------------------------------------------------------------------------------------------------------
+
+#: keys of the resolved config that may differ between a checkpoint and the resuming config
+RESUMABLE_CHANGES = ("steps", "checkpoint_every")
+
+
+def resolved_config_dict(config: TabularSimConfig, initial_entropy: float) -> dict[str, Any]:
+    """What ``config.yaml`` holds: the resolved dataclass plus ``source``, ``simulator`` and ``initial_entropy``."""
+    return {"source": "simulator", "simulator": "tabular", **to_dict(config), "initial_entropy": initial_entropy}
+
+
+def _save_checkpoint(path: Path, state: TabularState, cfg_dict: dict[str, Any]) -> None:
+    """Atomically write the resume state (logits, correct sets, RNG state, controller, next step, config)."""
+    payload = {
+        "step": state.step,
+        "logits": state.logits,
+        "correct": state.correct,
+        "rng": state.generator.get_state(),
+        "controller": None if state.controller is None else state.controller.state_dict(),
+        "config": cfg_dict,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, config: TabularSimConfig) -> tuple[TabularState, dict[str, Any]]:
+    """Rebuild the state from a checkpoint; the config must match the one it was written with (except
+    :data:`RESUMABLE_CHANGES`).
+
+    Raises:
+        RunError: unreadable checkpoint, or a config that differs in another key (named in the message).
+    """
+    try:
+        ck = torch.load(path, weights_only=False)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure is a damaged checkpoint
+        raise RunError(f"cannot read checkpoint {str(path)!r}: {err}") from None
+    saved = ck["config"]
+    config.loss.stare.target_entropy = saved["loss"]["stare"]["target_entropy"]
+    current = resolved_config_dict(config, saved["initial_entropy"])
+    for key in sorted(set(saved) | set(current)):
+        if key in RESUMABLE_CHANGES or key == "versions":
+            continue
+        if saved.get(key) != current.get(key):
+            raise RunError(
+                f"cannot resume {str(path.parent.parent)!r}: {key}={current.get(key)!r} differs from the "
+                f"checkpoint's {saved.get(key)!r}"
+            )
+    g = torch.Generator()
+    g.set_state(ck["rng"])
+    controller = None
+    if config.is_stare:
+        from stare_lab.stare import STAREController
+
+        controller = STAREController(config.loss.stare)
+        controller.load_state_dict(ck["controller"])
+    state = TabularState(logits=ck["logits"], correct=ck["correct"], generator=g, controller=controller, step=ck["step"])
+    return state, current
+
+
+def summarize(rows: list[dict[str, Any]], config: TabularSimConfig, final_entropy: float) -> dict[str, Any]:
+    """The run's ``summary.json`` (recomputable from ``metrics.jsonl``): initial / final / min entropy (nats),
+    ``steps_to_collapse`` (first step with entropy < collapse_frac × initial, else None), ``final_reward`` (mean
+    reward over the last 10 % of steps), ``time_in_band`` (fraction of steps with |H − H_tgt| ≤ band),
+    ``mean_abs_dev_second_half`` (mean |H − H_tgt| over the second half of the steps), ``gate_on_frac``, the fit of
+    measured on predicted ΔH (``pred_r2``, ``pred_slope``, ``pred_rel_err``, see :func:`fit_line`) and wall time."""
+    h = [r["entropy"] for r in rows]
+    h0 = h[0]
+    target = float(config.loss.stare.target_entropy)
+    collapse = next((r["step"] for r in rows if r["entropy"] < config.collapse_frac * h0), None)
+    tail = rows[-max(1, len(rows) // 10) :]
+    half = rows[len(rows) // 2 :]
+    fit = fit_line([r["pred_entropy_change"] for r in rows], [r["entropy_change"] for r in rows])
+    return {
+        "method": config.method,
+        "seed": config.seed,
+        "mode": config.mode,
+        "steps": len(rows),
+        "initial_entropy": h0,
+        "final_entropy": final_entropy,
+        "min_entropy": min(h + [final_entropy]),
+        "target_entropy": target,
+        "steps_to_collapse": collapse,
+        "final_reward": sum(r["reward"] for r in tail) / len(tail),
+        "time_in_band": sum(abs(x - target) <= config.band for x in h) / len(h),
+        "mean_abs_dev_second_half": sum(abs(r["entropy"] - target) for r in half) / len(half),
+        "gate_on_frac": sum(r["gate_on"] for r in rows) / len(rows),
+        "pred_r2": fit["r2"],
+        "pred_slope": fit["slope"],
+        "pred_rel_err": fit["rel_err"],
+        "wall_s": sum(r.get("time/step_s", 0.0) for r in rows),
+    }
+
+
+def run(
+    config: TabularSimConfig,
+    run_dir: str | os.PathLike,
+    resume: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Run one tabular simulation (one method, one seed) into ``run_dir`` and return its summary.
+
+    Writes ``config.yaml`` (resolved config), ``metrics.jsonl`` (one row per step), ``summary.json`` and
+    ``checkpoint/state.pt`` (every ``checkpoint_every`` steps and at the end). With ``resume=True`` and a checkpoint
+    present, the run continues bit-exactly from it (rows past the checkpoint are dropped; ``steps`` may be raised
+    to extend a finished run); without a checkpoint it starts afresh (overwriting any rows).
+
+    Args:
+        config: the run's config (not modified; a resolved copy is used).
+        run_dir: the run directory (created).
+        resume: continue from ``run_dir/checkpoint``.
+        progress: called with the number of steps just completed (e.g. a tqdm ``update``).
+
+    Raises:
+        RunError: the directory already holds a run and ``resume`` is False, cannot be written, or its checkpoint
+            does not match ``config``.
+    """
+    import copy
+
+    from stare_lab.runs import read_run
+
+    cfg = copy.deepcopy(config)
+    run_dir = Path(run_dir)
+    ckpt = run_dir / "checkpoint" / CHECKPOINT_FILE
+    if resume and ckpt.is_file():
+        state, cfg_dict = _load_checkpoint(ckpt, cfg)
+        (run_dir / "config.yaml").unlink(missing_ok=True)  # rewritten with the (possibly extended) steps
+        writer = RunWriter(run_dir, cfg_dict, resume=True)
+        writer.truncate_after(state.step - 1)
+    else:
+        state = init_state(cfg)
+        cfg_dict = resolved_config_dict(cfg, mean_entropy(state.logits, cfg.temperature))
+        writer = RunWriter(run_dir, cfg_dict, overwrite=resume)
+    step_fn = sampled_step if cfg.mode == "sampled" else expected_step
+    try:
+        h = mean_entropy(state.logits, cfg.temperature)
+        while state.step < cfg.steps:
+            t0 = time.perf_counter()
+            delta, row = step_fn(cfg, state, h)
+            state.logits = state.logits + delta
+            h_after = mean_entropy(state.logits, cfg.temperature)
+            row["step"] = state.step
+            row["entropy_change"] = h_after - h
+            row["time/step_s"] = time.perf_counter() - t0
+            writer.log(_ordered(row))
+            h = h_after
+            state.step += 1
+            if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
+                _save_checkpoint(ckpt, state, cfg_dict)
+            if progress is not None:
+                progress(1)
+        writer.close()
+        rows = read_run(run_dir).metrics
+        summary = summarize(rows, cfg, h)
+        writer.write_summary(summary)
+    finally:
+        writer.close()
+    logger.info(
+        "%s seed %d: entropy %.3f -> %.3f nats, reward %.3f",
+        cfg.method, cfg.seed, summary["initial_entropy"], summary["final_entropy"], summary["final_reward"],
+    )
+    return summary
+
+
+def _ordered(row: dict[str, Any]) -> dict[str, Any]:
+    """Required keys first (in :data:`stare_lab.runs.REQUIRED_KEYS` order), then the rest sorted."""
+    from stare_lab.runs import REQUIRED_KEYS
+
+    out = {k: row.get(k) for k in REQUIRED_KEYS}
+    out.update({k: row[k] for k in sorted(row) if k not in out})
+    return out
+
+
+def config_from_overrides(overrides: dict[str, Any] | None = None) -> TabularSimConfig:
+    """Build a :class:`TabularSimConfig` from a nested dict of overrides (``from_dict``; errors name dotted keys)."""
+    return from_dict(TabularSimConfig, overrides or {})
