@@ -128,9 +128,16 @@ def _ranges(n_rows: int, rows: int) -> Iterator[tuple[int, int]]:
         yield start, min(start + rows, n_rows)
 
 
-def _scaled(x: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
-    """A fresh ``dtype`` copy of ``x / τ`` (one ``[chunk, V]`` block)."""
-    z = x.to(dtype, copy=True)
+def _workspace(n_rows: int, rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """One reusable ``[min(rows, n_rows), V]`` buffer: allocated once per call, so the chunks reuse the same pages
+    (no allocate/free — and no fresh page faults — per chunk, and no overlap of an old and a new block)."""
+    return torch.empty((max(1, min(rows, n_rows)), vocab), dtype=dtype, device=device)
+
+
+def _scaled(x: Tensor, temperature: float, buf: Tensor) -> Tensor:
+    """``x / τ`` written into the first ``len(x)`` rows of ``buf`` (upcast to the buffer's dtype)."""
+    z = buf[: x.shape[0]]
+    z.copy_(x)
     if temperature != 1.0:
         z.div_(temperature)
     return z
@@ -167,11 +174,12 @@ class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, rows: int) -> Tensor:  # type: ignore[override]
         dtype = _compute_dtype(logits)
-        n = logits.shape[0]
+        n, vocab = logits.shape
         out = torch.empty(n, dtype=dtype, device=logits.device)
         lse = torch.empty(n, dtype=dtype, device=logits.device)
+        buf = _workspace(n, rows, vocab, dtype, logits.device)
         for start, stop in _ranges(n, rows):
-            z = _scaled(logits[start:stop], temperature, dtype)
+            z = _scaled(logits[start:stop], temperature, buf)
             m = _row_max(z, start)
             z_tok = z.gather(-1, tokens[start:stop, None])
             log_sum = z.sub_(m).exp_().sum(-1, keepdim=True).log_()
@@ -187,10 +195,12 @@ class _ChunkedLogProbs(torch.autograd.Function):
         logits, tokens, lse = ctx.saved_tensors
         temperature, rows = ctx.temperature, ctx.rows
         dtype = lse.dtype
-        grad = torch.empty_like(logits)
+        n, vocab = logits.shape
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        buf = _workspace(n, rows, vocab, dtype, logits.device)
         g = grad_out.to(dtype) / temperature
-        for start, stop in _ranges(logits.shape[0], rows):
-            p = _scaled(logits[start:stop], temperature, dtype).sub_(lse[start:stop, None]).exp_()
+        for start, stop in _ranges(n, rows):
+            p = _scaled(logits[start:stop], temperature, buf).sub_(lse[start:stop, None]).exp_()
             gs = g[start:stop, None]
             p.mul_(-gs).scatter_add_(-1, tokens[start:stop, None], gs)
             grad[start:stop] = p
@@ -203,14 +213,16 @@ class _ChunkedEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, temperature: float, rows: int) -> Tensor:  # type: ignore[override]
         dtype = _compute_dtype(logits)
-        n = logits.shape[0]
+        n, vocab = logits.shape
         ent = torch.empty(n, dtype=dtype, device=logits.device)
         lse = torch.empty(n, dtype=dtype, device=logits.device)
+        buf_z = _workspace(n, rows, vocab, dtype, logits.device)
+        buf_p = torch.empty_like(buf_z)
         for start, stop in _ranges(n, rows):
-            z = _scaled(logits[start:stop], temperature, dtype)
+            z = _scaled(logits[start:stop], temperature, buf_z)
             m = _row_max(z, start)
             z.sub_(m)  # z ≤ 0, max 0; -inf stays -inf
-            p = torch.exp(z)  # unnormalised, sum ≥ 1
+            p = torch.exp(z, out=buf_p[: stop - start])  # unnormalised, sum ≥ 1
             total = p.sum(-1)
             p.mul_(z).nan_to_num_(nan=0.0)  # e^z·z, with 0·(−inf) := 0 (masked tokens)
             log_total = total.log()
@@ -227,11 +239,14 @@ class _ChunkedEntropy(torch.autograd.Function):
         logits, ent, lse = ctx.saved_tensors
         temperature, rows = ctx.temperature, ctx.rows
         dtype = lse.dtype
-        grad = torch.empty_like(logits)
+        n, vocab = logits.shape
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        buf_z = _workspace(n, rows, vocab, dtype, logits.device)
+        buf_p = torch.empty_like(buf_z)
         g = grad_out.to(dtype) / temperature
-        for start, stop in _ranges(logits.shape[0], rows):
-            logp = _scaled(logits[start:stop], temperature, dtype).sub_(lse[start:stop, None])
-            p = torch.exp(logp)
+        for start, stop in _ranges(n, rows):
+            logp = _scaled(logits[start:stop], temperature, buf_z).sub_(lse[start:stop, None])
+            p = torch.exp(logp, out=buf_p[: stop - start])
             logp.add_(ent[start:stop, None]).mul_(p).nan_to_num_(nan=0.0)  # π(log π + H), 0 on masked tokens
             grad[start:stop] = logp.mul_(-g[start:stop, None])
         return grad, None, None
@@ -315,7 +330,9 @@ def _distribution_chunks(
     flat = logits.detach().reshape(-1, vocab)
     dtype = _compute_dtype(logits)
     for start, stop in _ranges(flat.shape[0], rows):
-        z = _scaled(flat[start:stop], temperature, dtype)
+        z = flat[start:stop].to(dtype, copy=True)
+        if temperature != 1.0:
+            z.div_(temperature)
         m = _row_max(z, start)
         z.sub_(m)
         z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log π (−inf on masked tokens)
