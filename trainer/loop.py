@@ -1,0 +1,433 @@
+"""The training loop (design.md §3): one SPMD program, the same at every scale.
+
+Per step: (1) take prompts from the deterministic cursor → (2) generate ``rollout.n`` responses per prompt →
+(3) rewards (``trainer.rewards``; math-verify on the last ``\\boxed{}``, in the main thread) → (4) dynamic sampling
+(``stare_lab.advantages.filter_groups``) for at most ``algorithm.max_gen_rounds`` rounds, then continue with what
+was kept (logged) → (5) advantages (``group_advantages``) → (6) old log-probs + entropies (chunked, temperature
+scaled) → (7) ``STAREController.update`` with the all-reduced token-mean entropy (every rank takes the same gate
+decision), and ω = ``stare_token_weights`` over the *global* batch: every rank all-gathers the (surprisal,
+advantage, mask) rows of all ranks, computes ω identically and keeps its own rows → (8) update with global
+normalisers → (9) bucketed weight sync to the rollout engine → (10) metrics row, periodic checkpoint.
+
+Data parallelism: the ``train_batch_size`` prompts of a round are split over data-parallel groups (``dp_rank``);
+with tensor-parallel vLLM (``tp > 1``) the ranks of a TP group generate the same prompts with the same seed and
+then each keeps a disjoint share of the groups for the update.
+
+Defined behaviours: an all-filtered (or all-masked) batch skips the update (row with ``skipped=1``, entropy null, the
+controller untouched); a reward function that raises gives reward 0 for that batch and is logged and counted
+(``reward.on_error=zero``) or stops the run with a :class:`~stare_lab.errors.DataError` (``raise``). The
+first-order prediction ``pred_entropy_change`` and the measured ``entropy_change`` are null in the trainer.
+
+Fault injection for tests: ``STARE_LAB_FAULT=STEP:PHASE`` (PHASE ∈ rollout, update, logged) makes the process exit
+with code 137 at that point, as a kill would.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from stare_lab.errors import ConfigError, DataError
+
+from .config import TrainerConfig
+from .rollout import RolloutOutput, SamplingConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["train", "compute_rewards", "step_seed"]
+
+
+def step_seed(seed: int, step: int, round_: int, dp_rank: int) -> int:
+    """The sampling seed of one generation round (a function of the run seed, step, round and DP rank only, so a
+    resumed run samples exactly what the uninterrupted one did)."""
+    return int(np.random.SeedSequence([seed, step, round_, dp_rank]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def _reward_fn(kind: str) -> Callable[..., list[float]]:
+    from . import rewards
+
+    return rewards.math_reward if kind == "math" else rewards.gsm8k_lenient_reward
+
+
+def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
+                    fn: Callable[..., list[float]] | None = None) -> tuple[list[float], dict[str, float]]:
+    """Rewards of ``responses`` against ``golds`` per :class:`trainer.config.RewardConfig` (the one place the
+    trainer calls the reward code). Returns ``(rewards, stats)``; ``stats["reward/errors"]`` counts batches where
+    the reward function raised.
+
+    Raises:
+        DataError: the reward function raised and ``on_error="raise"``, or it returned a wrong number of values or
+            a non-finite value.
+    """
+    from . import rewards as rw
+
+    fn = fn or _reward_fn(cfg.kind)
+    stats: dict[str, float] = {"reward/errors": 0.0}
+    try:
+        if cfg.kind == "math":
+            base = fn(responses, golds, timeout_s=cfg.timeout_s, on_error=cfg.on_error)
+        else:
+            base = fn(responses, golds, timeout_s=cfg.timeout_s)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a broken reward function is a defined, logged behaviour
+        if cfg.on_error == "raise":
+            raise DataError(f"reward function {getattr(fn, '__name__', fn)!r} raised {type(err).__name__}: {err}") \
+                from err
+        logger.error("reward function raised %s: %s; this batch gets reward 0", type(err).__name__, err)
+        base = [0.0] * len(responses)
+        stats["reward/errors"] = 1.0
+    base = [float(b) for b in base]
+    if len(base) != len(responses) or not all(math.isfinite(b) for b in base):
+        raise DataError(f"reward function returned {len(base)} values for {len(responses)} responses "
+                        "(or a non-finite value)")
+    stats["accuracy"] = float(np.mean(base)) if base else 0.0
+    if cfg.format_reward > 0:
+        fmt = rw.format_reward(responses)
+        base = [b + cfg.format_reward * f for b, f in zip(base, fmt)]
+        stats["reward/format_rate"] = float(np.mean(fmt)) if fmt else 0.0
+    return base, stats
+
+
+def _fault(step: int, phase: str) -> None:
+    spec = os.environ.get("STARE_LAB_FAULT")
+    if spec and spec == f"{step}:{phase}":
+        logger.error("STARE_LAB_FAULT=%s: exiting as if killed", spec)
+        os._exit(137)
+
+
+class _Logger:
+    """RunWriter + optional TensorBoard / W&B + progress bar, rank 0 only."""
+
+    def __init__(self, cfg: TrainerConfig, out: Path, resume_step: int, is_main: bool) -> None:
+        self.is_main = is_main
+        self.writer = self.tb = self.wandb = self.bar = None
+        if not is_main:
+            return
+        from stare_lab.runs import RunWriter
+
+        self.writer = RunWriter(out, cfg.to_dict(), resume=resume_step > 0, overwrite=False)
+        if resume_step > 0:
+            self.writer.truncate_after(resume_step)
+        s = cfg.schedule
+        if s.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tensorboard"))
+        if s.wandb_project:
+            try:
+                import wandb
+            except ImportError as err:
+                raise ConfigError("schedule.wandb_project is set but wandb is not installed") from err
+            self.wandb = wandb.init(project=s.wandb_project, config=cfg.to_dict(), dir=str(out))
+        if s.progress_bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=s.total_steps, initial=resume_step, desc="train", dynamic_ncols=True)
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        self.writer.log(row)
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=row["step"])
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(reward=f"{row['reward']:.3f}", H=f"{row['entropy'] or float('nan'):.3f}")
+
+    def close(self, summary: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        self.writer.write_summary(summary)
+        self.writer.close()
+        for h in (self.bar, self.tb):
+            if h is not None:
+                h.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+class _Trainer:
+    """Holds the step's collaborators; :meth:`step` is design.md §3 steps 1–9."""
+
+    def __init__(self, cfg: TrainerConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from stare_lab.stare import STAREController
+
+        from .data import DataCursor, PromptEncoder, load_records
+        from .launch import init_distributed
+        from .policy import PolicyEngine
+        from .rollout import make_engine
+
+        self.cfg = cfg
+        self.dist = init_distributed(cfg.rollout.tensor_parallel_size)
+        if cfg.optim.train_batch_size % self.dist.dp_size:
+            raise ConfigError(f"optim.train_batch_size={cfg.optim.train_batch_size} is not divisible by the number "
+                              f"of data-parallel groups {self.dist.dp_size}")
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        tok_dir = cfg.model.tokenizer or cfg.model.path
+        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        if cfg.model.chat_template:
+            self.tokenizer.chat_template = cfg.model.chat_template
+        d = cfg.data
+        self.records = load_records(d.train_files, d.prompt_key, d.answer_key, d.max_samples)
+        self.encoder = PromptEncoder(self.tokenizer, d.prompt_template, d.use_chat_template, d.max_prompt_length,
+                                     d.truncation)
+        self.cursor = DataCursor(len(self.records), cfg.seed, d.shuffle)
+        self.policy = PolicyEngine(cfg, cfg.model.path, self.dist)
+        self.engine = make_engine(cfg, cfg.model.path, world_size=self.dist.world_size)
+        self.controller = STAREController(cfg.loss.stare)
+        self.eos = {self.tokenizer.eos_token_id}
+
+    # -- phases ---------------------------------------------------------------------------------------------------
+
+    def _generate_round(self, step: int, rnd: int) -> list[dict[str, Any]]:
+        """Generate + reward one round; returns this DP group's groups (dicts with outputs, rewards)."""
+        cfg, dist = self.cfg, self.dist
+        per_dp = cfg.optim.train_batch_size // dist.dp_size
+        idx = self.cursor.take(cfg.optim.train_batch_size)[dist.dp_rank * per_dp:(dist.dp_rank + 1) * per_dp]
+        prompts = [self.encoder.encode(self.records[i], i) for i in idx]
+        r = cfg.rollout
+        sampling = SamplingConfig(n=r.n, max_tokens=r.max_response_length, seed=step_seed(cfg.seed, step, rnd,
+                                  dist.dp_rank), temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                  stop=list(r.stop))
+        t0 = time.perf_counter()
+        outs = self.engine.generate([p.token_ids for p in prompts], sampling)
+        self.t["rollout"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        flat: list[RolloutOutput] = [o for g in outs for o in g]
+        golds = [prompts[o.prompt_index].answer for o in flat]
+        rewards, stats = compute_rewards(cfg.reward, [o.text for o in flat], golds)
+        a = cfg.algorithm
+        if a.overlong_buffer_len > 0 and a.overlong_penalty_factor > 0:  # DAPO soft overlong penalty
+            start = r.max_response_length - a.overlong_buffer_len
+            rewards = [rw - a.overlong_penalty_factor * min(1.0, max(0.0, (len(o.token_ids) - start)
+                                                                    / a.overlong_buffer_len))
+                       for rw, o in zip(rewards, flat)]
+        self.t["reward"] += time.perf_counter() - t0
+        for k, v in stats.items():
+            self.acc[k] = self.acc.get(k, 0.0) + v * (len(flat) if k != "reward/errors" else 1)
+        self.acc["n_gen"] = self.acc.get("n_gen", 0) + len(flat)
+        self.acc["prompts_truncated"] = self.acc.get("prompts_truncated", 0) + sum(p.truncated for p in prompts)
+        groups = []
+        for gi, g in enumerate(outs):
+            groups.append({"outputs": g, "rewards": rewards[gi * r.n:(gi + 1) * r.n]})
+        return groups
+
+    def _collect(self, step: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Steps 1–4: rounds of generation with dynamic sampling; returns the kept groups of this DP group."""
+        from stare_lab.advantages import filter_groups
+
+        cfg = self.cfg
+        quota = cfg.optim.train_batch_size // self.dist.dp_size
+        kept: list[dict[str, Any]] = []
+        all_rewards: list[float] = []
+        n_groups = 0
+        rnd = 0
+        while True:
+            rnd += 1
+            groups = self._generate_round(step, rnd)
+            n_groups += len(groups)
+            for g in groups:
+                all_rewards.extend(g["rewards"])
+            if cfg.algorithm.dynamic_sampling:
+                flat = [rw for g in groups for rw in g["rewards"]]
+                keep = filter_groups(torch.tensor(flat, dtype=torch.float32), group_size=cfg.rollout.n).tolist()
+                groups = [g for gi, g in enumerate(groups) if keep[gi * cfg.rollout.n]]
+            kept.extend(groups[: max(0, quota - len(kept))])
+            if not cfg.algorithm.dynamic_sampling:
+                break
+            total_kept = self.policy.all_reduce([len(kept)])[0]
+            if total_kept >= cfg.optim.train_batch_size or rnd >= cfg.algorithm.max_gen_rounds:
+                if total_kept < cfg.optim.train_batch_size:
+                    logger.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds; continuing "
+                                   "with what was kept", step, int(total_kept), cfg.optim.train_batch_size, rnd)
+                break
+        red = self.policy.all_reduce([len(kept), n_groups, sum(all_rewards), len(all_rewards)])
+        info = {"gen_rounds": rnd, "kept_group_fraction": red[0] / max(red[1], 1), "reward": red[2] / max(red[3], 1)}
+        return kept, info
+
+    def _batch(self, kept: list[dict[str, Any]]):
+        """Step 5: advantages per group (core), overlong masking, this rank's TrainBatch."""
+        from stare_lab.advantages import group_advantages
+
+        from .policy import TrainBatch
+
+        cfg, dist = self.cfg, self.dist
+        if dist.tp > 1:
+            kept = kept[dist.tp_rank::dist.tp]
+        prompt_ids, resp, mask, advs, rlp = [], [], [], [], []
+        n_trunc = 0
+        for g in kept:
+            adv = group_advantages(torch.tensor(g["rewards"], dtype=torch.float32), group_size=cfg.rollout.n,
+                                   estimator=cfg.algorithm.advantage_estimator, eps=cfg.algorithm.adv_eps,
+                                   quantile_k=cfg.algorithm.quantile_k).tolist()
+            for o, a in zip(g["outputs"], adv):
+                ids = list(o.token_ids) or [next(iter(self.eos))]
+                truncated = o.finish_reason == "length"
+                n_trunc += truncated
+                m = 0.0 if (truncated and cfg.algorithm.overlong == "mask") or not o.token_ids else 1.0
+                prompt_ids.append(list(o.prompt_token_ids))
+                resp.append(ids)
+                mask.append([m] * len(ids))  # eos included: the mask comes from lengths, never from pad ids
+                advs.append(float(a))
+                rlp.append(list(o.logprobs) if o.logprobs is not None else [0.0] * len(ids))
+        return TrainBatch(prompt_ids, resp, mask, advs, rlp), n_trunc
+
+    def _stare_weights(self, batch, old_lp) -> tuple[list[torch.Tensor] | None, dict[str, float]]:
+        """Step 7b: ω once per step over the global batch (all-gathered; identical on every rank)."""
+        from stare_lab.stare import stare_token_weights
+
+        from .policy import pad_2d
+
+        cfg = self.cfg
+        if cfg.loss.loss_mode != "stare" or cfg.loss.stare.scope != "global":
+            return None, {}
+        mine = ([lp.tolist() for lp in old_lp], batch.advantages, batch.response_mask)
+        parts = self.policy.all_gather_object(mine)
+        lps = [r for p in parts for r in p[0]]
+        advs = [a for p in parts for a in p[1]]
+        masks = [m for p in parts for m in p[2]]
+        width = max((len(r) for r in lps), default=1)
+        w, stats = stare_token_weights(pad_2d(lps, 0.0, torch.float32, width), torch.tensor(advs),
+                                       pad_2d(masks, 0.0, torch.float32, width), cfg.loss.stare,
+                                       gate_on=self.controller.gate_on, reweight_w=self.controller.reweight_w,
+                                       reweight_m=self.controller.reweight_m)
+        offset = sum(len(p[0]) for p in parts[: self.dist.rank])
+        mine_w = [w[offset + i, : len(r)].clone() for i, r in enumerate(batch.response_ids)]
+        return mine_w, {k: float(v) for k, v in stats.items()}
+
+    def step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        self.t = {k: 0.0 for k in ("rollout", "reward", "old_logprob", "update", "sync")}
+        self.acc: dict[str, float] = {}
+        t_step = time.perf_counter()
+        kept, info = self._collect(step)
+        _fault(step, "rollout")
+        batch, n_trunc = self._batch(kept)
+        t0 = time.perf_counter()
+        old_lp, old_ent = self.policy.compute_logprobs(batch)
+        self.t["old_logprob"] = time.perf_counter() - t0
+        ent_sum = sum(float((e * torch.tensor(m)).sum()) for e, m in zip(old_ent, batch.response_mask))
+        diffs = [float((lp - torch.tensor(r)).abs().mul(torch.tensor(m)).max()) if len(r) else 0.0
+                 for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask)]
+        ratios = [float(torch.exp(lp - torch.tensor(r))[torch.tensor(m) > 0].mean())
+                  for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask) if sum(m) > 0]
+        n_tok = sum(sum(m) for m in batch.response_mask)
+        lengths = [len(r) for r in batch.response_ids]
+        red = self.policy.all_reduce([ent_sum, n_tok, len(batch), n_trunc, sum(lengths), sum(ratios), len(ratios),
+                                      self.acc.get("n_gen", 0), self.acc.get("accuracy", 0.0),
+                                      self.acc.get("reward/errors", 0.0), self.acc.get("prompts_truncated", 0)])
+        mx = self.policy.all_reduce([max(diffs, default=0.0), max(lengths, default=0)], op="max")
+        g_tok, g_seq = red[1], red[2]
+        row: dict[str, Any] = {"step": step, "entropy": None, "reward": info["reward"], "gate_on": int(
+            self.controller.gate_on), "stare_w": self.controller.reweight_w, "stare_m": self.controller.reweight_m,
+            "pred_entropy_change": None, "entropy_change": None}
+        row.update({"accuracy": red[8] / max(red[7], 1), "reward/errors": red[9], "gen_rounds": info["gen_rounds"],
+                    "kept_group_fraction": info["kept_group_fraction"], "num_sequences": g_seq,
+                    "num_tokens": g_tok, "truncation_rate": red[3] / max(red[2], 1),
+                    "response_length/mean": red[4] / max(red[2], 1), "response_length/max": mx[1],
+                    "rollout/logprob_diff_max": mx[0], "rollout/ratio_mean": red[5] / max(red[6], 1),
+                    "prompts_truncated": red[10]})
+        if g_tok <= 0:
+            logger.warning("step %d: no trainable tokens (all groups filtered or all responses masked); "
+                           "skipping the update", step)
+            row["skipped"] = 1
+        else:
+            h_bar = red[0] / g_tok
+            row["entropy"] = h_bar
+            gate = self.controller.update(h_bar) if cfg.loss.loss_mode == "stare" else False
+            row.update(gate_on=int(gate), stare_w=self.controller.reweight_w, stare_m=self.controller.reweight_m)
+            weights, wstats = self._stare_weights(batch, old_lp)
+            row.update(wstats)
+            _fault(step, "update")
+            self.engine.sleep()
+            t0 = time.perf_counter()
+            extras = {}
+            if cfg.loss.loss_mode == "stare" and cfg.loss.stare.scope == "microbatch":
+                extras = {"gate_on": gate, "reweight_w": self.controller.reweight_w,
+                          "reweight_m": self.controller.reweight_m}
+            row.update(self.policy.update(batch, old_logprobs=old_lp, old_entropy=old_ent, token_weights=weights,
+                                          loss_config=cfg.loss, global_num_tokens=g_tok, global_num_sequences=g_seq,
+                                          loss_extras=extras))
+            self.t["update"] = time.perf_counter() - t0
+            self.engine.wake_up()
+            t0 = time.perf_counter()
+            self.engine.sync_weights(self.policy.iter_named_params(cfg.rollout.sync_bucket_mb * 2**20))
+            self.t["sync"] = time.perf_counter() - t0
+            row["skipped"] = 0
+        for k, v in self.t.items():
+            row[f"time/{k}_s"] = v
+        row["time/step_s"] = time.perf_counter() - t_step
+        gen_tokens = red[4]
+        row["rollout/tokens_per_s"] = gen_tokens / max(self.t["rollout"], 1e-9)
+        return row
+
+    def state(self, step: int) -> dict[str, Any]:
+        return {"step": step, "cursor": self.cursor.state_dict(), "controller": self.controller.state_dict()}
+
+
+def train(cfg: TrainerConfig) -> Path:
+    """Run (or resume) training per ``cfg``; returns the run directory. Collective: every rank calls it.
+
+    Raises:
+        ConfigError: bad config (missing model / data, indivisible batch, nothing to resume with resume=must).
+        DataError: bad data records, a prompt too long with ``data.truncation=error``, a failing reward function
+            with ``reward.on_error=raise``.
+        RunError: run directory already holds a finished or foreign run and resume is ``never``.
+    """
+    from stare_lab.errors import RunError
+
+    from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from .launch import cpu_env_defaults
+
+    cpu_env_defaults()
+    cfg.require_model_and_data()
+    out = Path(cfg.out_dir)
+    ckpt_root = out / "checkpoint"
+    latest = latest_checkpoint(ckpt_root)
+    s = cfg.schedule
+    if s.resume == "must" and latest is None:
+        raise ConfigError(f"schedule.resume=must but {str(ckpt_root)!r} holds no complete checkpoint")
+    if s.resume == "never" and ((out / "metrics.jsonl").exists() or latest is not None):
+        raise RunError(f"{str(out)!r} already holds a run and schedule.resume=never")
+    if s.resume == "auto" and latest is None and (out / "metrics.jsonl").exists():
+        raise RunError(f"{str(out)!r} holds a run without a checkpoint to resume from; choose another out_dir")
+    tr = _Trainer(cfg)
+    start = 0
+    if latest is not None:
+        state = load_checkpoint(latest, tr.policy)
+        start = int(state["step"])
+        tr.cursor.load_state_dict(state["cursor"])
+        tr.controller.load_state_dict(state["controller"])
+        tr.engine.sync_weights(tr.policy.iter_named_params(cfg.rollout.sync_bucket_mb * 2**20))
+        logger.info("resumed from %s (step %d)", latest, start)
+    log = _Logger(cfg, out, start, tr.dist.is_main)
+    rows = []
+    for step in range(start + 1, s.total_steps + 1):
+        row = tr.step(step)
+        log.log(row)
+        rows.append(row)
+        _fault(step, "logged")
+        if (s.save_freq and step % s.save_freq == 0) or step == s.total_steps:
+            save_checkpoint(ckpt_root, step, tr.policy, tr.state(step), tr.tokenizer, s.keep_checkpoints)
+    summary = {"steps": s.total_steps, "resumed_from": start}
+    if rows:
+        for k in ("reward", "entropy", "accuracy"):
+            vals = [r[k] for r in rows if r.get(k) is not None]
+            summary[f"final_{k}"] = vals[-1] if vals else None
+    log.close(summary)
+    return out
