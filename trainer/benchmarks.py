@@ -1,0 +1,170 @@
+"""The six math evaluation benchmarks of STARE (Table 2) and their loaders.
+
+Records are normalised JSONL ``{"id", "problem", "answer", "source"}`` (one file per benchmark,
+``<data_dir>/<name>/<name>.jsonl``, as in ``shared/data/benchmarks``), a Parquet file, or a ``datasets`` dataset
+(``hf:NAME:SPLIT``; read from the local cache, or the hub when online) — anything :func:`trainer.data.load_records`
+reads. The data directory comes from ``--data-dir``, else the environment variable ``STARE_LAB_BENCHMARK_DIR``, else
+``<repo>/../shared/data/benchmarks`` when it exists.
+
+Default number of samples per problem follows the paper's Table 2: avg@32 for AIME24/25 and AMC23, avg@4 for
+MATH-500, Minerva Math and OlympiadBench.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+from stare_lab.errors import ConfigError, DataError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BENCHMARKS",
+    "DEFAULT_SAMPLES",
+    "ALIASES",
+    "ENV_DATA_DIR",
+    "Problem",
+    "default_data_dir",
+    "resolve_benchmarks",
+    "benchmark_file",
+    "load_benchmark",
+]
+
+#: Benchmark names in Table 2 order.
+BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva_math", "olympiadbench")
+
+#: Samples per problem (k of avg@k) used in the paper's Table 2 (science.md §5).
+DEFAULT_SAMPLES = {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva_math": 4, "olympiadbench": 4}
+
+#: Accepted alternative spellings (lower case) → canonical name.
+ALIASES = {
+    "aime2024": "aime24",
+    "aime2025": "aime25",
+    "amc": "amc23",
+    "amc2023": "amc23",
+    "math-500": "math500",
+    "math_500": "math500",
+    "minerva": "minerva_math",
+    "minerva-math": "minerva_math",
+    "olympiad": "olympiadbench",
+    "olympiad_bench": "olympiadbench",
+    "gsm8k": "gsm8k",
+}
+
+ENV_DATA_DIR = "STARE_LAB_BENCHMARK_DIR"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One evaluation problem.
+
+    Attributes:
+        benchmark: canonical benchmark name (selects the grader's normalisation, :mod:`trainer.rewards`).
+        id: the record's id (string).
+        problem: problem statement (goes into the prompt template).
+        answer: gold answer as stored (graded by :func:`trainer.rewards.grade`).
+    """
+
+    benchmark: str
+    id: str
+    problem: str
+    answer: str
+
+
+def default_data_dir() -> Path | None:
+    """``$STARE_LAB_BENCHMARK_DIR`` if set, else ``<repo>/../shared/data/benchmarks`` if it exists, else ``None``."""
+    env = os.environ.get(ENV_DATA_DIR)
+    if env:
+        return Path(env)
+    guess = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "benchmarks"
+    return guess if guess.is_dir() else None
+
+
+def resolve_benchmarks(names: str | Sequence[str]) -> list[str]:
+    """Canonical benchmark names from a comma-separated string or a list (``all`` = the six of Table 2).
+
+    Unknown names are kept when they look like files (``.jsonl``/``.parquet`` paths or ``hf:`` specs are handled by
+    :func:`load_benchmark` through ``path``); otherwise they raise.
+
+    Raises:
+        ConfigError: on an empty list, an unknown name (listing the known ones) or a duplicate.
+    """
+    items = [s.strip() for s in names.split(",")] if isinstance(names, str) else [str(s).strip() for s in names]
+    items = [s for s in items if s]
+    if not items:
+        raise ConfigError("benchmarks is empty; choose from " + ", ".join(BENCHMARKS))
+    out: list[str] = []
+    for item in items:
+        if item.lower() == "all":
+            out.extend(b for b in BENCHMARKS if b not in out)
+            continue
+        name = ALIASES.get(item.lower(), item.lower())
+        if name not in BENCHMARKS and name != "gsm8k":
+            raise ConfigError(f"benchmarks: unknown benchmark {item!r}; known: {', '.join(BENCHMARKS)}, gsm8k, all")
+        if name in out:
+            raise ConfigError(f"benchmarks: {name!r} is listed twice")
+        out.append(name)
+    return out
+
+
+def benchmark_file(name: str, data_dir: str | Path | None = None) -> Path:
+    """Path of ``<data_dir>/<name>/<name>.jsonl`` (``gsm8k``: ``<data_dir>/../gsm8k/test.jsonl`` if not found).
+
+    Raises:
+        DataError: if no data directory is known or the file does not exist (naming where it looked).
+    """
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    if root is None:
+        raise DataError(f"no benchmark data directory: pass --data-dir or set ${ENV_DATA_DIR}")
+    candidates = [root / name / f"{name}.jsonl", root / f"{name}.jsonl"]
+    if name == "gsm8k":
+        candidates += [root / "gsm8k" / "test.jsonl", root.parent / "gsm8k" / "test.jsonl"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise DataError(f"benchmark {name!r}: no data file; looked for {', '.join(str(c) for c in candidates)}")
+
+
+def load_benchmark(
+    name: str,
+    data_dir: str | Path | None = None,
+    *,
+    path: str | None = None,
+    limit: int | None = None,
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+) -> list[Problem]:
+    """Load one benchmark's problems in file order.
+
+    Args:
+        name: canonical benchmark name (see :func:`resolve_benchmarks`).
+        data_dir: directory with ``<name>/<name>.jsonl``; ``None`` = :func:`default_data_dir`.
+        path: read this JSONL/Parquet file or ``hf:NAME:SPLIT`` instead of the data directory.
+        limit: keep only the first ``limit`` problems (a subset for quick runs; ``None`` = all).
+        problem_key, answer_key: record fields holding the statement and the gold answer.
+
+    Raises:
+        DataError: missing/unreadable file, a record without the fields, an empty gold answer, no records.
+        ConfigError: ``limit`` < 1.
+    """
+    from .data import load_records
+
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit={limit!r} must be a positive integer or None")
+    source = path if path is not None else str(benchmark_file(name, data_dir))
+    records = load_records([source], problem_key, answer_key, max_samples=limit)
+    problems = []
+    for i, rec in enumerate(records):
+        answer = rec["answer"].strip()
+        if not answer:
+            raise DataError(f"{source}: record {i} (id {rec['id']!r}) has an empty answer")
+        problems.append(Problem(benchmark=name, id=str(rec["id"]), problem=rec["prompt"], answer=rec["answer"]))
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        logger.warning("%s: %d duplicate problem ids", source, len(ids) - len(set(ids)))
+    logger.info("loaded %d problems of %s from %s", len(problems), name, source)
+    return problems
