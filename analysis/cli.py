@@ -1,0 +1,94 @@
+"""``stare-lab analyze``: figures and a report (report.md + self-contained report.html) from run directories.
+
+Registered under the entry-point group ``stare_lab.commands`` (pyproject.toml) and discovered by the front door
+:mod:`stare_lab.cli`. User errors raise :class:`~stare_lab.errors.StareLabError` subclasses; the front door prints
+them as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+from stare_lab.errors import ConfigError
+
+__all__ = ["register", "run_analyze"]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return v
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``analyze`` sub-parser (entry point of the ``stare_lab.commands`` group)."""
+    p = subparsers.add_parser(
+        "analyze",
+        help="plots and a report from run directories (analysis)",
+        description="Find runs (recursively) under the given directories, group them by method (and --group-by "
+        "config keys), aggregate seeds (mean and 95% band), and write figures, report.md and a self-contained "
+        "report.html.",
+    )
+    p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories or folders above them")
+    p.add_argument("--out", help="output folder (default: PATH/figures for a single PATH; required for several)")
+    p.add_argument("--format", dest="fmt", choices=["png", "svg", "pdf"], default="png", help="figure format")
+    p.add_argument("--metric", nargs="+", action="extend", default=[], metavar="KEY",
+                   help="extra metric keys to plot over steps and list in the summary")
+    p.add_argument("--group-by", action="append", default=[], metavar="CONFIG_KEY",
+                   help="dotted config key that splits methods into groups (e.g. loss.stare.reweight_w); repeatable")
+    p.add_argument("--band", type=_positive_float, default=0.05, metavar="NATS",
+                   help="half-width of the target-entropy band (default 0.05 nats)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--threshold", type=_positive_float, metavar="NATS",
+                   help="absolute entropy threshold for 'steps to threshold'")
+    g.add_argument("--threshold-frac", type=_positive_float, default=0.1, metavar="FRAC",
+                   help="relative threshold: FRAC × the initial entropy (default 0.1)")
+    p.add_argument("--paper", metavar="CSV", help="paper Table-2 CSV (e.g. papers/stare_2606.19236/table2.csv)")
+    p.add_argument("--paper-setting", help="keep only paper rows of this setting (short_cot, long_cot, tool_use)")
+    p.add_argument("--paper-model", help="keep only paper rows of this model")
+    p.add_argument("--dpi", type=int, default=90, help="resolution of PNG figures (default 90)")
+    p.set_defaults(func=run_analyze)
+    return p
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    """Handler of ``stare-lab analyze``; prints where the report went and a one-line summary per group."""
+    from .compare import compare
+    from .report import write_report
+
+    t0 = time.perf_counter()
+    if args.out is None and len(args.paths) > 1:
+        raise ConfigError(f"{len(args.paths)} input paths given: pass --out DIR to say where the report goes")
+    if args.threshold_frac is not None and args.threshold_frac > 1:
+        raise ConfigError(f"--threshold-frac={args.threshold_frac} is outside (0, 1]")
+    out = Path(args.out) if args.out else Path(args.paths[0]) / "figures"
+    cmp = compare(
+        args.paths,
+        group_by=args.group_by,
+        band_half_width=args.band,
+        threshold=args.threshold,
+        threshold_frac=args.threshold_frac if args.threshold is None else 0.1,
+    )
+    files = write_report(
+        cmp, out, fmt=args.fmt, metrics=args.metric, paper=args.paper, paper_setting=args.paper_setting,
+        paper_model=args.paper_model, dpi=args.dpi, inputs=[str(p) for p in args.paths],
+    )
+    for row in cmp.summary_rows():
+        h0, h1 = row["initial_entropy"][0], row["final_entropy"][0]
+        band = row["frac_in_band"]
+        band_s = f", in band {band[0]:.2f}" if band[2] else ""
+        print(f"  {row['label']:<24} runs {row['n_runs']}  entropy {h0:.3g} -> {h1:.3g} nats{band_s}")
+    n_warn = len(set(cmp.warnings))
+    print(
+        f"stare-lab analyze: {len(cmp.runs)} runs, {len(cmp.groups)} groups, {len(files.figures)} figures"
+        + (f", {n_warn} warnings (listed in the report)" if n_warn else "")
+        + f"; report: {files.markdown} and {files.html} ({time.perf_counter() - t0:.1f} s)"
+    )
+    return 0

@@ -1,0 +1,447 @@
+"""Grouping runs by method (and config keys) and the per-group tables of the report.
+
+:func:`compare` is the notebook entry point: ``cmp = analysis.compare("runs/sweep")`` then
+``cmp.summary_rows()``, ``cmp.prediction_fits()``, ``cmp.series(group, "entropy")``, or pass ``cmp`` to the
+functions of :mod:`analysis.plots`. Seeds of one group are aggregated with :func:`analysis.stats.aggregate_seeds`
+(mean and a 95% t band).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+import re
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from stare_lab.errors import ConfigError
+
+from . import stats
+from .load import RunData, load_runs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KNOWN_METHODS", "QUADRANTS", "Group", "Comparison", "compare"]
+
+#: Method names used by simulators and trainer, in the order the report lists them.
+KNOWN_METHODS = (
+    "grpo",
+    "grpo-ds",
+    "o1",
+    "c2",
+    "o1-adaptive",
+    "clip_cov",
+    "kl_cov",
+    "entropy_bonus",
+    "forking_tokens",
+)
+
+#: The four quadrants of science.md §2 (advantage sign × surprisal above/below the critical value):
+#: (key infix, description, expected sign of the first-order ΔH).
+QUADRANTS = (
+    ("pos_high", "Â>0, high surprisal", +1),
+    ("pos_low", "Â>0, low surprisal", -1),
+    ("neg_high", "Â<0, high surprisal", -1),
+    ("neg_low", "Â<0, low surprisal", +1),
+)
+
+_PASS_RE = re.compile(r"^(eval/)?pass@\d+$")
+_WALL_KEYS = ("wall_time_s", "wall_s", "time_s", "elapsed_s", "total_time_s", "time/total_s")
+
+
+def _method_rank(method: str) -> tuple[int, str]:
+    return (KNOWN_METHODS.index(method) if method in KNOWN_METHODS else len(KNOWN_METHODS), method)
+
+
+def _fmt_value(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+@dataclasses.dataclass
+class Group:
+    """Runs that differ only by seed: one method (and source, and value of each ``group_by`` key).
+
+    Attributes:
+        label: how the report names the group (``o1``; ``o1 [trainer]`` when sources are mixed;
+            ``o1 (reweight_w=1.2)`` with ``group_by``).
+        method, source: shared by every run of the group.
+        key_values: ``((dotted_key, value), …)`` of the ``group_by`` keys.
+        runs: the runs (one per seed).
+        target_entropy: H_tgt (nats) of the runs (the most common value if they disagree), None if unknown.
+    """
+
+    label: str
+    method: str
+    source: str
+    key_values: tuple[tuple[str, Any], ...]
+    runs: list[RunData]
+    target_entropy: float | None
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def seeds(self) -> list[int | None]:
+        """Seeds of the runs, in run order."""
+        return [r.seed for r in self.runs]
+
+    def has(self, key: str) -> bool:
+        """True if any run of the group has a finite value of ``key``."""
+        return any(r.has(key) for r in self.runs)
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Runs grouped for comparison plus the report settings. Build it with :func:`compare`.
+
+    Attributes:
+        groups: the groups, ordered by method (KNOWN_METHODS order, then by name), source and group values.
+        band_half_width: half-width (nats) of the target band |H − H_tgt| < band_half_width.
+        threshold: absolute entropy threshold (nats) for "steps to threshold", or None to use
+            ``threshold_frac`` × each run's initial entropy.
+        threshold_frac: relative threshold (default 0.1 = 10% of the initial entropy).
+        confidence: confidence level of the seed bands (0.95).
+        group_by: the dotted config keys that split methods into groups.
+        warnings: warnings from reading and aggregating (the report lists them).
+    """
+
+    groups: list[Group]
+    band_half_width: float = 0.05
+    threshold: float | None = None
+    threshold_frac: float = 0.1
+    confidence: float = 0.95
+    group_by: tuple[str, ...] = ()
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    # ------------------------------------------------------------------------------------------------ basics
+    @property
+    def runs(self) -> list[RunData]:
+        """All runs, group by group."""
+        return [r for g in self.groups for r in g.runs]
+
+    @property
+    def sources(self) -> list[str]:
+        """The distinct sources (``simulator``, ``trainer``, ``unknown``) present, sorted."""
+        return sorted({g.source for g in self.groups})
+
+    def group(self, label: str) -> Group:
+        """The group with this label.
+
+        Raises:
+            ConfigError: if no group has that label (the message lists the labels).
+        """
+        for g in self.groups:
+            if g.label == label:
+                return g
+        raise ConfigError(f"no group {label!r}; groups: {', '.join(g.label for g in self.groups)}")
+
+    def _note(self, text: str | None) -> None:
+        if text and text not in self.notes:
+            self.notes.append(text)
+
+    # ------------------------------------------------------------------------------------------------ series
+    def series(self, group: Group | str, key: str, smooth: int = 1) -> stats.SeedAggregate:
+        """``key`` over steps aggregated over the group's seeds (mean and band); runs that never log ``key`` are
+        left out. Different run lengths: aggregated on the common steps (recorded in :attr:`notes`).
+        ``smooth`` > 1 applies :func:`analysis.stats.moving_average` to each run before aggregating (so the band
+        is the band of the smoothed curves)."""
+        g = self.group(group) if isinstance(group, str) else group
+        ck = ("series", key, smooth)
+        if ck not in g._cache:
+            parts = [(r.steps, stats.moving_average(r.column(key), smooth)) for r in g.runs if r.has(key)]
+            agg = stats.aggregate_seeds(parts, self.confidence)
+            if agg.note:
+                self._note(f"{g.label}, {key}: {agg.note}")
+            g._cache[ck] = agg
+        return g._cache[ck]
+
+    def derived_series(
+        self, group: Group | str, name: str, fn: Callable[[RunData], np.ndarray | None]
+    ) -> stats.SeedAggregate:
+        """Like :meth:`series` for a per-run column computed by ``fn(run) -> [S] array`` (None: run left out);
+        cached under ``name``."""
+        g = self.group(group) if isinstance(group, str) else group
+        ck = ("derived", name)
+        if ck not in g._cache:
+            parts = []
+            for r in g.runs:
+                y = fn(r)
+                if y is not None and np.isfinite(y).any():
+                    parts.append((r.steps, y))
+            agg = stats.aggregate_seeds(parts, self.confidence)
+            if agg.note:
+                self._note(f"{g.label}, {name}: {agg.note}")
+            g._cache[ck] = agg
+        return g._cache[ck]
+
+    def quadrant_share(self, group: Group | str, quadrant: str, smooth: int = 1) -> stats.SeedAggregate:
+        """Share of the tokens in ``quadrant`` (count / sum of the four counts) per step, aggregated over seeds
+        (each run moving-averaged over ``smooth`` steps first)."""
+
+        def share(r: RunData) -> np.ndarray | None:
+            y = _quadrant_share(r, quadrant)
+            return None if y is None else stats.moving_average(y, smooth)
+
+        return self.derived_series(group, f"quadrant/{quadrant}/share/{smooth}", share)
+
+    def normalised_series(self, group: Group | str, key: str = "entropy", n_points: int = 201) -> stats.SeedAggregate:
+        """``key`` / its initial value against the fraction of training (0…1), aggregated over seeds: the axes on
+        which a simulator sweep and a trainer run can be compared although their absolute entropies differ."""
+        g = self.group(group) if isinstance(group, str) else group
+        ck = ("normalised", key, n_points)
+        if ck not in g._cache:
+            grid = np.linspace(0.0, 1.0, n_points)
+            parts = []
+            for r in g.runs:
+                if not r.has(key):
+                    continue
+                y, reason = stats.normalised_curve(r.steps, r.column(key), grid)
+                if reason:
+                    self._note(f"{r.path}: {key} not normalisable ({reason}); left out of the cross-source plot")
+                    continue
+                parts.append((grid, y))
+            g._cache[ck] = stats.aggregate_seeds(parts, self.confidence)
+        return g._cache[ck]
+
+    # ------------------------------------------------------------------------------------------------ tables
+    def run_summary(self, run: RunData, extra_keys: Sequence[str] = ()) -> dict[str, Any]:
+        """Per-run numbers of the summary table (None where the run lacks the data).
+
+        Keys: ``n_steps``, ``initial_entropy``/``final_entropy`` (first/last finite, nats), ``threshold`` (nats),
+        ``steps_to_threshold`` (first step with entropy below it, None if never), ``frac_in_band``,
+        ``final_reward``, ``final/<key>`` for ``accuracy``, ``eval/accuracy``, every ``pass@k`` key and
+        ``extra_keys``, and ``wall_time_s`` (sum of ``time/step_s``, else a wall-time entry of summary.json).
+        """
+        h = run.column("entropy")
+        h0 = stats.first_finite(h)
+        thr = self.threshold if self.threshold is not None else (None if h0 is None else self.threshold_frac * h0)
+        out: dict[str, Any] = {
+            "n_steps": run.n_steps,
+            "initial_entropy": h0,
+            "final_entropy": stats.last_finite(h),
+            "threshold": thr,
+            "steps_to_threshold": None if thr is None else stats.steps_to_threshold(run.steps, h, thr),
+            "frac_in_band": stats.fraction_in_band(h, run.target_entropy, self.band_half_width),
+            "final_reward": stats.last_finite(run.column("reward")),
+        }
+        keys = ["accuracy", "eval/accuracy"] + sorted(k for k in run.columns if _PASS_RE.match(k)) + list(extra_keys)
+        for k in dict.fromkeys(keys):
+            if run.has(k):
+                out[f"final/{k}"] = stats.last_finite(run.column(k))
+        wall = None
+        if run.has("time/step_s"):
+            wall = float(np.nansum(run.column("time/step_s")))
+        elif isinstance(run.summary, dict):
+            for k in _WALL_KEYS:
+                v = run.summary.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    wall = float(v)
+                    break
+        out["wall_time_s"] = wall
+        return out
+
+    def summary_rows(self, extra_keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """One row per group. Every numeric field of :meth:`run_summary` becomes ``(mean, ci_halfwidth, n)`` over
+        the seeds that have it; ``steps_to_threshold`` becomes ``(mean over the runs that crossed, n_crossed,
+        n_runs)``. Also ``label``, ``method``, ``source``, ``n_runs``, ``target_entropy``."""
+        rows = []
+        for g in self.groups:
+            per_run = [self.run_summary(r, extra_keys) for r in g.runs]
+            row: dict[str, Any] = {
+                "label": g.label,
+                "method": g.method,
+                "source": g.source,
+                "n_runs": len(g.runs),
+                "target_entropy": g.target_entropy,
+            }
+            fields = list(dict.fromkeys(k for pr in per_run for k in pr))
+            for k in fields:
+                vals = [pr.get(k) for pr in per_run]
+                if k == "steps_to_threshold":
+                    crossed = [v for v in vals if v is not None]
+                    row[k] = (float(np.mean(crossed)) if crossed else None, len(crossed), len(vals))
+                else:
+                    row[k] = stats.mean_ci(vals, self.confidence)
+            rows.append(row)
+        return rows
+
+    def predictor_keys(self) -> list[str]:
+        """Predictor keys logged by any run (``pred_entropy_change`` first, then ``pred/<name>``)."""
+        keys: dict[str, None] = {}
+        for r in self.runs:
+            keys.update(dict.fromkeys(r.predictor_keys()))
+        return sorted(keys, key=lambda k: (k != "pred_entropy_change", k))
+
+    def has_measured_change(self) -> bool:
+        """True if any run logs a finite measured ``entropy_change``."""
+        return any(r.has("entropy_change") for r in self.runs)
+
+    def prediction_pairs(self, group: Group, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(steps, predicted, measured)`` pooled over the group's seeds (non-finite pairs dropped)."""
+        ck = ("pairs", key)
+        if ck not in group._cache:
+            runs = [r for r in group.runs if r.has(key) and r.has("entropy_change")]
+            if runs:
+                s = np.concatenate([r.steps for r in runs]).astype(np.float64)
+                p = np.concatenate([r.column(key) for r in runs])
+                m = np.concatenate([r.column("entropy_change") for r in runs])
+                ok = np.isfinite(p) & np.isfinite(m)
+                group._cache[ck] = (s[ok], p[ok], m[ok])
+            else:
+                e = np.zeros(0)
+                group._cache[ck] = (e, e, e)
+        return group._cache[ck]
+
+    def prediction_fits(self) -> list[dict[str, Any]]:
+        """For each group and predictor with data: ``{"label", "predictor", "fit": PredictionFit}`` of measured
+        ``entropy_change`` on the predictor, pooled over seeds (see :func:`analysis.stats.fit_prediction`)."""
+        out = []
+        for key in self.predictor_keys():
+            for g in self.groups:
+                _, p, m = self.prediction_pairs(g, key)
+                if p.size:
+                    out.append({"label": g.label, "predictor": key, "fit": stats.fit_prediction(p, m)})
+        return out
+
+    def has_quadrants(self) -> bool:
+        """True if any run logs a quadrant count (``quadrant/<q>/count``)."""
+        return any(r.has(f"quadrant/{q}/count") for r in self.runs for q, _, _ in QUADRANTS)
+
+    def quadrant_table(self) -> list[dict[str, Any]]:
+        """Per group and quadrant: mean token count per step, share of the tokens of the four quadrants, mean ΔH
+        contribution per step (nats) and its total over the run, each a mean over seeds; plus the expected sign
+        of the contribution (science.md §2: sign(ΔH) = sign(Â)·sign(s − s*))."""
+        rows = []
+        for g in self.groups:
+            runs = [r for r in g.runs if any(r.has(f"quadrant/{q}/count") for q, _, _ in QUADRANTS)]
+            if not runs:
+                continue
+            for q, desc, sign in QUADRANTS:
+                cnt, share, dh, dh_tot = [], [], [], []
+                for r in runs:
+                    c = r.column(f"quadrant/{q}/count")
+                    d = r.column(f"quadrant/{q}/dH")
+                    if np.isfinite(c).any():
+                        cnt.append(float(np.nanmean(c)))
+                        sh = _quadrant_share(r, q)
+                        share.append(float(np.nanmean(sh)) if sh is not None and np.isfinite(sh).any() else math.nan)
+                    if np.isfinite(d).any():
+                        dh.append(float(np.nanmean(d)))
+                        dh_tot.append(float(np.nansum(d)))
+                rows.append(
+                    {
+                        "label": g.label,
+                        "quadrant": q,
+                        "description": desc,
+                        "expected_sign": sign,
+                        "count": stats.mean_ci(cnt, self.confidence),
+                        "share": stats.mean_ci(share, self.confidence),
+                        "dH_per_step": stats.mean_ci(dh, self.confidence),
+                        "dH_total": stats.mean_ci(dh_tot, self.confidence),
+                    }
+                )
+        return rows
+
+
+def _quadrant_share(run: RunData, quadrant: str) -> np.ndarray | None:
+    """``[S]`` share of the run's tokens in ``quadrant``: its count / the sum of the four counts (NaN where the sum
+    is 0 or missing); None if the run never logs that quadrant's count."""
+    if not run.has(f"quadrant/{quadrant}/count"):
+        return None
+    tot = np.nansum([run.column(f"quadrant/{q}/count") for q, _, _ in QUADRANTS], axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(tot > 0, run.column(f"quadrant/{quadrant}/count") / tot, np.nan)
+
+
+def _group_key_value(run: RunData, key: str) -> Any:
+    v = run.config_value(key)
+    if isinstance(v, (dict, list)):
+        return str(v)
+    return v
+
+
+def compare(
+    runs: str | os.PathLike | Iterable[str | os.PathLike | RunData],
+    group_by: Sequence[str] = (),
+    band_half_width: float = 0.05,
+    threshold: float | None = None,
+    threshold_frac: float = 0.1,
+    confidence: float = 0.95,
+) -> Comparison:
+    """Group runs for comparison.
+
+    Args:
+        runs: run/sweep directories (searched recursively) or already loaded :class:`RunData`.
+        group_by: dotted config keys (e.g. ``loss.stare.reweight_w``) whose values split a method into groups.
+        band_half_width: > 0, half-width (nats) of the target band around ``loss.stare.target_entropy``.
+        threshold: absolute entropy threshold (nats, > 0) for steps-to-threshold; None → ``threshold_frac`` ×
+            the run's initial entropy.
+        threshold_frac: in (0, 1]; the relative threshold when ``threshold`` is None.
+        confidence: in (0, 1); the level of the seed bands.
+
+    Returns:
+        A :class:`Comparison`. Runs are grouped by (source, method, group_by values); the group label names the
+        source only when several sources are present.
+
+    Raises:
+        ConfigError: on an out-of-range setting.
+        RunError: if no run is found.
+    """
+    if not (isinstance(band_half_width, (int, float)) and band_half_width > 0 and math.isfinite(band_half_width)):
+        raise ConfigError(f"band_half_width={band_half_width!r} must be a finite number > 0 (nats)")
+    if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
+        raise ConfigError(f"threshold={threshold!r} must be a finite number > 0 (nats) or None")
+    if not (isinstance(threshold_frac, (int, float)) and 0 < threshold_frac <= 1):
+        raise ConfigError(f"threshold_frac={threshold_frac!r} is outside (0, 1]")
+    if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
+        raise ConfigError(f"confidence={confidence!r} is outside (0, 1)")
+    warnings: list[str] = []
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    runs = list(runs)
+    loaded = [r for r in runs if isinstance(r, RunData)]
+    paths = [r for r in runs if not isinstance(r, RunData)]
+    if paths or not loaded:
+        loaded += load_runs(paths, warnings)
+    for r in loaded:
+        warnings.extend(r.warnings)
+
+    buckets: dict[tuple, list[RunData]] = collections.OrderedDict()
+    for r in loaded:
+        kv = tuple((k, _group_key_value(r, k)) for k in group_by)
+        buckets.setdefault((r.source, r.method, kv), []).append(r)
+    mixed = len({k[0] for k in buckets}) > 1
+    groups = []
+    for (source, method, kv), members in buckets.items():
+        label = method + (f" [{source}]" if mixed else "")
+        if kv:
+            label += " (" + ", ".join(f"{k.rsplit('.', 1)[-1]}={_fmt_value(v)}" for k, v in kv) + ")"
+        targets = [r.target_entropy for r in members if r.target_entropy is not None]
+        target = collections.Counter(targets).most_common(1)[0][0] if targets else None
+        if len(set(targets)) > 1:
+            warnings.append(f"{label}: runs disagree on target_entropy ({sorted(set(targets))}); using {target}")
+        seeds = [r.seed for r in members if r.seed is not None]
+        if len(seeds) != len(set(seeds)):
+            warnings.append(f"{label}: duplicate seeds {sorted(seeds)}; each run still counts once")
+        groups.append(Group(label, method, source, kv, members, target))
+
+    def value_rank(v: Any) -> tuple:
+        num = isinstance(v, (int, float)) and not isinstance(v, bool)
+        return (0, float(v), "") if num else (1, 0.0, str(v))
+
+    def order(g: Group) -> tuple:
+        return (_method_rank(g.method), g.source, tuple(value_rank(v) for _, v in g.key_values))
+
+    groups.sort(key=order)
+    return Comparison(
+        groups=groups,
+        band_half_width=float(band_half_width),
+        threshold=None if threshold is None else float(threshold),
+        threshold_frac=float(threshold_frac),
+        confidence=float(confidence),
+        group_by=tuple(group_by),
+        warnings=warnings,
+    )

@@ -1,0 +1,282 @@
+"""Reading run directories into numpy columns (design.md §4; conventions in :mod:`stare_lab.runs`).
+
+Analysis reads run directories only: :func:`load_runs` finds them (recursively, via
+:func:`stare_lab.runs.find_runs`), reads each with :func:`stare_lab.runs.read_run` and turns ``metrics.jsonl`` into
+one float64 column per key, indexed by ``step``. Damage is tolerated and reported, never fatal: a truncated last
+line, null/NaN values, missing keys, duplicate or missing steps, a missing ``config.yaml``, a folder without runs —
+each gives a warning (logged, and kept in :attr:`RunData.warnings` or the caller's ``warnings`` list).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from stare_lab.errors import RunError
+from stare_lab.runs import find_runs, read_run
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RunData", "load_run", "load_runs", "config_get", "EVAL_FILE"]
+
+#: Written next to ``metrics.jsonl`` by ``stare-lab evaluate``.
+EVAL_FILE = "eval.json"
+
+_SEED_RE = re.compile(r"seed[_-]?(\d+)$", re.IGNORECASE)
+
+
+def config_get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """``config_get({"a": {"b": 1}}, "a.b") == 1``; ``default`` if any part of the dotted path is missing."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _find_key(node: Any, key: str, depth: int = 0) -> Any:
+    """First value stored under ``key`` anywhere in a nested mapping (breadth-first by level, depth ≤ 6)."""
+    if not isinstance(node, Mapping) or depth > 6:
+        return None
+    if key in node:
+        return node[key]
+    for value in node.values():
+        found = _find_key(value, key, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _as_target(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _to_float_column(values: list[Any]) -> np.ndarray | None:
+    """Values → float64 array; None/NaN/±inf/non-numbers → NaN; bools → 0/1. ``None`` if nothing is numeric."""
+    try:
+        arr = np.array(values, dtype=np.float64)
+        if arr.ndim != 1:
+            raise ValueError
+        if any(isinstance(v, str) for v in values):  # numpy parses "1.5"; a string metric is not a number
+            raise ValueError
+    except (TypeError, ValueError):
+        arr = np.array(
+            [float(v) if isinstance(v, (int, float)) else np.nan for v in values], dtype=np.float64
+        )
+    arr[~np.isfinite(arr)] = np.nan
+    if not np.isfinite(arr).any():
+        return None
+    return arr
+
+
+@dataclasses.dataclass
+class RunData:
+    """One run directory as numpy columns.
+
+    Attributes:
+        path: the run directory.
+        config: ``config.yaml`` as a dict (``{}`` if missing).
+        summary: ``summary.json`` as a dict, or None.
+        eval: ``eval.json`` (from ``stare-lab evaluate``) as a dict, or None.
+        method: ``config.method``; else inferred from the directory (``<method>/seed<k>``) with a warning.
+        source: ``config.source`` (``"simulator"`` | ``"trainer"``), else ``"unknown"``.
+        seed: ``config.seed``, else parsed from a ``seed<k>`` directory name, else None.
+        target_entropy: H_tgt in nats from ``loss.stare.target_entropy`` (else a ``target_entropy`` key anywhere
+            in the config), or None: then no target band is drawn for this run.
+        steps: ``[S]`` int64, sorted, unique training steps.
+        columns: key → ``[S]`` float64 values aligned with ``steps``; NaN where a row lacked the key or held
+            null/NaN/±inf/a non-number. Keys with no numeric value at all are left out.
+        warnings: what was skipped or assumed while reading.
+    """
+
+    path: Path
+    config: dict
+    summary: dict | None
+    eval: dict | None
+    method: str
+    source: str
+    seed: int | None
+    target_entropy: float | None
+    steps: np.ndarray
+    columns: dict[str, np.ndarray]
+    warnings: list[str]
+
+    @property
+    def n_steps(self) -> int:
+        """Number of (unique, valid) steps."""
+        return int(self.steps.size)
+
+    def column(self, key: str) -> np.ndarray:
+        """``[S]`` float64 values of ``key`` (all NaN if the run never logged it as a number)."""
+        col = self.columns.get(key)
+        if col is None:
+            return np.full(self.steps.shape, np.nan)
+        return col
+
+    def has(self, key: str) -> bool:
+        """True if ``key`` has at least one finite value."""
+        col = self.columns.get(key)
+        return col is not None and bool(np.isfinite(col).any())
+
+    def config_value(self, dotted: str, default: Any = None) -> Any:
+        """A config value by dotted key (e.g. ``loss.stare.reweight_w``), ``default`` if absent."""
+        return config_get(self.config, dotted, default)
+
+    def predictor_keys(self) -> list[str]:
+        """Keys of the first-order ΔH predictors this run logs: ``pred_entropy_change`` then each ``pred/<name>``
+        (runs.py conventions), only those with at least one finite value."""
+        keys = ["pred_entropy_change"] + sorted(k for k in self.columns if k.startswith("pred/"))
+        return [k for k in keys if self.has(k)]
+
+    def __repr__(self) -> str:  # the default would print every column
+        return (
+            f"RunData(path={str(self.path)!r}, method={self.method!r}, source={self.source!r}, seed={self.seed}, "
+            f"steps={self.n_steps}, keys={len(self.columns)})"
+        )
+
+
+def _read_eval(path: Path, warnings: list[str]) -> dict | None:
+    p = path / EVAL_FILE
+    if not p.is_file():
+        return None
+    try:
+        loaded = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        warnings.append(f"{p}: unreadable ({err}); ignored")
+        return None
+    if not isinstance(loaded, dict):
+        warnings.append(f"{p}: not a JSON object; ignored")
+        return None
+    return loaded
+
+
+def load_run(path: str | os.PathLike) -> RunData:
+    """Read one run directory into a :class:`RunData`.
+
+    Rows without a finite integer ``step`` are dropped; duplicate steps keep the last row (a resumed run that was
+    not truncated); rows are sorted by step. Each such repair adds a warning.
+
+    Raises:
+        RunError: if ``path`` is not a run directory (no ``metrics.jsonl``) or holds no row with a valid step.
+    """
+    run = read_run(path)  # raises RunError for a non-run directory
+    warnings = list(run.warnings)
+    p = run.path
+    config = run.config if isinstance(run.config, dict) else {}
+    rows = run.metrics
+
+    method = config.get("method")
+    if not isinstance(method, str) or not method:
+        method = p.parent.name if _SEED_RE.search(p.name) and p.parent.name else p.name
+        warnings.append(f"{p}: config has no 'method'; using {method!r} from the directory name")
+    source = config.get("source")
+    if source not in ("simulator", "trainer"):
+        warnings.append(f"{p}: config has no valid 'source' (got {source!r}); using 'unknown'")
+        source = "unknown"
+    seed = config.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        m = _SEED_RE.search(p.name)
+        seed = int(m.group(1)) if m else None
+    target = _as_target(config_get(config, "loss.stare.target_entropy"))
+    if target is None:
+        target = _as_target(_find_key(config, "target_entropy"))
+
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    steps_raw = _to_float_column([row.get("step") for row in rows]) if rows else None
+    if steps_raw is None:
+        raise RunError(f"{str(p)!r}: metrics.jsonl has no row with a numeric 'step'")
+    valid = np.isfinite(steps_raw) & (steps_raw == np.round(steps_raw))
+    if not valid.all():
+        warnings.append(f"{p}: {int((~valid).sum())} metrics row(s) without a valid integer 'step'; skipped")
+    idx_valid = np.flatnonzero(valid)
+    steps_v = steps_raw[idx_valid].astype(np.int64)
+    # keep the LAST row of each step: unique over the reversed order gives the last occurrence
+    uniq, first_in_rev = np.unique(steps_v[::-1], return_index=True)
+    keep = idx_valid[steps_v.size - 1 - first_in_rev]
+    if uniq.size < steps_v.size:
+        warnings.append(
+            f"{p}: {steps_v.size - uniq.size} duplicate step(s) (resumed without truncation?); kept the last row"
+        )
+    kept_rows = [rows[i] for i in keep]
+    columns: dict[str, np.ndarray] = {}
+    for key in keys:
+        if key == "step":
+            continue
+        col = _to_float_column([row.get(key) for row in kept_rows])
+        if col is not None:
+            columns[key] = col
+    if "entropy" not in columns:
+        warnings.append(f"{p}: no finite 'entropy' values")
+    for w in warnings[len(run.warnings):]:
+        logger.warning(w)
+    return RunData(
+        path=p,
+        config=config,
+        summary=run.summary,
+        eval=_read_eval(p, warnings),
+        method=method,
+        source=source,
+        seed=seed,
+        target_entropy=target,
+        steps=uniq,
+        columns=columns,
+        warnings=warnings,
+    )
+
+
+def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: list[str] | None = None) -> list[RunData]:
+    """Find every run directory at or below ``paths`` and read it.
+
+    Args:
+        paths: one path or several (run directories, sweep directories, or any folder above them).
+        warnings: if given, warnings that concern no single run (a path that does not exist, a folder without
+            runs, a run that could not be read) are appended to it; they are always logged.
+
+    Returns:
+        The runs, sorted by (method, seed, path). Per-run warnings are in :attr:`RunData.warnings`.
+
+    Raises:
+        RunError: if no readable run is found under any of ``paths`` (the message lists the paths).
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [Path(p) for p in paths]
+    notes: list[str] = []
+    dirs: list[Path] = []
+    for root in paths:
+        if not root.exists():
+            notes.append(f"{root}: does not exist; skipped")
+            continue
+        found = find_runs([root])
+        if not found:
+            notes.append(f"{root}: no run directories (no metrics.jsonl) found; skipped")
+        dirs.extend(found)
+    runs: list[RunData] = []
+    for d in sorted(set(dirs)):
+        try:
+            runs.append(load_run(d))
+        except (RunError, OSError) as err:
+            notes.append(f"{d}: not readable as a run ({err}); skipped")
+    for n in notes:
+        logger.warning(n)
+    if warnings is not None:
+        warnings.extend(notes)
+    if not runs:
+        listed = ", ".join(str(p) for p in paths) or "(none given)"
+        raise RunError(f"no runs found under {listed} (a run directory holds a metrics.jsonl)")
+    runs.sort(key=lambda r: (r.method, -1 if r.seed is None else r.seed, str(r.path)))
+    return runs

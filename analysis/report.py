@@ -1,0 +1,357 @@
+"""The analysis report: figures + ``report.md`` + a self-contained ``report.html`` (images base64-embedded).
+
+One document model (:class:`Doc`: headings, paragraphs, lists, tables, images) renders to both Markdown and HTML,
+so the two always say the same thing. The report reads top to bottom: runs, entropy dynamics, predicted vs
+measured ΔH, the four quadrants, the per-method summary, then (when given) cross-source and paper comparisons.
+No timestamps: the same runs give the same report.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import logging
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from stare_lab.errors import ConfigError, RunError
+
+from . import plots
+from .compare import Comparison
+from .paper import load_paper_table, paper_comparison
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Doc", "ReportFiles", "write_report", "FORMATS"]
+
+FORMATS = ("png", "svg", "pdf")
+_MIME = {"png": "image/png", "svg": "image/svg+xml"}
+_MAX_WARNINGS = 60
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    """A table cell: '' for None/NaN, ints as is, floats with ``digits`` significant digits."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return ""
+        return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
+    return str(v)
+
+
+def _mci(t: tuple[float, float, int] | None, digits: int = 3) -> str:
+    """``(mean, halfwidth, n)`` → '0.123 ± 0.004' (no ± for one value; '' for none)."""
+    if not t or t[2] == 0:
+        return ""
+    mean, hw, _ = t
+    return _num(mean, digits) + (f" ± {_num(hw, 2)}" if math.isfinite(hw) else "")
+
+
+class Doc:
+    """A small document: add blocks, then render with :meth:`to_markdown` or :meth:`to_html`."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple] = []
+
+    def h(self, level: int, text: str) -> None:
+        self.blocks.append(("h", level, text))
+
+    def p(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def ul(self, items: Sequence[str]) -> None:
+        if items:
+            self.blocks.append(("ul", list(items)))
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self.blocks.append(("table", list(header), [[_num(c) if not isinstance(c, str) else c for c in r] for r in rows]))
+
+    def img(self, name: str, alt: str) -> None:
+        """An image file ``name`` relative to the report's folder."""
+        self.blocks.append(("img", name, alt))
+
+    def to_markdown(self) -> str:
+        out: list[str] = []
+        for b in self.blocks:
+            kind = b[0]
+            if kind == "h":
+                out.append("#" * b[1] + " " + b[2])
+            elif kind == "p":
+                out.append(b[1])
+            elif kind == "ul":
+                out.append("\n".join(f"- {i}" for i in b[1]))
+            elif kind == "table":
+                esc = [[c.replace("|", "\\|") for c in r] for r in [b[1], *b[2]]]
+                lines = ["| " + " | ".join(esc[0]) + " |", "|" + "---|" * len(esc[0])]
+                lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
+                out.append("\n".join(lines))
+            elif kind == "img":
+                out.append(f"![{b[2]}]({b[1]})")
+        return "\n\n".join(out) + "\n"
+
+    @staticmethod
+    def _inline(text: str) -> str:
+        parts = re.split(r"(`[^`]*`)", text)
+        return "".join(
+            f"<code>{html.escape(p[1:-1])}</code>" if p.startswith("`") and p.endswith("`") and len(p) > 1
+            else html.escape(p)
+            for p in parts
+        )
+
+    def to_html(self, images: dict[str, tuple[str, bytes]], title: str) -> str:
+        """HTML with every image embedded: ``images`` maps an image name to ``(mime type, bytes)``."""
+        body: list[str] = []
+        for b in self.blocks:
+            kind = b[0]
+            if kind == "h":
+                body.append(f"<h{b[1]}>{self._inline(b[2])}</h{b[1]}>")
+            elif kind == "p":
+                body.append(f"<p>{self._inline(b[1])}</p>")
+            elif kind == "ul":
+                body.append("<ul>" + "".join(f"<li>{self._inline(i)}</li>" for i in b[1]) + "</ul>")
+            elif kind == "table":
+                head = "".join(f"<th>{self._inline(c)}</th>" for c in b[1])
+                rows = "".join("<tr>" + "".join(f"<td>{self._inline(c)}</td>" for c in r) + "</tr>" for r in b[2])
+                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            elif kind == "img":
+                mime, data = images[b[1]]
+                uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+                body.append(f'<figure><img src="{uri}" alt="{html.escape(b[2])}"></figure>')
+        style = (
+            "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
+            "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
+            "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+            "td:first-child,th:first-child{text-align:left}img{max-width:100%}code{background:#f3f3f3}"
+        )
+        return (
+            f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        )
+
+
+@dataclasses.dataclass
+class ReportFiles:
+    """What :func:`write_report` wrote: ``markdown`` and ``html`` paths and the figure paths by name."""
+
+    markdown: Path
+    html: Path
+    figures: dict[str, Path]
+
+
+def _runs_section(doc: Doc, cmp: Comparison) -> None:
+    doc.h(2, "Runs")
+    rows = []
+    for g in cmp.groups:
+        n = [r.n_steps for r in g.runs]
+        seeds = ", ".join("?" if s is None else str(s) for s in g.seeds)
+        steps = f"{min(n)}" if min(n) == max(n) else f"{min(n)}–{max(n)}"
+        rows.append([g.label, g.method, g.source, str(len(g.runs)), seeds, steps, g.target_entropy])
+    doc.table(["group", "method", "source", "runs", "seeds", "steps", "target H (nats)"], rows)
+
+
+def _prediction_section(doc: Doc, cmp: Comparison) -> None:
+    doc.h(2, "2. Predicted vs measured one-step entropy change")
+    fits = cmp.prediction_fits()
+    if not cmp.has_measured_change() or not fits:
+        doc.p("No run logs both a first-order prediction and a measured `entropy_change`; nothing to compare.")
+        return
+    doc.p(
+        "Ordinary least-squares fit of measured ΔH on predicted ΔH (as `scipy.stats.linregress`), pooled over seeds: a perfect "
+        "first-order prediction has slope 1, intercept 0 and R² 1. R² (identity) = 1 − Σ(measured − predicted)² / "
+        "Σ(measured − mean)², the fit of the identity line itself (negative when worse than a constant)."
+    )
+    rows = []
+    for f in fits:
+        fit = f["fit"]
+        rows.append(
+            [f["label"], f"`{f['predictor']}`", fit.n, fit.slope, fit.intercept, fit.r2, fit.r2_identity, fit.rmse,
+             fit.reason or ""]
+        )
+    doc.table(["group", "predictor", "pairs", "slope", "intercept", "R² (fit)", "R² (identity)", "RMSE (nats)",
+               "note"], rows)
+
+
+def _quadrant_section(doc: Doc, cmp: Comparison) -> None:
+    doc.h(2, "3. Four quadrants: advantage sign × surprisal")
+    if not cmp.has_quadrants():
+        doc.p("No run logs `quadrant/…` keys.")
+        return
+    doc.p(
+        "Tokens split by the sign of their advantage and by surprisal above/below the critical value s* "
+        "(science.md §2: sign(ΔH) = sign(Â)·sign(s − s*)). Share = count / all four counts; ΔH = the quadrant's "
+        "summed first-order contribution per step (nats); mean ± 95% band over seeds."
+    )
+    rows = []
+    for r in cmp.quadrant_table():
+        rows.append([r["label"], r["description"], "+" if r["expected_sign"] > 0 else "−", _mci(r["count"]),
+                     _mci(r["share"]), _mci(r["dH_per_step"]), _mci(r["dH_total"])])
+    doc.table(["group", "quadrant", "expected sign of ΔH", "tokens per step", "share", "ΔH per step (nats)",
+               "ΔH total (nats)"], rows)
+
+
+def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str]) -> None:
+    doc.h(2, "4. Summary per method")
+    srows = cmp.summary_rows(extra)
+    finals = list(dict.fromkeys(k for r in srows for k in r if k.startswith("final/")))
+    thr = (f"{cmp.threshold:g} nats" if cmp.threshold is not None
+           else f"{cmp.threshold_frac:g} × the run's initial entropy")
+    doc.p(
+        f"Mean ± 95% band over seeds. Initial/final entropy: first/last logged value (nats). Steps to threshold: "
+        f"first step with entropy < {thr}, mean over the seeds that got there (count in brackets). In band: "
+        f"fraction of steps with |H − H_tgt| < {cmp.band_half_width:g} nats. Final values: last logged value. "
+        "Wall time: sum of `time/step_s` (else summary.json)."
+    )
+    header = ["group", "runs", "initial H", "final H", "steps to threshold", "in band", "final reward",
+              *[f"`{k[6:]}`" for k in finals], "wall time (s)"]
+    rows = []
+    for r in srows:
+        mean, crossed, total = r["steps_to_threshold"]
+        stt = "never" if mean is None else f"{mean:.0f} ({crossed}/{total})"
+        rows.append([r["label"], str(r["n_runs"]), _mci(r["initial_entropy"]), _mci(r["final_entropy"]), stt,
+                     _mci(r["frac_in_band"]), _mci(r["final_reward"]), *[_mci(r.get(k)) for k in finals],
+                     _mci(r["wall_time_s"])])
+    doc.table(header, rows)
+
+
+def write_report(
+    cmp: Comparison,
+    out_dir: str | os.PathLike,
+    fmt: str = "png",
+    metrics: Sequence[str] = (),
+    paper: str | os.PathLike | None = None,
+    paper_setting: str | None = None,
+    paper_model: str | None = None,
+    dpi: int = 90,
+    title: str = "stare_lab analysis report",
+    inputs: Sequence[str] = (),
+) -> ReportFiles:
+    """Write the figures, ``report.md`` and a self-contained ``report.html`` into ``out_dir``.
+
+    Args:
+        cmp: the grouped runs (:func:`analysis.compare`).
+        out_dir: created if missing; files are overwritten.
+        fmt: figure format: ``png``, ``svg`` or ``pdf`` (for pdf the HTML embeds PNG renders of the figures).
+        metrics: extra metric keys to plot over steps and list in the summary table.
+        paper: a Table-2 CSV (see :mod:`analysis.paper`) to put reported numbers next to measured ones.
+        paper_setting, paper_model: restrict the paper rows.
+        dpi: raster resolution (dots per inch) of PNG figures.
+        title: the report's title.
+        inputs: the paths analysed (listed in the report).
+
+    Raises:
+        ConfigError: unknown ``fmt`` or ``dpi`` ≤ 0.
+        RunError: if ``out_dir`` cannot be created.
+        DataError: if the paper table is unreadable or lacks required columns.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"format={fmt!r} is not one of {{{', '.join(FORMATS)}}}")
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or dpi <= 0:
+        raise ConfigError(f"dpi={dpi!r} must be a positive integer")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"cannot create output directory {str(out)!r}: {err.strerror or err}") from None
+    paper_rows = load_paper_table(paper) if paper is not None else None  # fail early, before plotting
+
+    figures: dict[str, Path] = {}
+    images: dict[str, tuple[str, bytes]] = {}
+
+    def add_figure(doc: Doc, name: str, fig: Any, alt: str) -> None:
+        if fig is None:
+            return
+        path = plots.save_figure(fig, out / f"{name}.{fmt}", dpi)
+        figures[name] = path
+        if fmt == "pdf":
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=dpi)
+            images[path.name] = ("image/png", buf.getvalue())
+        else:
+            images[path.name] = (_MIME[fmt], path.read_bytes())
+        doc.img(path.name, alt)
+
+    doc = Doc()
+    doc.h(1, title)
+    n_runs = len(cmp.runs)
+    doc.p(
+        f"{n_runs} run{'s' * (n_runs != 1)} in {len(cmp.groups)} group{'s' * (len(cmp.groups) != 1)} "
+        f"(sources: {', '.join(cmp.sources)})" + (f", read from {', '.join(f'`{i}`' for i in inputs)}." if inputs else ".")
+        + (f" Grouped by method and {', '.join(f'`{k}`' for k in cmp.group_by)}." if cmp.group_by else "")
+    )
+    _runs_section(doc, cmp)
+
+    doc.h(2, "1. Entropy dynamics")
+    doc.p(
+        "Lines: mean over seeds; shaded: 95% band (mean ± t·s/√n, none for a single seed); grey band: the target "
+        f"entropy H_tgt ± {cmp.band_half_width:g} nats (`loss.stare.target_entropy`). Gate: fraction of seeds with "
+        "the STARE gate on. W (STARE weight on L+) and M (on L−) as logged."
+    )
+    add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
+
+    _prediction_section(doc, cmp)
+    add_figure(doc, "prediction", plots.plot_prediction(cmp), "predicted vs measured one-step entropy change")
+
+    _quadrant_section(doc, cmp)
+    add_figure(doc, "quadrants", plots.plot_quadrants(cmp), "four quadrants over steps")
+
+    _summary_section(doc, cmp, metrics)
+
+    if len(cmp.sources) > 1:
+        doc.h(2, "5. Across sources (normalised axes)")
+        doc.p(
+            "Absolute entropies differ in scale between sources, so each run is shown as entropy / its initial "
+            "entropy against the fraction of training done (linear interpolation onto 201 points, then the seed "
+            "mean and band)."
+        )
+        add_figure(doc, "cross_source", plots.plot_cross_source(cmp), "entropy relative to start by source")
+        rows = []
+        for g in cmp.groups:
+            agg = cmp.normalised_series(g).finite()
+            rows.append([g.label, g.source, float(agg.mean[-1]) if agg.x.size else None])
+        doc.table(["group", "source", "final H / initial H"], rows)
+
+    if paper_rows is not None:
+        doc.h(2, "6. Paper comparison")
+        header, rows, notes = paper_comparison(paper_rows, cmp, paper_setting, paper_model)
+        doc.p(f"Reported numbers from `{paper}` (percent) next to measured evaluation results; empty cells are "
+              "empty in the source.")
+        doc.ul(notes)
+        if rows:
+            doc.table(header, rows)
+        else:
+            doc.p("No paper row matches the methods of these runs.")
+
+    if metrics:
+        doc.h(2, "Extra metrics")
+        fig = plots.plot_metrics(cmp, metrics)
+        if fig is None:
+            doc.p(f"None of {', '.join(f'`{m}`' for m in metrics)} is logged by these runs.")
+        add_figure(doc, "metrics", fig, "extra metrics over steps")
+
+    doc.h(2, "Notes and warnings")
+    items = list(cmp.notes)
+    warns = list(dict.fromkeys(cmp.warnings))
+    items += warns[:_MAX_WARNINGS]
+    if len(warns) > _MAX_WARNINGS:
+        items.append(f"… and {len(warns) - _MAX_WARNINGS} more warnings")
+    if items:
+        doc.ul(items)
+    else:
+        doc.p("None.")
+
+    md_path = out / "report.md"
+    html_path = out / "report.html"
+    md_path.write_text(doc.to_markdown(), encoding="utf-8")
+    html_path.write_text(doc.to_html(images, title), encoding="utf-8")
+    logger.info("wrote %s and %s (%d figures)", md_path, html_path, len(figures))
+    return ReportFiles(md_path, html_path, figures)
