@@ -195,7 +195,7 @@ def normalize_answer(answer: str) -> str:
     ``\\tfrac`` to ``\\frac``. Two answers with equal normalised strings are graded equal.
     """
     s = answer.strip()
-    s = s.replace("$", "").replace("\\$", "")
+    s = s.replace("\\$", "").replace("$", "")
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
     s = s.replace("\\displaystyle", "")
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
@@ -280,7 +280,7 @@ def parse_number(answer: str) -> tuple[Fraction, str] | None:
         ``"decimal"`` (finite decimal literal) or ``"other"`` (scientific notation, power of ten, fraction) — or
         ``None`` if ``answer`` is not such a number.
     """
-    s = answer.strip().replace("$", "").replace("\\$", "")
+    s = answer.strip().replace("\\$", "").replace("$", "")
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
     s = _SPACING_RE.sub("", s).strip()

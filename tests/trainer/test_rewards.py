@@ -1,0 +1,274 @@
+"""Tests of trainer.rewards: boxed extraction, number parsing, grading (hand-written tricky cases), timeouts and the
+batch rewards. Expected values are by hand: each case's comment says why the answer is right or wrong.
+The all-records test on the real benchmark files is in test_rewards_benchmarks.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from fractions import Fraction
+
+import pytest
+
+try:
+    import math_verify  # noqa: F401
+except ImportError:  # pragma: no cover - exercised only without the trainer extra
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("math-verify is not installed (trainer extra)", allow_module_level=True)
+
+from stare_lab.errors import DataError
+from trainer import rewards
+from trainer.rewards import (
+    extract_boxed,
+    format_reward,
+    grade,
+    grade_response,
+    gsm8k_lenient_reward,
+    last_number,
+    math_reward,
+    parse_number,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# extraction
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # nested braces
+        ("\\boxed{\\left\\{1, 2\\right\\}}", "\\left\\{1, 2\\right\\}"),  # escaped braces do not close the box
+        ("first \\boxed{3}, finally \\boxed{4}", "4"),  # the LAST box wins
+        ("\\fbox{12}", "12"),
+        ("\\boxed 5$.", "5"),  # brace-less form: one token
+        ("\\boxed {7}", "7"),  # space before the brace
+        ("\\boxed{\\boxed{8}}", "8"),  # the inner box starts last
+        ("answer \\boxed{5} then a truncated \\boxed{6", "5"),  # an unclosed box is skipped
+        ("\\boxed{}", None),  # empty box = no answer
+        ("no box: the answer is 5", None),
+        ("\\boxedx{3}", None),  # a different command
+        ("$\\boxed{ 10 }$", "10"),  # stripped
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def test_extract_boxed_non_string():
+    assert extract_boxed(None) is None  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# numbers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, value, kind",
+    [
+        ("025", Fraction(25), "int"),  # AIME leading zeros
+        ("27.0", Fraction(27), "decimal"),  # AMC floats
+        ("1,000,000", Fraction(10**6), "int"),  # thousands separators
+        ("10,\\!080", Fraction(10080), "int"),  # MATH-500 style separator
+        (".0000672", Fraction(672, 10**7), "decimal"),
+        ("4.5e33", Fraction(45 * 10**32), "other"),  # Minerva scientific notation
+        ("4.5 \\times 10^{33}", Fraction(45 * 10**32), "other"),
+        ("10^{-5}", Fraction(1, 10**5), "other"),
+        ("\\frac{3}{4}", Fraction(3, 4), "other"),
+        ("\\dfrac34", Fraction(3, 4), "other"),
+        ("-1./3", Fraction(-1, 3), "other"),  # a Minerva gold
+        ("5 \\text{ cm}", Fraction(5), "int"),  # unit tail
+        ("\\text{5 cm}", Fraction(5), "int"),  # text-wrapped answer
+        ("55^\\circ", Fraction(55), "int"),
+        ("\\$18.90", Fraction(189, 10), "decimal"),
+        ("50\\%", Fraction(50), "int"),
+    ],
+)
+def test_parse_number(text, value, kind):
+    assert parse_number(text) == (value, kind)
+
+
+@pytest.mark.parametrize("text", ["1,3,5", "2500,7500", "52_8", "x", "2\\sqrt{5}", "(1,2)", "\\frac{1}{0}", "1e999"])
+def test_parse_number_rejects_non_numbers(text):
+    # lists, base-8 numerals, expressions, a zero denominator and an absurd exponent are not plain numbers
+    assert parse_number(text) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# grading: hand-written tricky cases
+# ---------------------------------------------------------------------------------------------------------------
+
+TRICKY = [
+    # (response, gold, benchmark, expected)  -- why
+    ("\\boxed{\\frac{1}{2}}", "\\frac12", None, True),  # same fraction, different brace style
+    ("\\boxed{\\dfrac{2}{4}}", "\\frac{1}{2}", "math500", True),  # equivalent fractions
+    ("\\boxed{0.5}", "\\frac{1}{2}", "math500", True),  # decimal = fraction exactly
+    ("\\boxed{0.333333}", "\\frac{1}{3}", None, True),  # within 1e-5 relative of a fraction gold
+    ("\\boxed{0.33}", "\\frac{1}{3}", None, False),  # 1% off
+    ("first \\boxed{3} then \\boxed{4}", "4", None, True),  # several boxes: the last counts
+    ("first \\boxed{3} then \\boxed{4}", "3", None, False),
+    ("\\fbox{12}", "12", None, True),
+    ("\\boxed{5\\text{ cm}}", "5", None, True),  # units
+    ("\\boxed{\\text{5 cm}}", "5", None, True),
+    ("\\boxed{1,000,000}", "1000000", None, True),  # thousands separators
+    ("\\boxed{1000001}", "1000000", None, False),  # huge-number near miss: integers compare exactly
+    ("\\boxed{1000000.5}", "1000000", None, False),  # an integer gold is never matched within a float tolerance
+    ("\\boxed{123456.8}", "123456.7", None, False),  # nor is a decimal gold
+    ("\\boxed{10^{6}}", "1000000", None, True),
+    ("\\boxed{25}", "025", "aime24", True),  # AIME leading zeros
+    ("\\boxed{24}", "025", "aime24", False),
+    ("\\boxed{27}", "27.0", "amc23", True),  # AMC float gold
+    ("\\boxed{4.5\\times 10^{33}}", "4.5e33", "minerva_math", True),  # scientific notation
+    ("\\boxed{4.52 \\times 10^{33} \\mathrm{~erg}}", "4.5e33", "minerva_math", True),  # 0.4% off: within 1%
+    ("\\boxed{5.0\\times 10^{33}}", "4.5e33", "minerva_math", False),  # 11% off
+    ("\\boxed{-1/3}", "-1./3", "minerva_math", True),
+    ("\\boxed{69, 84}", "$69$,$84$", "olympiadbench", True),  # $-wrapped multi-answer list
+    ("\\boxed{84, 69}", "$69$,$84$", "olympiadbench", True),  # as a set: order does not matter
+    ("\\boxed{69}", "$69$,$84$", "olympiadbench", False),  # one of two answers
+    ("\\boxed{\\frac{1}{2(n+1)}}", "$\\frac{1}{2 n+2}$", "olympiadbench", True),  # symbolic equivalence
+    ("\\boxed{(3,\\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", "math500", True),  # tuple
+    ("\\boxed{(\\frac{\\pi}{2},3)}", "\\left( 3, \\frac{\\pi}{2} \\right)", "math500", False),  # order matters
+    ("\\boxed{[-2,7]}", "x \\in [-2,7]", "math500", True),  # interval
+    ("\\boxed{(-2,7)}", "x \\in [-2,7]", "math500", False),  # open vs closed
+    ("\\boxed{55}", "55^\\circ", "math500", True),  # degrees
+    ("\\boxed{10080}", "10,\\!080", "math500", True),
+    ("\\boxed{C}", "\\text{(C)}", "math500", True),  # multiple-choice letter
+    ("\\boxed{\\text{(D)}}", "\\text{(C)}", "math500", False),
+    ("\\boxed{\\begin{pmatrix} -2 \\\\ -14 \\\\ 7 \\end{pmatrix}}",
+     "\\begin{pmatrix} -2 \\\\ -14 \\\\ -7 \\end{pmatrix}", "math500", False),  # one sign differs
+    ("\\boxed{2\\sqrt{5}}", "\\sqrt{20}", None, True),  # simplification
+    ("\\boxed{x^{2}+2x+1}", "(x+1)^2", None, True),  # expansion
+    ("\\boxed{275/2}", "137 \\frac{1}{2}", "math500", True),  # mixed number
+    ("\\boxed{42}", "52_8", "math500", False),  # base-8 numeral is not the decimal 52 nor 42
+    ("\\boxed{N=n+1}", "$N=n$", "olympiadbench", False),  # latex2sympy lower-cases N: no tautology match
+    # math-verify's regex fallback would reduce both to the fragment 2/3 and call them equal
+    ("\\boxed{\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}+1}", "\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}", "minerva_math",
+     False),
+    ("no boxed answer, 5", "5", None, False),
+]
+
+
+@pytest.mark.parametrize("response, gold, benchmark, expected", TRICKY)
+def test_grade_tricky_cases(response, gold, benchmark, expected):
+    assert grade(response, gold, benchmark) is expected
+
+
+def test_grade_response_statuses():
+    r = grade_response("nothing boxed", "5")
+    assert (r.correct, r.extracted, r.status) == (False, None, "no_answer")
+    r = grade_response("\\boxed{5}", "5")
+    assert (r.correct, r.extracted, r.status) == (True, "5", "ok")
+
+
+@pytest.mark.parametrize("answer", ["10^{10^{10}}", "2^{999999999}", "99999!"])
+def test_huge_answers_are_rejected_fast(answer):
+    # sympy would evaluate these in C (no signal can stop it); they are rejected before it sees them
+    t = time.perf_counter()
+    r = grade_response(f"\\boxed{{{answer}}}", "5")
+    assert (r.correct, r.status) == (False, "rejected")
+    assert time.perf_counter() - t < 1.0
+
+
+def test_bad_gold_raises_data_error():
+    with pytest.raises(DataError, match="empty"):
+        grade("\\boxed{1}", "  ")
+    with pytest.raises(DataError, match="must be a string"):
+        grade("\\boxed{1}", 5)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timeouts and failures
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _hang(*args, **kwargs):
+    time.sleep(30)
+
+
+def test_timeout_scores_zero_and_is_counted(monkeypatch):
+    monkeypatch.setattr(rewards, "_symbolic_equal", _hang)
+    t = time.perf_counter()
+    stats: dict = {}
+    out = math_reward(["\\boxed{x+1}", "\\boxed{7}"], ["x+2", "7"], timeout_s=0.2, stats=stats)
+    elapsed = time.perf_counter() - t
+    assert out == [0.0, 1.0]  # the hanging item times out; the numeric one never reaches math-verify
+    assert stats == {"timeout": 1, "ok": 1}
+    assert elapsed < 5.0
+
+
+def test_grader_exception_scores_zero(monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("grader bug")
+
+    monkeypatch.setattr(rewards, "_symbolic_equal", boom)
+    stats: dict = {}
+    assert math_reward(["\\boxed{x+1}"], ["x+1+0"], stats=stats) == [0.0]
+    assert stats == {"error": 1}
+    with pytest.raises(DataError, match="grading failed"):
+        math_reward(["\\boxed{x+1}"], ["x+1+0"], on_error="raise")
+
+
+def test_previous_alarm_is_restored():
+    import signal
+
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        assert grade("\\boxed{x^2+2x+1}", "(x+1)^2")
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < remaining <= 0.5  # the caller's timer is re-armed with what was left
+        time.sleep(remaining + 0.1)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_grading_in_a_worker_thread():
+    # outside the main thread there is no signal-based limit, but grading must still work
+    out = []
+    t = threading.Thread(target=lambda: out.append(math_reward(["\\boxed{\\frac{1}{2}}", "\\boxed{3}"], ["0.5", "4"])))
+    t.start()
+    t.join(60)
+    assert out == [[1.0, 0.0]]
+
+
+def test_math_reward_length_mismatch():
+    with pytest.raises(DataError, match="2 responses but 1 gold"):
+        math_reward(["a", "b"], ["1"])
+    with pytest.raises(DataError, match="on_error"):
+        math_reward(["a"], ["1"], on_error="ignore")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# optional rewards
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_last_number():
+    assert last_number("she pays 1,080 dollars, then 3.5 more") == "3.5"
+    assert last_number("total: -12") == "-12"
+    assert last_number("no digits") is None
+
+
+def test_gsm8k_lenient_reward():
+    responses = [
+        "so she makes 18 dollars",  # no box, last number right
+        "18 ... wait, 20",  # no box, last number wrong
+        "\\boxed{18}",  # boxed right
+        "\\boxed{20} although 18",  # boxed wrong: the box decides, the last number is not used
+        "1,080 in total",  # thousands separator
+    ]
+    golds = ["18", "18", "18", "18", "1,080"]
+    assert gsm8k_lenient_reward(responses, golds) == [1.0, 0.0, 1.0, 0.0, 1.0]
+    # the default math reward does not accept unboxed numbers
+    assert math_reward(responses, golds, "gsm8k") == [0.0, 0.0, 1.0, 0.0, 0.0]
+
+
+def test_format_reward():
+    assert format_reward(["\\boxed{1}", "no box", "\\boxed{}", "\\boxed{2"]) == [1.0, 0.0, 0.0, 0.0]
