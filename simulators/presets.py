@@ -56,7 +56,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kind": "tabular",
         "description": (
             "factored sequences (64 prompts x 4 positions x 8 tokens, 2 correct tokens per position), reward 1 iff "
-            "all 4 positions are correct; GRPO collapses the entropy"
+            ">= 3 of 4 positions are correct, verdict flipped with probability 0.1 (noisy verifier); GRPO collapses "
+            "the entropy"
         ),
         "overrides": {
             "task": "sequence",
@@ -66,10 +67,11 @@ PRESETS: dict[str, dict[str, Any]] = {
             "seq_len": 4,
             "vocab_size": 8,
             "num_correct": 2,
-            "threshold": 4,
+            "threshold": 3,
+            "reward_noise": 0.1,
             "init_spread": 1.0,
-            "lr": 2.0,
-            "steps": 150,
+            "lr": 4.0,
+            "steps": 120,
             "target_entropy_frac": 0.55,
         },
     },
@@ -88,8 +90,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "seq_len": 4,
             "vocab_size": 8,
             "init_spread": 1.0,
-            "lr": 2.0,
-            "steps": 300,
+            "lr": 4.0,
+            "steps": 200,
             "target_entropy_frac": 0.55,
         },
     },

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -92,8 +93,12 @@ def check_writable_dir(out: Path) -> None:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         raise RunError(f"output path {str(out)!r} is not a directory ({str(probe)!r} is a file)")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise RunError(f"output directory {str(out)!r} is not writable ({str(probe)!r} denies writing)")
+    try:  # a real probe: os.access says yes to root even on read-only or virtual file systems
+        fd, name = tempfile.mkstemp(prefix=".stare_lab_probe_", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as err:
+        raise RunError(f"output directory {str(out)!r} is not writable ({str(probe)!r}: {err.strerror or err})") from None
 
 
 def plan_sweep(

@@ -84,7 +84,9 @@ class TabularSimConfig:
     Attributes:
         method: one of :data:`simulators.presets.METHODS`; sets ``loss.loss_mode``, the STARE variant /
             adaptive flag, ``dynamic_sampling`` and (``entropy_bonus``) ``loss.entropy_coeff``.
-        seed: RNG seed; the same seed gives the same initial logits and correct sets for every method.
+        seed: RNG seed of the rollouts (sampling stream seeded with 2**32 + seed) and, unless ``init_seed`` is
+            set, of the initial logits and correct sets; the same seed gives the same start for every method.
+        init_seed: seed of the initial logits / correct sets if not ``seed`` (same start, different rollouts).
         mode: ``sampled`` (G rollouts per prompt, autograd through the core loss) or ``expected`` (mean field).
         task: ``sequence`` (L positions) or ``bandit`` (requires ``seq_len = 1``).
         reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
@@ -92,6 +94,8 @@ class TabularSimConfig:
         num_correct: K ∈ [1, V] correct tokens per (prompt, position).
         threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
         random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
+        reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
+            independently of the tokens (keeps reward variance alive once a prompt is solved).
         init_spread: σ ≥ 0 of the initial logits z ~ N(0, σ²) (0 → uniform, entropy log V nats).
         lr: SGD step size > 0 (see the module docstring for its scaling).
         steps: number of updates ≥ 1.
@@ -111,6 +115,7 @@ class TabularSimConfig:
 
     method: str = "grpo"
     seed: int = 0
+    init_seed: int | None = None
     mode: str = "sampled"
     task: str = "sequence"
     reward: str = "verifiable"
@@ -121,6 +126,7 @@ class TabularSimConfig:
     num_correct: int = 2
     threshold: int | None = None
     random_reward_p: float = 0.5
+    reward_noise: float = 0.0
     init_spread: float = 1.0
     lr: float = 2.0
     steps: int = 150
@@ -140,8 +146,12 @@ class TabularSimConfig:
         k = lambda name: join_key(p, name)  # noqa: E731
         if self.method not in METHODS:
             raise ConfigError(f"{k('method')}={self.method!r} is not one of {{{', '.join(METHODS)}}}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"{k('seed')}={self.seed!r} must be an integer >= 0")
+        for name in ("seed", "init_seed"):
+            value = getattr(self, name)
+            if name == "init_seed" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{k(name)}={value!r} must be an integer >= 0")
         check_choice(k("mode"), self.mode, ["sampled", "expected"])
         check_choice(k("task"), self.task, ["sequence", "bandit"])
         check_choice(k("reward"), self.reward, ["verifiable", "random"])
@@ -160,6 +170,7 @@ class TabularSimConfig:
             if self.threshold > self.seq_len:
                 raise ConfigError(f"{k('threshold')}={self.threshold} is outside [1, seq_len={self.seq_len}]")
         check_range(k("random_reward_p"), self.random_reward_p, 0, 1)
+        check_range(k("reward_noise"), self.reward_noise, 0, 0.5)
         check_range(k("init_spread"), self.init_spread, 0, None)
         check_range(k("lr"), self.lr, 0, None, lo_open=True)
         check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
@@ -223,17 +234,19 @@ class TabularState:
 
 def init_state(config: TabularSimConfig) -> TabularState:
     """Initial state of a run: logits z ~ N(0, init_spread²) and the correct sets (K random tokens per state),
-    both drawn from a ``torch.Generator`` seeded with ``config.seed`` (same seed → same start for every method).
+    both drawn from a ``torch.Generator`` seeded with ``init_seed`` (default ``seed``; same seed → same start for
+    every method); the rollout generator is seeded with 2**32 + ``seed``.
 
     If ``config.target_entropy_frac`` is set, this resolves H_tgt = frac × initial mean entropy into
     ``config.loss.stare.target_entropy`` (mutating ``config``; :func:`run` passes a copy) before building the STARE
     controller, so the resolved target is what ``config.yaml`` records.
     """
     S, L, V = config.num_prompts, config.seq_len, config.vocab_size
-    g = torch.Generator().manual_seed(config.seed)
-    logits = config.init_spread * torch.randn(S, L, V, generator=g, dtype=torch.float64)
-    ranks = torch.rand(S, L, V, generator=g).argsort(dim=-1).argsort(dim=-1)
+    g_init = torch.Generator().manual_seed(config.seed if config.init_seed is None else config.init_seed)
+    logits = config.init_spread * torch.randn(S, L, V, generator=g_init, dtype=torch.float64)
+    ranks = torch.rand(S, L, V, generator=g_init).argsort(dim=-1).argsort(dim=-1)
     correct = ranks < config.num_correct
+    g = torch.Generator().manual_seed(2**32 + config.seed)
     if config.target_entropy_frac is not None:
         config.loss.stare.target_entropy = config.target_entropy_frac * mean_entropy(logits, config.temperature)
     controller = None
@@ -270,6 +283,9 @@ def _sample(config: TabularSimConfig, state: TabularState, prompts: torch.Tensor
     else:
         hits = state.correct[prompts].repeat_interleave(G, dim=0).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         rewards = (hits.sum(-1) >= config.reward_threshold).float()
+        if config.reward_noise > 0:
+            flip = torch.bernoulli(torch.full((n * G,), float(config.reward_noise)), generator=state.generator)
+            rewards = (rewards - flip).abs()
     return tokens, rewards
 
 
@@ -368,7 +384,7 @@ def sampled_step(
     applying Δz. The controller (if any) is updated here, once, from the pre-update mean entropy ``h_before``
     (computed if not given). Draws from ``state.generator``."""
     from stare_lab.advantages import group_advantages
-    from stare_lab.entropy import critical_surprisal, entropy_from_logits, entropy_sensitivity, logprobs_from_logits
+    from stare_lab.entropy import entropy_from_logits, entropy_sensitivity, logprobs_from_logits
     from stare_lab.losses import PolicyLossInputs, compute_policy_loss
 
     S, G, L = config.num_prompts, config.group_size, config.seq_len
@@ -413,9 +429,8 @@ def sampled_step(
         weights, stats = stare_token_weights(
             logprobs.detach(), adv, mask, config.loss.stare, gate_on=gate_on, reweight_w=w, reweight_m=m
         )
-        for key in ("frac_pos_selected", "frac_neg_selected"):
-            if key in stats:
-                row[f"stare/{key}"] = float(stats[key])
+        for key in ("frac_pos_selected", "frac_neg_selected", "num_pos_selected", "num_neg_selected"):
+            row[f"stare/{key}"] = float(stats[f"stare/{key}"])
     inputs = PolicyLossInputs(
         logprobs=logprobs,
         old_logprobs=logprobs.detach(),
@@ -438,8 +453,7 @@ def sampled_step(
     coef = (-scale * logprobs.grad).detach()  # [n·G, L]
     zb_d = zb.detach()
     phi = entropy_sensitivity(zb_d, tokens, temperature=tau) / tau**2
-    s_tok = -logprobs.detach()
-    high = s_tok > critical_surprisal(zb_d, temperature=tau)
+    high = phi > 0  # ⇔ surprisal > s* (stare_lab.entropy.critical_surprisal: sign Φ(a) = sign(s_a − s*))
     adv_tok = adv.reshape(-1, 1).expand(-1, L) if adv.dim() == 1 else adv
     row["pred/phi_tokens"] = float((coef * phi).sum()) / n_states
     row.update(_quadrants(coef, adv_tok, phi, high, n_states))
@@ -474,7 +488,8 @@ def success_given_token(config: TabularSimConfig, probs: torch.Tensor, correct: 
 
     Verifiable rule: with q_l = P(a_l correct) = Σ_{k ∈ C_l} π_lk and positions independent, the number of correct
     positions other than l is Poisson-binomial; P(r = 1 | a_l = k) = P(count_{−l} ≥ threshold − 1[k ∈ C_l]),
-    computed by the O(L²) dynamic programme over the other positions. Random rewards: P(r = 1 | ·) = p.
+    computed by the O(L²) dynamic programme over the other positions; a noisy verifier maps P to ε + (1 − 2ε)P.
+    Random rewards: P(r = 1 | ·) = p.
     """
     S, L, V = probs.shape
     if config.reward == "random":
@@ -498,7 +513,8 @@ def success_given_token(config: TabularSimConfig, probs: torch.Tensor, correct: 
     tw = torch.stack(tail_wrong, dim=1)
     given = torch.where(correct, tc.unsqueeze(-1), tw.unsqueeze(-1))
     p_bar = q[:, 0] * tc[:, 0] + (1 - q[:, 0]) * tw[:, 0]
-    return p_bar, given
+    eps = float(config.reward_noise)  # noisy verifier: P(r=1) = ε + (1 − 2ε)·P(rule satisfied)
+    return eps + (1 - 2 * eps) * p_bar, eps + (1 - 2 * eps) * given
 
 
 def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float) -> torch.Tensor:
@@ -527,7 +543,7 @@ def expected_step(
     GRPO (ω ≡ 1) this is Cui et al.'s expected PG, Δz_k = lr·π_k A_k with E_π A = 0, whose first-order entropy
     change is −lr·Cov_π(log π, π A) (science.md §2). Plus lr·β·∂H/∂z for the entropy bonus.
     """
-    from stare_lab.entropy import critical_surprisal, entropy_from_logits, entropy_sensitivity, logprobs_from_logits
+    from stare_lab.entropy import entropy_from_logits, entropy_sensitivity, logprobs_from_logits
 
     S, G, L, V = config.num_prompts, config.group_size, config.seq_len, config.vocab_size
     tau, eps = config.temperature, 1e-6
@@ -578,7 +594,7 @@ def expected_step(
     )
     # token-level decomposition Δz = Σ_k c_k (e_k − π)/τ with c_k = lr·π_k B_k, split into the Â>0 and Â<0 parts
     phi = entropy_sensitivity(z_all, vocab_ids, temperature=tau).detach() / tau**2
-    high = (-logp) > critical_surprisal(z, temperature=tau).unsqueeze(-1)
+    high = phi > 0  # ⇔ surprisal > s* (critical_surprisal's docstring: sign Φ(a) = sign(s_a − s*))
     c_pos, c_neg = config.lr * probs * w_pos * a_pos, config.lr * probs * w_neg * a_neg
     row["pred/phi_tokens"] = float(((c_pos + c_neg) * phi).sum()) / (S * L)
     ones = torch.ones_like(phi)
