@@ -120,6 +120,8 @@ class ToolRolloutOutput(RolloutOutput):
         sample_index: which of the ``n`` samples of its prompt it is.
         tool_calls: the executed calls, in order.
         num_turns: model turns (generation rounds that produced tokens for this response, continuations included).
+        model_text: the model's tokens only, decoded (interpreter turns left out): grade *this*, so an answer
+            printed by the code does not count as the model's answer.
 
     ``logprobs`` is 0.0 at interpreter positions; ``finish_reason`` is ``"stop"`` (eos, or a final answer) or
     ``"length"`` (the token budget ran out, possibly inside an interpreter turn).
@@ -129,6 +131,7 @@ class ToolRolloutOutput(RolloutOutput):
     sample_index: int = 0
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
     num_turns: int = 0
+    model_text: str = ""
 
     @property
     def num_tool_calls(self) -> int:
@@ -349,6 +352,7 @@ def generate_with_tools(
                 sample_index=t.sample_index,
                 tool_calls=t.calls,
                 num_turns=t.turns,
+                model_text=tokenizer.decode([x for x, m in zip(t.tokens, t.mask) if m], skip_special_tokens=True),
             )
         )
     return results

@@ -261,7 +261,7 @@ def test_end_to_end_scripted_policy_tiny_model(tiny):
     for o, plan in zip(flat, plans[p0] + plans[p1]):
         # the model's tokens, read back without the interpreter spans, are exactly its plan (+ eos)
         model_ids = [t for t, m in zip(o.token_ids, o.loss_mask) if m]
-        assert tok.decode(model_ids, skip_special_tokens=True) == plan
+        assert tok.decode(model_ids, skip_special_tokens=True) == plan == o.model_text
         assert model_ids[-1] == tok.eos_token_id
         for call in o.tool_calls:  # each masked span is exactly one interpreter turn
             assert o.loss_mask[call.start : call.end] == [0] * (call.end - call.start)
@@ -346,3 +346,33 @@ def test_real_hf_engine_is_deterministic(tiny):
         for o in g:
             assert 0 < len(o.token_ids) <= 12 and o.loss_mask == [1] * len(o.token_ids)
             assert len(o.logprobs) == len(o.token_ids) and all(lp <= 0 for lp in o.logprobs)
+
+
+# ------------------------------------------------------------------------------------------------ paper configs
+
+
+@pytest.mark.parametrize("name,method,loss_mode,variant", [
+    ("grpo_ds", "grpo-ds", "grpo", None), ("o1", "o1", "stare", "O1"), ("c2", "c2", "stare", "C2")])
+def test_paper_tool_use_configs_load(name, method, loss_mode, variant):
+    """papers/stare_2606.19236/tool_use_*.yaml: the trainer part loads as a TrainerConfig and the ``tool`` block as a
+    ToolUseConfig; method settings as in science.md §4 (P 0.1, W 1.1, M 0.9, H_tgt 0.3, dynamic sampling, n 8)."""
+    import dataclasses
+    from pathlib import Path
+
+    import yaml
+
+    from stare_lab.config import from_dict
+    from trainer.config import TrainerConfig, load_trainer_config
+
+    path = Path(__file__).resolve().parents[2] / "papers" / "stare_2606.19236" / f"tool_use_{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    tool = data["tool"] if "tool" in {f.name for f in dataclasses.fields(TrainerConfig)} else data.pop("tool")
+    cfg = load_trainer_config(data)
+    tcfg = from_dict(ToolUseConfig, tool, prefix="tool")
+    assert cfg.method == method and cfg.loss.loss_mode == loss_mode and cfg.algorithm.dynamic_sampling
+    assert cfg.rollout.n == 8 and cfg.optim.lr == 1e-6 and cfg.optim.train_batch_size == 64
+    if variant:
+        s = cfg.loss.stare
+        assert (s.variant, s.top_p_ratio, s.reweight_w, s.reweight_m, s.target_entropy) == (variant, 0.1, 1.1, 0.9, 0.3)
+    assert (tcfg.code_open, tcfg.code_close) == ("<code>", "</code>")
+    assert tcfg.interpreter_template.format(output="1") == "<interpreter>\n1\n</interpreter>\n"
