@@ -1,0 +1,397 @@
+"""STARE: surprisal-quantile token weights, the entropy gate and the adaptive W/M controller (science.md §4).
+
+Two pieces, kept apart on purpose:
+
+* :func:`stare_token_weights` — a pure function of one rollout batch: it selects the high-surprisal sets L+ (and
+  L− for variant C2) and returns the per-token weights ω. It is exact (exactly k tokens per set, a documented tie
+  rule), linear-time (a two-pass radix select over the float32 bit patterns of the surprisals, no sort, no top-k)
+  and free of host synchronisation unless asked to validate its inputs, so it can run on a whole optimizer batch
+  every step on an accelerator.
+* :class:`STAREController` — the per-step state: the gate decision from the batch token-mean entropy and the
+  optional adaptive W/M schedule, with ``state_dict()`` / ``load_state_dict()`` for checkpoint/resume.
+
+Scope (``STAREConfig.scope``) is a property of *where* the weights are computed, not of this function: scope
+``global`` means the caller passes the whole optimizer batch (all micro-batches, gathered across ranks) once per
+step; scope ``microbatch`` means the loss calls it on each micro-batch (reference behaviour). See
+:mod:`stare_lab.losses`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from .config import STAREConfig
+from .errors import DataError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["STAREConfig", "stare_token_weights", "select_top_surprisal", "STAREController"]
+
+# Radix select layout: a non-negative float32 surprisal has a bit pattern in [0, 2**31) that orders like the float.
+# Pass 1 histograms the high 16 bits (65536 bins), pass 2 the low 15 bits (32768 bins) of the threshold bin.
+_LO_BITS = 15
+_LO_BINS = 1 << _LO_BITS
+_HI_BINS = 1 << 16
+_ABS_MASK = 0x7FFFFFFF
+_HI_WRAP = (1 << 17) - 1  # (key >> 15) & _HI_WRAP maps non-candidates (negative keys) to bins >= 65536
+# Relative tolerance on P·n before the ceiling: a decimal P such as 0.1 is stored slightly above 1/10, and
+# ⌈fl(0.1)·30⌉ would be 4 instead of the intended 3.
+_K_RTOL = 1e-12
+
+
+def _num_selected(n: Tensor, top_p_ratio: float) -> Tensor:
+    """k = max(1, ⌈P·n⌉) for n ≥ 1, 0 for n = 0 or P = 0, as an int64 0-dim tensor (science.md §4).
+
+    ``n`` is an int64 0-dim tensor; computed in float64 with a relative tolerance of 1e-12 below the product so
+    that decimal P give the intended k (e.g. P = 0.1, n = 30 → 3). ``P = 0`` selects nothing, like the reference
+    implementation (hp-luo/STARE returns an empty set when ``top_p_ratio <= 0``).
+    """
+    if top_p_ratio <= 0.0:
+        return torch.zeros((), dtype=torch.int64, device=n.device)
+    k = torch.ceil(n.to(torch.float64) * (top_p_ratio * (1.0 - _K_RTOL))).to(torch.int64)
+    k = torch.minimum(k.clamp_min(1), n)
+    return k  # n = 0 → min(1, 0) = 0
+
+
+def _threshold(hist: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """For a histogram ``hist[b]`` (bins ordered by key) and k ≥ 0: the bin b* holding the k-th largest key and the
+    number of keys strictly above that bin. For k = 0 it returns the top bin and 0 (nothing is selected later)."""
+    count_ge = hist.flip(0).cumsum(0).flip(0)  # count_ge[b] = #keys in bins >= b (non-increasing in b)
+    b = ((count_ge >= k).sum() - 1).clamp_min(0)
+    above = count_ge.gather(0, b.view(1)).squeeze(0) - hist.gather(0, b.view(1)).squeeze(0)
+    return b, above
+
+
+def select_top_surprisal(
+    logprobs: Tensor, candidates: Tensor, top_p_ratio: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The k = max(1, ⌈P·n⌉) candidate tokens with the highest surprisal s = −log π (science.md §4, sets L±).
+
+    Exact and linear-time: a two-pass radix select on the float32 bit patterns of s (a non-negative float32 orders
+    like its bit pattern read as int32), 16 + 15 bits, with histograms built by ``torch.bincount`` into fixed-size
+    bins and the threshold found from cumulative counts over the bins; k stays a tensor, so there is no host
+    synchronisation.
+
+    Tie rule: all candidates with s above the k-th largest value are selected; among the candidates whose s equals
+    it exactly, the first ones in row-major order (lower row first, then lower column) are taken until exactly k
+    tokens are selected.
+
+    Surprisal: s = |log π| bit for bit, i.e. −log π for every log-probability ≤ 0, with −0.0 and +0.0 both giving
+    s = +0. A positive or NaN log-probability is not a log-probability; :func:`stare_token_weights` rejects it when
+    ``check_inputs`` is on (without the check a NaN ranks above +inf).
+
+    Args:
+        logprobs: ``[B, T]`` (or ``[N]``) log-probabilities of the sampled tokens (nats, ≤ 0), any float dtype;
+            detached here.
+        candidates: bool, same shape: the set to select from (e.g. valid tokens with Â > 0).
+        top_p_ratio: P ∈ [0, 1]; P = 0 selects nothing.
+
+    Returns:
+        ``(selected, k, n)``: bool mask (same shape) with exactly k True entries, all inside ``candidates``; k and
+        the candidate count n as int64 0-dim tensors.
+
+    Raises:
+        DataError: if the shapes differ or the tensors are not 1-D/2-D.
+    """
+    if logprobs.shape != candidates.shape:
+        raise DataError(f"candidates has shape {tuple(candidates.shape)}, expected {tuple(logprobs.shape)}")
+    if logprobs.dim() not in (1, 2):
+        raise DataError(f"logprobs must be [N] or [B, T], got shape {tuple(logprobs.shape)}")
+    code = candidates.to(torch.int32).sub_(1)  # 0 for candidates, -1 elsewhere
+    return _select(logprobs, code, top_p_ratio)
+
+
+def _select(logprobs: Tensor, code: Tensor, top_p_ratio: float) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`select_top_surprisal` with the candidate set given as an int32 ``code`` (0 = candidate, −1 = not)."""
+    shape = logprobs.shape
+    lp2 = logprobs.detach().to(torch.float32).reshape(1 if logprobs.dim() == 1 else shape[0], shape[-1])
+    rows, cols = lp2.shape
+    # key = bits of |log π| (≥ 0, orders like s) for candidates; OR with -1 gives exactly -1 for the others
+    key = lp2.abs().view(torch.int32).bitwise_or_(code.reshape(rows, cols))
+    flat = key.view(-1)
+
+    # pass 1: high 16 bits, shifted to bins 1..65536; non-candidates (-1 >> 15 = -1) land in bin 0 (dropped)
+    hist1 = torch.bincount(flat.bitwise_right_shift(_LO_BITS).add_(1), minlength=_HI_BINS + 1)[1:]
+    n = hist1.sum()
+    k = _num_selected(n, top_p_ratio)
+    b1, above1 = _threshold(hist1, k)
+    k2 = k - above1
+
+    # pass 2: low 15 bits of the keys inside bin b1, shifted to 1..32768. Keys below the bin (and the
+    # non-candidates, -1) clamp to 0 (dropped); the `above1` candidate keys above the bin clamp into the top bin and
+    # are subtracted again (a separate bin above could overflow int32 for the top bin). No overflow: key ≥ -1.
+    base = (b1 << _LO_BITS).to(torch.int32)
+    lo = (flat - (base - 1)).clamp_(0, _LO_BINS)
+    hist2 = torch.bincount(lo, minlength=_LO_BINS + 1)[1:]
+    hist2[-1] -= above1
+    b2, above2 = _threshold(hist2, k2)
+    t = base + b2.to(torch.int32)  # the k-th largest key (INT32_MAX when k = 0: nothing reaches it)
+    need = k2 - above2  # how many of the keys equal to t to take (0 when k = 0)
+
+    # ties, row-major: rows before r* take all their ties, row r* the first `need - ties before r*`, later none.
+    # Expressed as a per-row threshold (t - 1 before r*, t from r* on) plus a fix-up of row r* alone.
+    ties_per_row = (key == t).sum(1, dtype=torch.int64)
+    ties_before = ties_per_row.cumsum(0) - ties_per_row
+    r = (ties_before + ties_per_row < need).sum().clamp_max(rows - 1)  # first row whose ties reach `need`
+    row_thr = torch.where(torch.arange(rows, device=key.device) < r, t - 1, t).to(torch.int32)
+    selected = key > row_thr.unsqueeze(1)
+    key_r = key.index_select(0, r.view(1))  # [1, cols]
+    tie_r = key_r == t
+    take_r = tie_r & (tie_r.cumsum(1) <= need - ties_before.gather(0, r.view(1)))
+    selected.index_copy_(0, r.view(1), (key_r > t) | take_r)
+    return selected.view(shape), k, n
+
+
+def _check_inputs(logprobs: Tensor, advantages: Tensor, response_mask: Tensor) -> None:
+    if logprobs.dim() != 2:
+        raise DataError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    if not logprobs.is_floating_point():
+        raise DataError(f"logprobs must be a float tensor, got {logprobs.dtype}")
+    if response_mask.shape != logprobs.shape:
+        raise DataError(f"response_mask has shape {tuple(response_mask.shape)}, expected {tuple(logprobs.shape)}")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise DataError(
+            f"advantages has shape {tuple(advantages.shape)}, expected [B]={tuple(logprobs.shape[:1])} "
+            f"or [B, T]={tuple(logprobs.shape)}"
+        )
+
+
+def _as_bool_mask(response_mask: Tensor) -> Tensor:
+    return response_mask if response_mask.dtype == torch.bool else response_mask != 0
+
+
+def stare_token_weights(
+    logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    config: STAREConfig | None = None,
+    gate_on: bool = True,
+    reweight_w: float | None = None,
+    reweight_m: float | None = None,
+    check_inputs: bool = False,
+) -> tuple[Tensor, dict[str, Any]]:
+    """STARE token weights ω over one rollout batch (science.md §4, step 4).
+
+    T+ = valid tokens with Â > 0, T− = valid tokens with Â < 0 (Â = 0 and padding are never selected).
+    L± = the k = max(1, ⌈P·|T±|⌉) tokens of T± with the highest surprisal s = −log π (none if T± is empty or
+    P = 0), ties broken by position (see :func:`select_top_surprisal`). With the gate on, ω = W on L+ and, for
+    variant C2, ω = M on L−; ω = 1 elsewhere. With the gate off, ω ≡ 1 and nothing is selected.
+
+    The selection runs over exactly the tokens given: pass the whole optimizer batch for scope ``global`` (the
+    result is then independent of how the batch is later split into micro-batches), one micro-batch for scope
+    ``microbatch``.
+
+    Args:
+        logprobs: ``[B, T]`` log-probabilities (nats) of the sampled tokens; the surprisal is taken from them
+            (on-policy, the old log-probs equal the current ones). Detached: ω carries no gradient.
+        advantages: ``[B]`` (broadcast over tokens) or ``[B, T]``.
+        response_mask: ``[B, T]`` bool or 0/1; False/0 marks padding.
+        config: :class:`STAREConfig` (variant, top_p_ratio, reweight_w, reweight_m); default ``STAREConfig()``.
+        gate_on: the controller's gate decision for this step (``STAREController.gate_on``).
+        reweight_w: W for this step (the controller's current value); default ``config.reweight_w``.
+        reweight_m: M for this step (C2 only); default ``config.reweight_m``.
+        check_inputs: also check values (one host synchronisation): non-finite or positive log-probabilities and
+            non-finite advantages on valid tokens raise :class:`DataError`. Off by default so the selection stays
+            free of host synchronisation; the losses validate their inputs themselves.
+
+    Returns:
+        ``(weights, stats)``: ``weights`` ``[B, T]`` float32, detached, 1 on padding; ``stats`` with 0-dim
+        tensors ``stare/num_pos_selected``, ``stare/num_neg_selected`` (|L±|), ``stare/num_pos_candidates``,
+        ``stare/num_neg_candidates`` (|T±|, 0 for T− under O1), ``stare/frac_pos_selected``,
+        ``stare/frac_neg_selected`` (|L±| / valid tokens; 0 with no valid token) and Python floats
+        ``stare/gate_on`` (0/1), ``stare/w``, ``stare/m``. With the gate off every count is 0.
+
+    Raises:
+        DataError: on shape/dtype mismatches, or (``check_inputs``) bad values.
+        ConfigError: if ``reweight_w`` < 1 or ``reweight_m`` ∉ (0, 1].
+    """
+    config = STAREConfig() if config is None else config
+    _check_inputs(logprobs, advantages, response_mask)
+    w = float(config.reweight_w if reweight_w is None else reweight_w)
+    m = float(config.reweight_m if reweight_m is None else reweight_m)
+    from .config import check_range
+
+    check_range("reweight_w", w, 1, None)
+    check_range("reweight_m", m, 0, 1, lo_open=True)
+    mask = _as_bool_mask(response_mask)
+    adv = advantages.detach()
+    if check_inputs:
+        _check_values(logprobs, adv, mask)
+
+    device = logprobs.device
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    weights = torch.ones(logprobs.shape, dtype=torch.float32, device=device)
+    stats: dict[str, Any] = {
+        "stare/gate_on": float(bool(gate_on)),
+        "stare/w": w,
+        "stare/m": m,
+    }
+    if not gate_on:
+        stats.update(
+            {
+                "stare/num_pos_selected": zero,
+                "stare/num_neg_selected": zero,
+                "stare/num_pos_candidates": zero,
+                "stare/num_neg_candidates": zero,
+                "stare/frac_pos_selected": zero.to(torch.float32),
+                "stare/frac_neg_selected": zero.to(torch.float32),
+            }
+        )
+        return weights, stats
+
+    adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    mask_i = mask.to(torch.int32)
+    n_valid = torch.count_nonzero(mask).clamp_min(1).to(torch.float32)
+    sel_pos, k_pos, n_pos = _select(logprobs, (mask_i * (adv_bt > 0)).sub_(1), config.top_p_ratio)
+    if w != 1.0:
+        weights.add_(sel_pos.to(torch.float32), alpha=w - 1.0)
+    if config.variant == "C2":
+        sel_neg, k_neg, n_neg = _select(logprobs, mask_i.mul_(adv_bt < 0).sub_(1), config.top_p_ratio)
+        if m != 1.0:
+            weights.add_(sel_neg.to(torch.float32), alpha=m - 1.0)
+    else:
+        k_neg, n_neg = zero, zero
+    stats.update(
+        {
+            "stare/num_pos_selected": k_pos,
+            "stare/num_neg_selected": k_neg,
+            "stare/num_pos_candidates": n_pos,
+            "stare/num_neg_candidates": n_neg,
+            "stare/frac_pos_selected": k_pos.to(torch.float32) / n_valid,
+            "stare/frac_neg_selected": k_neg.to(torch.float32) / n_valid,
+        }
+    )
+    return weights, stats
+
+
+def _check_values(logprobs: Tensor, adv: Tensor, mask: Tensor) -> None:
+    lp = logprobs.detach()
+    adv_bt = adv.unsqueeze(-1).expand_as(lp) if adv.dim() == 1 else adv
+    bad_lp = mask & ~(torch.isfinite(lp) & (lp <= 0))
+    bad_adv = mask & ~torch.isfinite(adv_bt)
+    flags = torch.stack([bad_lp.any(), bad_adv.any()]).tolist()
+    if flags[0]:
+        idx = bad_lp.nonzero()[0].tolist()
+        raise DataError(
+            f"logprobs[{idx[0]}, {idx[1]}]={lp[idx[0], idx[1]].item()} on a valid token is not a finite "
+            "log-probability (allowed: finite values <= 0)"
+        )
+    if flags[1]:
+        idx = bad_adv.nonzero()[0].tolist()
+        raise DataError(f"advantages at valid token ({idx[0]}, {idx[1]}) is not finite (allowed: finite values)")
+
+
+class STAREController:
+    """The per-step STARE state: entropy gate and adaptive W/M schedule (science.md §4, step 3).
+
+    Call :meth:`update` once per training step, before the update, with the batch token-mean entropy H̄ (nats,
+    all-reduced across ranks), then pass ``gate_on``, ``reweight_w`` and ``reweight_m`` to the weights / loss.
+
+    * gate: ``config.gate == "entropy"`` → ``gate_on = H̄ < target_entropy``; ``"always"`` → True; ``"never"`` →
+      False (exact GRPO).
+    * adaptive (``config.adaptive``): W ← clip(W + α·sgn(H_tgt − H̄), [1, w_max]),
+      M ← clip(M − α·sgn(H_tgt − H̄), [m_min, 1]) with sgn(0) = 0; applied on every finite update, whatever the
+      gate mode.
+    * a non-finite H̄ (NaN/±inf) leaves the whole state unchanged; it is logged as a warning, counted in
+      ``num_skipped`` and flagged in ``last_update_skipped`` (True until the next finite update).
+
+    Before the first finite update ``gate_on`` is False for gate ``"entropy"`` (no entropy measured yet: plain
+    GRPO), True for ``"always"``, False for ``"never"``.
+
+    Attributes:
+        gate_on: the current gate decision.
+        reweight_w: current W (≥ 1).
+        reweight_m: current M (∈ (0, 1]).
+        last_entropy: the last finite H̄ seen (NaN before the first).
+        num_updates: number of finite updates applied.
+        num_skipped: number of non-finite updates ignored.
+        last_update_skipped: whether the most recent :meth:`update` call was ignored.
+    """
+
+    _STATE_KEYS = (
+        "gate_on",
+        "reweight_w",
+        "reweight_m",
+        "last_entropy",
+        "num_updates",
+        "num_skipped",
+        "last_update_skipped",
+    )
+
+    def __init__(self, config: STAREConfig | None = None) -> None:
+        self.config = STAREConfig() if config is None else config
+        self.gate_on = self.config.gate == "always"
+        self.reweight_w = float(self.config.reweight_w)
+        self.reweight_m = float(self.config.reweight_m)
+        self.last_entropy = float("nan")
+        self.num_updates = 0
+        self.num_skipped = 0
+        self.last_update_skipped = False
+
+    def update(self, batch_entropy: float | Tensor) -> bool:
+        """Apply one step's batch token-mean entropy H̄ (nats); return the gate decision for this step.
+
+        Raises:
+            DataError: if ``batch_entropy`` is not a real number (e.g. a string or a multi-element tensor).
+        """
+        if isinstance(batch_entropy, Tensor):
+            if batch_entropy.numel() != 1:
+                raise DataError(f"batch_entropy must be a scalar, got a tensor of shape {tuple(batch_entropy.shape)}")
+            batch_entropy = batch_entropy.item()
+        if isinstance(batch_entropy, bool) or not isinstance(batch_entropy, (int, float)):
+            raise DataError(f"batch_entropy={batch_entropy!r} must be a real number (nats)")
+        h = float(batch_entropy)
+        if not math.isfinite(h):
+            self.num_skipped += 1
+            self.last_update_skipped = True
+            logger.warning("STAREController.update: batch entropy %r is not finite; state left unchanged", h)
+            return self.gate_on
+        cfg = self.config
+        self.last_update_skipped = False
+        self.last_entropy = h
+        self.num_updates += 1
+        if cfg.gate == "entropy":
+            self.gate_on = h < cfg.target_entropy
+        else:
+            self.gate_on = cfg.gate == "always"
+        if cfg.adaptive:
+            diff = cfg.target_entropy - h
+            sign = (diff > 0) - (diff < 0)
+            self.reweight_w = min(max(self.reweight_w + cfg.alpha * sign, 1.0), cfg.w_max)
+            self.reweight_m = min(max(self.reweight_m - cfg.alpha * sign, cfg.m_min), 1.0)
+        return self.gate_on
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resumable state as plain Python values (JSON/YAML/torch.save friendly)."""
+        return {key: getattr(self, key) for key in self._STATE_KEYS}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state produced by :meth:`state_dict`.
+
+        Raises:
+            DataError: if a key is missing or unknown, or a value has the wrong type.
+        """
+        missing = [key for key in self._STATE_KEYS if key not in state]
+        unknown = sorted(set(state) - set(self._STATE_KEYS))
+        if missing or unknown:
+            raise DataError(
+                f"STAREController state: missing keys {missing}, unknown keys {unknown}; "
+                f"expected exactly {list(self._STATE_KEYS)}"
+            )
+        for key in ("gate_on", "last_update_skipped"):
+            if not isinstance(state[key], bool):
+                raise DataError(f"STAREController state: {key}={state[key]!r} must be a bool")
+        for key in ("num_updates", "num_skipped"):
+            if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
+                raise DataError(f"STAREController state: {key}={state[key]!r} must be a non-negative integer")
+        for key in ("reweight_w", "reweight_m", "last_entropy"):
+            if isinstance(state[key], bool) or not isinstance(state[key], (int, float)):
+                raise DataError(f"STAREController state: {key}={state[key]!r} must be a number")
+        for key in self._STATE_KEYS:
+            value = state[key]
+            setattr(self, key, float(value) if key in ("reweight_w", "reweight_m", "last_entropy") else value)
