@@ -2,9 +2,11 @@
 
 The CSV has the columns ``setting,model,method,aime24,aime25,amc23,math500,minerva,olympiadbench,avg,source``
 (STARE arXiv 2606.19236, Table 2; accuracies in percent, empty cells where the paper has none). Measured results
-come from a run's ``eval.json`` (written by ``stare-lab evaluate``: ``{"benchmarks": {"aime24": {"avg@k": …,
-"pass@k": …}, …}, "average": …}``, read defensively) or from ``eval/<benchmark>/avg@<k>`` keys in its metrics.
-Nothing is invented: a cell the paper or the runs do not have stays empty.
+come from a run's ``eval.json`` (written by ``stare-lab evaluate``: ``{"model": …, "benchmarks": {"aime24":
+{"avg@k": …, "pass@k": …}, …}, "average": …}``, accuracies as fractions in [0, 1]; read defensively) or from
+``eval/<benchmark>/avg@<k>`` keys in its metrics (same fractions). Measured fractions are shown ×100 to match the
+paper's percent. Nothing is invented: a cell the paper or the runs do not have stays empty, and the measured
+``avg`` is only filled when all six benchmarks were measured (Table 2's avg is the mean of the six).
 """
 
 from __future__ import annotations
@@ -111,9 +113,10 @@ def _pick_score(entry: Any) -> float | None:
 
 
 def measured_results(run: RunData) -> dict[str, float]:
-    """Measured benchmark scores of one run, as in its source (fraction or percent): benchmark → score, plus
-    ``avg`` if eval.json gives an ``average``. eval.json wins over ``eval/<benchmark>/avg@<k>`` metric keys (last
-    finite value). Unknown shapes are ignored (logged), never guessed."""
+    """Measured benchmark scores of one run as its source gives them (fractions from ``stare-lab evaluate``):
+    benchmark → score. eval.json wins over ``eval/<benchmark>/avg@<k>`` metric keys (last finite value). Unknown
+    shapes are ignored (logged), never guessed. Averages are not read: :func:`paper_comparison` fills ``avg`` only
+    from all six benchmarks."""
     out: dict[str, float] = {}
     for key in run.columns:
         m = _EVAL_KEY_RE.match(key)
@@ -131,14 +134,13 @@ def measured_results(run: RunData) -> dict[str, float]:
                     out[name] = v
         elif benches is not None:
             logger.warning("%s: eval.json 'benchmarks' is not a mapping; ignored", run.path)
-        avg = _pick_score(ev.get("average"))
-        if avg is not None:
-            out["avg"] = avg
     return out
 
 
 def _run_model(run: RunData) -> str:
     vals = [run.config_value(k) for k in _MODEL_KEYS]
+    if isinstance(run.eval, dict):
+        vals.append(run.eval.get("model"))
     return " ".join(v for v in vals if isinstance(v, str))
 
 
@@ -148,8 +150,8 @@ def paper_comparison(
     """Reported (paper) and measured rows side by side.
 
     For every group whose method has a paper row (:data:`METHOD_TO_PAPER`): the paper's rows for that method, then
-    the group's measured row (mean over its runs with results, in percent; ``avg`` is eval.json's average, else the
-    mean of the six benchmarks when all six are measured, else empty).
+    the group's measured row (mean over its runs with results, fractions ×100 = percent; ``avg`` = the mean of
+    the six benchmarks when all six are measured, else empty).
 
     Args:
         table: from :func:`load_paper_table`.
@@ -187,19 +189,23 @@ def paper_comparison(
             out.append([r["method"], kind, r["setting"], r["model"], *[r[b] for b in BENCHMARKS], r["avg"]])
         if per_run:
             any_measured = True
-            # a run whose scores are all ≤ 1 reports fractions: convert to percent like the paper
             scaled = []
-            for m in per_run:
-                frac = all(v <= 1.0 for v in m.values())
-                scaled.append({k: (100.0 * v if frac else v) for k, v in m.items()})
-                if frac:
-                    notes.append(f"{g.label}: measured scores are fractions; shown ×100 (percent)")
+            for m in per_run:  # stare-lab evaluate writes fractions in [0, 1]; the paper shows percent
+                if any(v > 1.0 for v in m.values()):
+                    notes.append(f"{g.label}: a measured score is > 1, so not a fraction; shown as is")
+                    scaled.append(dict(m))
+                else:
+                    scaled.append({k: 100.0 * v for k, v in m.items()})
             cells = []
-            for b in BENCHMARKS + ("avg",):
+            for b in BENCHMARKS:
                 vals = [m[b] for m in scaled if b in m]
                 cells.append(float(np.mean(vals)) if vals else None)
-            if cells[-1] is None and all(c is not None for c in cells[:-1]):
-                cells[-1] = float(np.mean(cells[:-1]))
+            if all(c is not None for c in cells):
+                cells.append(float(np.mean(cells)))
+            else:
+                cells.append(None)
+                n_have = sum(c is not None for c in cells[:-1])
+                notes.append(f"{g.label}: measured avg left empty ({n_have} of {len(BENCHMARKS)} benchmarks measured)")
             model_name = _run_model(g.runs[0]) or None
             out.append([g.label, f"measured ({len(per_run)} run{'s' * (len(per_run) > 1)})", None, model_name, *cells])
     if not any_measured:

@@ -1,0 +1,125 @@
+"""analysis.compare: grouping, seed aggregation and the per-group tables on runs with known values."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import analysis
+from analysis.compare import compare
+from stare_lab.errors import ConfigError
+from stare_lab.runs import RunWriter
+
+
+def _run(path, method, seed, entropy, source="simulator", w=1.1, target=0.3, extra=None):
+    cfg = {"source": source, "method": method, "seed": seed,
+           "loss": {"stare": {"target_entropy": target, "reweight_w": w}}}
+    with RunWriter(path, cfg) as wr:
+        for i, h in enumerate(entropy):
+            row = {"step": i, "entropy": h, "reward": 0.1 * i, "gate_on": int(h < target), "stare_w": w,
+                   "stare_m": 1.0, "pred_entropy_change": 0.01 * i, "entropy_change": 0.02 * i + 0.001 * seed,
+                   "time/step_s": 0.5}
+            row.update((extra or {}).get(i, {}))
+            wr.log(row)
+
+
+def test_groups_seed_mean_and_summary_known_values(tmp_path):
+    # grpo: 3 seeds, entropy 1.1·(0.5)^t + seed·0.01 → initial 1.1 + 0.01·seed
+    for s in range(3):
+        _run(tmp_path / "grpo" / f"seed{s}", "grpo", s, [1.1 * 0.5**t + 0.01 * s for t in range(6)])
+    # o1: 2 seeds of different length (5 and 4 steps), constant entropy 0.3 → always in band
+    _run(tmp_path / "o1" / "seed0", "o1", 0, [0.3] * 5)
+    _run(tmp_path / "o1" / "seed1", "o1", 1, [0.32] * 4)
+    cmp = compare(tmp_path)
+    assert [g.label for g in cmp.groups] == ["grpo", "o1"]  # KNOWN_METHODS order
+    grpo = cmp.group("grpo")
+    agg = cmp.series(grpo, "entropy")
+    np.testing.assert_allclose(agg.mean, [1.1 * 0.5**t + 0.01 for t in range(6)])  # mean of seeds 0,1,2 → +0.01
+    o1 = cmp.series("o1", "entropy")
+    assert o1.x.tolist() == [0, 1, 2, 3] and any("o1, entropy" in n for n in cmp.notes)
+    rows = {r["label"]: r for r in cmp.summary_rows()}
+    g = rows["grpo"]
+    # initial entropies 1.10, 1.11, 1.12 → mean 1.11; thresholds (10%) 0.110, 0.111, 0.112;
+    # t=3 gives 0.1375/0.1475/0.1575 (above), t=4 gives 0.06875/0.07875/0.08875 (below) → 4 for every seed
+    assert g["initial_entropy"][0] == pytest.approx(1.11)
+    assert g["steps_to_threshold"] == (4.0, 3, 3)
+    assert g["final_entropy"][0] == pytest.approx(1.1 * 0.5**5 + 0.01)
+    # in band |H − 0.3| < 0.05: only t=2 (0.275, 0.285, 0.295) of 6 steps, for each seed → 1/6
+    assert g["frac_in_band"][0] == pytest.approx(1 / 6)
+    assert g["wall_time_s"][0] == pytest.approx(3.0)  # 6 steps × 0.5 s
+    assert g["final_reward"][0] == pytest.approx(0.5)
+    o = rows["o1"]
+    assert o["frac_in_band"][0] == 1.0 and o["steps_to_threshold"] == (None, 0, 2)
+    assert o["n_runs"] == 2 and o["target_entropy"] == 0.3
+
+
+def test_prediction_fits_pooled_over_seeds(tmp_path):
+    for s in range(2):
+        _run(tmp_path / "c2" / f"seed{s}", "c2", s, [0.5] * 10)
+    cmp = compare(tmp_path)
+    fits = cmp.prediction_fits()
+    assert [f["predictor"] for f in fits] == ["pred_entropy_change"]
+    fit = fits[0]["fit"]
+    # measured = 2·predicted + 0.001·seed over seeds 0, 1 (10 pairs each): slope 2, intercept 0.0005 exactly
+    assert fit.n == 20 and fit.slope == pytest.approx(2.0) and fit.intercept == pytest.approx(0.0005)
+
+
+def test_group_by_mixed_sources_and_quadrants(tmp_path):
+    quad = {i: {"quadrant/pos_high/count": 1, "quadrant/pos_low/count": 3, "quadrant/neg_high/count": 0,
+                "quadrant/neg_low/count": None, "quadrant/pos_high/dH": 0.002 * i} for i in range(4)}
+    _run(tmp_path / "a", "o1", 0, [0.5] * 4, w=1.1, extra=quad)
+    _run(tmp_path / "b", "o1", 0, [0.5] * 4, w=1.2)
+    _run(tmp_path / "c", "o1", 0, [2.0, 1.0, 0.5, 0.25], source="trainer", w=1.1)
+    cmp = compare(tmp_path, group_by=["loss.stare.reweight_w"])
+    assert [g.label for g in cmp.groups] == [
+        "o1 [simulator] (reweight_w=1.1)", "o1 [simulator] (reweight_w=1.2)", "o1 [trainer] (reweight_w=1.1)"]
+    assert cmp.sources == ["simulator", "trainer"]
+    assert cmp.has_quadrants()
+    rows = [r for r in cmp.quadrant_table() if r["quadrant"] == "pos_high"]
+    assert len(rows) == 1
+    # counts 1, 3, 0, (null) → share 1/4; dH 0, .002, .004, .006 → mean .003, total .012
+    assert rows[0]["share"][0] == pytest.approx(0.25) and rows[0]["count"][0] == 1.0
+    assert rows[0]["dH_per_step"][0] == pytest.approx(0.003) and rows[0]["dH_total"][0] == pytest.approx(0.012)
+    # trainer run on normalised axes: entropy/initial over fraction of training (steps 0..3)
+    norm = cmp.normalised_series(cmp.groups[2]).finite()
+    assert norm.mean[0] == 1.0 and norm.mean[-1] == pytest.approx(0.125)
+    share = cmp.quadrant_share(cmp.groups[0], "pos_high")
+    np.testing.assert_allclose(share.mean, [0.25] * 4)
+
+
+def test_compare_rejects_bad_settings(tmp_path):
+    _run(tmp_path / "r", "grpo", 0, [0.5, 0.4])
+    with pytest.raises(ConfigError, match="band_half_width"):
+        compare(tmp_path, band_half_width=0)
+    with pytest.raises(ConfigError, match="threshold_frac"):
+        compare(tmp_path, threshold_frac=2)
+    with pytest.raises(ConfigError, match="no group"):
+        compare(tmp_path).group("nope")
+    cmp = compare(tmp_path, threshold=0.45)  # absolute threshold: 0.4 < 0.45 at step 1
+    assert cmp.summary_rows()[0]["steps_to_threshold"] == (1.0, 1, 1)
+
+
+def test_library_api_accepts_loaded_runs(tmp_path):
+    _run(tmp_path / "r", "grpo", 0, [0.5, 0.4, math.nan])
+    runs = analysis.load_runs(tmp_path)
+    cmp = analysis.compare(runs)
+    assert cmp.runs == runs and cmp.summary_rows()[0]["final_entropy"][0] == 0.4
+
+
+def test_analysis_imports_point_down_only():
+    """analysis reads run directories; it must not import simulators or trainer (design.md)."""
+    root = Path(analysis.__file__).parent
+    for f in root.glob("*.py"):
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for n in names:
+                assert n.split(".")[0] not in ("simulators", "trainer"), f"{f.name} imports {n}"
