@@ -422,15 +422,13 @@ def sampled_step(
     adv = group_advantages(rewards, group_size=G, estimator=config.advantage_estimator)
     need_entropy = config.loss.entropy_coeff > 0 or config.loss.loss_mode == "forking_tokens"
     ent_b = entropy_from_logits(zb, temperature=tau) if need_entropy else None
-    weights = None
-    if config.is_stare:
+    weights, stats = None, {}
+    if config.is_stare:  # scope "global": ω once over the whole step's batch (design.md §1)
         from stare_lab.stare import stare_token_weights
 
         weights, stats = stare_token_weights(
             logprobs.detach(), adv, mask, config.loss.stare, gate_on=gate_on, reweight_w=w, reweight_m=m
         )
-        for key in ("frac_pos_selected", "frac_neg_selected", "num_pos_selected", "num_neg_selected"):
-            row[f"stare/{key}"] = float(stats[f"stare/{key}"])
     inputs = PolicyLossInputs(
         logprobs=logprobs,
         old_logprobs=logprobs.detach(),
@@ -438,6 +436,9 @@ def sampled_step(
         response_mask=mask,
         entropy=ent_b,
         token_weights=weights,
+        gate_on=gate_on if config.is_stare else None,
+        reweight_w=w if config.is_stare else None,
+        reweight_m=m if config.is_stare else None,
         generator=state.generator,
     )
     loss, metrics = compute_policy_loss(config.loss.loss_mode, inputs, config.loss)
@@ -447,6 +448,9 @@ def sampled_step(
     delta = -scale * z.grad
     for key, value in metrics.items():
         row[key if "/" in key else f"loss/{key}"] = float(value)
+    for key in ("frac_pos_selected", "frac_neg_selected", "num_pos_selected", "num_neg_selected"):
+        if f"stare/{key}" in stats:
+            row[f"stare/{key}"] = float(stats[f"stare/{key}"])
     # diagnostics: exact first order of Δz, and its token-level Φ decomposition Δz = Σ c (e_a − π)/τ
     n_states = S * L
     row["pred_entropy_change"] = float(predicted_entropy_change_mean(state.logits, delta, tau))
