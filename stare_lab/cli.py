@@ -70,9 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 1 error, 2 usage/unavailable)."""
+    """Run the CLI; returns the exit code (0 ok, 1 error, 2 usage/unavailable).
+
+    A command that sets the default ``extra_overrides=[]`` receives trailing ``key=value`` words given after its
+    options there (e.g. ``stare-lab promote RUN --method c2 ... optim.lr=2e-6``).
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # dotted key=value overrides may follow the options of a command that takes them (it sets a default
+        # `extra_overrides=[]`); anything else is a usage error, as with parse_args
+        if getattr(args, "extra_overrides", None) is not None and all(
+            "=" in u and not u.startswith("-") for u in unknown
+        ):
+            args.extra_overrides = list(args.extra_overrides) + unknown
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -1,0 +1,158 @@
+"""`stare-lab promote`: simulated STARE settings → trainer config (issue 6).
+
+Expected values come from the synthetic source runs written here (their loss.stare settings) and from the base
+config (target entropy); the size guidance halves the push |W-1|, |1-M| as the paper does for 14B/32B
+(1.1 → 1.05, 0.9 → 0.95; science.md §4).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stare_lab.cli import main as cli_main
+from stare_lab.config import LossConfig, STAREConfig, to_dict
+from stare_lab.errors import ConfigError, RunError
+from stare_lab.runs import RunWriter
+from trainer.config import load_trainer_config
+from trainer.promote import PROMOTED_KEYS, promote
+
+ROW = dict(step=0, entropy=1.0, reward=0.5, gate_on=1, stare_w=1.3, stare_m=0.8, pred_entropy_change=0.0,
+           entropy_change=0.0)
+
+
+def sim_run(path: Path, method: str, stare: dict | None = None, loss_mode: str = "stare", dev: float | None = 0.01,
+            band: float = 0.05, seed: int = 0) -> Path:
+    loss = to_dict(LossConfig(loss_mode=loss_mode, stare=STAREConfig(**(stare or {}))))
+    with RunWriter(path, {"source": "simulator", "method": method, "seed": seed, "band": band, "loss": loss}) as w:
+        w.log(ROW)
+        summary = {"initial_entropy": 1.7, "final_entropy": 0.9}
+        if dev is not None:
+            summary["mean_abs_dev_second_half"] = dev
+        w.write_summary(summary)
+    return path
+
+
+C2 = {"variant": "C2", "top_p_ratio": 0.2, "reweight_w": 1.3, "reweight_m": 0.8, "scope": "global",
+      "target_entropy": 0.95}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    for seed in (0, 1):
+        sim_run(tmp_path / "sweep" / "c2" / f"seed{seed}", "c2", C2, seed=seed)
+        sim_run(tmp_path / "sweep" / "grpo" / f"seed{seed}", "grpo", loss_mode="grpo", seed=seed)
+    return tmp_path / "sweep"
+
+
+@pytest.fixture
+def base(tmp_path):
+    p = tmp_path / "base.yaml"
+    p.write_text(yaml.safe_dump({
+        "method": "grpo-ds", "model": {"path": "models/Qwen2.5-Math-7B"},
+        "algorithm": {"dynamic_sampling": True},
+        "loss": {"loss_mode": "grpo", "stare": {"target_entropy": 0.3}},
+        "optim": {"lr": 1e-6},
+    }))
+    return p
+
+
+def test_round_trip_yaml(sweep, base, tmp_path):
+    text, prov, notices = promote([sweep], "c2", base)
+    out = tmp_path / "o.yaml"
+    out.write_text(text)
+    cfg = load_trainer_config(out)
+    # the promoted keys equal the source runs' settings ...
+    for k in PROMOTED_KEYS:
+        assert getattr(cfg.loss.stare, k) == {**to_dict(STAREConfig()), **C2}[k], k
+    # ... the target entropy is the base's (0.3), never the toy's 0.95
+    assert cfg.loss.stare.target_entropy == 0.3
+    assert cfg.loss.loss_mode == "stare" and cfg.method == "c2"
+    assert cfg.optim.lr == 1e-6 and cfg.algorithm.dynamic_sampling
+    assert "from base config" in notices[0]
+    assert len(prov["source_runs"]) == 2 and not prov["forced"]
+    assert text.startswith("# Promoted by stare-lab promote")
+
+
+def test_verl_format(sweep, base):
+    text, _, _ = promote([sweep], "c2", base, fmt="verl", target_entropy=0.25)
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    kv = dict(ln.split("=", 1) for ln in lines)
+    assert kv["actor_rollout_ref.actor.policy_loss.loss_mode"] == "stare"
+    assert kv["actor_rollout_ref.actor.stare.variant"] == "C2"
+    assert float(kv["actor_rollout_ref.actor.stare.top_p_ratio"]) == 0.2
+    assert float(kv["actor_rollout_ref.actor.stare.reweight_w"]) == 1.3
+    assert float(kv["actor_rollout_ref.actor.stare.reweight_m"]) == 0.8
+    assert float(kv["actor_rollout_ref.actor.stare.target_entropy"]) == 0.25
+    assert kv["actor_rollout_ref.actor.stare.adaptive"] == "False"
+    assert all(k.startswith("actor_rollout_ref.actor.") for k in kv)
+
+
+def test_size_guidance_and_user_override(sweep, base, tmp_path):
+    data = yaml.safe_load(base.read_text())
+    data["model"]["path"] = "models/Qwen2.5-32B-Base"
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump(data))
+    text, _, notices = promote([sweep], "c2", big)
+    cfg = load_trainer_config(yaml.safe_load(text))
+    assert cfg.loss.stare.reweight_w == pytest.approx(1.15) and cfg.loss.stare.reweight_m == pytest.approx(0.9)
+    assert any("32B" in n for n in notices)
+    text, _, notices = promote([sweep], "c2", big, overrides=["loss.stare.reweight_w=1.2"])
+    cfg = load_trainer_config(yaml.safe_load(text))
+    assert cfg.loss.stare.reweight_w == 1.2 and cfg.loss.stare.reweight_m == 0.8  # user override: no guidance
+    assert not any("size guidance" in n for n in notices)
+
+
+def test_target_entropy_from_probe(sweep, base, tmp_path):
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"initial_entropy": 0.6}))
+    text, prov, notices = promote([sweep], "c2", base, target_entropy_frac=0.5, probe=probe)
+    assert load_trainer_config(yaml.safe_load(text)).loss.stare.target_entropy == pytest.approx(0.3)
+    assert "probe" in prov["target_entropy"]["from"]
+    with pytest.raises(ConfigError, match="needs --probe"):
+        promote([sweep], "c2", base, target_entropy_frac=0.5)
+    with pytest.raises(ConfigError, match="at most one"):
+        promote([sweep], "c2", base, target_entropy=0.2, target_entropy_frac=0.5, probe=probe)
+
+
+def test_errors(sweep, base, tmp_path):
+    with pytest.raises(RunError, match="does not exist"):
+        promote([tmp_path / "nope"], "c2", base)
+    with pytest.raises(RunError, match="methods found: c2, grpo"):
+        promote([sweep], "o1", base)
+    with pytest.raises(ConfigError, match="no STARE settings"):
+        promote([sweep], "grpo", base)
+    with pytest.raises(ConfigError, match="not one of"):
+        promote([sweep], "c2", base, fmt="json")
+    # ambiguous: a second c2 setting in the same sweep
+    sim_run(sweep / "c2-other" / "seed0", "c2", {**C2, "reweight_w": 1.5})
+    with pytest.raises(ConfigError, match="ambiguous"):
+        promote([sweep], "c2", base)
+    # one run directory is not ambiguous
+    text, _, _ = promote([sweep / "c2-other" / "seed0"], "c2", base)
+    assert load_trainer_config(yaml.safe_load(text)).loss.stare.reweight_w == 1.5
+
+
+def test_band_failure_refused_unless_forced(tmp_path, base):
+    run = sim_run(tmp_path / "r", "o1", {"reweight_w": 1.1}, dev=0.3)
+    with pytest.raises(ConfigError, match="failed its band criterion"):
+        promote([run], "o1", base)
+    text, prov, notices = promote([run], "o1", base, force=True)
+    assert prov["forced"] and "FORCED" in text
+    incomplete = sim_run(tmp_path / "r2", "o1", dev=None)
+    with pytest.raises(ConfigError, match="no band result"):
+        promote([incomplete], "o1", base)
+
+
+def test_cli(sweep, base, tmp_path, capsys):
+    out = tmp_path / "o.yaml"
+    rc = cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(out), "optim.lr=3e-6"])
+    assert rc == 0 and load_trainer_config(out).optim.lr == 3e-6
+    assert json.loads((tmp_path / "o.yaml.provenance.json").read_text())["method"] == "c2"
+    rc = cli_main(["promote", str(sweep), "--method", "grpo", "--base", str(base), "--out", str(out)])
+    assert rc == 1 and "no STARE settings" in capsys.readouterr().err
+    rc = cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(tmp_path / "no" / "x")])
+    assert rc == 1

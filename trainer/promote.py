@@ -1,0 +1,333 @@
+"""``stare-lab promote``: carry STARE settings validated in simulation into a full-scale trainer config.
+
+Reads the chosen method's STARE settings (variant, P, W, M, adaptive schedule, scope) from simulator run
+directories (``config.yaml`` → ``loss.stare``), merges them into a trainer base config (e.g.
+``papers/stare_2606.19236/<setting>.yaml``) and writes either
+
+* ``--format stare-lab``: a trainer YAML (loadable with :func:`trainer.config.load_trainer_config`) headed by a
+  commented provenance block, plus ``OUT.provenance.json`` with the same facts machine-readable; or
+* ``--format verl``: Hydra ``key=value`` overrides for the STARE reference implementation (hp-luo/STARE, a verl
+  fork: ``actor_rollout_ref.actor.policy_loss.loss_mode=stare``, ``actor_rollout_ref.actor.stare.*``), one per line,
+  with the provenance as ``#`` comment lines.
+
+What is deliberately NOT copied from a toy run: the target entropy (entropy scales differ between a simulator and an
+LLM). It comes from the base config (default), ``--target-entropy X``, or ``--target-entropy-frac F`` × the initial
+entropy measured by a probe (``--probe``: a trainer run directory — its first metrics row — or a JSON file with
+``initial_entropy`` or ``entropy``). The output says which.
+
+Model-size guidance (STARE paper, science.md §4): 14B/32B models use a milder push (W 1.05, M 0.95 instead of
+1.1 / 0.9). When the base config's model path names a size ≥ 14B and the user did not override ``reweight_w`` /
+``reweight_m``, the promoted push |W − 1| and |1 − M| is halved (1.1 → 1.05, 0.9 → 0.95) and a notice is printed.
+
+Refusals (override with ``--force``, recorded in the provenance): a run whose config is incomplete (no
+``loss.stare`` or missing keys), a method without STARE settings (``loss.loss_mode`` is not ``stare``), or a run
+whose summary shows it failed its own band criterion (``mean_abs_dev_second_half`` > the run's ``band``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from stare_lab import __version__
+from stare_lab.config import apply_overrides, load_yaml, parse_overrides, to_dict
+from stare_lab.errors import ConfigError, RunError
+from stare_lab.runs import find_runs, read_run
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PROMOTED_KEYS", "collect_settings", "promote", "add_arguments", "main"]
+
+#: The STARE keys carried from a simulation into the trainer config (``loss.stare.*``); target_entropy is not.
+PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope")
+
+#: reference-implementation (verl) key for each promoted/used STARE key (``actor_rollout_ref.actor.stare.<key>``);
+#: the reference has no selection scope (it always selects per micro-batch).
+_VERL_STARE_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy", "adaptive", "alpha",
+                    "w_max", "m_min")
+_DEFAULT_BAND = 0.05
+
+
+def _model_size_b(path: str) -> float | None:
+    """Parameter count in billions named in a model path (``Qwen2.5-32B-Base`` → 32.0), else None."""
+    sizes = [float(m) for m in re.findall(r"(?<![\d.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])", path or "")]
+    return max(sizes) if sizes else None
+
+
+def collect_settings(sources: list[str | Path], method: str, force: bool = False) -> dict[str, Any]:
+    """Find the runs of ``method`` under ``sources`` and return their common STARE settings and provenance.
+
+    Returns:
+        ``{"stare": {key: value for PROMOTED_KEYS}, "runs": [{"path", "seed", "summary"}], "refusals": [...]}``
+        (``refusals`` lists what ``force`` overrode).
+
+    Raises:
+        RunError: no run directory under the sources, or no run of ``method`` (the message lists the methods found).
+        ConfigError: the runs of ``method`` disagree on the STARE settings (ambiguous), a run's config is incomplete,
+            its method has no STARE settings, or it failed its band criterion — the last three only without
+            ``force``.
+    """
+    for s in sources:
+        if not Path(s).exists():
+            raise RunError(f"{str(s)!r} does not exist")
+    paths = find_runs(sources)
+    if not paths:
+        raise RunError(f"no run directories (with metrics.jsonl) under {', '.join(map(str, sources))}")
+    runs = [read_run(p) for p in paths]
+    matching = [r for r in runs if r.config.get("method") == method]
+    if not matching:
+        found = sorted({str(r.config.get("method")) for r in runs})
+        raise RunError(f"no run of method {method!r} under {', '.join(map(str, sources))}; methods found: "
+                       + ", ".join(found))
+    refusals: list[str] = []
+
+    def refuse(msg: str) -> None:
+        if not force:
+            raise ConfigError(msg + " (use --force to promote anyway)")
+        refusals.append(msg)
+
+    settings: dict[tuple, list] = {}
+    for r in matching:
+        loss = r.config.get("loss") if isinstance(r.config.get("loss"), dict) else {}
+        stare = loss.get("stare") if isinstance(loss.get("stare"), dict) else None
+        if stare is None:
+            raise ConfigError(f"run {r.path} has an incomplete config: no loss.stare section")
+        missing = [k for k in PROMOTED_KEYS if k not in stare]
+        if missing:
+            raise ConfigError(f"run {r.path} has an incomplete config: loss.stare lacks {', '.join(missing)}")
+        if loss.get("loss_mode") != "stare":
+            refuse(f"method {method!r} has no STARE settings (run {r.path} uses loss_mode={loss.get('loss_mode')!r})")
+        summary = r.summary or {}
+        dev = summary.get("mean_abs_dev_second_half")
+        band = r.config.get("band", _DEFAULT_BAND)
+        if dev is None:
+            refuse(f"run {r.path} has no band result in summary.json (mean_abs_dev_second_half); incomplete run?")
+        elif isinstance(band, (int, float)) and dev > band:
+            refuse(f"run {r.path} failed its band criterion: mean |H - H_tgt| over the second half = {dev:.4g} > "
+                   f"band {band:g}")
+        key = tuple(stare[k] for k in PROMOTED_KEYS)
+        settings.setdefault(key, []).append(r)
+    if len(settings) > 1:
+        variants = "; ".join(
+            ", ".join(f"{k}={v}" for k, v in zip(PROMOTED_KEYS, key)) + f" ({len(rs)} runs, e.g. {rs[0].path})"
+            for key, rs in settings.items()
+        )
+        raise ConfigError(f"method {method!r} is ambiguous: its runs have {len(settings)} different STARE settings: "
+                          f"{variants}; pass one run directory or a narrower sweep")
+    key = next(iter(settings))
+    return {
+        "stare": dict(zip(PROMOTED_KEYS, key)),
+        "runs": [
+            {"path": str(r.path), "seed": r.config.get("seed"), "summary": r.summary} for r in matching
+        ],
+        "refusals": refusals,
+    }
+
+
+def _probe_entropy(probe: str | Path) -> float:
+    p = Path(probe)
+    if p.is_dir():
+        run = read_run(p)
+        values = [row.get("entropy") for row in run.metrics if isinstance(row.get("entropy"), (int, float))]
+        if not values:
+            raise RunError(f"probe run {str(p)!r} has no entropy in its metrics")
+        return float(values[0])
+    if p.is_file():
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise RunError(f"probe file {str(p)!r} is not valid JSON: {err}") from None
+        for key in ("initial_entropy", "entropy"):
+            if isinstance(data, dict) and isinstance(data.get(key), (int, float)):
+                return float(data[key])
+        raise RunError(f"probe file {str(p)!r} has no numeric 'initial_entropy' or 'entropy'")
+    raise RunError(f"probe {str(p)!r} does not exist")
+
+
+def promote(
+    sources: list[str | Path],
+    method: str,
+    base: str | Path,
+    *,
+    fmt: str = "stare-lab",
+    overrides: list[str] = (),
+    target_entropy: float | None = None,
+    target_entropy_frac: float | None = None,
+    probe: str | Path | None = None,
+    force: bool = False,
+) -> tuple[str, dict[str, Any], list[str]]:
+    """Build the promoted config.
+
+    Returns:
+        ``(text, provenance, notices)``: the file content (YAML or verl override lines), the provenance dict and
+        human-readable notices (where the target entropy came from, size guidance, forced refusals).
+
+    Raises:
+        ConfigError / RunError: bad format, missing/ambiguous runs, refusals (see :func:`collect_settings`),
+            conflicting target-entropy options, or a merged config the trainer's loader rejects.
+    """
+    from .config import load_trainer_config  # the trainer's own loader validates the result
+
+    if fmt not in ("stare-lab", "verl"):
+        raise ConfigError(f"--format={fmt!r} is not one of {{'stare-lab', 'verl'}}")
+    if target_entropy is not None and target_entropy_frac is not None:
+        raise ConfigError("give at most one of --target-entropy and --target-entropy-frac")
+    if target_entropy_frac is not None and probe is None:
+        raise ConfigError("--target-entropy-frac needs --probe (a run directory or JSON with the initial entropy)")
+    found = collect_settings(sources, method, force=force)
+    data = load_yaml(base)
+    load_trainer_config(data)  # the base itself must be valid
+    notices = [f"refused without --force, promoted anyway: {msg}" for msg in found["refusals"]]
+
+    loss = data.setdefault("loss", {})
+    loss["loss_mode"] = "stare"
+    stare = loss.setdefault("stare", {})
+    stare.update(found["stare"])
+    data["method"] = method
+
+    user_keys = {k for k, _ in parse_overrides(overrides)}
+    size = _model_size_b(str((data.get("model") or {}).get("path", "")))
+    if size is not None and size >= 14:
+        touched = {"loss.stare.reweight_w", "loss.stare.reweight_m"} & user_keys
+        if not touched:
+            w0, m0 = float(stare["reweight_w"]), float(stare["reweight_m"])
+            stare["reweight_w"] = round(1.0 + (w0 - 1.0) / 2, 6)
+            stare["reweight_m"] = round(1.0 - (1.0 - m0) / 2, 6)
+            notices.append(
+                f"model size guidance: the base model is {size:g}B (>= 14B); the paper uses a milder push there, so "
+                f"W {w0:g} -> {stare['reweight_w']:g} and M {m0:g} -> {stare['reweight_m']:g} (halved |W-1|, |1-M|); "
+                "override with loss.stare.reweight_w=… / loss.stare.reweight_m=…"
+            )
+
+    if target_entropy is not None:
+        stare["target_entropy"] = float(target_entropy)
+        tgt_source = f"--target-entropy {target_entropy:g}"
+    elif target_entropy_frac is not None:
+        h0 = _probe_entropy(probe)
+        stare["target_entropy"] = round(float(target_entropy_frac) * h0, 6)
+        tgt_source = f"--target-entropy-frac {target_entropy_frac:g} x probe initial entropy {h0:.4g} ({probe})"
+    else:
+        tgt_source = f"base config {base}"
+        if "target_entropy" not in stare:
+            tgt_source += " (not set there: the STAREConfig default)"
+    apply_overrides(data, overrides)
+    cfg = load_trainer_config(data)
+    tgt = cfg.loss.stare.target_entropy
+    if "loss.stare.target_entropy" in user_keys:
+        tgt_source = "the command line override loss.stare.target_entropy"
+    notices.insert(0, f"target entropy {tgt:g} nats from {tgt_source} (never copied from a simulation)")
+
+    provenance = {
+        "promoted_by": f"stare-lab promote (stare_lab {__version__})",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "method": method,
+        "base": str(base),
+        "source_runs": found["runs"],
+        "promoted": {k: getattr(cfg.loss.stare, k) for k in PROMOTED_KEYS},
+        "target_entropy": {"value": tgt, "from": tgt_source},
+        "overrides": list(overrides),
+        "forced": bool(found["refusals"]),
+        "forced_refusals": found["refusals"],
+        "format": fmt,
+    }
+    header = _comment_block(provenance, notices)
+    if fmt == "stare-lab":
+        import yaml
+
+        text = header + yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    else:
+        text = header + "\n".join(_verl_lines(cfg)) + "\n"
+    return text, provenance, notices
+
+
+def _comment_block(provenance: dict[str, Any], notices: list[str]) -> str:
+    lines = [
+        f"Promoted by {provenance['promoted_by']} on {provenance['date']}",
+        f"method: {provenance['method']}   base: {provenance['base']}",
+        "source runs:",
+    ]
+    for run in provenance["source_runs"]:
+        s = run.get("summary") or {}
+        facts = ", ".join(
+            f"{k}={s[k]:.4g}" if isinstance(s.get(k), float) else f"{k}={s.get(k)}"
+            for k in ("initial_entropy", "final_entropy", "mean_abs_dev_second_half", "final_reward")
+            if k in s
+        )
+        lines.append(f"  {run['path']} (seed {run.get('seed')}): {facts}")
+    lines += [f"note: {n}" for n in notices]
+    if provenance["forced"]:
+        lines.append("FORCED: promoted with --force despite the refusals above")
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def _verl_lines(cfg: Any) -> list[str]:
+    """Hydra overrides for hp-luo/STARE (recipe/STARE/scripts/run_short_cot_*_STARE.sh key names)."""
+    s, loss = cfg.loss.stare, cfg.loss
+
+    def fmt(v: Any) -> str:
+        return ("True" if v else "False") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+
+    lines = [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=stare",
+        "actor_rollout_ref.actor.calculate_entropy=True",
+        "actor_rollout_ref.actor.stare.enabled=True",
+    ]
+    lines += [f"actor_rollout_ref.actor.stare.{k}={fmt(getattr(s, k))}" for k in _VERL_STARE_KEYS]
+    lines += [
+        f"actor_rollout_ref.actor.clip_ratio_low={fmt(loss.clip_ratio_low)}",
+        f"actor_rollout_ref.actor.clip_ratio_high={fmt(loss.clip_ratio_high)}",
+        f"actor_rollout_ref.actor.clip_ratio_c={fmt(loss.clip_ratio_c)}",
+        f"actor_rollout_ref.actor.loss_agg_mode={loss.loss_agg_mode}",
+        f"actor_rollout_ref.actor.entropy_coeff={fmt(loss.entropy_coeff)}",
+    ]
+    if s.scope != "microbatch":
+        lines.insert(0, f"# scope={s.scope}: the reference selects per micro-batch only (no scope key)")
+    if s.gate != "entropy":
+        lines.insert(0, f"# gate={s.gate}: the reference has only the entropy gate (no such key)")
+    return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``stare-lab promote``."""
+    parser.add_argument("sources", nargs="+", metavar="SWEEP_OR_RUN [KEY=VALUE]",
+                        help="simulator sweep or run directories, then dotted overrides of the merged trainer config "
+                        "(e.g. optim.lr=2e-6)")
+    parser.add_argument("--method", required=True, help="method whose STARE settings to promote (e.g. c2)")
+    parser.add_argument("--base", required=True, help="trainer base config YAML (e.g. papers/stare_2606.19236/…)")
+    parser.add_argument("--out", required=True, help="output file")
+    parser.add_argument("--format", default="stare-lab", dest="fmt", help="stare-lab (YAML) or verl (overrides)")
+    parser.add_argument("--target-entropy", type=float, default=None, help="H_tgt in nats (else from --base)")
+    parser.add_argument("--target-entropy-frac", type=float, default=None,
+                        help="H_tgt = FRAC x the model's initial entropy measured by --probe")
+    parser.add_argument("--probe", default=None, help="trainer run dir or JSON with initial_entropy")
+    parser.add_argument("--force", action="store_true", help="promote despite refusals (recorded)")
+    parser.set_defaults(extra_overrides=[])
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``stare-lab promote``; print notices; write the output (and its provenance JSON for stare-lab)."""
+    # key=value words given positionally among the sources are overrides
+    overrides = [s for s in args.sources if "=" in str(s)] + list(getattr(args, "extra_overrides", None) or [])
+    sources = [s for s in args.sources if "=" not in str(s)]
+    if not sources:
+        raise RunError("no SWEEP_OR_RUN directory given")
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise ConfigError(f"--out={str(out)!r}: directory {str(out.parent)!r} does not exist")
+    text, provenance, notices = promote(
+        sources, args.method, args.base, fmt=args.fmt, overrides=overrides,
+        target_entropy=args.target_entropy, target_entropy_frac=args.target_entropy_frac, probe=args.probe,
+        force=args.force,
+    )
+    out.write_text(text)
+    if args.fmt == "stare-lab":
+        out.with_name(out.name + ".provenance.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+    for n in notices:
+        print(f"notice: {n}")
+    print(f"wrote {out}")
+    return 0
