@@ -1,0 +1,203 @@
+"""`stare-lab analyze` end to end on synthetic sweeps: figures, report.md, a self-contained report.html, the paper
+comparison and every kind of damaged input (warnings, never a crash; a clear error when nothing can be read)."""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import io
+import json
+import os
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from analysis.synthetic import write_synthetic_run, write_synthetic_sweep
+from stare_lab.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _need(module: str):
+    """Import ``module``; skip if missing, but fail under CI=true (tests must not skip silently there)."""
+    if os.environ.get("CI") == "true":
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
+class _Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.srcs: list[str] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "img":
+            self.srcs.append(dict(attrs).get("src", ""))
+
+
+def _html_images(path: Path) -> tuple[list[bytes], list[str], list[str]]:
+    p = _Images()
+    p.feed(path.read_text(encoding="utf-8"))
+    datas, mimes = [], []
+    for src in p.srcs:
+        assert src.startswith("data:"), f"image not embedded: {src[:60]}"
+        head, b64 = src.split(",", 1)
+        mimes.append(head[5:].split(";")[0])
+        datas.append(base64.b64decode(b64, validate=True))
+    return datas, mimes, p.tags
+
+
+def _assert_png(data: bytes) -> tuple[int, int]:
+    """A valid PNG: signature, then decodable by matplotlib (returns height, width)."""
+    mpimg = _need("matplotlib.image")
+    assert data[:8] == PNG_MAGIC
+    img = mpimg.imread(io.BytesIO(data), format="png")
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert img[..., :3].std() > 0.01  # not a blank canvas
+    return img.shape[:2]
+
+
+@pytest.fixture(scope="module")
+def sweep_report(tmp_path_factory):
+    """A 3-method × 2-seed synthetic sweep plus one trainer run, a non-run folder, a damaged run; analysed once."""
+    _need("matplotlib")
+    root = tmp_path_factory.mktemp("sweep")
+    write_synthetic_sweep(root, methods=("grpo", "o1", "c2"), seeds=(0, 1), steps=120)
+    write_synthetic_run(root / "trainer_o1", method="o1", seed=0, steps=50, source="trainer", initial_entropy=2.0)
+    (root / "notes").mkdir()  # not a run
+    (root / "notes" / "readme.txt").write_text("not a run")
+    grpo1 = root / "grpo" / "seed1" / "metrics.jsonl"  # a shorter run (crashed at step 100)
+    grpo1.write_text("".join(grpo1.read_text().splitlines(keepends=True)[:100]))
+    with open(root / "c2" / "seed1" / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 120, "entropy": 0.1, "rew')  # crash mid-write
+    (root / "o1" / "seed0" / "eval.json").write_text(json.dumps(
+        {"model": "Qwen2.5-Math-7B", "benchmarks": {"aime24": {"avg@k": 0.5, "pass@k": 0.8},
+                                                    "math500": {"avg@k": 0.9}}, "average": 0.7}))
+    paper = root.parent / "table2.csv"
+    paper.write_text(
+        "setting,model,method,aime24,aime25,amc23,math500,minerva,olympiadbench,avg,source\n"
+        "short_cot,Qwen2.5-Math-7B,STARE-O1,44.2,23.8,83.4,86.1,44.2,44.7,54.4,rerun\n"
+        "short_cot,Qwen2.5-Math-7B,GRPO-ds,37.1,17.7,,82.7,39.4,42.6,,rerun\n"
+        "short_cot,Other-Model,STARE-O1,1.0,2.0,3.0,4.0,5.0,6.0,3.5,rerun\n"
+    )
+    out = root / "figures"
+    rc = main(["analyze", str(root), "--out", str(out), "--paper", str(paper), "--metric", "accuracy"])
+    assert rc == 0
+    return root, out
+
+
+def test_figures_exist_and_are_valid_pngs(sweep_report):
+    _, out = sweep_report
+    names = sorted(p.name for p in out.glob("*.png"))
+    assert names == ["cross_source.png", "dynamics.png", "metrics.png", "prediction.png", "quadrants.png"]
+    for p in out.glob("*.png"):
+        _assert_png(p.read_bytes())
+
+
+def test_report_html_is_self_contained(sweep_report):
+    _, out = sweep_report
+    datas, mimes, tags = _html_images(out / "report.html")
+    assert len(datas) == 5 and set(mimes) == {"image/png"}
+    for d in datas:
+        _assert_png(d)
+    assert "table" in tags and "h2" in tags
+    # the embedded images are the files themselves
+    assert sorted(datas) == sorted(p.read_bytes() for p in out.glob("*.png"))
+
+
+def test_report_markdown_reads_top_to_bottom(sweep_report):
+    root, out = sweep_report
+    md = (out / "report.md").read_text()
+    order = ["## Runs", "## 1. Entropy dynamics", "## 2. Predicted vs measured", "## 3. Four quadrants",
+             "## 4. Summary per method", "## 5. Across sources", "## 6. Paper comparison", "## Extra metrics",
+             "## Notes and warnings"]
+    pos = [md.index(h) for h in order]
+    assert pos == sorted(pos)
+    for name in ("dynamics.png", "prediction.png", "quadrants.png", "cross_source.png", "metrics.png"):
+        assert f"]({name})" in md
+    # groups: mixed sources → labelled by source; KNOWN_METHODS order
+    assert md.index("| grpo [simulator] |") < md.index("| o1 [simulator] |") < md.index("| c2 [simulator] |")
+    assert "| o1 [trainer] |" in md
+    # the damaged run and the different lengths are reported, not fatal
+    assert "not valid JSON (truncated write?)" in md
+    assert "grpo [simulator], entropy: series differ in length (100, 120 points)" in md
+    assert "`pred/grad_dot`" in md and "`pass@8`" in md and "`accuracy`" in md
+
+
+def test_paper_comparison_side_by_side_and_empty_cells_stay_empty(sweep_report):
+    _, out = sweep_report
+    md = (out / "report.md").read_text()
+    section = md[md.index("## 6. Paper comparison"):md.index("## Extra metrics")]
+    assert "restricted to model Qwen2.5-Math-7B" in section  # named in eval.json
+    assert "Other-Model" not in section
+    # reported rows, verbatim from the CSV; GRPO-ds has no grpo-ds group here → not listed
+    assert "| STARE-O1 | reported (rerun) | short_cot | Qwen2.5-Math-7B | 44.2 | 23.8 | 83.4 | 86.1 | 44.2 | 44.7 | 54.4 |" in section
+    assert "GRPO-ds" not in section
+    # measured: eval.json fractions ×100; unmeasured benchmarks and the avg (2 of 6 measured) stay empty
+    assert "| o1 [simulator] | measured (1 run) |  | Qwen2.5-Math-7B | 50 |  |  | 90 |  |  |  |" in section
+    assert "measured avg left empty (2 of 6 benchmarks measured)" in section
+
+
+def _minimal_sweep(root: Path, seeds=(0, 1)) -> Path:
+    """Runs with only the required keys: no measured ΔH, no quadrants, no target; seed s has 10 + s steps."""
+    from stare_lab.runs import RunWriter
+
+    for s in seeds:
+        with RunWriter(root / "grpo" / f"seed{s}", {"method": "grpo", "seed": s}) as w:
+            for i in range(10 + s):
+                w.log({"step": i, "entropy": 1.0 / (i + 1), "reward": None, "gate_on": 0, "stare_w": 1.0,
+                       "stare_m": 1.0, "pred_entropy_change": None, "entropy_change": None})
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["svg", "pdf"])
+def test_vector_formats_still_embed_viewable_images(tmp_path, fmt):
+    _need("matplotlib")
+    run = _minimal_sweep(tmp_path / "sw", seeds=(0,))
+    out = tmp_path / "out"
+    assert main(["analyze", str(run), "--out", str(out), "--format", fmt]) == 0
+    files = sorted(p.name for p in out.glob(f"*.{fmt}"))
+    assert files == ["dynamics." + fmt]
+    datas, mimes, _ = _html_images(out / "report.html")
+    assert len(datas) == 1
+    if fmt == "svg":
+        assert set(mimes) == {"image/svg+xml"} and all(d.lstrip().startswith(b"<?xml") for d in datas)
+    else:  # a PDF cannot be an <img>: the HTML embeds PNG renders
+        assert set(mimes) == {"image/png"}
+        for d in datas:
+            _assert_png(d)
+        assert all(p.read_bytes().startswith(b"%PDF") for p in out.glob("*.pdf"))
+
+
+def test_default_out_and_minimal_runs(tmp_path, capsys):
+    """Runs with only the required keys (no predictions measured, no quadrants, no target): report still renders."""
+    _need("matplotlib")
+    _minimal_sweep(tmp_path / "sw")
+    assert main(["analyze", str(tmp_path / "sw")]) == 0
+    out = tmp_path / "sw" / "figures"
+    assert sorted(p.name for p in out.glob("*.png")) == ["dynamics.png"]
+    md = (out / "report.md").read_text()
+    assert "nothing to compare" in md and "No run logs `quadrant/…` keys." in md
+    assert "aggregated on the 10 points common to all 2" in md
+    assert "stare-lab analyze: 2 runs, 1 groups" in capsys.readouterr().out
+
+
+def test_clear_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["analyze", str(tmp_path / "empty")]) == 1
+    err = capsys.readouterr().err
+    assert "error: no runs found under" in err and "Traceback" not in err
+    write_synthetic_run(tmp_path / "r", steps=5)
+    assert main(["analyze", str(tmp_path / "r"), str(tmp_path / "empty")]) == 1
+    assert "pass --out DIR" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    assert main(["analyze", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--paper", str(bad)]) == 1
+    assert "lacks column(s) setting, model, method" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "r"), "--paper", str(tmp_path / "missing.csv")]) == 1
+    assert "is not readable" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: --band must be > 0
+        main(["analyze", str(tmp_path / "r"), "--band", "-1"])
