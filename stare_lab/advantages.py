@@ -35,8 +35,8 @@ def _check_rewards(rewards: Tensor | Sequence[float]) -> Tensor:
             raise DataError(f"rewards must be a 1-D tensor or sequence of numbers: {err}") from None
     if rewards.dim() != 1:
         raise DataError(f"rewards must have shape [N], got shape {tuple(rewards.shape)}")
-    if rewards.dtype == torch.bool or rewards.is_complex():
-        raise DataError(f"rewards must be real numbers, got dtype {rewards.dtype}")
+    if rewards.is_complex():
+        raise DataError(f"rewards must be real numbers (bool counts as 0/1), got dtype {rewards.dtype}")
     r = rewards.detach().to(torch.float64)
     bad = ~torch.isfinite(r)
     if bool(bad.any()):
@@ -118,7 +118,7 @@ def group_advantages(
     undefined) gets Â = 0 exactly, for every estimator.
 
     Args:
-        rewards: ``[N]`` finite real rewards (tensor or sequence).
+        rewards: ``[N]`` finite real rewards (tensor or sequence; bool is read as 0/1).
         group_size: G for contiguous groups (``N % G == 0``), or None when ``group_ids`` is given.
         group_ids: ``[N]`` integer group labels (any values and order; uneven groups allowed), or None.
         estimator: one of :data:`ESTIMATORS`.

@@ -122,6 +122,11 @@ def test_filter_groups():
     assert keep.tolist() == [False, False, True, True, False, False, True, True]
     keep = filter_groups([1.0, 0.0, 1.0, 1.0], group_ids=[0, 0, 1, 1])
     assert keep.tolist() == [True, True, False, False]
+    # bool rewards (correct / wrong) read as 0/1
+    assert filter_groups(torch.tensor([True, False, True, True]), 2).tolist() == [True, True, False, False]
+    torch.testing.assert_close(
+        group_advantages(torch.tensor([True, False]), group_size=2, estimator="dr_grpo"), torch.tensor([0.5, -0.5])
+    )
 
 
 def test_deterministic_and_empty():

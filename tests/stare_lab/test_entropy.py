@@ -356,3 +356,24 @@ def test_diagnostics_return_detached_float32_for_float32_input():
         pred_expected_pg(z, torch.ones(3, 7), 0.1),
     ):
         assert out.dtype == torch.float32 and not out.requires_grad and out.shape == (3,)
+
+
+def test_autograd_saves_no_vocab_sized_activation():
+    """The chunked autograd functions save only the input logits (no copy) and O(rows) extras for backward, so
+    training never holds a [rows, V] float32 softmax (counted with saved_tensors_hooks); double backward raises."""
+    z = torch.randn(6, 500, requires_grad=True)
+    tok = torch.randint(0, 500, (6,), generator=torch.Generator().manual_seed(0))
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = entropy_from_logits(z, chunk_size=2).sum() + logprobs_from_logits(z, tok, chunk_size=2).sum()
+    big = [t for t in saved if t.numel() >= 500]
+    assert len(big) == 2 and all(t.data_ptr() == z.data_ptr() for t in big)
+    assert sum(t.numel() for t in saved if t.numel() < 500) <= 4 * 6
+    (grad,) = torch.autograd.grad(loss, z, create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad.sum().backward()
