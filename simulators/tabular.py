@@ -79,7 +79,8 @@ CHECKPOINT_FILE = "state.pt"
 
 @dataclasses.dataclass
 class TabularSimConfig:
-    """One tabular simulation run (one method, one seed). Every default is here and lands in ``config.yaml``.
+    """One tabular simulation run (one method, one seed). Every default is here and lands in ``config.yaml``; the
+    defaults are the ``collapse`` preset (simulators.presets).
 
     Attributes:
         method: one of :data:`simulators.presets.METHODS`; sets ``loss.loss_mode``, the STARE variant /
@@ -124,11 +125,11 @@ class TabularSimConfig:
     seq_len: int = 4
     vocab_size: int = 8
     num_correct: int = 2
-    threshold: int | None = None
+    threshold: int | None = 3
     random_reward_p: float = 0.5
-    reward_noise: float = 0.0
+    reward_noise: float = 0.1
     init_spread: float = 1.0
-    lr: float = 2.0
+    lr: float = 4.0
     steps: int = 150
     temperature: float = 1.0
     dynamic_sampling: bool = False

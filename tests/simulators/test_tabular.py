@@ -27,7 +27,10 @@ from simulators.tabular import (
 from stare_lab.config import LossConfig
 from stare_lab.errors import ConfigError, RunError
 
-TINY = {"num_prompts": 4, "group_size": 4, "seq_len": 3, "vocab_size": 5, "num_correct": 2, "threshold": 2, "steps": 6}
+TINY = {
+    "num_prompts": 4, "group_size": 4, "seq_len": 3, "vocab_size": 5, "num_correct": 2, "threshold": 2, "reward_noise": 0.0,
+    "steps": 6,
+}
 
 
 def tiny(**kw) -> TabularSimConfig:
