@@ -18,8 +18,9 @@ controller untouched); a reward function that raises gives reward 0 for that bat
 (``reward.on_error=zero``) or stops the run with a :class:`~stare_lab.errors.DataError` (``raise``). The
 first-order prediction ``pred_entropy_change`` and the measured ``entropy_change`` are null in the trainer.
 
-Fault injection for tests: ``STARE_LAB_FAULT=STEP:PHASE`` (PHASE ∈ rollout, update, logged) makes the process exit
-with code 137 at that point, as a kill would.
+Test hooks: ``STARE_LAB_FAULT=STEP:PHASE`` (PHASE ∈ rollout, update, logged) makes the process exit with code 137 at
+that point, as a kill would; ``STARE_LAB_DUMP_PARAMS=PREFIX`` makes every rank save its gathered final parameters to
+``PREFIX.rank<R>.pt``.
 """
 
 from __future__ import annotations
@@ -310,6 +311,36 @@ class _Trainer:
         mine_w = [w[offset + i, : len(r)].clone() for i, r in enumerate(batch.response_ids)]
         return mine_w, {k: float(v) for k, v in stats.items()}
 
+    def _global_loss_stats(self, step: int, batch, old_lp, old_ent, gate: bool) -> dict[str, Any]:
+        """Whole-step statistics the losses need (so every loss is invariant to micro-batching and world size):
+        the STARE gate/W/M, the token-mean log-prob and advantage (Clip-Cov / KL-Cov covariance), the forking-token
+        entropy threshold (global quantile, all-gathered), and a seeded generator for Clip-Cov's random subset."""
+        from stare_lab.losses import forking_entropy_threshold
+
+        from .policy import pad_2d
+
+        cfg = self.cfg
+        extras: dict[str, Any] = {}
+        mode = cfg.loss.loss_mode
+        if mode == "stare":
+            extras.update(gate_on=gate, reweight_w=self.controller.reweight_w, reweight_m=self.controller.reweight_m)
+        if mode in ("clip_cov", "kl_cov"):
+            lp_sum = sum(float((lp * torch.tensor(m)).sum()) for lp, m in zip(old_lp, batch.response_mask))
+            adv_sum = sum(a * sum(m) for a, m in zip(batch.advantages, batch.response_mask))
+            red = self.policy.all_reduce([lp_sum, adv_sum, sum(sum(m) for m in batch.response_mask)])
+            extras.update(logprob_mean=red[0] / max(red[2], 1.0), advantage_mean=red[1] / max(red[2], 1.0))
+            gen = torch.Generator(device=self.policy.device).manual_seed(step_seed(cfg.seed, step, 0, self.dist.rank))
+            extras["generator"] = gen
+        if mode == "forking_tokens":
+            parts = self.policy.all_gather_object(([e.tolist() for e in old_ent], batch.response_mask))
+            ents = [r for p in parts for r in p[0]]
+            masks = [r for p in parts for r in p[1]]
+            width = max((len(r) for r in ents), default=1)
+            thr = forking_entropy_threshold(pad_2d(ents, 0.0, torch.float32, width),
+                                            pad_2d(masks, 0.0, torch.float32, width), cfg.loss.top_entropy_quantile)
+            extras["entropy_threshold"] = float(thr)
+        return extras
+
     def step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         self.t = {k: 0.0 for k in ("rollout", "reward", "old_logprob", "update", "sync")}
@@ -356,10 +387,7 @@ class _Trainer:
             _fault(step, "update")
             self.engine.sleep()
             t0 = time.perf_counter()
-            extras = {}
-            if cfg.loss.loss_mode == "stare" and cfg.loss.stare.scope == "microbatch":
-                extras = {"gate_on": gate, "reweight_w": self.controller.reweight_w,
-                          "reweight_m": self.controller.reweight_m}
+            extras = self._global_loss_stats(step, batch, old_lp, old_ent, gate)
             row.update(self.policy.update(batch, old_logprobs=old_lp, old_entropy=old_ent, token_weights=weights,
                                           loss_config=cfg.loss, global_num_tokens=g_tok, global_num_sequences=g_seq,
                                           loss_extras=extras))
@@ -424,6 +452,9 @@ def train(cfg: TrainerConfig) -> Path:
         _fault(step, "logged")
         if (s.save_freq and step % s.save_freq == 0) or step == s.total_steps:
             save_checkpoint(ckpt_root, step, tr.policy, tr.state(step), tr.tokenizer, s.keep_checkpoints)
+    dump = os.environ.get("STARE_LAB_DUMP_PARAMS")  # tests: each rank writes its gathered final parameters
+    if dump:
+        torch.save(tr.policy.full_state_dict(), f"{dump}.rank{tr.dist.rank}.pt")
     summary = {"steps": s.total_steps, "resumed_from": start}
     if rows:
         for k in ("reward", "entropy", "accuracy"):

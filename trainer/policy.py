@@ -283,7 +283,7 @@ class PolicyEngine:
                 if isinstance(v, (int, float)):
                     sums[k] = sums.get(k, 0.0) + float(v) * ntok
         self.engine.step()
-        keys = sorted(set().union(*self.all_gather_object(sorted(sums)))))
+        keys = sorted(set().union(*self.all_gather_object(sorted(sums))))
         red = self.all_reduce([sums.get(k, 0.0) for k in keys] + [n_local_tok, loss_total])
         n_tok = max(red[-2], 1.0)
         out = {(k if k.startswith("loss/") else f"loss/{k}"): v / n_tok for k, v in zip(keys, red[:-2])}
