@@ -71,7 +71,8 @@ class Group:
         method, source: shared by every run of the group.
         key_values: ``((dotted_key, value), …)`` of the ``group_by`` keys.
         runs: the runs (one per seed).
-        target_entropy: H_tgt (nats) of the runs (the most common value if they disagree), None if unknown.
+        target_entropy: H_tgt (nats) of the runs (their mean if they disagree, e.g. a target set relative to each
+            seed's initial entropy; each run's own target is still used for its fraction in band), None if unknown.
     """
 
     label: str
@@ -399,6 +400,7 @@ def compare(
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ConfigError(f"confidence={confidence!r} is outside (0, 1)")
     warnings: list[str] = []
+    notes: list[str] = []
     if isinstance(runs, (str, os.PathLike)):
         runs = [runs]
     runs = list(runs)
@@ -420,9 +422,12 @@ def compare(
         if kv:
             label += " (" + ", ".join(f"{k.rsplit('.', 1)[-1]}={_fmt_value(v)}" for k, v in kv) + ")"
         targets = [r.target_entropy for r in members if r.target_entropy is not None]
-        target = collections.Counter(targets).most_common(1)[0][0] if targets else None
+        target = float(np.mean(targets)) if targets else None
         if len(set(targets)) > 1:
-            warnings.append(f"{label}: runs disagree on target_entropy ({sorted(set(targets))}); using {target}")
+            notes.append(
+                f"{label}: the runs' target entropies differ ({min(targets):.4g}–{max(targets):.4g} nats); the band "
+                f"is drawn at their mean {target:.4g}, each run's fraction in band uses its own target"
+            )
         seeds = [r.seed for r in members if r.seed is not None]
         if len(seeds) != len(set(seeds)):
             warnings.append(f"{label}: duplicate seeds {sorted(seeds)}; each run still counts once")
@@ -444,4 +449,5 @@ def compare(
         confidence=float(confidence),
         group_by=tuple(group_by),
         warnings=warnings,
+        notes=notes,
     )

@@ -125,7 +125,7 @@ def _shade_targets(ax, cmp: Comparison, styles: dict[str, tuple[str, str]]) -> N
     targets = {g.target_entropy for g in cmp.groups if g.target_entropy is not None}
     if len(targets) == 1:
         t = targets.pop()
-        ax.axhspan(t - hw, t + hw, color="0.5", alpha=0.18, lw=0, label=f"target {t:g} ± {hw:g} nats")
+        ax.axhspan(t - hw, t + hw, color="0.5", alpha=0.18, lw=0, label=f"target {t:.3g} ± {hw:g} nats")
         ax.axhline(t, color="0.4", lw=0.8, ls="--")
     else:
         for g in cmp.groups:
@@ -165,7 +165,7 @@ def plot_dynamics(cmp: Comparison) -> Any:
 def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 4000, n_bins: int = 20) -> Any:
     """Predicted vs measured one-step ΔH (nats): per predictor key (``pred_entropy_change``, each ``pred/<name>``)
     a column with the scatter (identity line dashed; R² and slope of the least-squares fit in the legend), then the
-    R² and slope of the fit in ``n_bins`` windows of steps (over time). Fits use every pair; the scatter shows at
+    R² and slope of the fit in at most ``n_bins`` windows of ≥ 10 steps each (over time). Fits use every pair; the scatter shows at
     most ``max_points`` evenly spaced pairs per group. None if no run has both a prediction and a measurement."""
     if not cmp.has_measured_change():
         return None
@@ -190,14 +190,16 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
                     label=f"{g.label}: R²={fit.r2:.3f}, slope={fit.slope:.3f}",
                 )
                 lo, hi = min(lo, p.min(), m.min()), max(hi, p.max(), m.max())
-                centers, slope, r2, _ = stats.binned_fit(s, p, m, n_bins)
+                # windows of ≥ 10 steps each, at most n_bins of them
+                nb = max(1, min(n_bins, np.unique(s).size // 10))
+                centers, slope, r2, _ = stats.binned_fit(s, p, m, nb)
                 ax_r2.plot(centers, r2, color=c, ls=ls, marker=".", ms=3, label=g.label)
                 ax_sl.plot(centers, slope, color=c, ls=ls, marker=".", ms=3, label=g.label)
             if math.isfinite(lo):
                 ax_s.plot([lo, hi], [lo, hi], color="k", ls="--", lw=0.8, label="identity")
             ax_s.set(title=key, xlabel="predicted ΔH (nats)", ylabel="measured ΔH (nats)")
             ax_s.legend(loc="upper left", frameon=False, fontsize=7)
-            ax_r2.set(title=f"R² over time ({n_bins} windows)", ylabel="R²", xlabel="step")
+            ax_r2.set(title=f"R² over time (≤ {n_bins} windows of ≥ 10 steps)", ylabel="R²", xlabel="step")
             ax_r2.set_ylim(-0.05, 1.05)
             ax_sl.axhline(1.0, color="k", ls="--", lw=0.8)
             title = "slope over time (1 = exact)"

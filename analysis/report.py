@@ -353,5 +353,5 @@ def write_report(
     html_path = out / "report.html"
     md_path.write_text(doc.to_markdown(), encoding="utf-8")
     html_path.write_text(doc.to_html(images, title), encoding="utf-8")
-    logger.info("wrote %s and %s (%d figures)", md_path, html_path, len(figures))
+    logger.debug("wrote %s and %s (%d figures)", md_path, html_path, len(figures))
     return ReportFiles(md_path, html_path, figures)

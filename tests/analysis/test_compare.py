@@ -123,3 +123,13 @@ def test_analysis_imports_point_down_only():
                 names = [node.module]
             for n in names:
                 assert n.split(".")[0] not in ("simulators", "trainer"), f"{f.name} imports {n}"
+
+
+def test_targets_that_differ_by_seed(tmp_path):
+    # seed 0: target 0.2, entropy 0.22 → in band; seed 1: target 0.4, entropy 0.22 → out (|0.18| ≥ 0.05)
+    _run(tmp_path / "s0", "o1", 0, [0.22] * 3, target=0.2)
+    _run(tmp_path / "s1", "o1", 1, [0.22] * 3, target=0.4)
+    cmp = compare(tmp_path)
+    assert cmp.groups[0].target_entropy == pytest.approx(0.3)  # mean of 0.2 and 0.4
+    assert any("target entropies differ (0.2–0.4 nats)" in n for n in cmp.notes)
+    assert cmp.summary_rows()[0]["frac_in_band"][0] == pytest.approx(0.5)  # (1 + 0) / 2
