@@ -129,8 +129,8 @@ class TabularSimConfig:
     random_reward_p: float = 0.5
     reward_noise: float = 0.1
     init_spread: float = 1.0
-    lr: float = 4.0
-    steps: int = 150
+    lr: float = 6.0
+    steps: int = 100
     temperature: float = 1.0
     dynamic_sampling: bool = False
     ds_max_rounds: int = 4
@@ -338,15 +338,17 @@ def _quadrants(
     above / below s* (``high``): the token count (``count_weight`` summed: expected counts in expected mode) and
     the summed first-order ΔH contribution ``coef·Φ / n_states`` (nats, on the scale of ``entropy_change``).
     ``coef`` is each token's coefficient c in Δz = Σ c (e_a − π); all tensors share one shape."""
+    contrib = (phi * coef).reshape(-1) / n_states
+    weight = (torch.ones_like(phi) if count_weight is None else count_weight).reshape(-1)
+    # quadrant index: 0 pos_high, 1 pos_low, 2 neg_high, 3 neg_low, 4 Â = 0 (no quadrant)
+    a, h = adv.reshape(-1), high.reshape(-1)
+    idx = torch.where(a > 0, 0, torch.where(a < 0, 2, 4)) + torch.where((a != 0) & ~h, 1, 0)
+    counts = torch.bincount(idx, weights=weight.double(), minlength=5).tolist()
+    sums = torch.bincount(idx, weights=contrib.double(), minlength=5).tolist()
     out: dict[str, float] = {}
-    contrib = phi * coef / n_states
-    weight = torch.ones_like(phi) if count_weight is None else count_weight
-    for sign_name, sign_mask in (("pos", adv > 0), ("neg", adv < 0)):
-        for s_name, s_mask in (("high", high), ("low", ~high)):
-            m = sign_mask & s_mask
-            count = weight[m].sum()
-            out[f"quadrant/{sign_name}_{s_name}/count"] = int(count) if count_weight is None else float(count)
-            out[f"quadrant/{sign_name}_{s_name}/dH"] = float(contrib[m].sum())
+    for i, name in enumerate(("pos_high", "pos_low", "neg_high", "neg_low")):
+        out[f"quadrant/{name}/count"] = int(round(counts[i])) if count_weight is None else counts[i]
+        out[f"quadrant/{name}/dH"] = sums[i]
     return out
 
 
@@ -777,7 +779,7 @@ def run(
         writer.write_summary(summary)
     finally:
         writer.close()
-    logger.info(
+    logger.debug(
         "%s seed %d: entropy %.3f -> %.3f nats, reward %.3f",
         cfg.method, cfg.seed, summary["initial_entropy"], summary["final_entropy"], summary["final_reward"],
     )
