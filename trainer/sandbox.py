@@ -14,6 +14,10 @@ The security boundary is the kernel, not Python: every call starts ``bwrap`` (bu
   as process 2 of a new pid namespace (``--die-with-parent``: if bwrap dies, everything inside dies);
 * **resources**: ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_FSIZE``, ``RLIMIT_CPU`` and ``RLIMIT_CORE=0`` are set
   (soft = hard, which the unprivileged process cannot raise) before the first line of user code runs;
+* **processes**: where the cgroup-v1 ``pids`` controller is writable (as root on this machine kind), each call
+  runs in its own child cgroup with ``pids.max = max_processes`` (threads count), so a fork bomb hits a wall; the
+  cgroup is removed afterwards. Without it (logged once), processes are bounded only by the wall-time kill
+  (RLIMIT_NPROC cannot help: the sandbox uid maps to host root, which the kernel exempts);
 * **wall time**: the parent kills bwrap's whole process group with SIGKILL at ``timeout_s``; the pid namespace
   takes every descendant with it;
 * **output**: the parent reads stdout and stderr incrementally, keeps at most ``max_output_bytes`` of each and
@@ -23,8 +27,8 @@ A crash, timeout, infinite loop or memory blow-up of the code is reported in the
 (``ok=False``, ``timed_out``, ``error``); the caller always gets a result back. Only a sandbox that cannot start
 at all (bwrap missing, namespaces forbidden) raises :class:`SandboxError` — a setup problem, reported once.
 
-Known limit: the number of processes inside one sandbox is not capped (RLIMIT_NPROC does not apply to a uid that
-maps to host root); a fork bomb is bounded by the wall-time kill only.
+Known limit: memory is capped per process (RLIMIT_AS), not for the sandbox as a whole; with the pids cap the
+total is at most ``max_processes × memory_mb``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from typing import Sequence
 
 from stare_lab.config import check_positive, check_range, config_prefix
@@ -55,6 +60,7 @@ __all__ = [
     "INSTALL_HINT",
     "sandbox_available",
     "check_sandbox",
+    "process_limit_available",
     "run_python",
     "run_many",
 ]
@@ -85,6 +91,8 @@ class SandboxConfig:
             code may write (``RLIMIT_FSIZE``).
         site_packages: also bind the running environment's site-packages read-only (numpy, sympy, … importable).
         max_workers: sandboxes run concurrently by :func:`run_many` (≥ 1).
+        max_processes: processes + threads allowed inside one sandbox (cgroup ``pids.max``, ≥ 1; see the module
+            docstring for where it applies).
     """
 
     timeout_s: float = 10.0
@@ -93,6 +101,7 @@ class SandboxConfig:
     workdir_mb: int = 64
     site_packages: bool = True
     max_workers: int = 4
+    max_processes: int = 64
 
     def __post_init__(self) -> None:
         p = config_prefix("sandbox")
@@ -103,6 +112,7 @@ class SandboxConfig:
         check_positive(f"{p}max_output_bytes", self.max_output_bytes, integer=True)
         check_positive(f"{p}workdir_mb", self.workdir_mb, integer=True)
         check_positive(f"{p}max_workers", self.max_workers, integer=True)
+        check_positive(f"{p}max_processes", self.max_processes, integer=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +169,11 @@ try:
 except SystemExit:
     raise
 except BaseException as _err:
+    for _stream in (sys.stdout, sys.stderr):
+        try:
+            _stream.flush()
+        except BaseException:
+            pass
     traceback.print_exception(type(_err), _err, _err.__traceback__.tb_next)
     sys.stderr.flush()
     os._exit(1)
@@ -267,6 +282,71 @@ def check_sandbox(site_packages: bool = True) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# process cap: a child cgroup (v1 pids controller) per call
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _pids_cgroup_base() -> str | None:
+    """Our own cgroup directory in the v1 ``pids`` hierarchy if we may create children in it, else ``None``."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "pids" in parts[1].split(","):
+            base = os.path.join("/sys/fs/cgroup/pids", parts[2].lstrip("/"))
+            probe = os.path.join(base, f"stare_sandbox_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+            try:
+                os.mkdir(probe)
+                ok = os.path.exists(os.path.join(probe, "pids.max"))
+                os.rmdir(probe)
+            except OSError:
+                ok = False
+            if ok:
+                return base
+    logger.warning("cgroup v1 'pids' controller not writable: sandboxed code has no process cap (wall-time only)")
+    return None
+
+
+def process_limit_available() -> bool:
+    """Whether :func:`run_python` can cap the processes of each call (a writable cgroup-v1 ``pids`` hierarchy)."""
+    return _pids_cgroup_base() is not None
+
+
+def _make_pids_cgroup(max_processes: int) -> str | None:
+    base = _pids_cgroup_base()
+    if base is None:
+        return None
+    path = os.path.join(base, f"stare_sandbox_{os.getpid()}_{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w", encoding="ascii") as fh:
+            fh.write(str(max_processes))
+    except OSError as err:
+        logger.warning("cannot create the sandbox's pids cgroup %s: %s", path, err)
+        _remove_cgroup(path)
+        return None
+    return path
+
+
+def _remove_cgroup(path: str | None) -> None:
+    if path is None:
+        return
+    for _ in range(50):  # the killed processes leave the cgroup within milliseconds
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+    logger.warning("could not remove the sandbox cgroup %s (still busy)", path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # running code
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -296,6 +376,7 @@ def run_python(
     max_output_bytes: int = 8192,
     workdir_mb: int = 64,
     site_packages: bool = True,
+    max_processes: int = 64,
 ) -> SandboxResult:
     """Run ``code`` as the ``__main__`` script of a fresh, isolated Python process (see the module docstring).
 
@@ -306,6 +387,7 @@ def run_python(
         max_output_bytes: bytes kept of stdout and of stderr each; the excess is discarded (``truncated``).
         workdir_mb: size of the ``/sandbox`` and ``/tmp`` tmpfs and largest writable file, MiB.
         site_packages: make the current environment's site-packages importable (read-only).
+        max_processes: processes + threads inside the sandbox (cgroup ``pids.max``; where available).
 
     Returns:
         A :class:`SandboxResult`; never raises because of what ``code`` does.
@@ -314,17 +396,28 @@ def run_python(
         SandboxError: the sandbox cannot start here (bwrap missing or namespaces not permitted).
         ConfigError: a limit is out of range (same checks as :class:`SandboxConfig`).
     """
-    SandboxConfig(timeout_s, memory_mb, max_output_bytes, workdir_mb, site_packages)  # validates the limits
+    SandboxConfig(  # validates the limits
+        timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, workdir_mb=workdir_mb,
+        site_packages=site_packages, max_processes=max_processes,
+    )
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     check_sandbox(site_packages)
     argv = _bwrap_argv(memory_mb, workdir_mb, max(1, math.ceil(timeout_s)) + 1, site_packages)
 
+    cgroup = _make_pids_cgroup(max_processes)
+    if cgroup is not None:  # join the cgroup first, then become bwrap: everything inside is counted
+        argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(cgroup, "cgroup.procs")] + argv
+
     start = time.monotonic()
     deadline = start + timeout_s
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+    except BaseException:
+        _remove_cgroup(cgroup)
+        raise
     kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     truncated = False
     timed_out = False
@@ -377,6 +470,7 @@ def run_python(
                 stream.close()
             except OSError:
                 pass
+        _remove_cgroup(cgroup)
     wall_s = time.monotonic() - start
 
     out_b, err_b = (bytes(b) for b in kept.values())
@@ -414,6 +508,7 @@ def run_many(codes: Sequence[str], config: SandboxConfig | None = None) -> list[
             max_output_bytes=config.max_output_bytes,
             workdir_mb=config.workdir_mb,
             site_packages=config.site_packages,
+            max_processes=config.max_processes,
         )
 
     if config.max_workers == 1 or len(codes) == 1:

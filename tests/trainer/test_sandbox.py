@@ -37,10 +37,11 @@ def test_prints_and_reads_empty_stdin():
 
 
 def test_exception_traceback_names_user_code_only():
-    r = run_python("x = 1\ny = x / 0\n", timeout_s=OK_TIMEOUT)
+    r = run_python("x = 1\nprint('before')\ny = x / 0\n", timeout_s=OK_TIMEOUT)
     assert not r.ok and not r.timed_out and r.exit_code == 1
+    assert r.stdout == "before\n"  # output printed before the exception is kept
     assert r.error == "ZeroDivisionError: division by zero"
-    assert 'File "<code>", line 2' in r.stderr and "y = x / 0" in r.stderr
+    assert 'File "<code>", line 3' in r.stderr and "y = x / 0" in r.stderr
     assert "exec(compile" not in r.stderr  # the bootstrap frame is not shown to the model
 
 
@@ -96,6 +97,23 @@ def test_ten_gb_allocation_is_refused():
     # a modest allocation under the same limit works (100 MiB < 512 MiB)
     r = run_python("x = bytearray(100 * 1024**2)\nprint(len(x))", timeout_s=OK_TIMEOUT, memory_mb=512)
     assert r.ok and r.stdout == f"{100 * 1024**2}\n"
+
+
+def test_fork_bomb_hits_the_process_cap():
+    """pids.max = 16: starting 100 sleeping children fails with EAGAIN well before 100 (cgroup v1 pids)."""
+    if not sandbox.process_limit_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("cgroup v1 pids controller not writable in CI")
+        pytest.skip("no writable pids cgroup here")
+    code = (
+        "import subprocess\nprocs = []\n"
+        "try:\n    for i in range(100):\n        procs.append(subprocess.Popen(['sleep', '30']))\n"
+        "except OSError:\n    print(len(procs))\n    raise\n"
+    )
+    r = run_python(code, timeout_s=OK_TIMEOUT, max_processes=16)
+    assert not r.ok and "Resource temporarily unavailable" in r.error
+    assert 1 <= int(r.stdout) < 16  # bwrap's init + python + n children <= 16
+    assert not [d for d in os.listdir(sandbox._pids_cgroup_base()) if d.startswith(f"stare_sandbox_{os.getpid()}_")]
 
 
 def test_segfault_is_reported():
