@@ -75,6 +75,9 @@ class PolicyLossInputs:
         entropy_threshold: the forking-token entropy threshold of the whole step
             (:func:`forking_entropy_threshold`); default: computed over this call.
         generator: ``torch.Generator`` for Clip-Cov's random subset (determinism); default: torch's global RNG.
+        stare_stats: the ``stats`` that :func:`~stare_lab.stare.stare_token_weights` returned with
+            ``token_weights``; when given, ``stare`` reports their selection fractions (of the batch the weights
+            were selected over) instead of recounting them from the weights.
     """
 
     logprobs: Tensor
@@ -94,6 +97,7 @@ class PolicyLossInputs:
     advantage_mean: float | Tensor | None = None
     entropy_threshold: float | Tensor | None = None
     generator: torch.Generator | None = None
+    stare_stats: Mapping[str, Any] | None = None
 
 
 # A core computes the per-token loss matrix [B, T] and its own metrics (0-dim tensors or floats).
@@ -261,8 +265,11 @@ def aggregate_loss(
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Mean of ``values`` over ``mask`` (0-dim float32; 0 when the mask is empty). Padding excluded by select."""
     m = mask if mask.dtype == torch.bool else mask != 0
+    count = torch.count_nonzero(m).to(torch.float32)
+    if values.dtype == torch.bool:
+        return _safe_div(torch.count_nonzero(values & m).to(torch.float32), count)
     total = torch.where(m, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum()
-    return _safe_div(total.to(torch.float32), torch.count_nonzero(m).to(torch.float32))
+    return _safe_div(total.to(torch.float32), count)
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
@@ -423,11 +430,13 @@ def _grpo_matrix(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, An
     ρ = exp(clamp(log π − log π_old, ±20)).
     """
     adv, ratio = prep.adv, prep.ratio
-    loss1 = -adv * ratio
-    loss2 = -adv * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    neg_adv = -adv
+    loss1 = neg_adv * ratio
+    loss2 = neg_adv * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     clipped = torch.maximum(loss1, loss2)
-    dual = torch.minimum(clipped, -adv * cfg.clip_ratio_c)
-    loss = torch.where(adv < 0, dual, clipped)
+    # dual clip for Â < 0 only: min(ℓ, −Â c); the bound is +inf for Â ≥ 0 (computed on [B, 1] when Â is [B])
+    bound = torch.where(adv < 0, neg_adv * cfg.clip_ratio_c, torch.full((), math.inf, device=adv.device))
+    loss = torch.minimum(clipped, bound)
     with torch.no_grad():
         r = ratio.detach()
         neg = adv < 0
@@ -474,11 +483,15 @@ def _run(core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Ten
         loss = loss + cfg.kl_coef * kl_term
         metrics["loss/kl"] = kl_term.detach()
     with torch.no_grad():
-        metrics["loss/ratio_mean"] = masked_mean(prep.ratio, prep.mask)
-        metrics["loss/ratio_max"] = torch.where(prep.mask, prep.ratio, torch.zeros_like(prep.ratio)).amax()
-        metrics["loss/approx_kl"] = masked_mean(-prep.log_ratio, prep.mask)
+        # products with the 0/1 mask are safe here: every input was checked finite and ρ is clamped
+        maskf = prep.mask.to(torch.float32)
+        n_valid = maskf.sum()
+        masked_ratio = prep.ratio.detach() * maskf
+        metrics["loss/ratio_mean"] = _safe_div(masked_ratio.sum(), n_valid)
+        metrics["loss/ratio_max"] = masked_ratio.amax() if masked_ratio.numel() else n_valid
+        metrics["loss/approx_kl"] = _safe_div(-(prep.log_ratio.detach() * maskf).sum(), n_valid)
         if inputs.entropy is not None:
-            metrics["loss/entropy"] = masked_mean(inputs.entropy.float(), prep.mask)
+            metrics["loss/entropy"] = _safe_div((inputs.entropy.detach().float() * maskf).sum(), n_valid)
     metrics.update(core_metrics)
     metrics["loss/total"] = loss.detach()
     floats = _to_floats(prep, metrics)
@@ -541,9 +554,12 @@ def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
         return loss, metrics
     if inputs.token_weights is not None:
         weights = inputs.token_weights.detach().float()
-        with torch.no_grad():
-            metrics["stare/frac_pos_selected"] = masked_mean((weights != 1.0) & (prep.adv > 0), prep.mask)
-            metrics["stare/frac_neg_selected"] = masked_mean((weights != 1.0) & (prep.adv < 0), prep.mask)
+        if inputs.stare_stats is not None:
+            for key in ("stare/frac_pos_selected", "stare/frac_neg_selected"):
+                metrics[key] = inputs.stare_stats[key]
+        else:  # fractions of this call's valid tokens with ω > 1 (L+) and ω < 1 (L−)
+            metrics["stare/frac_pos_selected"] = masked_mean(weights > 1.0, prep.mask)
+            metrics["stare/frac_neg_selected"] = masked_mean(weights < 1.0, prep.mask)
     else:
         weights, stats = stare_token_weights(
             prep.old_logprobs, prep.adv if inputs.advantages.dim() == 2 else prep.adv.squeeze(-1), prep.mask,

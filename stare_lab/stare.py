@@ -225,7 +225,6 @@ def stare_token_weights(
 
     device = logprobs.device
     zero = torch.zeros((), dtype=torch.int64, device=device)
-    weights = torch.ones(logprobs.shape, dtype=torch.float32, device=device)
     stats: dict[str, Any] = {
         "stare/gate_on": float(bool(gate_on)),
         "stare/w": w,
@@ -242,18 +241,16 @@ def stare_token_weights(
                 "stare/frac_neg_selected": zero.to(torch.float32),
             }
         )
-        return weights, stats
+        return torch.ones(logprobs.shape, dtype=torch.float32, device=device), stats
 
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     mask_i = mask.to(torch.int32)
     n_valid = torch.count_nonzero(mask).clamp_min(1).to(torch.float32)
     sel_pos, k_pos, n_pos = _select(logprobs, (mask_i * (adv_bt > 0)).sub_(1), config.top_p_ratio)
-    if w != 1.0:
-        weights.add_(sel_pos.to(torch.float32), alpha=w - 1.0)
+    weights = sel_pos.to(torch.float32).mul_(w - 1.0).add_(1.0)  # exactly 1.0 off L+, fl(W) on L+
     if config.variant == "C2":
         sel_neg, k_neg, n_neg = _select(logprobs, mask_i.mul_(adv_bt < 0).sub_(1), config.top_p_ratio)
-        if m != 1.0:
-            weights.add_(sel_neg.to(torch.float32), alpha=m - 1.0)
+        weights.add_(sel_neg.to(torch.float32), alpha=m - 1.0)
     else:
         k_neg, n_neg = zero, zero
     stats.update(

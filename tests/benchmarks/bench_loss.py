@@ -1,0 +1,92 @@
+"""Benchmark (a): STARE loss forward+backward INCLUDING the global weight selection vs GRPO forward+backward.
+
+    OMP_NUM_THREADS=1 python tests/benchmarks/bench_loss.py [--batch 512] [--length 4096] [--reps 9]
+
+Both sides call the real entry points: GRPO is ``compute_policy_loss("grpo", …)`` + ``backward()``; STARE is
+``stare_token_weights(…)`` over the whole batch (scope global, O1 by default) + ``compute_policy_loss("stare", …)``
+with those weights + ``backward()``. Runs are interleaved (grpo, stare, grpo, …) so that load from other processes
+hits both alike; the median of ``--reps`` repetitions is reported. Goal: ratio ≤ 1.20.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from stare_lab.config import LossConfig, STAREConfig  # noqa: E402
+from stare_lab.losses import PolicyLossInputs, compute_policy_loss  # noqa: E402
+from stare_lab.stare import stare_token_weights  # noqa: E402
+
+GOAL = 1.20
+
+
+def make_batch(b: int, t: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g).pow(3) * 6  # surprisals skewed towards 0, as for a trained policy
+    lp = (old + 0.05 * torch.randn(b, t, generator=g)).clamp_max(0.0)
+    adv = torch.randn(b, generator=g)
+    lengths = torch.randint(t // 4, t + 1, (b,), generator=g)
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    return lp, old, adv, mask
+
+
+def grpo_step(lp, old, adv, mask, cfg):
+    x = lp.clone().requires_grad_(True)
+    loss, _ = compute_policy_loss("grpo", PolicyLossInputs(x, old, adv, mask), cfg)
+    loss.backward()
+    return x.grad
+
+
+def stare_step(lp, old, adv, mask, cfg):
+    x = lp.clone().requires_grad_(True)
+    weights, stats = stare_token_weights(old, adv, mask, cfg.stare, gate_on=True)
+    inputs = PolicyLossInputs(x, old, adv, mask, token_weights=weights, gate_on=True, stare_stats=stats)
+    loss, _ = compute_policy_loss("stare", inputs, cfg)
+    loss.backward()
+    return x.grad
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--variant", default="O1", choices=["O1", "C2"])
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    lp, old, adv, mask = make_batch(args.batch, args.length)
+    cfg = LossConfig(loss_mode="stare", stare=STAREConfig(variant=args.variant, scope="global"))
+    for _ in range(2):  # warm-up
+        grpo_step(lp, old, adv, mask, cfg)
+        stare_step(lp, old, adv, mask, cfg)
+    t_grpo, t_stare, t_sel = [], [], []
+    for _ in range(args.reps):
+        t_grpo.append(timed(grpo_step, lp, old, adv, mask, cfg))
+        t_stare.append(timed(stare_step, lp, old, adv, mask, cfg))
+        t_sel.append(timed(stare_token_weights, old, adv, mask, cfg.stare))
+    g, s, w = statistics.median(t_grpo), statistics.median(t_stare), statistics.median(t_sel)
+    ratio = s / g
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"tokens: {args.batch} x {args.length} = {args.batch * args.length}, variant {args.variant}, "
+          f"threads {torch.get_num_threads()}, load avg (1 min) {load:.2f}")
+    print(f"grpo  forward+backward:                      {g * 1e3:8.2f} ms (median of {args.reps})")
+    print(f"stare forward+backward incl. selection:      {s * 1e3:8.2f} ms")
+    print(f"  of which stare_token_weights (selection):  {w * 1e3:8.2f} ms")
+    print(f"ratio stare/grpo: {ratio:.3f}  (goal <= {GOAL:.2f})  {'PASS' if ratio <= GOAL else 'FAIL'}")
+    return 0 if ratio <= GOAL else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
