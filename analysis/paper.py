@@ -137,11 +137,12 @@ def measured_results(run: RunData) -> dict[str, float]:
     return out
 
 
-def _run_model(run: RunData) -> str:
+def _run_models(run: RunData) -> list[str]:
+    """Model names a run mentions (config model keys, then eval.json's ``model``)."""
     vals = [run.config_value(k) for k in _MODEL_KEYS]
     if isinstance(run.eval, dict):
         vals.append(run.eval.get("model"))
-    return " ".join(v for v in vals if isinstance(v, str))
+    return [v for v in vals if isinstance(v, str) and v]
 
 
 def paper_comparison(
@@ -167,7 +168,7 @@ def paper_comparison(
     if setting:
         rows_t = [r for r in rows_t if r["setting"].lower() == setting.lower()]
     if model is None:
-        run_models = " ".join(_run_model(r) for r in cmp.runs).lower()
+        run_models = " ".join(m for r in cmp.runs for m in _run_models(r)).lower()
         hits = sorted({r["model"] for r in rows_t if r["model"] and r["model"].lower() in run_models})
         if hits:
             model = hits[0]
@@ -206,7 +207,7 @@ def paper_comparison(
                 cells.append(None)
                 n_have = sum(c is not None for c in cells[:-1])
                 notes.append(f"{g.label}: measured avg left empty ({n_have} of {len(BENCHMARKS)} benchmarks measured)")
-            model_name = _run_model(g.runs[0]) or None
+            model_name = next((m for r in g.runs for m in _run_models(r)), None)
             out.append([g.label, f"measured ({len(per_run)} run{'s' * (len(per_run) > 1)})", None, model_name, *cells])
     if not any_measured:
         notes.append("no run has evaluation results (eval.json or eval/<benchmark>/avg@k); reported numbers only")

@@ -62,7 +62,10 @@ _STYLE = {
     "axes.spines.top": False,
     "axes.spines.right": False,
     "lines.linewidth": 1.4,
+    "svg.hashsalt": "stare_lab",  # deterministic SVG ids
 }
+#: no creation dates in vector files: the same runs give byte-identical figures
+_METADATA = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}
 
 
 def method_color(method: str) -> str:
@@ -285,6 +288,6 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 90) -> Path:
     """Write ``fig`` to ``path`` (format from the suffix: png, svg or pdf) and return the path."""
     path = Path(path)
     with _style():
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=dpi, metadata=_METADATA.get(path.suffix.lstrip(".").lower()))
     logger.debug("wrote %s", path)
     return path

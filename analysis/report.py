@@ -32,6 +32,7 @@ __all__ = ["Doc", "ReportFiles", "write_report", "FORMATS"]
 FORMATS = ("png", "svg", "pdf")
 _MIME = {"png": "image/png", "svg": "image/svg+xml"}
 _MAX_WARNINGS = 60
+_NUMERIC = re.compile(r"^-?[\d.]+(e-?\d+)?( ± [\d.]+(e-?\d+)?)?( \(\d+/\d+\))?$")
 
 
 def _num(v: Any, digits: int = 3) -> str:
@@ -121,7 +122,13 @@ class Doc:
                 body.append("<ul>" + "".join(f"<li>{self._inline(i)}</li>" for i in b[1]) + "</ul>")
             elif kind == "table":
                 head = "".join(f"<th>{self._inline(c)}</th>" for c in b[1])
-                rows = "".join("<tr>" + "".join(f"<td>{self._inline(c)}</td>" for c in r) + "</tr>" for r in b[2])
+                rows = "".join(
+                    "<tr>" + "".join(
+                        f'<td class="n">{self._inline(c)}</td>' if _NUMERIC.match(c) else f"<td>{self._inline(c)}</td>"
+                        for c in r
+                    ) + "</tr>"
+                    for r in b[2]
+                )
                 body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
             elif kind == "img":
                 mime, data = images[b[1]]
@@ -130,8 +137,8 @@ class Doc:
         style = (
             "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
-            "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
-            "td:first-child,th:first-child{text-align:left}img{max-width:100%}code{background:#f3f3f3}"
+            "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}"
+            "td.n{text-align:right;white-space:nowrap}img{max-width:100%}code{background:#f3f3f3}"
         )
         return (
             f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"

@@ -201,3 +201,17 @@ def test_clear_errors(tmp_path, capsys):
     assert "is not readable" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: --band must be > 0
         main(["analyze", str(tmp_path / "r"), "--band", "-1"])
+
+
+@pytest.mark.parametrize("fmt", ["png", "svg"])
+def test_same_runs_same_report(tmp_path, fmt):
+    """Determinism: no timestamps or random ids; analysing the same runs twice gives byte-identical outputs."""
+    _need("matplotlib")
+    sw = _minimal_sweep(tmp_path / "sw")
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"out{i}"
+        assert main(["analyze", str(sw), "--out", str(out), "--format", fmt]) == 0
+        outs.append({p.name: p.read_bytes() for p in out.iterdir()})
+    assert outs[0].keys() == {"dynamics." + fmt, "report.md", "report.html"}
+    assert outs[0] == outs[1]
