@@ -1,0 +1,716 @@
+"""The small-transformer simulator: GRPO / STARE on a tiny causal LM and a synthetic verifiable task.
+
+Reads top to bottom:
+
+1. **Model** — a ``transformers`` Qwen2 (or Llama) causal LM with tiny dimensions (default: vocab 14, hidden 64,
+   FFN 256, 2 layers, 2 heads, 1 KV head ≈ 124k parameters, fp32), random init from the seed. Log-probs and entropy
+   of sampled tokens come from :mod:`stare_lab.entropy`, the same code path the trainer uses.
+2. **Task** — :mod:`simulators.tasks` (``pick``: several correct answers per prompt; ``sort``: one), prompts from
+   the seed, disjoint train / held-out splits, a checker giving 0/1 rewards.
+3. **Warm start** — a short supervised phase on noisy demonstrations (AdamW, ``warm_start.lr``) so the initial
+   policy is partly right and has real entropy. The warm-started weights depend only on (task, model, warm_start,
+   seed); they are cached in ``warm_start.cache_dir`` (default: ``<run_dir>/../warm_start_cache``) so the methods
+   of one sweep reuse them — each method's RL phase is genuine and starts from bit-identical weights.
+4. **RL** — per step: ``prompts_per_step`` train prompts × ``group_size`` responses sampled at ``temperature``
+   (a KV-cache sampling loop with a seeded ``torch.Generator``), rewards from the checker, advantages from
+   :func:`stare_lab.advantages.group_advantages`, the method's policy loss from the core registry
+   (:func:`stare_lab.losses.compute_policy_loss`), STARE token weights from
+   :func:`stare_lab.stare.stare_token_weights` (global scope over the step's batch) gated by
+   :class:`stare_lab.stare.STAREController`, AdamW (``lr``, default 1e-3; grad-norm clip ``grad_clip``).
+   ``updates_per_batch = 1`` is the paper's one on-policy update (ratio ≡ 1); more updates make clipping matter.
+5. **Measurement** — per step the batch token-mean entropy H̄ before the update, the measured change
+   ``entropy_change`` = H̄(θ_new) − H̄(θ_old) recomputed on the *same* prompts, sampled responses and token
+   positions, and the predictions:
+
+   * ``pred_entropy_change`` = ``pred/grad_dot`` = ∇θH̄(θ_old) · Δθ with Δθ the actual parameter change of the step
+     (all its updates); exact to first order in Δθ for any model and optimizer (science.md §2, last line).
+   * ``pred/logit_first_order`` = token-mean over positions of Σ_k ∂H_t/∂z_{t,k} · Δz_{t,k} with Δz the actual
+     change of the logits at each position (:func:`stare_lab.entropy.predicted_entropy_change`): exact to first
+     order in the logit change; its gap to ``entropy_change`` is the second-order part.
+   * ``pred/phi_tokens`` = (1/N) Σ_t ω_t Â_t Φ_t — the token-level Φ decomposition (science.md §2): the sum over
+     the N valid tokens of the first-order entropy change that token's *own* policy-gradient logit step
+     Δz_t = η ω_t Â_t (e_{a_t} − π_t) would cause at its own position, as if positions were independent (free
+     logits), with Φ_t = :func:`stare_lab.entropy.entropy_sensitivity` at the sampled token and η = 1 (a unit
+     logit step; the token-mean's 1/N included). Its scale is therefore arbitrary: compare it by R² and the fitted
+     slope (= the effective per-token logit step), which ``summary.json`` reports.
+
+   Quadrants (``quadrant/{pos,neg}_{high,low}/{count,dH}``): tokens by sign of Â and by surprisal above / below the
+   critical surprisal s* (equivalently Φ_t > 0 / ≤ 0, science.md §2), dH = their summed ``pred/phi_tokens`` term.
+   Every ``eval_every`` steps (and at the last step) the held-out accuracy (mean over ``eval_samples`` samples per
+   prompt, T = ``temperature``) and pass@k (k = ``eval_samples``) of the updated policy.
+
+Public API: :data:`PRESETS`, :data:`PRESET_SWEEPS`, :class:`ModelConfig`, :class:`WarmStartConfig`,
+:class:`TransformerSimConfig`, :func:`config_from_preset`, :func:`build_model`, :func:`sample_responses`,
+:func:`response_logits`, :func:`summarize`, :func:`run`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stare_lab.config import (
+    LossConfig,
+    apply_overrides,
+    check_choice,
+    check_positive,
+    check_range,
+    config_prefix,
+    from_dict,
+    join_key,
+    to_dict,
+)
+from stare_lab.advantages import filter_groups, group_advantages
+from stare_lab.entropy import (
+    entropy_from_logits,
+    entropy_sensitivity,
+    logprobs_from_logits,
+    pred_param_update,
+    predicted_entropy_change,
+)
+from stare_lab.errors import ConfigError, RunError
+from stare_lab.losses import PolicyLossInputs, compute_policy_loss
+from stare_lab.runs import RunWriter, read_run
+from stare_lab.stare import STAREController, stare_token_weights
+
+from .tasks import EOS, PAD, VOCAB_SIZE, Task, TaskConfig, make_splits, make_task
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PRESETS",
+    "PRESET_SWEEPS",
+    "ModelConfig",
+    "WarmStartConfig",
+    "TransformerSimConfig",
+    "config_from_preset",
+    "build_model",
+    "sample_responses",
+    "run",
+]
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The tiny causal LM (a ``transformers`` config; random init, fp32).
+
+    Attributes:
+        arch: ``qwen2`` or ``llama``.
+        hidden_size: width (≥ 8, divisible by ``num_heads``).
+        intermediate_size: FFN width (≥ 1).
+        num_layers: transformer blocks (≥ 1).
+        num_heads: attention heads (≥ 1).
+        num_kv_heads: key/value heads (≥ 1, divides ``num_heads``).
+        init_std: standard deviation of the random init (``initializer_range``, > 0).
+    """
+
+    arch: str = "qwen2"
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        p = config_prefix("model")
+        check_choice(join_key(p, "arch"), self.arch, ["qwen2", "llama"])
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+            check_positive(join_key(p, name), getattr(self, name), integer=True)
+        check_range(join_key(p, "hidden_size"), self.hidden_size, 8, 4096)
+        check_range(join_key(p, "init_std"), self.init_std, 0, 10, lo_open=True)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"{join_key(p, 'hidden_size')}={self.hidden_size} is not divisible by "
+                f"{join_key(p, 'num_heads')}={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"{join_key(p, 'num_heads')}={self.num_heads} is not divisible by "
+                f"{join_key(p, 'num_kv_heads')}={self.num_kv_heads}"
+            )
+
+
+@dataclasses.dataclass
+class WarmStartConfig:
+    """The supervised warm start on noisy demonstrations (noise level: ``task.demo_noise``).
+
+    Attributes:
+        steps: AdamW steps (≥ 0; 0 = RL from the random init).
+        batch_size: demonstrations per step (≥ 1).
+        lr: AdamW learning rate (> 0).
+        cache: reuse / store the warm-started weights in ``cache_dir``.
+        cache_dir: where; ``None`` = ``<run_dir>/../warm_start_cache`` (shared by the runs of one sweep).
+    """
+
+    steps: int = 200
+    batch_size: int = 128
+    lr: float = 3e-3
+    cache: bool = True
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        p = config_prefix("warm_start")
+        check_positive(join_key(p, "steps"), self.steps, integer=True, allow_zero=True)
+        check_positive(join_key(p, "batch_size"), self.batch_size, integer=True)
+        check_range(join_key(p, "lr"), self.lr, 0, 1, lo_open=True)
+
+
+@dataclasses.dataclass
+class TransformerSimConfig:
+    """One small-transformer run: one method, one seed. Every default is here and lands in ``config.yaml``.
+
+    Attributes:
+        method: one of :data:`simulators.presets.METHODS` (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, …).
+        seed: seeds model init, prompts, sampling, everything (same seed ⇒ same numbers).
+        steps: RL steps (≥ 1).
+        prompts_per_step: prompts per RL batch (≥ 1).
+        group_size: G responses per prompt (≥ 2).
+        temperature: sampling temperature τ > 0 (log-probs and entropy use the same τ).
+        lr: AdamW learning rate of the RL phase (> 0); the prototype found 1e-3 best (2e-3 hurt accuracy).
+        weight_decay: AdamW decoupled weight decay (≥ 0).
+        grad_clip: max gradient norm (> 0; paper 1.0).
+        updates_per_batch: optimizer updates per rollout batch (≥ 1; paper 1 = on-policy, clipping inert).
+        adv_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (:func:`stare_lab.advantages.group_advantages`).
+        dynamic_sampling: DAPO dynamic sampling (set by method ``grpo-ds``): keep groups with non-zero reward
+            variance until ``prompts_per_step`` groups are collected or ``ds_max_rounds`` (≥ 1) rollout rounds are
+            spent; then train on what was kept (if nothing, on the last round unfiltered: all advantages 0).
+        entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
+        eval_every: held-out evaluation period in steps (≥ 1; the last step always evaluates).
+        eval_samples: samples per held-out prompt k (≥ 1): ``eval/accuracy`` = mean reward, ``eval/pass@k``.
+        checkpoint_every: checkpoint period in steps (≥ 1; the last step always checkpoints).
+        task, model, warm_start: sub-configs.
+        loss: the core :class:`~stare_lab.config.LossConfig`; ``loss_mode``, ``stare.variant`` / ``stare.adaptive``
+            (and ``entropy_coeff`` for ``entropy_bonus``) are set from ``method`` by the shared method table
+            :data:`simulators.presets.METHODS`, as the tabular simulator does.
+    """
+
+    method: str = "grpo"
+    seed: int = 0
+    steps: int = 80
+    prompts_per_step: int = 32
+    group_size: int = 8
+    temperature: float = 1.0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    updates_per_batch: int = 1
+    adv_estimator: str = "grpo"
+    dynamic_sampling: bool = False
+    ds_max_rounds: int = 3
+    entropy_bonus_coeff: float = 0.01
+    eval_every: int = 20
+    eval_samples: int = 8
+    checkpoint_every: int = 20
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        from .presets import METHODS
+
+        p = config_prefix("")
+        check_choice(join_key(p, "method"), self.method, list(METHODS))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"{join_key(p, 'seed')}={self.seed!r} must be an integer >= 0")
+        for name in ("steps", "prompts_per_step", "updates_per_batch", "ds_max_rounds", "eval_every",
+                     "eval_samples", "checkpoint_every"):
+            check_positive(join_key(p, name), getattr(self, name), integer=True)
+        check_positive(join_key(p, "group_size"), self.group_size, integer=True)
+        check_range(join_key(p, "group_size"), self.group_size, 2, None)
+        check_range(join_key(p, "temperature"), self.temperature, 0, None, lo_open=True)
+        check_range(join_key(p, "lr"), self.lr, 0, 1, lo_open=True)
+        check_range(join_key(p, "weight_decay"), self.weight_decay, 0, None)
+        check_range(join_key(p, "grad_clip"), self.grad_clip, 0, None, lo_open=True, allow_inf=True)
+        check_choice(join_key(p, "adv_estimator"), self.adv_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
+        check_range(join_key(p, "entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
+        if not isinstance(self.dynamic_sampling, bool):
+            raise ConfigError(f"{join_key(p, 'dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")
+        spec = METHODS[self.method]  # what the method implies (science.md §3–4), shared with the tabular simulator
+        self.loss.loss_mode = spec["loss"]["loss_mode"]
+        for key, value in spec["loss"].get("stare", {}).items():
+            setattr(self.loss.stare, key, value)
+        self.dynamic_sampling = self.dynamic_sampling or bool(spec["dynamic_sampling"])
+        if spec.get("entropy_bonus") and self.loss.entropy_coeff == 0:
+            self.loss.entropy_coeff = self.entropy_bonus_coeff
+        self.loss.validate(join_key(p, "loss"))
+
+
+# --------------------------------------------------------------------------------------------------- presets
+#: Preset name → overrides of :class:`TransformerSimConfig` (``simulators/cli.py`` applies them, then the user's).
+PRESETS: dict[str, dict[str, Any]] = {
+    # ≤ 90 s for GRPO, O1, C2 on one seed (2 cores). A task with several correct answers ("pick"): reweighting
+    # needs room to act (science.md §6). The STARE push is strong (W = 5, M = 0.2, H_tgt ≈ half the post-warm-start
+    # entropy): at the paper's defaults (W 1.1, M 0.9, H_tgt 0.3) the push is too weak here — run with
+    # loss.stare.reweight_w=1.1 loss.stare.reweight_m=0.9 loss.stare.target_entropy=0.3 to see it.
+    "transformer": {
+        "steps": 80,
+        "eval_every": 20,
+        "checkpoint_every": 40,
+        "task": {"name": "pick", "num_digits": 5, "answer_len": 4, "eval_size": 128},
+        "loss": {"stare": {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_max": 8.0, "m_min": 0.1, "alpha": 0.05}},
+    },
+    # Longer studies (several seeds; see PRESET_SWEEPS).
+    "transformer-long": {
+        "steps": 300,
+        "eval_every": 25,
+        "checkpoint_every": 50,
+        "eval_samples": 16,
+        "task": {"name": "pick", "num_digits": 5, "answer_len": 4, "eval_size": 256},
+        "loss": {"stare": {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_max": 8.0, "m_min": 0.1, "alpha": 0.05}},
+    },
+    # Negative control: one correct answer per prompt; STARE's reweighting has nothing to act on.
+    "transformer-sort": {
+        "steps": 80,
+        "eval_every": 20,
+        "task": {"name": "sort", "num_digits": 5, "answer_len": 5, "eval_size": 128},
+        "loss": {"stare": {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_max": 8.0, "m_min": 0.1, "alpha": 0.05}},
+    },
+}
+
+#: Preset name → the methods and seeds its sweep runs (the CLI loops over methods × seeds).
+PRESET_SWEEPS: dict[str, dict[str, list]] = {
+    "transformer": {"methods": ["grpo", "o1", "c2"], "seeds": [0]},
+    "transformer-long": {"methods": ["grpo", "grpo-ds", "o1", "c2", "o1-adaptive"], "seeds": [0, 1, 2]},
+    "transformer-sort": {"methods": ["grpo", "o1", "c2"], "seeds": [0]},
+}
+
+
+def config_from_preset(
+    preset: str | None = None, overrides: list[str] | tuple[str, ...] = (), **fields: Any
+) -> TransformerSimConfig:
+    """Build a config: preset overrides, then dotted ``key=value`` strings, then keyword fields (e.g. ``method``,
+    ``seed``).
+
+    Raises:
+        ConfigError: unknown preset (lists the allowed ones), unknown key, bad value.
+    """
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"preset={preset!r} is not one of {{{', '.join(repr(p) for p in PRESETS)}}}")
+    data = copy.deepcopy(PRESETS[preset]) if preset else {}
+    apply_overrides(data, list(overrides))
+    data.update(fields)
+    return from_dict(TransformerSimConfig, data)
+
+
+# ----------------------------------------------------------------------------------------------------- model
+def build_model(config: ModelConfig, seed: int) -> torch.nn.Module:
+    """A random-init causal LM (fp32, eval mode: no dropout) for the task vocabulary; deterministic in ``seed``
+    (the global torch RNG is forked, not disturbed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    cfg_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if config.arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    hf_config = cfg_cls(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=64,
+        initializer_range=config.init_std,
+        tie_word_embeddings=True,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(hf_config).float()
+    return model.eval()
+
+
+@torch.no_grad()
+def sample_responses(
+    model: torch.nn.Module, prompts: torch.Tensor, max_len: int, temperature: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample responses with a KV cache: ``(responses [B, max_len] long, response_mask [B, max_len] bool)``.
+
+    Prompts ``[B, P]`` have equal lengths (no padding). Tokens are drawn from softmax(logits / temperature) with
+    ``generator`` (deterministic); a sequence stops after its first ``EOS``; later slots hold ``PAD`` with mask 0.
+    """
+    b = prompts.shape[0]
+    responses = torch.full((b, max_len), PAD, dtype=torch.long)
+    mask = torch.zeros(b, max_len, dtype=torch.bool)
+    done = torch.zeros(b, dtype=torch.bool)
+    out = model(input_ids=prompts, use_cache=True)
+    for t in range(max_len):
+        probs = torch.softmax(out.logits[:, -1].float() / temperature, dim=-1)
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        tok = torch.where(done, torch.full_like(tok, PAD), tok)
+        responses[:, t] = tok
+        mask[:, t] = ~done
+        done = done | (tok == EOS)
+        if bool(done.all()) or t == max_len - 1:
+            break
+        out = model(input_ids=tok[:, None], past_key_values=out.past_key_values, use_cache=True)
+    return responses, mask
+
+
+def response_logits(model: torch.nn.Module, prompts: torch.Tensor, responses: torch.Tensor, params=None):
+    """Logits ``[B, L, V]`` (float32) that predicted each response token (one full forward, differentiable).
+    ``params`` (name → tensor) evaluates the model at other parameters (``torch.func.functional_call``)."""
+    ids = torch.cat([prompts, responses], dim=1)
+    if params is None:
+        logits = model(input_ids=ids, use_cache=False).logits
+    else:
+        logits = torch.func.functional_call(model, params, (ids,), {"use_cache": False}).logits
+    return logits[:, prompts.shape[1] - 1 : -1].float()
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+# ------------------------------------------------------------------------------------------------ simulation
+class _Simulation:
+    """State of one run (model, optimizer, controller, RNG, data cursor) and its step functions."""
+
+    def __init__(self, config: TransformerSimConfig, run_dir: Path) -> None:
+
+        self.cfg = config
+        self.loss_cfg = config.loss
+        self.is_stare = self.loss_cfg.loss_mode == "stare"
+        self.task: Task = make_task(config.task)
+        self.train_prompts, self.eval_prompts = make_splits(self.task, config.seed)
+        self.model = build_model(config.model, config.seed)
+        self.step = 0
+        self.warm_info = self._warm_start(run_dir)
+        self.params = [p for p in self.model.parameters()]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self.controller = STAREController(self.loss_cfg.stare)
+        self.generator = torch.Generator().manual_seed(1_000_003 * config.seed + 1)  # RL sampling stream
+        self.cursor = [0, 0]  # (epoch, position) in the epoch's permutation of the train prompts
+
+    # -------------------------------------------------------------------------------------------- data cursor
+    def _next_prompts(self, n: int) -> torch.Tensor:
+        out = []
+        while n > 0:
+            epoch, pos = self.cursor
+            g = torch.Generator().manual_seed(7_777_777 * self.cfg.seed + epoch)
+            perm = torch.randperm(len(self.train_prompts), generator=g)
+            take = perm[pos : pos + n]
+            out.append(self.train_prompts[take])
+            n -= len(take)
+            self.cursor = [epoch + 1, 0] if pos + len(take) >= len(perm) else [epoch, pos + len(take)]
+        return torch.cat(out)
+
+    # --------------------------------------------------------------------------------------------- warm start
+    def _warm_key(self) -> str:
+        ws, cfg = self.cfg.warm_start, self.cfg
+        blob = json.dumps(
+            {"task": to_dict(cfg.task), "model": to_dict(cfg.model), "seed": cfg.seed, "steps": ws.steps,
+             "batch_size": ws.batch_size, "lr": ws.lr, "temperature": cfg.temperature, "k": cfg.eval_samples},
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _warm_start(self, run_dir: Path) -> dict[str, float]:
+        """Supervised warm start on noisy demonstrations (cached); returns its held-out entropy and accuracy."""
+
+        ws = self.cfg.warm_start
+        cache_dir = Path(ws.cache_dir) if ws.cache_dir else Path(run_dir).resolve().parent / "warm_start_cache"
+        cache_path = cache_dir / f"warm_{self._warm_key()}.pt"
+        if ws.cache and cache_path.is_file():
+            blob = torch.load(cache_path, weights_only=True)
+            self.model.load_state_dict(blob["model"])
+            logger.info("warm start loaded from %s", cache_path)
+            return dict(blob["info"])
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(2_000_003 * self.cfg.seed + 2)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=ws.lr, weight_decay=0.0)
+        for _ in range(ws.steps):
+            idx = torch.randint(0, len(self.train_prompts), (ws.batch_size,), generator=g)
+            prompts = self.train_prompts[idx]
+            demos = self.task.demonstrations(prompts, g)
+            logits = response_logits(self.model, prompts, demos)
+            nll = -logprobs_from_logits(logits, demos, temperature=self.cfg.temperature).mean()
+            opt.zero_grad(set_to_none=True)
+            nll.backward()
+            opt.step()
+        ev = self.evaluate(seed_offset=-1)
+        info = {
+            "warm_start/entropy": ev["eval/entropy"],
+            "warm_start/accuracy": ev["eval/accuracy"],
+            f"warm_start/pass@{self.cfg.eval_samples}": ev[f"eval/pass@{self.cfg.eval_samples}"],
+            "warm_start/time_s": time.perf_counter() - t0,
+        }
+        logger.info("warm start: %s", info)
+        if ws.cache:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_suffix(f".tmp{os.getpid()}")
+            torch.save({"model": self.model.state_dict(), "info": info}, tmp)
+            os.replace(tmp, cache_path)
+        return info
+
+    # --------------------------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self, seed_offset: int = 0) -> dict[str, float]:
+        """Held-out accuracy (mean 0/1 reward over ``eval_samples`` samples per prompt), pass@k (k =
+        ``eval_samples``: fraction of prompts with at least one correct sample), token-mean entropy (nats) and
+        mean response length. Its sampling stream is seeded by (seed, step): it never disturbs training."""
+
+        k = self.cfg.eval_samples
+        g = torch.Generator().manual_seed(3_000_017 * self.cfg.seed + 7919 * (self.step + 2) + seed_offset)
+        prompts = self.eval_prompts.repeat_interleave(k, dim=0)
+        responses, mask = sample_responses(self.model, prompts, self.task.max_response_len, self.cfg.temperature, g)
+        rewards = self.task.check(prompts, responses)
+        ent = entropy_from_logits(response_logits(self.model, prompts, responses), temperature=self.cfg.temperature)
+        return {
+            "eval/accuracy": float(rewards.mean()),
+            f"eval/pass@{k}": float((rewards.view(-1, k).max(dim=1).values > 0).float().mean()),
+            "eval/entropy": float(_masked_mean(ent, mask)),
+            "eval/response_length": float(mask.sum(dim=1).float().mean()),
+        }
+
+    # ------------------------------------------------------------------------------------------------ rollout
+    def _rollout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Sample the step's batch; for ``grpo-ds`` keep only groups with reward variance (bounded rounds)."""
+
+        cfg, G = self.cfg, self.cfg.group_size
+        rounds = cfg.ds_max_rounds if cfg.dynamic_sampling else 1
+        kept: list[tuple[torch.Tensor, ...]] = []
+        n_kept, stats = 0, {}
+        for r in range(rounds):
+            prompts = self._next_prompts(cfg.prompts_per_step).repeat_interleave(G, dim=0)
+            responses, mask = sample_responses(
+                self.model, prompts, self.task.max_response_len, cfg.temperature, self.generator
+            )
+            rewards = self.task.check(prompts, responses)
+            if r == 0:
+                stats["accuracy"] = float(rewards.mean())
+                stats[f"pass@{G}"] = float((rewards.view(-1, G).max(dim=1).values > 0).float().mean())
+                stats["frac_zero_var_groups"] = float((rewards.view(-1, G).std(dim=1) == 0).float().mean())
+            if not cfg.dynamic_sampling:
+                return prompts, responses, mask, rewards, stats
+            keep = filter_groups(rewards, G)
+            if keep.any():
+                kept.append((prompts[keep], responses[keep], mask[keep], rewards[keep]))
+                n_kept += int(keep.sum()) // G
+            stats["ds/rounds"] = r + 1
+            if n_kept >= cfg.prompts_per_step:
+                break
+        stats["ds/kept_groups"] = n_kept
+        if not kept:  # nothing informative: the last round unfiltered (all advantages are 0)
+            return prompts, responses, mask, rewards, stats
+        out = [torch.cat(parts)[: cfg.prompts_per_step * G] for parts in zip(*kept)]
+        return out[0], out[1], out[2], out[3], stats
+
+    # --------------------------------------------------------------------------------------------------- step
+    def rl_step(self) -> dict[str, Any]:
+        """One RL step (rollout, controller, update(s), measurement); returns the metrics row."""
+
+        cfg, tau = self.cfg, self.cfg.temperature
+        self.step += 1
+        t0 = time.perf_counter()
+        prompts, responses, mask, rewards, row = self._rollout()
+        t_sample = time.perf_counter() - t0
+        advantages = group_advantages(rewards, group_size=cfg.group_size, estimator=cfg.adv_estimator)
+        theta_old = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        n_valid = int(mask.sum())
+        for update in range(cfg.updates_per_batch):
+            logits = response_logits(self.model, prompts, responses)
+            logprobs = logprobs_from_logits(logits, responses, temperature=tau)
+            entropy = entropy_from_logits(logits, temperature=tau)
+            if update == 0:
+                old_logprobs, logits_old = logprobs.detach(), logits.detach()
+                h_before = float(_masked_mean(entropy.detach(), mask))
+                if self.is_stare:
+                    gate_on = bool(self.controller.update(h_before))
+                    weights, stare_stats = stare_token_weights(
+                        old_logprobs, advantages, mask, self.loss_cfg.stare, gate_on=gate_on,
+                        reweight_w=self.controller.reweight_w, reweight_m=self.controller.reweight_m,
+                    )
+                    row.update({k if "/" in k else f"stare/{k}": _num(v) for k, v in stare_stats.items()})
+                    row.update(gate_on=int(gate_on), stare_w=self.controller.reweight_w,
+                               stare_m=self.controller.reweight_m)
+                else:
+                    weights = torch.ones_like(old_logprobs)
+                    row.update(gate_on=0, stare_w=1.0, stare_m=1.0)
+                # token-level Φ decomposition and quadrants (module docstring)
+                phi = entropy_sensitivity(logits_old, responses, temperature=tau)
+                adv_tok = advantages[:, None].expand_as(phi) if advantages.dim() == 1 else advantages
+                contrib = torch.where(mask, weights * adv_tok * phi, torch.zeros_like(phi)) / max(n_valid, 1)
+                row["pred/phi_tokens"] = float(contrib.sum())
+                for sign_name, sign in (("pos", adv_tok > 0), ("neg", adv_tok < 0)):
+                    for side, sel in (("high", phi > 0), ("low", phi <= 0)):
+                        q = mask & sign & sel
+                        row[f"quadrant/{sign_name}_{side}/count"] = int(q.sum())
+                        row[f"quadrant/{sign_name}_{side}/dH"] = float(contrib[q].sum())
+            inputs = PolicyLossInputs(
+                logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, response_mask=mask,
+                entropy=entropy, token_weights=weights if self.is_stare else None,
+                gate_on=bool(row["gate_on"]), reweight_w=row["stare_w"], reweight_m=row["stare_m"],
+                generator=torch.Generator().manual_seed(4_000_037 * cfg.seed + 31 * self.step + update),
+            )
+            loss, loss_metrics = compute_policy_loss(self.loss_cfg.loss_mode, inputs, self.loss_cfg)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+            self.optimizer.step()
+            if update == 0:
+                row["loss/value"] = float(loss.detach())
+                row["grad_norm"] = float(grad_norm)
+                row.update({k if "/" in k else f"loss/{k}": _num(v) for k, v in loss_metrics.items()})
+        t_update = time.perf_counter() - t0 - t_sample
+        self.last_batch = (prompts, responses, mask, theta_old)  # for tests and diagnostics
+        row.update(self._measure(prompts, responses, mask, theta_old, logits_old, h_before))
+        row.update(step=self.step, entropy=h_before, reward=float(rewards.mean()),
+                   response_length=float(mask.sum(dim=1).float().mean()))
+        if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+            row.update(self.evaluate())
+        row["time/sample_s"], row["time/update_s"] = t_sample, t_update
+        row["time/step_s"] = time.perf_counter() - t0
+        return row
+
+    def _measure(self, prompts, responses, mask, theta_old, logits_old, h_before) -> dict[str, float]:
+        """Measured ΔH on the same positions, and the ∇θH̄·Δθ and logit-space first-order predictions."""
+
+        tau = self.cfg.temperature
+        with torch.no_grad():
+            logits_new = response_logits(self.model, prompts, responses)
+            h_after = float(_masked_mean(entropy_from_logits(logits_new, temperature=tau), mask))
+            logit_pred = predicted_entropy_change(logits_old, logits_new - logits_old, temperature=tau)
+        # ∇θH̄ at θ_old (functional call at the saved parameters), dotted with the actual Δθ of the step.
+        old = {n: t.clone().requires_grad_(True) for n, t in theta_old.items()}
+        h_old = _masked_mean(entropy_from_logits(response_logits(self.model, prompts, responses, old), temperature=tau), mask)
+        names = list(old)
+        current = dict(self.model.named_parameters())
+        deltas = [current[n].detach() - theta_old[n] for n in names]
+        grad_dot = float(pred_param_update(h_old, [old[n] for n in names], deltas))
+        return {
+            "entropy_change": h_after - h_before,
+            "pred_entropy_change": grad_dot,
+            "pred/grad_dot": grad_dot,
+            "pred/logit_first_order": float(_masked_mean(logit_pred, mask)),
+            "entropy_after": h_after,
+        }
+
+    # --------------------------------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "controller": self.controller.state_dict(),
+            "generator": self.generator.get_state(),
+            "cursor": list(self.cursor),
+            "method": self.cfg.method,
+            "seed": self.cfg.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["method"] != self.cfg.method or state["seed"] != self.cfg.seed:
+            raise RunError(
+                f"checkpoint is for method={state['method']!r} seed={state['seed']}, not "
+                f"method={self.cfg.method!r} seed={self.cfg.seed}"
+            )
+        self.step = int(state["step"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.controller.load_state_dict(state["controller"])
+        self.generator.set_state(state["generator"])
+        self.cursor = list(state["cursor"])
+
+
+def _num(v: Any) -> Any:
+    return float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+
+
+def _fit(pred: list[float], meas: list[float]) -> dict[str, float | None]:
+    """Least-squares fit meas ≈ slope·pred + intercept: slope, R² (squared Pearson correlation) and R² of the
+    identity (1 − Σ(meas − pred)² / Σ(meas − mean)²). ``None`` where undefined (fewer than 3 points, no spread)."""
+    pairs = [(p, m) for p, m in zip(pred, meas) if p is not None and m is not None]
+    if len(pairs) < 3:
+        return {"r2": None, "slope": None, "r2_identity": None}
+    x = torch.tensor([p for p, _ in pairs], dtype=torch.float64)
+    y = torch.tensor([m for _, m in pairs], dtype=torch.float64)
+    sxx, syy = float(((x - x.mean()) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
+    if sxx == 0 or syy == 0:
+        return {"r2": None, "slope": None, "r2_identity": None}
+    sxy = float(((x - x.mean()) * (y - y.mean())).sum())
+    return {"r2": sxy * sxy / (sxx * syy), "slope": sxy / sxx, "r2_identity": 1 - float(((y - x) ** 2).sum()) / syy}
+
+
+def summarize(rows: list[dict[str, Any]], warm_info: dict[str, float], config: TransformerSimConfig) -> dict:
+    """Summary of a run from its metrics rows (recomputable from ``metrics.jsonl``): initial / final entropy, the
+    first step whose entropy is below 10 % of the first step's, final held-out metrics, and the fits of each
+    predictor to the measured ΔH (:func:`_fit`)."""
+    ent = [r["entropy"] for r in rows]
+    h0 = ent[0] if ent else None
+    below = [r["step"] for r in rows if h0 and r["entropy"] < 0.1 * h0]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    k = config.eval_samples
+    out: dict[str, Any] = {"method": config.method, "seed": config.seed, "steps": len(rows), **warm_info}
+    out.update({
+        "entropy_initial": h0,
+        "entropy_final": ent[-1] if ent else None,
+        "entropy_final_ratio": (ent[-1] / h0) if h0 else None,
+        "steps_to_10pct_entropy": below[0] if below else None,
+        "accuracy_final": rows[-1]["accuracy"] if rows else None,
+        "eval/accuracy": evals[-1]["eval/accuracy"] if evals else None,
+        f"eval/pass@{k}": evals[-1][f"eval/pass@{k}"] if evals else None,
+        "gate_on_frac": sum(r["gate_on"] for r in rows) / max(len(rows), 1),
+        "time/total_s": sum(r.get("time/step_s", 0.0) for r in rows),
+    })
+    meas = [r["entropy_change"] for r in rows]
+    for name in ("grad_dot", "logit_first_order", "phi_tokens"):
+        fit = _fit([r.get(f"pred/{name}") for r in rows], meas)
+        out.update({f"fit/{name}/{key}": v for key, v in fit.items()})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- run
+def run(config: TransformerSimConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """Run one method × one seed and write one run directory (design.md §4); returns the summary dict.
+
+    ``run_dir/checkpoint/state.pt`` (model, optimizer, controller, RNG, data cursor, step) is written every
+    ``checkpoint_every`` steps and at the end. With ``resume=True`` the run continues from it, bit-identical to an
+    uninterrupted run (metrics rows past the checkpoint are dropped); without a checkpoint it starts afresh.
+
+    Raises:
+        ConfigError: invalid config. RunError: ``run_dir`` already holds a run and ``resume`` is False, or the
+            checkpoint belongs to another method/seed.
+    """
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    run_dir = Path(run_dir)
+    ckpt_path = run_dir / "checkpoint" / "state.pt"
+    resuming = resume and ckpt_path.is_file()
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise RunError(f"{str(run_dir)!r} already holds a run (metrics.jsonl); resume it or choose another directory")
+    sim = _Simulation(config, run_dir)
+    resolved = {"source": "simulator", "simulator": "transformer", **to_dict(config)}
+    writer = RunWriter(run_dir, resolved, resume=resume, overwrite=resume and not resuming)
+    try:
+        if resuming:
+            sim.load_state_dict(torch.load(ckpt_path, weights_only=False))
+            writer.truncate_after(sim.step)
+            logger.info("resumed %s at step %d", run_dir, sim.step)
+        while sim.step < config.steps:
+            row = sim.rl_step()
+            writer.log(row)
+            if sim.step % config.checkpoint_every == 0 or sim.step == config.steps:
+                ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = ckpt_path.with_suffix(".tmp")
+                torch.save(sim.state_dict(), tmp)
+                os.replace(tmp, ckpt_path)
+            if sim.step % 10 == 0:
+                logger.info("%s seed %d step %d: H=%.3f acc=%.3f", config.method, config.seed, sim.step,
+                            row["entropy"], row["accuracy"])
+        rows = read_run(run_dir).metrics
+        summary = summarize(rows, sim.warm_info, config)
+        writer.write_summary(summary)
+    finally:
+        writer.close()
+    return summary
