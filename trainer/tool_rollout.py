@@ -28,7 +28,7 @@ import logging
 from typing import Any, Callable, Iterable, Sequence
 
 from stare_lab.config import check_positive, config_prefix, join_key
-from stare_lab.errors import ConfigError
+from stare_lab.errors import ConfigError, DataError
 
 from .rollout import RolloutEngine, RolloutOutput, SamplingConfig
 from .sandbox import SandboxConfig, SandboxResult, run_many
@@ -123,7 +123,7 @@ class ToolRolloutOutput(RolloutOutput):
         model_text: the model's tokens only, decoded (interpreter turns left out): grade *this*, so an answer
             printed by the code does not count as the model's answer.
 
-    ``logprobs`` is 0.0 at interpreter positions; ``finish_reason`` is ``"stop"`` (eos, or a final answer) or
+    ``logprobs`` is 0.0 at interpreter positions (``None`` if the engine returned none); ``finish_reason`` is ``"stop"`` (eos, or a final answer) or
     ``"length"`` (the token budget ran out, possibly inside an interpreter turn).
     """
 
@@ -215,6 +215,7 @@ class _Traj:
     segment_start: int = 0  # first token of the current model segment (after the last interpreter turn)
     calls: list[ToolCall] = dataclasses.field(default_factory=list)
     turns: int = 0
+    engine_logprobs: bool = True  # False once a round came back without log-probs
     done: bool = False
     finish: str = "stop"
 
@@ -248,8 +249,6 @@ def generate_with_tools(
         SandboxError: the sandbox cannot start (bwrap missing).
         DataError: the engine returned a malformed batch (wrong count, logprobs of the wrong length).
     """
-    from stare_lab.errors import DataError
-
     config = config or ToolUseConfig()
     if runner is None:
         sandbox_cfg = config.sandbox
@@ -280,6 +279,7 @@ def generate_with_tools(
             raise DataError(
                 f"engine returned {len(lps)} logprobs for {len(out.token_ids)} tokens (prompt {t.prompt_index})"
             )
+        t.engine_logprobs &= lps is not None
         lps = [float(x) for x in lps[: len(ids)]] if lps is not None else [0.0] * len(ids)
         t.tokens += ids
         t.mask += [1] * len(ids)
@@ -345,7 +345,7 @@ def generate_with_tools(
                 prompt_index=t.prompt_index,
                 prompt_token_ids=t.prompt,
                 token_ids=t.tokens,
-                logprobs=t.logprobs,
+                logprobs=t.logprobs if t.engine_logprobs else None,
                 text=tokenizer.decode(t.tokens, skip_special_tokens=True),
                 finish_reason=t.finish,
                 loss_mask=t.mask,
@@ -367,8 +367,6 @@ def _run_pending(
     budget: int,
 ) -> None:
     """Execute this round's code blocks (one batch) and append their interpreter turns."""
-    from stare_lab.errors import DataError
-
     todo = [(t, pending[id(t)]) for t in trajs if id(t) in pending and pending[id(t)]]
     results = runner([code for _, code in todo]) if todo else []
     if len(results) != len(todo):
@@ -439,8 +437,6 @@ def tool_metrics(outputs: Sequence[ToolRolloutOutput] | Sequence[Sequence[ToolRo
     Raises:
         DataError: empty batch.
     """
-    from stare_lab.errors import DataError
-
     flat: list[ToolRolloutOutput] = []
     for o in outputs:
         flat.extend(o if isinstance(o, (list, tuple)) else [o])
@@ -475,8 +471,6 @@ def collate_responses(outputs: Sequence[RolloutOutput], pad_token_id: int, pad_t
         DataError: a response is longer than ``pad_to``.
     """
     import torch
-
-    from stare_lab.errors import DataError
 
     longest = max((len(o.token_ids) for o in outputs), default=0)
     T = longest if pad_to is None else pad_to

@@ -230,6 +230,36 @@ def test_interpreter_tokens_never_selected_by_stare():
 # ------------------------------------------------------------------------------------------------ the loop
 
 
+class _FixedEngine:
+    """Returns the same canned output for every context (n copies); for error-path tests."""
+
+    def __init__(self, ids, logprobs, per_prompt=None):
+        self.ids, self.logprobs, self.per_prompt = ids, logprobs, per_prompt
+
+    def generate(self, prompts, sampling):
+        n = sampling.n if self.per_prompt is None else self.per_prompt
+        return [[RolloutOutput(i, p, list(self.ids), self.logprobs, "", "stop") for _ in range(n)]
+                for i, p in enumerate(prompts)]
+
+
+def test_engine_without_logprobs_and_malformed_batches(tiny):
+    _, tok = tiny
+    ids = tok.encode("hi", add_special_tokens=False) + [tok.eos_token_id]
+    out = generate_with_tools(_FixedEngine(ids, None), tok, [[1, 2]], SamplingConfig(n=2, max_tokens=50, seed=0),
+                              runner=lambda codes: [])
+    assert [o.logprobs for o in out[0]] == [None, None] and out[0][0].token_ids == ids  # None stays None
+    from stare_lab.errors import DataError
+
+    with pytest.raises(DataError, match="engine returned \\[1\\] outputs for 1 prompts x n=2"):
+        generate_with_tools(_FixedEngine(ids, None, per_prompt=1), tok, [[1, 2]],
+                            SamplingConfig(n=2, max_tokens=50, seed=0), runner=lambda codes: [])
+    with pytest.raises(DataError, match="logprobs for"):
+        generate_with_tools(_FixedEngine(ids, [-1.0]), tok, [[1, 2]], SamplingConfig(n=1, max_tokens=50, seed=0),
+                            runner=lambda codes: [])
+    with pytest.raises(DataError, match="at least one response"):
+        tool_metrics([])
+
+
 def test_end_to_end_scripted_policy_tiny_model(tiny):
     """2 prompts × n=2 with the real sandbox: a working call, an exception, an infinite loop (timeout) and a
     response without tools. Markdown fences: the stop string ``` also fires on the opening fence, so each tool
