@@ -150,8 +150,8 @@ def paper_comparison(
 ) -> tuple[list[str], list[list[Any]], list[str]]:
     """Reported (paper) and measured rows side by side.
 
-    For every group whose method has a paper row (:data:`METHOD_TO_PAPER`): the paper's rows for that method, then
-    the group's measured row (mean over its runs with results, fractions ×100 = percent; ``avg`` = the mean of
+    For every group whose method has a paper row (:data:`METHOD_TO_PAPER`): the paper's rows for that method (once,
+    before the method's first group), then the group's measured row (mean over its runs with results, fractions ×100 = percent; ``avg`` = the mean of
     the six benchmarks when all six are measured, else empty).
 
     Args:
@@ -178,9 +178,11 @@ def paper_comparison(
     header = ["row", "kind", "setting", "model", *BENCHMARKS, "avg"]
     out: list[list[Any]] = []
     any_measured = False
+    shown: set[int] = set()  # each paper row once, before the first group of its method
     for g in cmp.groups:
         paper_name = METHOD_TO_PAPER.get(g.method)
-        paper_rows = [r for r in rows_t if paper_name and r["method"] == paper_name]
+        paper_rows = [r for r in rows_t if paper_name and r["method"] == paper_name and id(r) not in shown]
+        shown.update(id(r) for r in paper_rows)
         per_run = [measured_results(r) for r in g.runs]
         per_run = [m for m in per_run if m]
         if not paper_rows and not per_run:

@@ -65,16 +65,20 @@ class Doc:
         self.blocks: list[tuple] = []
 
     def h(self, level: int, text: str) -> None:
+        """A heading of ``level`` 1–6."""
         self.blocks.append(("h", level, text))
 
     def p(self, text: str) -> None:
+        """A paragraph; `backticks` become code."""
         self.blocks.append(("p", text))
 
     def ul(self, items: Sequence[str]) -> None:
+        """A bullet list (nothing for an empty list)."""
         if items:
             self.blocks.append(("ul", list(items)))
 
     def table(self, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """A table; non-string cells are formatted with 3 significant digits, None/NaN as empty cells."""
         self.blocks.append(("table", list(header), [[_num(c) if not isinstance(c, str) else c for c in r] for r in rows]))
 
     def img(self, name: str, alt: str) -> None:
@@ -82,6 +86,7 @@ class Doc:
         self.blocks.append(("img", name, alt))
 
     def to_markdown(self) -> str:
+        """GitHub-flavoured Markdown; images are links relative to the report's folder."""
         out: list[str] = []
         for b in self.blocks:
             kind = b[0]
@@ -138,7 +143,7 @@ class Doc:
             "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
             "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}"
-            "td.n{text-align:right;white-space:nowrap}img{max-width:100%}code{background:#f3f3f3}"
+            "td.n{text-align:right}img{max-width:100%}code{background:#f3f3f3}"
         )
         return (
             f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"

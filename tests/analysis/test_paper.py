@@ -87,3 +87,18 @@ def test_comparison_rows_all_six_measured(tmp_path):
     assert len(rows) == 2
     _, rows_all, _ = paper_comparison(table, compare(tmp_path), model="Other")
     assert rows_all[0][3] == "Other" and rows_all[0][-1] == 9.0
+
+
+def test_paper_rows_listed_once_per_method(tmp_path):
+    """Two groups of one method (simulator and trainer): the paper row appears once, then both measured rows."""
+    ev = {"benchmarks": {"aime24": {"avg@k": 0.5}}}
+    _run(tmp_path / "t", "o1", eval_json=ev)
+    with RunWriter(tmp_path / "s", {"source": "simulator", "method": "o1", "seed": 0}) as w:
+        w.log({"step": 0, "entropy": 0.5, "reward": 0.5, "gate_on": 0, "stare_w": 1.0, "stare_m": 1.0,
+               "pred_entropy_change": None, "entropy_change": None, "eval/aime24/avg@32": 0.25})
+    table = [{"setting": "s", "model": "Z", "method": "STARE-O1", "source": "", **{b: 1.0 for b in BENCHMARKS},
+              "avg": 1.0}]
+    _, rows, _ = paper_comparison(table, compare(tmp_path))
+    assert [r[:2] for r in rows] == [["STARE-O1", "reported"], ["o1 [simulator]", "measured (1 run)"],
+                                     ["o1 [trainer]", "measured (1 run)"]]
+    assert rows[1][4] == 25.0 and rows[2][4] == 50.0
