@@ -38,11 +38,12 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import re
 import signal
 import threading
 from fractions import Fraction
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from stare_lab.errors import DataError
 
@@ -236,7 +237,7 @@ _NUM_RE = re.compile(
     r"(?:(?:[eE](?P<e>[+-]?\d+))|(?:\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(?P<p>[+-]?\d+)\s*\}?))?"
 )
 _POW10_RE = re.compile(r"(?P<sign>[+-]?)10\s*\^\s*\{?\s*(?P<p>[+-]?\d+)\s*\}?")
-_FRAC_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*\{\s*(?P<a>\d+)\s*\}\s*\{\s*(?P<b>\d+)\s*\}")
+_FRAC_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*\{\s*(?P<isign>[+-]?)\s*(?P<a>\d+)\s*\}\s*\{\s*(?P<b>\d+)\s*\}")
 _FRAC_SHORT_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*(?P<a>\d)\s*(?P<b>\d)")
 _UNIT_TAIL_RE = re.compile(
     r"(?:\s*(?:\\(?:text|mathrm|mbox|rm|textrm)\s*\{[^{}]*\}|\^\s*\{?\s*[23]\s*\}?|\\%|%|\\\$))+\s*$"
@@ -310,6 +311,8 @@ def parse_number(answer: str) -> tuple[Fraction, str] | None:
     )
     if m:
         num, den = _decimal(m.group("a")), _decimal(m.group("b"))
+        if "isign" in m.groupdict() and m.group("isign") == "-":
+            num = -num
         return (_signed(m, num / den), "other") if den != 0 else None
     return None
 
@@ -409,35 +412,95 @@ def _mv():
     return to_sympy, verify
 
 
-def _mv_parse(answer: str) -> list:
-    """``[sympy_object, answer]``, or ``[answer]`` if the whole answer does not parse (string compare only)."""
+@functools.lru_cache(maxsize=65536)
+def _mv_parse(answer: str) -> tuple:
+    """``(sympy_object, answer)``, or ``(answer,)`` if the whole answer does not parse (string compare only).
+
+    Cached: the same gold is graded for every sample of its problem, and samples often repeat an answer."""
     to_sympy, _ = _mv()
     try:
         expr = to_sympy(answer)
     except GradingTimeout:
         raise
     except Exception:  # noqa: BLE001 - unparseable LaTeX is an ordinary outcome
-        return [answer]
+        return (answer,)
     # latex2sympy lower-cases symbol names, so "N=n" becomes the tautology Eq(n, n): such a degenerate relation
     # would verify against any other relation; compare the strings only.
     if getattr(expr, "is_Relational", False) and getattr(expr, "lhs", None) == getattr(expr, "rhs", None):
-        return [answer]
+        return (answer,)
     if expr is None or isinstance(expr, bool) or getattr(expr, "is_Boolean", False) and expr in (True, False):
-        return [answer]
-    return [expr, answer]
+        return (answer,)
+    return (expr, answer)
 
 
-@functools.lru_cache(maxsize=8192)
-def _mv_parse_gold(gold: str) -> tuple:
-    """Parsed gold answer (cached: the same golds are graded many times)."""
-    return tuple(_mv_parse(gold))
+def _values(exprs: Sequence[Any], symbols: Sequence[Any], rng: Any) -> list[complex] | None:
+    """Evaluate ``exprs`` at one random point (30 digits); ``None`` if a value is not a finite number."""
+    import sympy
+
+    subs = {s: sympy.Float(rng.uniform(0.5, 2.5), 30) for s in symbols}
+    out = []
+    for e in exprs:
+        v = complex(e.evalf(30, subs=subs))
+        if not (math.isfinite(v.real) and math.isfinite(v.imag)):
+            return None
+        out.append(v)
+    return out
+
+
+def _numerically_different(g: Any, p: Any, points: int = 3) -> bool:
+    """True if two parsed answers are provably different by evaluation at random positive points.
+
+    A sound fast rejection before math-verify's (slow) simplification. Plain expressions equal as functions agree
+    at every point, so a difference beyond rounding (relative 1e-6, 30-digit evaluation) at one point proves them
+    different. Equations: assignments to the same symbol (``d = A`` vs ``d = B``) compare their right-hand sides;
+    other equations ``a = b`` vs ``c = d`` are equivalent only if the residuals ``a − b`` and ``c − d`` are
+    proportional, so a ratio that changes between points proves them different. Anything else (sets, tuples,
+    inequalities, matrices), values that are not finite numbers, or errors give False (no conclusion:
+    math-verify decides). Points come from a fixed-seed RNG in [0.5, 2.5] (deterministic).
+    """
+    import random
+
+    import sympy
+
+    rng = random.Random(20260519)
+    try:
+        if isinstance(g, sympy.Equality) and isinstance(p, sympy.Equality):
+            if isinstance(g.lhs, sympy.Symbol) and g.lhs == p.lhs:
+                return _numerically_different(g.rhs, p.rhs, points)
+            ra, rb = g.lhs - g.rhs, p.lhs - p.rhs
+            symbols = sorted(ra.free_symbols | rb.free_symbols, key=str)
+            ratios = []
+            for _ in range(points):
+                vals = _values([ra, rb], symbols, rng)
+                if vals is None or abs(vals[0]) < 1e-9 or abs(vals[1]) < 1e-9:
+                    return False
+                ratios.append(vals[0] / vals[1])
+            return any(abs(q - ratios[0]) > 1e-6 * max(1.0, abs(ratios[0])) for q in ratios[1:])
+        if not (isinstance(g, sympy.Expr) and isinstance(p, sympy.Expr)):
+            return False
+        symbols = sorted(g.free_symbols | p.free_symbols, key=str)
+        if len(symbols) > 10:
+            return False
+        for _ in range(points):
+            vals = _values([g, p], symbols, rng)
+            if vals is None:
+                return False
+            if abs(vals[0] - vals[1]) > 1e-6 * max(1.0, abs(vals[0]), abs(vals[1])):
+                return True
+        return False
+    except GradingTimeout:
+        raise
+    except Exception:  # noqa: BLE001 - no conclusion
+        return False
 
 
 def _symbolic_equal(gold: str, pred: str) -> bool:
-    """math-verify ``verify`` of the parsed answers (its default float rounding 6, numeric precision 15)."""
+    """math-verify ``verify`` of the parsed answers (its default float rounding 6, numeric precision 15), after
+    the sound numeric rejection :func:`_numerically_different` (the strings are already known to differ)."""
     _, verify = _mv()
-    g = list(_mv_parse_gold(gold))
-    p = _mv_parse(pred)
+    g, p = list(_mv_parse(gold)), list(_mv_parse(pred))
+    if len(g) == 2 and len(p) == 2 and _numerically_different(g[0], p[0]):
+        return False
     return bool(verify(g, p, timeout_seconds=None))
 
 
@@ -446,8 +509,11 @@ def _symbolic_equal(gold: str, pred: str) -> bool:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=65536)
 def _answers_equal(pred: str, gold: str, benchmark: str | None) -> bool:
-    """Compare an extracted answer with a (normalised) gold answer; see the module docstring for the steps."""
+    """Compare an extracted answer with a (normalised) gold answer; see the module docstring for the steps.
+
+    Cached per ``(pred, gold, benchmark)`` (a timeout or rejection raises and is not cached)."""
     if normalize_answer(pred) == normalize_answer(gold):
         return True
     g_num = parse_number(gold)

@@ -126,6 +126,7 @@ TRICKY = [
     ("\\boxed{4.52 \\times 10^{33} \\mathrm{~erg}}", "4.5e33", "minerva_math", True),  # 0.4% off: within 1%
     ("\\boxed{5.0\\times 10^{33}}", "4.5e33", "minerva_math", False),  # 11% off
     ("\\boxed{-1/3}", "-1./3", "minerva_math", True),
+    ("\\boxed{\\frac{-1}{3}}", "-1./3", "minerva_math", True),  # sign inside the numerator
     ("\\boxed{69, 84}", "$69$,$84$", "olympiadbench", True),  # $-wrapped multi-answer list
     ("\\boxed{84, 69}", "$69$,$84$", "olympiadbench", True),  # as a set: order does not matter
     ("\\boxed{69}", "$69$,$84$", "olympiadbench", False),  # one of two answers
@@ -148,6 +149,11 @@ TRICKY = [
     # math-verify's regex fallback would reduce both to the fragment 2/3 and call them equal
     ("\\boxed{\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}+1}", "\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}", "minerva_math",
      False),
+    ("\\boxed{d=\\frac{2+\\sqrt{1+8 n}}{2}}", "$d=\\frac{1+\\sqrt{1+8 n}}{2}$", "olympiadbench", False),
+    ("\\boxed{d=\\frac{1}{2}+\\frac{\\sqrt{1+8n}}{2}}", "$d=\\frac{1+\\sqrt{1+8 n}}{2}$", "olympiadbench", True),
+    ("\\boxed{2y = 4x + 6}", "y = 2x + 3", "math500", True),  # equivalent equations (residuals proportional)
+    ("\\boxed{y = 2x + 4}", "y = 2x + 3", "math500", False),
+    ("\\boxed{x^{\\prime}+\\frac{r}{V} x-r c=1}", "x^{\\prime}+\\frac{r}{V} x-r c=0", "minerva_math", False),
     ("no boxed answer, 5", "5", None, False),
 ]
 
@@ -189,7 +195,14 @@ def _hang(*args, **kwargs):
     time.sleep(30)
 
 
-def test_timeout_scores_zero_and_is_counted(monkeypatch):
+@pytest.fixture
+def fresh_cache():
+    rewards._answers_equal.cache_clear()
+    yield
+    rewards._answers_equal.cache_clear()
+
+
+def test_timeout_scores_zero_and_is_counted(monkeypatch, fresh_cache):
     monkeypatch.setattr(rewards, "_symbolic_equal", _hang)
     t = time.perf_counter()
     stats: dict = {}
@@ -200,7 +213,7 @@ def test_timeout_scores_zero_and_is_counted(monkeypatch):
     assert elapsed < 5.0
 
 
-def test_grader_exception_scores_zero(monkeypatch):
+def test_grader_exception_scores_zero(monkeypatch, fresh_cache):
     def boom(*args, **kwargs):
         raise RuntimeError("grader bug")
 
