@@ -122,6 +122,12 @@ def _smooth_window(cmp: Comparison, key: str, points: int = 100) -> int:
     return max(1, n // points)
 
 
+def _legend(ax, **kwargs) -> None:
+    """A legend if anything on ``ax`` is labelled (matplotlib warns on an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 def _shade_targets(ax, cmp: Comparison, styles: dict[str, tuple[str, str]]) -> None:
     """Shade H_tgt ± band_half_width: once in grey if all groups share a target, else per group in its colour."""
     hw = cmp.band_half_width
@@ -161,7 +167,7 @@ def plot_dynamics(cmp: Comparison) -> Any:
         ax_g.set(title="STARE gate (fraction of seeds on)", ylabel="gate on", xlabel="step")
         ax_g.set_ylim(-0.05, 1.05)
         ax_w.set(title="STARE weights: W (above 1), M (below 1, faint)", ylabel="weight", xlabel="step")
-        ax_h.legend(loc="best", frameon=False)
+        _legend(ax_h, loc="best", frameon=False)
     return fig
 
 
@@ -201,7 +207,7 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
             if math.isfinite(lo):
                 ax_s.plot([lo, hi], [lo, hi], color="k", ls="--", lw=0.8, label="identity")
             ax_s.set(title=key, xlabel="predicted ΔH (nats)", ylabel="measured ΔH (nats)")
-            ax_s.legend(loc="upper left", frameon=False, fontsize=7)
+            _legend(ax_s, loc="upper left", frameon=False, fontsize=7)
             ax_r2.set(title=f"R² over time (≤ {n_bins} windows of ≥ 10 steps)", ylabel="R²", xlabel="step")
             ax_r2.set_ylim(-0.05, 1.05)
             ax_sl.axhline(1.0, color="k", ls="--", lw=0.8)
@@ -234,22 +240,28 @@ def plot_quadrants(cmp: Comparison) -> Any:
             axes[0, j].set(title=f"{desc} ({arrow}){suffix}", ylabel="share of tokens" if j == 0 else None)
             axes[1, j].axhline(0.0, color="k", lw=0.6)
             axes[1, j].set(title=f"ΔH contribution{suffix}", xlabel="step", ylabel="ΔH (nats)" if j == 0 else None)
-        axes[0, 0].legend(loc="best", frameon=False)
+        _legend(axes[0, 0], loc="best", frameon=False)
     return fig
 
 
 def plot_cross_source(cmp: Comparison, key: str = "entropy") -> Any:
     """Runs of different sources (simulator vs trainer) on normalised axes: fraction of training on x, ``key`` /
-    its initial value on y (absolute entropies differ by scale). None unless ≥ 2 sources are present."""
+    its initial value on y (absolute entropies differ by scale). None unless ≥ 2 sources are present and some run
+    can be normalised."""
     if len(cmp.sources) < 2:
         return None
     styles = _styles(cmp)
     with _style():
         fig, axes = _figure(1, 1, w=6.0, h=3.6)
         ax = axes[0, 0]
+        drawn = 0
         for g in cmp.groups:
             c, ls = styles[g.label]
-            _draw(ax, cmp.normalised_series(g, key), c, ls, g.label)
+            agg = cmp.normalised_series(g, key)
+            drawn += int(agg.finite().x.size > 0)
+            _draw(ax, agg, c, ls, g.label)
+        if drawn == 0:
+            return None
         ax.axhline(1.0, color="0.5", lw=0.6)
         ax.set(
             title=f"{key} relative to its initial value, by fraction of training",
@@ -257,7 +269,7 @@ def plot_cross_source(cmp: Comparison, key: str = "entropy") -> Any:
             ylabel=f"{key} / initial {key}",
         )
         ax.set_ylim(bottom=0)
-        ax.legend(loc="best", frameon=False)
+        _legend(ax, loc="best", frameon=False)
     return fig
 
 
@@ -280,7 +292,7 @@ def plot_metrics(cmp: Comparison, keys: Sequence[str]) -> Any:
             ax.set(title=key, xlabel="step")
         for i in range(len(keys), nrows * ncols):
             axes[i // ncols, i % ncols].set_visible(False)
-        axes[0, 0].legend(loc="best", frameon=False)
+        _legend(axes[0, 0], loc="best", frameon=False)
     return fig
 
 

@@ -325,7 +325,10 @@ def write_report(
             "entropy against the fraction of training done (linear interpolation onto 201 points, then the seed "
             "mean and band)."
         )
-        add_figure(doc, "cross_source", plots.plot_cross_source(cmp), "entropy relative to start by source")
+        fig = plots.plot_cross_source(cmp)
+        if fig is None:
+            doc.p("No run has at least 2 steps with a finite, non-zero entropy: nothing to normalise.")
+        add_figure(doc, "cross_source", fig, "entropy relative to start by source")
         rows = []
         for g in cmp.groups:
             agg = cmp.normalised_series(g).finite()

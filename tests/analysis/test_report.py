@@ -215,3 +215,29 @@ def test_same_runs_same_report(tmp_path, fmt):
         outs.append({p.name: p.read_bytes() for p in out.iterdir()})
     assert outs[0].keys() == {"dynamics." + fmt, "report.md", "report.html"}
     assert outs[0] == outs[1]
+
+
+def test_degenerate_runs_do_not_crash(tmp_path, capsys):
+    """A one-step run, a run whose entropy is always null, a non-numeric config, a bad config.yaml: rc 0, warned."""
+    _need("matplotlib")
+    from stare_lab.runs import RunWriter
+
+    base = {"reward": 0.1, "gate_on": 0, "stare_w": 1.0, "stare_m": 1.0, "pred_entropy_change": 0.1,
+            "entropy_change": 0.2}
+    with RunWriter(tmp_path / "one", {"method": "grpo", "seed": 0, "source": "simulator"}) as w:
+        w.log({"step": 0, "entropy": 0.5, **base})
+    with RunWriter(tmp_path / "null", {"method": "o1", "seed": 0, "source": "trainer"}) as w:
+        for i in range(3):
+            w.log({"step": i, "entropy": None, **base})
+    bad = tmp_path / "badcfg"
+    bad.mkdir()
+    (bad / "config.yaml").write_text("method: [unclosed")
+    (bad / "metrics.jsonl").write_text(json.dumps({"step": 0, "entropy": 1.0, **base}) + "\n")
+    out = tmp_path / "out"
+    assert main(["analyze", str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "no finite 'entropy' values" in md and "config.yaml: unreadable" in md
+    assert "fewer than 2 steps" in md  # the one-step run cannot be put on normalised axes
+    for p in out.glob("*.png"):
+        _assert_png(p.read_bytes())
+    assert "3 runs" in capsys.readouterr().out
