@@ -15,7 +15,7 @@ Two modes:
   (n groups), so ∂loss/∂z[p, l] carries a factor 1/(n·G·L). The update is ``z ← z − lr · (n·L) · ∂loss/∂z``, which
   for GRPO at ρ = 1 is exactly science.md §2's group update Δz = (lr/G) Σ_i Â_i ω_i (e_{a_i} − π) at every state:
   ``lr`` means the same for every S, G and L.
-* ``expected``: the mean-field limit G → ∞ of the same objective. Â → (r − p̄_p)/σ_p per prompt (p̄_p = P(r = 1),
+* ``expected`` (:mod:`simulators.tabular_expected`): the mean-field limit G → ∞ of the same objective. Â → (r − p̄_p)/σ_p per prompt (p̄_p = P(r = 1),
   σ_p = sqrt(p̄_p(1 − p̄_p)), the G → ∞ limit of the unbiased group std), and the expected update at state (p, l) is
   Δz_k = (lr/τ) · π_k (B_k − Σ_j π_j B_j), B_k = E[ω Â | a_l = k] (Cui et al.'s expected PG; for GRPO B_k = A_k and
   the first-order entropy change is the covariance law −lr·Cov_π(log π, π A), science.md §2). The conditional
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -49,171 +48,17 @@ from typing import Any, Callable
 
 import torch
 
-from stare_lab.config import (
-    LossConfig,
-    check_choice,
-    check_positive,
-    check_range,
-    config_prefix,
-    from_dict,
-    join_key,
-    to_dict,
-)
-from stare_lab.errors import ConfigError, RunError
+from stare_lab.config import from_dict, to_dict
+from stare_lab.errors import RunError
 from stare_lab.runs import RunWriter
 
-from .presets import METHODS, method_overrides
+from .tabular_config import EXPECTED_METHODS, TabularSimConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TabularSimConfig", "TabularState", "run", "init_state", "sampled_step", "expected_step", "fit_line"]
+__all__ = ["TabularSimConfig", "EXPECTED_METHODS", "TabularState", "run", "init_state", "sampled_step", "fit_line", "config_from_overrides"]
 
-EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
 CHECKPOINT_FILE = "state.pt"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# config
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class TabularSimConfig:
-    """One tabular simulation run (one method, one seed). Every default is here and lands in ``config.yaml``; the
-    defaults are the ``collapse`` preset (simulators.presets).
-
-    Attributes:
-        method: one of :data:`simulators.presets.METHODS`; sets ``loss.loss_mode``, the STARE variant /
-            adaptive flag, ``dynamic_sampling`` and (``entropy_bonus``) ``loss.entropy_coeff``.
-        seed: RNG seed of the rollouts (sampling stream seeded with 2**32 + seed) and, unless ``init_seed`` is
-            set, of the initial logits and correct sets; the same seed gives the same start for every method.
-        init_seed: seed of the initial logits / correct sets if not ``seed`` (same start, different rollouts).
-        mode: ``sampled`` (G rollouts per prompt, autograd through the core loss) or ``expected`` (mean field).
-        task: ``sequence`` (L positions) or ``bandit`` (requires ``seq_len = 1``).
-        reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
-        num_prompts: S ≥ 1.  group_size: G ≥ 1 responses per prompt.  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
-        num_correct: K ∈ [1, V] correct tokens per (prompt, position).
-        threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
-        random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
-        reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
-            independently of the tokens (keeps reward variance alive once a prompt is solved).
-        init_spread: σ ≥ 0 of the initial logits z ~ N(0, σ²) (0 → uniform, entropy log V nats).
-        lr: SGD step size > 0 (see the module docstring for its scaling).
-        steps: number of updates ≥ 1.
-        temperature: τ > 0 of sampling, log-probs and entropy.
-        dynamic_sampling: keep only groups with non-zero reward variance (DAPO), refilling up to
-            ``ds_max_rounds`` rounds of fresh rollouts; set by method ``grpo-ds``.
-        ds_max_rounds: ≥ 1 sampling rounds per step under dynamic sampling.
-        entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
-        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
-        target_entropy_frac: if set, H_tgt = frac × the initial mean entropy (nats), written into
-            ``loss.stare.target_entropy`` of the resolved config; ``None`` keeps ``loss.stare.target_entropy``.
-        collapse_frac: a run has collapsed at the first step whose entropy is below collapse_frac × initial.
-        band: half-width (nats) of the band around H_tgt counted as "in band" in the summary.
-        checkpoint_every: steps between checkpoints (and one at the end), ≥ 1.
-        loss: the core :class:`~stare_lab.config.LossConfig` (``loss_mode`` is set by ``method``).
-    """
-
-    method: str = "grpo"
-    seed: int = 0
-    init_seed: int | None = None
-    mode: str = "sampled"
-    task: str = "sequence"
-    reward: str = "verifiable"
-    num_prompts: int = 64
-    group_size: int = 8
-    seq_len: int = 4
-    vocab_size: int = 8
-    num_correct: int = 2
-    threshold: int | None = 3
-    random_reward_p: float = 0.5
-    reward_noise: float = 0.1
-    init_spread: float = 1.0
-    lr: float = 6.0
-    steps: int = 100
-    temperature: float = 1.0
-    dynamic_sampling: bool = False
-    ds_max_rounds: int = 4
-    entropy_bonus_coeff: float = 0.01
-    advantage_estimator: str = "grpo"
-    target_entropy_frac: float | None = 0.55
-    collapse_frac: float = 0.1
-    band: float = 0.05
-    checkpoint_every: int = 50
-    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
-
-    def __post_init__(self) -> None:
-        p = config_prefix("")
-        k = lambda name: join_key(p, name)  # noqa: E731
-        if self.method not in METHODS:
-            raise ConfigError(f"{k('method')}={self.method!r} is not one of {{{', '.join(METHODS)}}}")
-        for name in ("seed", "init_seed"):
-            value = getattr(self, name)
-            if name == "init_seed" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{k(name)}={value!r} must be an integer >= 0")
-        check_choice(k("mode"), self.mode, ["sampled", "expected"])
-        check_choice(k("task"), self.task, ["sequence", "bandit"])
-        check_choice(k("reward"), self.reward, ["verifiable", "random"])
-        for name in ("num_prompts", "group_size", "seq_len", "steps", "ds_max_rounds", "checkpoint_every"):
-            check_positive(k(name), getattr(self, name), integer=True)
-        check_positive(k("vocab_size"), self.vocab_size, integer=True)
-        if self.vocab_size < 2:
-            raise ConfigError(f"{k('vocab_size')}={self.vocab_size} must be >= 2")
-        if self.task == "bandit" and self.seq_len != 1:
-            raise ConfigError(f"{k('seq_len')}={self.seq_len} must be 1 for task='bandit'")
-        check_positive(k("num_correct"), self.num_correct, integer=True)
-        if self.num_correct > self.vocab_size:
-            raise ConfigError(f"{k('num_correct')}={self.num_correct} is outside [1, vocab_size={self.vocab_size}]")
-        if self.threshold is not None:
-            check_positive(k("threshold"), self.threshold, integer=True)
-            if self.threshold > self.seq_len:
-                raise ConfigError(f"{k('threshold')}={self.threshold} is outside [1, seq_len={self.seq_len}]")
-        check_range(k("random_reward_p"), self.random_reward_p, 0, 1)
-        check_range(k("reward_noise"), self.reward_noise, 0, 0.5)
-        check_range(k("init_spread"), self.init_spread, 0, None)
-        check_range(k("lr"), self.lr, 0, None, lo_open=True)
-        check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
-        if not isinstance(self.dynamic_sampling, bool):
-            raise ConfigError(f"{k('dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")
-        check_range(k("entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
-        check_choice(k("advantage_estimator"), self.advantage_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
-        if self.target_entropy_frac is not None:
-            check_range(k("target_entropy_frac"), self.target_entropy_frac, 0, None)
-        check_range(k("collapse_frac"), self.collapse_frac, 0, 1)
-        check_range(k("band"), self.band, 0, None)
-        if self.mode == "expected" and self.method not in EXPECTED_METHODS:
-            raise ConfigError(
-                f"{k('method')}={self.method!r} has no expected-mode dynamics; with mode='expected' use one of "
-                f"{{{', '.join(EXPECTED_METHODS)}}}"
-            )
-        if self.mode == "expected" and self.advantage_estimator != "grpo":
-            raise ConfigError(f"{k('advantage_estimator')}={self.advantage_estimator!r}: mode='expected' supports 'grpo'")
-        self._apply_method(p)
-
-    def _apply_method(self, prefix: str) -> None:
-        """Set what the method implies (science.md §3–4 via :data:`METHODS`) and re-validate the loss config."""
-        spec = method_overrides(self.method)
-        loss = spec["loss"]
-        self.loss.loss_mode = loss["loss_mode"]
-        for key, value in loss.get("stare", {}).items():
-            setattr(self.loss.stare, key, value)
-        if spec["dynamic_sampling"]:
-            self.dynamic_sampling = True
-        if spec.get("entropy_bonus") and self.loss.entropy_coeff == 0:
-            self.loss.entropy_coeff = self.entropy_bonus_coeff
-        self.loss.validate(join_key(prefix, "loss"))
-
-    @property
-    def is_stare(self) -> bool:
-        """True for the methods whose loss is the STARE loss (a controller and token weights are used)."""
-        return self.loss.loss_mode == "stare"
-
-    @property
-    def reward_threshold(self) -> int:
-        """Correct positions needed for reward 1 (``threshold`` or L)."""
-        return self.seq_len if self.threshold is None else self.threshold
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -486,140 +331,6 @@ def predicted_entropy_change_mean(logits: torch.Tensor, delta: torch.Tensor, tem
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# expected (mean-field) mode
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def success_given_token(config: TabularSimConfig, probs: torch.Tensor, correct: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact reward law of the factored policy: (p̄ ``[S]`` = P(r = 1), P(r = 1 | a_l = k) ``[S, L, V]``).
-
-    Verifiable rule: with q_l = P(a_l correct) = Σ_{k ∈ C_l} π_lk and positions independent, the number of correct
-    positions other than l is Poisson-binomial; P(r = 1 | a_l = k) = P(count_{−l} ≥ threshold − 1[k ∈ C_l]),
-    computed by the O(L²) dynamic programme over the other positions; a noisy verifier maps P to ε + (1 − 2ε)P.
-    Random rewards: P(r = 1 | ·) = p.
-    """
-    S, L, V = probs.shape
-    if config.reward == "random":
-        p = float(config.random_reward_p)
-        return torch.full((S,), p, dtype=probs.dtype), torch.full((S, L, V), p, dtype=probs.dtype)
-    m = config.reward_threshold
-    q = (probs * correct).sum(-1)  # [S, L]
-    tail_correct, tail_wrong = [], []
-    for l in range(L):
-        dist = torch.zeros(S, L, dtype=probs.dtype)  # count of correct positions among the others, 0..L-1
-        dist[:, 0] = 1.0
-        for j in range(L):
-            if j != l:
-                qj = q[:, j : j + 1]
-                dist = dist * (1 - qj) + torch.nn.functional.pad(dist[:, :-1], (1, 0)) * qj
-        tail = dist.flip(-1).cumsum(-1).flip(-1)  # tail[:, t] = P(count ≥ t)
-        tail = torch.cat([tail, torch.zeros(S, 1, dtype=probs.dtype)], dim=-1)  # P(count ≥ L) = 0
-        tail_correct.append(tail[:, max(m - 1, 0)])
-        tail_wrong.append(tail[:, m])
-    tc = torch.stack(tail_correct, dim=1)  # [S, L]
-    tw = torch.stack(tail_wrong, dim=1)
-    given = torch.where(correct, tc.unsqueeze(-1), tw.unsqueeze(-1))
-    p_bar = q[:, 0] * tc[:, 0] + (1 - q[:, 0]) * tw[:, 0]
-    eps = float(config.reward_noise)  # noisy verifier: P(r=1) = ε + (1 − 2ε)·P(rule satisfied)
-    return eps + (1 - 2 * eps) * p_bar, eps + (1 - 2 * eps) * given
-
-
-def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float) -> torch.Tensor:
-    """Mean-field top-P selection: the fraction of each entry's mass selected when the ``frac`` share of the total
-    ``mass`` with the highest ``surprisal`` is selected (the boundary entry is selected fractionally). Returns a
-    tensor of ``surprisal``'s shape with values in [0, 1]; the G → ∞ limit of k = ⌈P·|T|⌉ (science.md §4 step 4)."""
-    s, w = surprisal.reshape(-1), mass.reshape(-1)
-    order = torch.argsort(s, descending=True, stable=True)
-    w_sorted = w[order]
-    budget = frac * float(w.sum())
-    before = torch.cumsum(w_sorted, 0) - w_sorted
-    sel = ((budget - before) / w_sorted.clamp_min(1e-300)).clamp(0.0, 1.0)
-    sel = torch.where(w_sorted > 0, sel, torch.zeros_like(sel))
-    out = torch.empty_like(sel)
-    out[order] = sel
-    return out.reshape(surprisal.shape)
-
-
-def expected_step(
-    config: TabularSimConfig, state: TabularState, h_before: float | None = None
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The mean-field expected update (module docstring) → (Δz ``[S, L, V]`` float64, metrics row), not applied.
-
-    Δz_k = (lr/τ)·π_k (B_k − Σ_j π_j B_j), B_k = ω⁺_k A⁺_k + ω⁻_k A⁻_k with A⁺_k = E[Â·1(Â>0) | a_l = k] =
-    P(r=1|k)(1 − p̄)/(σ + ε), A⁻_k = −P(r=0|k)·p̄/(σ + ε), σ = sqrt(p̄(1 − p̄)), ε = 1e-6 (the core's GRPO ε). For
-    GRPO (ω ≡ 1) this is Cui et al.'s expected PG, Δz_k = lr·π_k A_k with E_π A = 0, whose first-order entropy
-    change is −lr·Cov_π(log π, π A) (science.md §2). Plus lr·β·∂H/∂z for the entropy bonus.
-    """
-    from stare_lab.entropy import entropy_from_logits, entropy_sensitivity, logprobs_from_logits
-
-    S, G, L, V = config.num_prompts, config.group_size, config.seq_len, config.vocab_size
-    tau, eps = config.temperature, 1e-6
-    t0 = time.perf_counter()
-    z = state.logits
-    h_before = mean_entropy(z, tau) if h_before is None else h_before
-    gate_on, w, m = _gate(state, h_before)
-    vocab_ids = torch.arange(V).expand(S, L, V)
-    z_all = z.unsqueeze(-2).expand(S, L, V, V)
-    logp = logprobs_from_logits(z_all, vocab_ids, temperature=tau).detach()  # [S, L, V]
-    probs = logp.exp()
-    p_bar, p1 = success_given_token(config, probs, state.correct)
-    sigma = (p_bar * (1 - p_bar)).clamp_min(0).sqrt()
-    active = (sigma > 0).to(z.dtype)[:, None, None]  # Â ≡ 0 for a prompt that always / never succeeds
-    a_pos = active * p1 * (1 - p_bar)[:, None, None] / (sigma[:, None, None] + eps)
-    a_neg = -active * (1 - p1) * p_bar[:, None, None] / (sigma[:, None, None] + eps)
-    mass_pos, mass_neg = active * probs * p1, active * probs * (1 - p1)
-    w_pos, w_neg = torch.ones_like(probs), torch.ones_like(probs)
-    row: dict[str, Any] = {}
-    if config.is_stare:
-        surprisal = -logp
-        frac = float(config.loss.stare.top_p_ratio)
-        sel_pos = top_mass_fraction(surprisal, mass_pos, frac)
-        sel_neg = top_mass_fraction(surprisal, mass_neg, frac)
-        row["stare/frac_pos_selected"] = float((sel_pos * mass_pos).sum()) / (S * L)
-        row["stare/frac_neg_selected"] = float((sel_neg * mass_neg).sum()) / (S * L)
-        if gate_on:
-            w_pos = 1 + (w - 1) * sel_pos
-            if config.loss.stare.variant == "C2":
-                w_neg = 1 + (m - 1) * sel_neg
-    b = w_pos * a_pos + w_neg * a_neg
-    delta = (config.lr / tau) * probs * (b - (probs * b).sum(-1, keepdim=True))  # ∂log π/∂z = (e − π)/τ
-    if config.loss.entropy_coeff > 0:
-        zg = z.detach().clone().requires_grad_(True)
-        entropy_from_logits(zg, temperature=tau).sum().backward()
-        delta = delta + config.lr * config.loss.entropy_coeff * zg.grad
-    row.update(
-        {
-            "entropy": h_before,
-            "reward": float(p_bar.mean()),
-            "gate_on": int(gate_on),
-            "stare_w": w,
-            "stare_m": m,
-            "accuracy": float(p_bar.mean()),
-            f"pass@{G}": float((1 - (1 - p_bar) ** G).mean()),
-            "pred_entropy_change": predicted_entropy_change_mean(z, delta, tau),
-        }
-    )
-    # token-level decomposition Δz = Σ_k c_k (e_k − π)/τ with c_k = lr·π_k B_k, split into the Â>0 and Â<0 parts
-    phi = entropy_sensitivity(z_all, vocab_ids, temperature=tau).detach() / tau**2
-    high = phi > 0  # ⇔ surprisal > s* (critical_surprisal's docstring: sign Φ(a) = sign(s_a − s*))
-    c_pos, c_neg = config.lr * probs * w_pos * a_pos, config.lr * probs * w_neg * a_neg
-    row["pred/phi_tokens"] = float(((c_pos + c_neg) * phi).sum()) / (S * L)
-    ones = torch.ones_like(phi)
-    row.update(
-        _quadrants(
-            torch.cat([c_pos, c_neg]),
-            torch.cat([ones * active, -ones * active]),
-            torch.cat([phi, phi]),
-            torch.cat([high, high]),
-            S * L,
-            count_weight=G * torch.cat([mass_pos, mass_neg]),
-        )
-    )
-    row["time/update_s"] = time.perf_counter() - t0
-    return delta, row
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # the run: loop, checkpoint / resume, summary
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -755,7 +466,10 @@ def run(
         state = init_state(cfg)
         cfg_dict = resolved_config_dict(cfg, mean_entropy(state.logits, cfg.temperature))
         writer = RunWriter(run_dir, cfg_dict, overwrite=resume)
-    step_fn = sampled_step if cfg.mode == "sampled" else expected_step
+    if cfg.mode == "sampled":
+        step_fn = sampled_step
+    else:
+        from .tabular_expected import expected_step as step_fn
     try:
         h = mean_entropy(state.logits, cfg.temperature)
         while state.step < cfg.steps:

@@ -13,17 +13,8 @@ import pytest
 import torch
 
 from simulators.presets import get_preset
-from simulators.tabular import (
-    TabularSimConfig,
-    config_from_overrides,
-    expected_step,
-    fit_line,
-    init_state,
-    run,
-    sampled_step,
-    success_given_token,
-    top_mass_fraction,
-)
+from simulators.tabular import TabularSimConfig, config_from_overrides, fit_line, init_state, run, sampled_step
+from simulators.tabular_expected import expected_step, success_given_token, top_mass_fraction
 from stare_lab.config import LossConfig
 from stare_lab.errors import ConfigError, RunError
 

@@ -1,0 +1,156 @@
+"""Config of the tabular simulator (:mod:`simulators.tabular`): one dataclass, validated with full dotted keys."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stare_lab.config import LossConfig, check_choice, check_positive, check_range, config_prefix, join_key
+from stare_lab.errors import ConfigError
+
+from .presets import METHODS, method_overrides
+
+__all__ = ["TabularSimConfig", "EXPECTED_METHODS"]
+
+#: methods whose mean-field dynamics :mod:`simulators.tabular_expected` implements
+EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
+
+
+
+
+@dataclasses.dataclass
+class TabularSimConfig:
+    """One tabular simulation run (one method, one seed). Every default is here and lands in ``config.yaml``; the
+    defaults are the ``collapse`` preset (simulators.presets).
+
+    Attributes:
+        method: one of :data:`simulators.presets.METHODS`; sets ``loss.loss_mode``, the STARE variant /
+            adaptive flag, ``dynamic_sampling`` and (``entropy_bonus``) ``loss.entropy_coeff``.
+        seed: RNG seed of the rollouts (sampling stream seeded with 2**32 + seed) and, unless ``init_seed`` is
+            set, of the initial logits and correct sets; the same seed gives the same start for every method.
+        init_seed: seed of the initial logits / correct sets if not ``seed`` (same start, different rollouts).
+        mode: ``sampled`` (G rollouts per prompt, autograd through the core loss) or ``expected`` (mean field).
+        task: ``sequence`` (L positions) or ``bandit`` (requires ``seq_len = 1``).
+        reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
+        num_prompts: S ≥ 1.  group_size: G ≥ 1 responses per prompt.  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
+        num_correct: K ∈ [1, V] correct tokens per (prompt, position).
+        threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
+        random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
+        reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
+            independently of the tokens (keeps reward variance alive once a prompt is solved).
+        init_spread: σ ≥ 0 of the initial logits z ~ N(0, σ²) (0 → uniform, entropy log V nats).
+        lr: SGD step size > 0 (see the module docstring for its scaling).
+        steps: number of updates ≥ 1.
+        temperature: τ > 0 of sampling, log-probs and entropy.
+        dynamic_sampling: keep only groups with non-zero reward variance (DAPO), refilling up to
+            ``ds_max_rounds`` rounds of fresh rollouts; set by method ``grpo-ds``.
+        ds_max_rounds: ≥ 1 sampling rounds per step under dynamic sampling.
+        entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
+        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
+        target_entropy_frac: if set, H_tgt = frac × the initial mean entropy (nats), written into
+            ``loss.stare.target_entropy`` of the resolved config; ``None`` keeps ``loss.stare.target_entropy``.
+        collapse_frac: a run has collapsed at the first step whose entropy is below collapse_frac × initial.
+        band: half-width (nats) of the band around H_tgt counted as "in band" in the summary.
+        checkpoint_every: steps between checkpoints (and one at the end), ≥ 1.
+        loss: the core :class:`~stare_lab.config.LossConfig` (``loss_mode`` is set by ``method``).
+    """
+
+    method: str = "grpo"
+    seed: int = 0
+    init_seed: int | None = None
+    mode: str = "sampled"
+    task: str = "sequence"
+    reward: str = "verifiable"
+    num_prompts: int = 64
+    group_size: int = 8
+    seq_len: int = 4
+    vocab_size: int = 8
+    num_correct: int = 2
+    threshold: int | None = 3
+    random_reward_p: float = 0.5
+    reward_noise: float = 0.1
+    init_spread: float = 1.0
+    lr: float = 6.0
+    steps: int = 100
+    temperature: float = 1.0
+    dynamic_sampling: bool = False
+    ds_max_rounds: int = 4
+    entropy_bonus_coeff: float = 0.01
+    advantage_estimator: str = "grpo"
+    target_entropy_frac: float | None = 0.55
+    collapse_frac: float = 0.1
+    band: float = 0.05
+    checkpoint_every: int = 50
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        p = config_prefix("")
+        k = lambda name: join_key(p, name)  # noqa: E731
+        if self.method not in METHODS:
+            raise ConfigError(f"{k('method')}={self.method!r} is not one of {{{', '.join(METHODS)}}}")
+        for name in ("seed", "init_seed"):
+            value = getattr(self, name)
+            if name == "init_seed" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{k(name)}={value!r} must be an integer >= 0")
+        check_choice(k("mode"), self.mode, ["sampled", "expected"])
+        check_choice(k("task"), self.task, ["sequence", "bandit"])
+        check_choice(k("reward"), self.reward, ["verifiable", "random"])
+        for name in ("num_prompts", "group_size", "seq_len", "steps", "ds_max_rounds", "checkpoint_every"):
+            check_positive(k(name), getattr(self, name), integer=True)
+        check_positive(k("vocab_size"), self.vocab_size, integer=True)
+        if self.vocab_size < 2:
+            raise ConfigError(f"{k('vocab_size')}={self.vocab_size} must be >= 2")
+        if self.task == "bandit" and self.seq_len != 1:
+            raise ConfigError(f"{k('seq_len')}={self.seq_len} must be 1 for task='bandit'")
+        check_positive(k("num_correct"), self.num_correct, integer=True)
+        if self.num_correct > self.vocab_size:
+            raise ConfigError(f"{k('num_correct')}={self.num_correct} is outside [1, vocab_size={self.vocab_size}]")
+        if self.threshold is not None:
+            check_positive(k("threshold"), self.threshold, integer=True)
+            if self.threshold > self.seq_len:
+                raise ConfigError(f"{k('threshold')}={self.threshold} is outside [1, seq_len={self.seq_len}]")
+        check_range(k("random_reward_p"), self.random_reward_p, 0, 1)
+        check_range(k("reward_noise"), self.reward_noise, 0, 0.5)
+        check_range(k("init_spread"), self.init_spread, 0, None)
+        check_range(k("lr"), self.lr, 0, None, lo_open=True)
+        check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
+        if not isinstance(self.dynamic_sampling, bool):
+            raise ConfigError(f"{k('dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")
+        check_range(k("entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
+        check_choice(k("advantage_estimator"), self.advantage_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
+        if self.target_entropy_frac is not None:
+            check_range(k("target_entropy_frac"), self.target_entropy_frac, 0, None)
+        check_range(k("collapse_frac"), self.collapse_frac, 0, 1)
+        check_range(k("band"), self.band, 0, None)
+        if self.mode == "expected" and self.method not in EXPECTED_METHODS:
+            raise ConfigError(
+                f"{k('method')}={self.method!r} has no expected-mode dynamics; with mode='expected' use one of "
+                f"{{{', '.join(EXPECTED_METHODS)}}}"
+            )
+        if self.mode == "expected" and self.advantage_estimator != "grpo":
+            raise ConfigError(f"{k('advantage_estimator')}={self.advantage_estimator!r}: mode='expected' supports 'grpo'")
+        self._apply_method(p)
+
+    def _apply_method(self, prefix: str) -> None:
+        """Set what the method implies (science.md §3–4 via :data:`METHODS`) and re-validate the loss config."""
+        spec = method_overrides(self.method)
+        loss = spec["loss"]
+        self.loss.loss_mode = loss["loss_mode"]
+        for key, value in loss.get("stare", {}).items():
+            setattr(self.loss.stare, key, value)
+        if spec["dynamic_sampling"]:
+            self.dynamic_sampling = True
+        if spec.get("entropy_bonus") and self.loss.entropy_coeff == 0:
+            self.loss.entropy_coeff = self.entropy_bonus_coeff
+        self.loss.validate(join_key(prefix, "loss"))
+
+    @property
+    def is_stare(self) -> bool:
+        """True for the methods whose loss is the STARE loss (a controller and token weights are used)."""
+        return self.loss.loss_mode == "stare"
+
+    @property
+    def reward_threshold(self) -> int:
+        """Correct positions needed for reward 1 (``threshold`` or L)."""
+        return self.seq_len if self.threshold is None else self.threshold
