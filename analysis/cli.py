@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default: PATH/figures for a single PATH; required for several)")
     p.add_argument("--format", dest="fmt", choices=["png", "svg", "pdf"], default="png", help="figure format")
     p.add_argument("--metric", nargs="+", action="extend", default=[], metavar="KEY",
-                   help="extra metric keys to plot over steps and list in the summary")
+                   help="extra metric keys to plot over steps and list in the summary (put it after the paths)")
     p.add_argument("--group-by", action="append", default=[], metavar="CONFIG_KEY",
                    help="dotted config key that splits methods into groups (e.g. loss.stare.reweight_w); repeatable")
     p.add_argument("--band", type=_positive_float, default=0.05, metavar="NATS",

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import stats
-from .compare import QUADRANTS, Comparison, Group
+from .compare import QUADRANTS, Comparison
 
 logger = logging.getLogger(__name__)
 
