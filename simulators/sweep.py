@@ -4,7 +4,8 @@ fallback plots.
 Layout written under ``out``::
 
     out/<method>/seed<k>/     one run directory per (method, seed) (stare_lab.runs format)
-    out/summary.json          per method: every seed's run summary and the mean over seeds
+    out/summary.json          per method: every seed's statistics (simulators.run_stats, computed from its
+                              metrics.jsonl, plus the simulator's own summary) and their mean over seeds
     out/figures/*.png         plots (by ``stare-lab analyze`` if available, else :func:`fallback_plots`)
 
 Everything that can be wrong with the request (preset, method, sizes, ranges, output directory) is checked by
@@ -27,28 +28,11 @@ from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
 
 from .presets import METHODS, get_preset
+from .run_stats import STAT_KEYS, run_stats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SweepPlan", "plan_sweep", "run_sweep", "format_table", "fallback_plots", "SUMMARY_KEYS"]
-
-#: per-run summary keys averaged over seeds in ``summary.json`` (numbers; None where a seed has None)
-SUMMARY_KEYS = (
-    "initial_entropy",
-    "final_entropy",
-    "min_entropy",
-    "target_entropy",
-    "steps_to_collapse",
-    "final_reward",
-    "time_in_band",
-    "mean_abs_dev_second_half",
-    "gate_on_frac",
-    "pred_r2",
-    "pred_slope",
-    "pred_rel_err",
-    "wall_s",
-)
-
+__all__ = ["SweepPlan", "plan_sweep", "run_sweep", "format_table", "fallback_plots", "check_writable_dir"]
 
 @dataclasses.dataclass
 class SweepPlan:
@@ -194,9 +178,9 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
                 summary = plan.module.run(config, run_dir, resume=plan.resume)
                 if progress is not None:
                     progress(int(getattr(config, "steps", 1)))
-            runs[f"seed{seed}"] = summary
+            runs[f"seed{seed}"] = {**_stats_of(run_dir, config), "run_summary": summary}
         collapsed = [r.get("steps_to_collapse") for r in runs.values()]
-        mean = {k: _mean([r.get(k) for r in runs.values()]) for k in SUMMARY_KEYS}
+        mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
         mean["collapsed_runs"] = sum(c is not None for c in collapsed)
         per_method[method] = {"runs": runs, "mean": mean}
     summary = {
@@ -210,6 +194,18 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, plan.out / "summary.json")
     return summary
+
+
+def _stats_of(run_dir: Path, config: Any) -> dict[str, Any]:
+    """:func:`simulators.run_stats.run_stats` of a finished run directory; H_tgt from its ``config.yaml``
+    (``loss.stare.target_entropy``, the resolved value), collapse fraction / band from the config if it has them."""
+    from stare_lab.runs import read_run
+
+    run = read_run(run_dir)
+    target = ((run.config.get("loss") or {}).get("stare") or {}).get("target_entropy")
+    return run_stats(
+        run.metrics, target, getattr(config, "collapse_frac", 0.1), getattr(config, "band", 0.05)
+    )
 
 
 def _clear_run(run_dir: Path) -> None:
@@ -258,7 +254,7 @@ def fallback_plots(out: Path, summary: dict[str, Any]) -> list[Path]:
 
     from stare_lab.runs import read_run
 
-    from .tabular import fit_line
+    from .run_stats import fit_line
 
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)

@@ -52,11 +52,14 @@ from stare_lab.config import from_dict, to_dict
 from stare_lab.errors import RunError
 from stare_lab.runs import RunWriter
 
+from .run_stats import run_stats
 from .tabular_config import EXPECTED_METHODS, TabularSimConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TabularSimConfig", "EXPECTED_METHODS", "TabularState", "run", "init_state", "sampled_step", "fit_line", "config_from_overrides"]
+__all__ = [
+    "TabularSimConfig", "EXPECTED_METHODS", "TabularState", "run", "init_state", "sampled_step", "config_from_overrides",
+]
 
 CHECKPOINT_FILE = "state.pt"
 
@@ -195,29 +198,6 @@ def _quadrants(
         out[f"quadrant/{name}/count"] = int(round(counts[i])) if count_weight is None else counts[i]
         out[f"quadrant/{name}/dH"] = sums[i]
     return out
-
-
-def fit_line(pred: list[float], meas: list[float]) -> dict[str, float | None]:
-    """Least-squares fit ``meas ≈ intercept + slope·pred`` → ``{"slope", "intercept", "r2", "rel_err"}``.
-
-    ``r2`` is the coefficient of determination of the fit; ``rel_err`` = ‖meas − pred‖ / ‖meas‖ (agreement with
-    the identity line). Values are ``None`` where undefined (fewer than 2 points, or no variance).
-    """
-    pts = [(p, m) for p, m in zip(pred, meas) if p is not None and m is not None]
-    if len(pts) < 2:
-        return {"slope": None, "intercept": None, "r2": None, "rel_err": None}
-    x = torch.tensor([p for p, _ in pts], dtype=torch.float64)
-    y = torch.tensor([m for _, m in pts], dtype=torch.float64)
-    xc, yc = x - x.mean(), y - y.mean()
-    sxx, syy = float((xc * xc).sum()), float((yc * yc).sum())
-    norm_y = float(y.norm())
-    rel = float((y - x).norm()) / norm_y if norm_y > 0 else None
-    if sxx == 0 or syy == 0:
-        return {"slope": None, "intercept": None, "r2": None, "rel_err": rel}
-    slope = float((xc * yc).sum()) / sxx
-    intercept = float(y.mean()) - slope * float(x.mean())
-    r2 = 1.0 - float(((yc - slope * xc) ** 2).sum()) / syy
-    return {"slope": slope, "intercept": intercept, "r2": r2, "rel_err": rel}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -394,37 +374,12 @@ def _load_checkpoint(path: Path, config: TabularSimConfig) -> tuple[TabularState
 
 
 def summarize(rows: list[dict[str, Any]], config: TabularSimConfig, final_entropy: float) -> dict[str, Any]:
-    """The run's ``summary.json`` (recomputable from ``metrics.jsonl``): initial / final / min entropy (nats),
-    ``steps_to_collapse`` (first step with entropy < collapse_frac × initial, else None), ``final_reward`` (mean
-    reward over the last 10 % of steps), ``time_in_band`` (fraction of steps with |H − H_tgt| ≤ band),
-    ``mean_abs_dev_second_half`` (mean |H − H_tgt| over the second half of the steps), ``gate_on_frac``, the fit of
-    measured on predicted ΔH (``pred_r2``, ``pred_slope``, ``pred_rel_err``, see :func:`fit_line`) and wall time."""
-    h = [r["entropy"] for r in rows]
-    h0 = h[0]
-    target = float(config.loss.stare.target_entropy)
-    collapse = next((r["step"] for r in rows if r["entropy"] < config.collapse_frac * h0), None)
-    tail = rows[-max(1, len(rows) // 10) :]
-    half = rows[len(rows) // 2 :]
-    fit = fit_line([r["pred_entropy_change"] for r in rows], [r["entropy_change"] for r in rows])
-    return {
-        "method": config.method,
-        "seed": config.seed,
-        "mode": config.mode,
-        "steps": len(rows),
-        "initial_entropy": h0,
-        "final_entropy": final_entropy,
-        "min_entropy": min(h + [final_entropy]),
-        "target_entropy": target,
-        "steps_to_collapse": collapse,
-        "final_reward": sum(r["reward"] for r in tail) / len(tail),
-        "time_in_band": sum(abs(x - target) <= config.band for x in h) / len(h),
-        "mean_abs_dev_second_half": sum(abs(r["entropy"] - target) for r in half) / len(half),
-        "gate_on_frac": sum(r["gate_on"] for r in rows) / len(rows),
-        "pred_r2": fit["r2"],
-        "pred_slope": fit["slope"],
-        "pred_rel_err": fit["rel_err"],
-        "wall_s": sum(r.get("time/step_s", 0.0) for r in rows),
-    }
+    """The run's ``summary.json`` (recomputable from ``metrics.jsonl``): ``method``, ``seed``, ``mode`` and the
+    statistics of :func:`simulators.run_stats.run_stats` (entropy, collapse, reward, band, first-order fit)."""
+    stats = run_stats(
+        rows, float(config.loss.stare.target_entropy), config.collapse_frac, config.band, final_entropy=final_entropy
+    )
+    return {"method": config.method, "seed": config.seed, "mode": config.mode, **stats}
 
 
 def run(

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from simulators.presets import get_preset
-from simulators.tabular import TabularSimConfig, config_from_overrides, fit_line, init_state, run, sampled_step
+from simulators.run_stats import fit_line, run_stats
+from simulators.tabular import TabularSimConfig, config_from_overrides, init_state, run, sampled_step
 from simulators.tabular_expected import expected_step, success_given_token, top_mass_fraction
 from stare_lab.config import LossConfig
 from stare_lab.errors import ConfigError, RunError
@@ -289,3 +290,17 @@ def test_bandit_preset_runs(tmp_path):
 
 def test_loss_config_is_the_core_dataclass():
     assert isinstance(TabularSimConfig().loss, LossConfig)
+
+
+def test_run_stats_by_hand():
+    """Entropies 1.0, 0.5, 0.05, 0.04 (+ last change −0.01), target 0.5, band 0.05, collapse at < 0.1 × 1.0: collapse
+    at step 2; final 0.03; in band: only 0.5 → 1/4; second half |0.05−0.5|, |0.04−0.5| → 0.455; rewards: last 10 %
+    of 4 rows = the last row → 1.0; gate on in 2 of 4 rows."""
+    rows = [
+        {"step": i, "entropy": h, "reward": r, "gate_on": g, "pred_entropy_change": -0.1, "entropy_change": dh}
+        for i, (h, r, g, dh) in enumerate([(1.0, 0, 0, -0.5), (0.5, 0, 0, -0.45), (0.05, 1, 1, -0.01), (0.04, 1, 1, -0.01)])
+    ]
+    s = run_stats(rows, 0.5, collapse_frac=0.1, band=0.05)
+    assert s["steps_to_collapse"] == 2 and s["final_entropy"] == pytest.approx(0.03)
+    assert s["time_in_band"] == 0.25 and s["mean_abs_dev_second_half"] == pytest.approx(0.455)
+    assert s["final_reward"] == 1.0 and s["gate_on_frac"] == 0.5 and s["min_entropy"] == pytest.approx(0.03)
