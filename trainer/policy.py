@@ -105,11 +105,13 @@ class PolicyEngine:
         self.dist = dist
         self.ds_config = deepspeed_json(cfg, dist.world_size)
         self.zero3 = self.ds_config.get("zero_optimization", {}).get("stage", 0) == 3
-        # keeps ZeRO-3 partitioned construction (zero.Init) active inside from_pretrained
-        self._hf_ds = HfDeepSpeedConfig(self.ds_config) if self.zero3 else None
+        # alive only while loading: ZeRO-3 partitioned construction (zero.Init) inside from_pretrained; dropped
+        # afterwards so that other models loaded in this process (e.g. the HF rollout engine) are not partitioned
+        hf_ds = HfDeepSpeedConfig(self.ds_config) if self.zero3 else None
         model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype=torch.float32, attn_implementation=cfg.model.attn_implementation
         )
+        del hf_ds
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
