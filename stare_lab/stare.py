@@ -102,21 +102,36 @@ def select_top_surprisal(
         raise DataError(f"candidates has shape {tuple(candidates.shape)}, expected {tuple(logprobs.shape)}")
     if logprobs.dim() not in (1, 2):
         raise DataError(f"logprobs must be [N] or [B, T], got shape {tuple(logprobs.shape)}")
-    code = candidates.to(torch.int32).sub_(1)  # 0 for candidates, -1 elsewhere
-    return _select(logprobs, code, top_p_ratio)
-
-
-def _select(logprobs: Tensor, code: Tensor, top_p_ratio: float) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`select_top_surprisal` with the candidate set given as an int32 ``code`` (0 = candidate, −1 = not)."""
     shape = logprobs.shape
-    lp2 = logprobs.detach().to(torch.float32).reshape(1 if logprobs.dim() == 1 else shape[0], shape[-1])
+    lp2 = _as_rows(logprobs)
+    scratch = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
+    scratch.copy_(candidates.reshape(lp2.shape).to(torch.int8)).sub_(1)  # code: 0 for candidates, -1 elsewhere
+    selected, k, n = _select(lp2, scratch, top_p_ratio)
+    return selected.view(shape), k, n
+
+
+def _as_rows(logprobs: Tensor) -> Tensor:
+    """Detached float32 ``[rows, cols]`` view (``[N]`` → ``[1, N]``)."""
+    lp = logprobs.detach().to(torch.float32)
+    return lp.reshape(1, -1) if lp.dim() == 1 else lp
+
+
+def _select(lp2: Tensor, scratch: Tensor, top_p_ratio: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32. ``scratch`` is an int32
+    ``[rows, cols]`` buffer that holds the candidate code on entry (0 = candidate, −1 = not) and is overwritten.
+
+    Written for few passes and few large temporaries (on CPU a fresh multi-MB tensor costs page faults, and
+    conversions from bool are slow, so bool tensors are read through uint8 views). Returns
+    ``(selected [rows, cols] bool, k, n)``."""
     rows, cols = lp2.shape
     # key = bits of |log π| (≥ 0, orders like s) for candidates; OR with -1 gives exactly -1 for the others
-    key = lp2.abs().view(torch.int32).bitwise_or_(code.reshape(rows, cols))
+    key = torch.abs(lp2).view(torch.int32).bitwise_or_(scratch)
     flat = key.view(-1)
+    scratch = scratch.view(-1)
 
     # pass 1: high 16 bits, shifted to bins 1..65536; non-candidates (-1 >> 15 = -1) land in bin 0 (dropped)
-    hist1 = torch.bincount(flat.bitwise_right_shift(_LO_BITS).add_(1), minlength=_HI_BINS + 1)[1:]
+    torch.bitwise_right_shift(flat, _LO_BITS, out=scratch).add_(1)
+    hist1 = torch.bincount(scratch, minlength=_HI_BINS + 1)[1:]
     n = hist1.sum()
     k = _num_selected(n, top_p_ratio)
     b1, above1 = _threshold(hist1, k)
@@ -126,8 +141,8 @@ def _select(logprobs: Tensor, code: Tensor, top_p_ratio: float) -> tuple[Tensor,
     # non-candidates, -1) clamp to 0 (dropped); the `above1` candidate keys above the bin clamp into the top bin and
     # are subtracted again (a separate bin above could overflow int32 for the top bin). No overflow: key ≥ -1.
     base = (b1 << _LO_BITS).to(torch.int32)
-    lo = (flat - (base - 1)).clamp_(0, _LO_BINS)
-    hist2 = torch.bincount(lo, minlength=_LO_BINS + 1)[1:]
+    torch.sub(flat, base - 1, out=scratch).clamp_(0, _LO_BINS)
+    hist2 = torch.bincount(scratch, minlength=_LO_BINS + 1)[1:]
     hist2[-1] -= above1
     b2, above2 = _threshold(hist2, k2)
     t = base + b2.to(torch.int32)  # the k-th largest key (INT32_MAX when k = 0: nothing reaches it)
@@ -135,16 +150,17 @@ def _select(logprobs: Tensor, code: Tensor, top_p_ratio: float) -> tuple[Tensor,
 
     # ties, row-major: rows before r* take all their ties, row r* the first `need - ties before r*`, later none.
     # Expressed as a per-row threshold (t - 1 before r*, t from r* on) plus a fix-up of row r* alone.
-    ties_per_row = (key == t).sum(1, dtype=torch.int64)
+    selected = torch.eq(key, t)
+    ties_per_row = selected.view(torch.uint8).sum(1, dtype=torch.int64)
     ties_before = ties_per_row.cumsum(0) - ties_per_row
     r = (ties_before + ties_per_row < need).sum().clamp_max(rows - 1)  # first row whose ties reach `need`
     row_thr = torch.where(torch.arange(rows, device=key.device) < r, t - 1, t).to(torch.int32)
-    selected = key > row_thr.unsqueeze(1)
+    torch.gt(key, row_thr.unsqueeze(1), out=selected)
     key_r = key.index_select(0, r.view(1))  # [1, cols]
     tie_r = key_r == t
     take_r = tie_r & (tie_r.cumsum(1) <= need - ties_before.gather(0, r.view(1)))
     selected.index_copy_(0, r.view(1), (key_r > t) | take_r)
-    return selected.view(shape), k, n
+    return selected, k, n
 
 
 def _check_inputs(logprobs: Tensor, advantages: Tensor, response_mask: Tensor) -> None:
@@ -244,14 +260,22 @@ def stare_token_weights(
         return torch.ones(logprobs.shape, dtype=torch.float32, device=device), stats
 
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
-    mask_i = mask.to(torch.int32)
+    lp2 = _as_rows(logprobs)
     n_valid = torch.count_nonzero(mask).clamp_min(1).to(torch.float32)
-    sel_pos, k_pos, n_pos = _select(logprobs, (mask_i * (adv_bt > 0)).sub_(1), config.top_p_ratio)
-    weights = sel_pos.to(torch.float32).mul_(w - 1.0).add_(1.0)  # exactly 1.0 off L+, fl(W) on L+
+    # the weights buffer doubles as the int32 scratch of the radix passes until the weights are written
+    weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
+    scratch = weights.view(torch.int32)
+    code = mask.to(torch.int8)
+    code.mul_(adv_bt > 0).sub_(1)  # 0 on T+, -1 elsewhere
+    sel_pos, k_pos, n_pos = _select(lp2, scratch.copy_(code), config.top_p_ratio)
     if config.variant == "C2":
-        sel_neg, k_neg, n_neg = _select(logprobs, mask_i.mul_(adv_bt < 0).sub_(1), config.top_p_ratio)
-        weights.add_(sel_neg.to(torch.float32), alpha=m - 1.0)
+        code.copy_(mask).mul_(adv_bt < 0).sub_(1)  # 0 on T−, -1 elsewhere
+        sel_neg, k_neg, n_neg = _select(lp2, scratch.copy_(code), config.top_p_ratio)
+        weights.copy_(sel_neg.view(torch.uint8)).mul_(m - 1.0).add_(1.0)
+        weights.add_(sel_pos.view(torch.uint8), alpha=w - 1.0)
     else:
+        # exactly 1.0 off L+, fl(1 + fl(W − 1)) on L+ (= fl(W) for the usual W)
+        weights.copy_(sel_pos.view(torch.uint8)).mul_(w - 1.0).add_(1.0)
         k_neg, n_neg = zero, zero
     stats.update(
         {
