@@ -9,8 +9,8 @@ Reads top to bottom:
    the seed, disjoint train / held-out splits, a checker giving 0/1 rewards.
 3. **Warm start** — a short supervised phase on noisy demonstrations (AdamW, ``warm_start.lr``) so the initial
    policy is partly right and has real entropy. The warm-started weights depend only on (task, model, warm_start,
-   seed); they are cached in ``warm_start.cache_dir`` (default: ``<run_dir>/../warm_start_cache``) so the methods
-   of one sweep reuse them — each method's RL phase is genuine and starts from bit-identical weights.
+   seed); they are cached in ``warm_start.cache_dir`` (default: ``<run_dir>/../../warm_start_cache``, i.e. ``OUT/``
+   of the CLI's ``OUT/<method>/seed<k>`` layout) so the methods of one sweep reuse them — each method's RL phase is genuine and starts from bit-identical weights.
 4. **RL** — per step: ``prompts_per_step`` train prompts × ``group_size`` responses sampled at ``temperature``
    (a KV-cache sampling loop with a seeded ``torch.Generator``), rewards from the checker, advantages from
    :func:`stare_lab.advantages.group_advantages`, the method's policy loss from the core registry
@@ -70,6 +70,7 @@ from stare_lab.losses import PolicyLossInputs, compute_policy_loss
 from stare_lab.runs import RunWriter, read_run
 from stare_lab.stare import STAREController, stare_token_weights
 
+from .run_stats import fit_line, run_stats
 from .tasks import EOS, PAD, VOCAB_SIZE, Task, make_splits, make_task
 from .transformer_config import (
     PRESET_SWEEPS,
@@ -210,7 +211,7 @@ class _Simulation:
         """Supervised warm start on noisy demonstrations (cached); returns its held-out entropy and accuracy."""
 
         ws = self.cfg.warm_start
-        cache_dir = Path(ws.cache_dir) if ws.cache_dir else Path(run_dir).resolve().parent / "warm_start_cache"
+        cache_dir = Path(ws.cache_dir) if ws.cache_dir else Path(run_dir).resolve().parent.parent / "warm_start_cache"
         cache_path = cache_dir / f"warm_{self._warm_key()}.pt"
         if ws.cache and cache_path.is_file():
             blob = torch.load(cache_path, weights_only=True)
@@ -418,46 +419,26 @@ def _num(v: Any) -> Any:
     return float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v
 
 
-def _fit(pred: list[float], meas: list[float]) -> dict[str, float | None]:
-    """Least-squares fit meas ≈ slope·pred + intercept: slope, R² (squared Pearson correlation) and R² of the
-    identity (1 − Σ(meas − pred)² / Σ(meas − mean)²). ``None`` where undefined (fewer than 3 points, no spread)."""
-    pairs = [(p, m) for p, m in zip(pred, meas) if p is not None and m is not None]
-    if len(pairs) < 3:
-        return {"r2": None, "slope": None, "r2_identity": None}
-    x = torch.tensor([p for p, _ in pairs], dtype=torch.float64)
-    y = torch.tensor([m for _, m in pairs], dtype=torch.float64)
-    sxx, syy = float(((x - x.mean()) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
-    if sxx == 0 or syy == 0:
-        return {"r2": None, "slope": None, "r2_identity": None}
-    sxy = float(((x - x.mean()) * (y - y.mean())).sum())
-    return {"r2": sxy * sxy / (sxx * syy), "slope": sxy / sxx, "r2_identity": 1 - float(((y - x) ** 2).sum()) / syy}
-
-
 def summarize(rows: list[dict[str, Any]], warm_info: dict[str, float], config: TransformerSimConfig) -> dict:
-    """Summary of a run from its metrics rows (recomputable from ``metrics.jsonl``): initial / final entropy, the
-    first step whose entropy is below 10 % of the first step's, final held-out metrics, and the fits of each
-    predictor to the measured ΔH (:func:`_fit`)."""
-    ent = [r["entropy"] for r in rows]
-    h0 = ent[0] if ent else None
-    below = [r["step"] for r in rows if h0 and r["entropy"] < 0.1 * h0]
-    evals = [r for r in rows if "eval/accuracy" in r]
+    """Summary of a run from its metrics rows (recomputable from ``metrics.jsonl``): the shared per-run statistics
+    (:func:`simulators.run_stats.run_stats`: initial / final entropy, ``steps_to_collapse`` = first step below 10 %
+    of the initial entropy, band statistics around H_tgt, fit of ``pred_entropy_change``), the warm-start numbers,
+    the last held-out evaluation, and the fit (slope, R², relative error; :func:`simulators.run_stats.fit_line`)
+    of each predictor ``pred/<name>`` to the measured ΔH under ``fit/<name>/…``."""
     k = config.eval_samples
-    out: dict[str, Any] = {"method": config.method, "seed": config.seed, "steps": len(rows), **warm_info}
+    evals = [r for r in rows if "eval/accuracy" in r]
+    out: dict[str, Any] = {"method": config.method, "seed": config.seed, **warm_info}
+    out.update(run_stats(rows, config.loss.stare.target_entropy))
     out.update({
-        "entropy_initial": h0,
-        "entropy_final": ent[-1] if ent else None,
-        "entropy_final_ratio": (ent[-1] / h0) if h0 else None,
-        "steps_to_10pct_entropy": below[0] if below else None,
-        "accuracy_final": rows[-1]["accuracy"] if rows else None,
+        "initial_accuracy": rows[0]["accuracy"] if rows else None,
+        "final_accuracy": rows[-1]["accuracy"] if rows else None,
         "eval/accuracy": evals[-1]["eval/accuracy"] if evals else None,
         f"eval/pass@{k}": evals[-1][f"eval/pass@{k}"] if evals else None,
-        "gate_on_frac": sum(r["gate_on"] for r in rows) / max(len(rows), 1),
-        "time/total_s": sum(r.get("time/step_s", 0.0) for r in rows),
     })
-    meas = [r["entropy_change"] for r in rows]
+    meas = [r.get("entropy_change") for r in rows]
     for name in ("grad_dot", "logit_first_order", "phi_tokens"):
-        fit = _fit([r.get(f"pred/{name}") for r in rows], meas)
-        out.update({f"fit/{name}/{key}": v for key, v in fit.items()})
+        fit = fit_line([r.get(f"pred/{name}") for r in rows], meas)
+        out.update({f"fit/{name}/{key}": fit[key] for key in ("r2", "slope", "rel_err")})
     return out
 
 

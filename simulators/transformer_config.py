@@ -87,7 +87,8 @@ class WarmStartConfig:
         batch_size: demonstrations per step (≥ 1).
         lr: AdamW learning rate (> 0).
         cache: reuse / store the warm-started weights in ``cache_dir``.
-        cache_dir: where; ``None`` = ``<run_dir>/../warm_start_cache`` (shared by the runs of one sweep).
+        cache_dir: where; ``None`` = ``<run_dir>/../../warm_start_cache`` (``OUT/`` of the CLI layout
+            ``OUT/<method>/seed<k>``: shared by the runs of one sweep; files are keyed by a hash of what they depend on).
     """
 
     steps: int = 200

@@ -27,6 +27,8 @@ def main() -> int:
     ap.add_argument("--preset", default="transformer")
     ap.add_argument("--out", default=None, help="sweep directory (default: a fresh temporary one)")
     ap.add_argument("--direct", action="store_true", help="call simulators.transformer.run in-process")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds for the CLI (the transformer preset is one seed)")
+    ap.add_argument("--no-plots", action="store_true", help="pass --no-plots to the CLI")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_transformer_"))
@@ -38,11 +40,12 @@ def main() -> int:
         from simulators.transformer import PRESET_SWEEPS, config_from_preset, run
 
         sweep = PRESET_SWEEPS[args.preset]
-        for seed in sweep["seeds"]:
+        for seed in sweep["seeds"][: args.seeds]:
             for method in sweep["methods"]:
-                run(config_from_preset(args.preset, method=method, seed=seed), out / f"{method}_seed{seed}")
+                run(config_from_preset(args.preset, method=method, seed=seed), out / method / f"seed{seed}")
     else:
-        cmd = [sys.executable, "-m", "stare_lab.cli", "simulate", "--preset", args.preset, "--out", str(out)]
+        cmd = [sys.executable, "-m", "stare_lab.cli", "simulate", "--preset", args.preset, "--out", str(out),
+               "--seeds", str(args.seeds)] + (["--no-plots"] if args.no_plots else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stdout[-2000:], proc.stderr[-4000:], sep="\n")
@@ -59,18 +62,19 @@ def main() -> int:
         r = read_run(path)
         s = r.summary or {}
         k = r.config.get("eval_samples")
-        ws = f"warm start H={s.get('warm_start/entropy', float('nan')):.3f} acc={s.get('warm_start/accuracy', float('nan')):.3f}"
-        print(f"\n{path.relative_to(out)}  ({len(r.metrics)} steps, {s.get('time/total_s', 0):.1f} s RL)  {ws}")
-        print(f"  entropy {s.get('entropy_initial'):.3f} -> {s.get('entropy_final'):.3f} "
-              f"(ratio {s.get('entropy_final_ratio'):.3f}; first step < 10 %: {s.get('steps_to_10pct_entropy')}); "
-              f"gate on {s.get('gate_on_frac', 0):.2f} of steps")
-        print(f"  sampled accuracy {r.metrics[0]['accuracy']:.3f} -> {s.get('accuracy_final'):.3f}; held-out "
-              f"accuracy {s.get('eval/accuracy')}, pass@{k} {s.get(f'eval/pass@{k}')}")
+        fmt = lambda v: "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+        print(f"\n{path.relative_to(out)}  ({len(r.metrics)} steps, {s.get('wall_s', 0):.1f} s RL)  warm start: "
+              f"H={fmt(s.get('warm_start/entropy'))} acc={fmt(s.get('warm_start/accuracy'))} "
+              f"pass@{k}={fmt(s.get(f'warm_start/pass@{k}'))}")
+        print(f"  entropy {fmt(s.get('initial_entropy'))} -> {fmt(s.get('final_entropy'))} (min "
+              f"{fmt(s.get('min_entropy'))}; first step < 10 %: {fmt(s.get('steps_to_collapse'))}); gate on "
+              f"{fmt(s.get('gate_on_frac'))} of steps; H_tgt {fmt(s.get('target_entropy'))}, |H - H_tgt| 2nd half "
+              f"{fmt(s.get('mean_abs_dev_second_half'))}")
+        print(f"  sampled accuracy {fmt(s.get('initial_accuracy'))} -> {fmt(s.get('final_accuracy'))}; held-out "
+              f"accuracy {fmt(s.get('eval/accuracy'))}, pass@{k} {fmt(s.get(f'eval/pass@{k}'))}")
         for name in ("grad_dot", "logit_first_order", "phi_tokens"):
-            r2, slope = s.get(f"fit/{name}/r2"), s.get(f"fit/{name}/slope")
-            fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-            print(f"  predictor {name:18s} R2 {fmt(r2)}  slope {fmt(slope)}  R2(identity) "
-                  f"{fmt(s.get(f'fit/{name}/r2_identity'))}")
+            print(f"  predictor {name:18s} R2 {fmt(s.get(f'fit/{name}/r2'))}  slope {fmt(s.get(f'fit/{name}/slope'))}"
+                  f"  rel. error {fmt(s.get(f'fit/{name}/rel_err'))}")
     print(f"\nrun directories: {out}")
     return 0
 
