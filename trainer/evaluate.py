@@ -401,8 +401,18 @@ def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         engine = HFEngine(args.model, tok, device=device, dtype=dtype)
     else:
+        max_len = cfg.max_prompt_length + cfg.max_tokens
+        try:
+            model_max = int(json.loads((Path(args.model) / "config.json").read_text())["max_position_embeddings"])
+        except (OSError, KeyError, ValueError, TypeError):
+            model_max = None
+        if model_max is not None and max_len > model_max:
+            raise ConfigError(
+                f"--max-prompt-length {cfg.max_prompt_length} + --max-tokens {cfg.max_tokens} = {max_len} exceeds the "
+                f"model's max_position_embeddings={model_max}; lower one of them"
+            )
         engine = VLLMEngine(args.model, tok, dtype=dtype, seed=cfg.seed, tensor_parallel_size=args.tensor_parallel_size,
-                            max_model_len=cfg.max_prompt_length + cfg.max_tokens)
+                            max_model_len=max_len)
     return engine, engine.tokenizer
 
 

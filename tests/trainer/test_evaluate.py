@@ -301,8 +301,19 @@ def test_cli_end_to_end_vllm_engine(require, tiny_model, tmp_path):
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "stare_lab.cli", "evaluate", "--model", str(tiny_model), "--engine", "vllm",
            "--benchmarks", "math500", "--limit", "10", "--n", "2", "--max-tokens", "12", "--max-prompt-length",
-           "1024", "--out", str(tmp_path / "v")]
+           "512", "--out", str(tmp_path / "v")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "average" in proc.stdout
     _check_outputs(tmp_path / "v", 10, 2)
+
+
+def test_cli_rejects_length_beyond_model_positions(require, tiny_model, tmp_path, capsys):
+    """The tiny model has max_position_embeddings=1024 (trainer.tiny default): 1024 + 12 tokens cannot fit."""
+    require("transformers")
+    from stare_lab.cli import main
+
+    rc = main(["evaluate", "--model", str(tiny_model), "--engine", "vllm", "--benchmarks", "math500", "--limit", "1",
+               "--max-prompt-length", "1024", "--max-tokens", "12", "--out", str(tmp_path)])
+    assert rc == 1
+    assert "exceeds the model's max_position_embeddings=1024" in capsys.readouterr().err
