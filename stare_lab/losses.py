@@ -567,7 +567,7 @@ def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
         )
         metrics["stare/frac_pos_selected"] = stats["stare/frac_pos_selected"]
         metrics["stare/frac_neg_selected"] = stats["stare/frac_neg_selected"]
-    return loss * weights, metrics
+    return loss.mul_(weights), metrics  # in place: minimum() does not need its output for backward
 
 
 def _covariance(prep: _Prepared) -> Tensor:

@@ -104,9 +104,8 @@ def select_top_surprisal(
         raise DataError(f"logprobs must be [N] or [B, T], got shape {tuple(logprobs.shape)}")
     shape = logprobs.shape
     lp2 = _as_rows(logprobs)
-    scratch = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
-    scratch.copy_(candidates.reshape(lp2.shape).to(torch.int8)).sub_(1)  # code: 0 for candidates, -1 elsewhere
-    selected, k, n = _select(lp2, scratch, top_p_ratio)
+    cand = _as_bool_mask(candidates).reshape(lp2.shape)
+    selected, k, n = _select(lp2, lambda r0, r1, out: torch.sub(cand[r0:r1].view(torch.int8), 1, out=out), top_p_ratio)
     return selected.view(shape), k, n
 
 
@@ -116,22 +115,36 @@ def _as_rows(logprobs: Tensor) -> Tensor:
     return lp.reshape(1, -1) if lp.dim() == 1 else lp
 
 
-def _select(lp2: Tensor, scratch: Tensor, top_p_ratio: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32. ``scratch`` is an int32
-    ``[rows, cols]`` buffer that holds the candidate code on entry (0 = candidate, −1 = not) and is overwritten.
+#: Elements per chunk of the CPU selection passes (512 KiB of int32): the temporaries of a chunk stay in cache.
+CHUNK_ELEMS = 1 << 17
 
-    Written for few passes and few large temporaries (on CPU a fresh multi-MB tensor costs page faults, and
-    conversions from bool are slow, so bool tensors are read through uint8 views). Returns
-    ``(selected [rows, cols] bool, k, n)``."""
+
+def _select(lp2: Tensor, fill_candidates, top_p_ratio: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32.
+
+    ``fill_candidates(r0, r1, out)`` writes the candidate code of rows r0..r1 into the int32 ``out``
+    ``[r1 − r0, cols]`` and returns it: 0 for candidates, −1 elsewhere. On CPU the passes run over chunks of rows of about :data:`CHUNK_ELEMS`
+    elements so that their temporaries stay in cache (the whole batch is memory-bound otherwise); on other
+    devices in one chunk. Returns ``(selected [rows, cols] bool, k, n)``."""
     rows, cols = lp2.shape
-    # key = bits of |log π| (≥ 0, orders like s) for candidates; OR with -1 gives exactly -1 for the others
-    key = torch.abs(lp2).view(torch.int32).bitwise_or_(scratch)
-    flat = key.view(-1)
-    scratch = scratch.view(-1)
+    device = lp2.device
+    step = max(1, CHUNK_ELEMS // max(cols, 1)) if device.type == "cpu" else rows
+    chunks = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+    scratch = torch.empty(min(step, rows) * cols, dtype=torch.int32, device=device)
+    ones = torch.ones(1, dtype=torch.int32, device=device).expand(scratch.numel())
+    key = torch.empty(rows, cols, dtype=torch.int32, device=device)
+    bits = lp2.view(torch.int32)
 
-    # pass 1: high 16 bits, shifted to bins 1..65536; non-candidates (-1 >> 15 = -1) land in bin 0 (dropped)
-    torch.bitwise_right_shift(flat, _LO_BITS, out=scratch).add_(1)
-    hist1 = torch.bincount(scratch, minlength=_HI_BINS + 1)[1:]
+    # pass 1: key = bits of |log π| (≥ 0, orders like s) for candidates, exactly -1 for the others (OR with -1);
+    # histogram of the high 16 bits shifted to bins 1..65536; non-candidates (-1 >> 15 = -1) land in bin 0
+    hist1 = torch.zeros(_HI_BINS + 1, dtype=torch.int32, device=device)
+    for r0, r1 in chunks:
+        m = (r1 - r0) * cols
+        code = fill_candidates(r0, r1, scratch[:m].view(r1 - r0, cols))
+        kc = torch.bitwise_and(bits[r0:r1], _ABS_MASK, out=key[r0:r1]).bitwise_or_(code)
+        idx = torch.bitwise_right_shift(kc.view(-1), _LO_BITS, out=scratch[:m]).add_(1)
+        hist1.index_add_(0, idx, ones[:m])
+    hist1 = hist1[1:].to(torch.int64)
     n = hist1.sum()
     k = _num_selected(n, top_p_ratio)
     b1, above1 = _threshold(hist1, k)
@@ -141,8 +154,12 @@ def _select(lp2: Tensor, scratch: Tensor, top_p_ratio: float) -> tuple[Tensor, T
     # non-candidates, -1) clamp to 0 (dropped); the `above1` candidate keys above the bin clamp into the top bin and
     # are subtracted again (a separate bin above could overflow int32 for the top bin). No overflow: key ≥ -1.
     base = (b1 << _LO_BITS).to(torch.int32)
-    torch.sub(flat, base - 1, out=scratch).clamp_(0, _LO_BINS)
-    hist2 = torch.bincount(scratch, minlength=_LO_BINS + 1)[1:]
+    hist2 = torch.zeros(_LO_BINS + 1, dtype=torch.int32, device=device)
+    for r0, r1 in chunks:
+        m = (r1 - r0) * cols
+        idx = torch.sub(key[r0:r1].view(-1), base - 1, out=scratch[:m]).clamp_(0, _LO_BINS)
+        hist2.index_add_(0, idx, ones[:m])
+    hist2 = hist2[1:].to(torch.int64)
     hist2[-1] -= above1
     b2, above2 = _threshold(hist2, k2)
     t = base + b2.to(torch.int32)  # the k-th largest key (INT32_MAX when k = 0: nothing reaches it)
@@ -150,12 +167,17 @@ def _select(lp2: Tensor, scratch: Tensor, top_p_ratio: float) -> tuple[Tensor, T
 
     # ties, row-major: rows before r* take all their ties, row r* the first `need - ties before r*`, later none.
     # Expressed as a per-row threshold (t - 1 before r*, t from r* on) plus a fix-up of row r* alone.
-    selected = torch.eq(key, t)
-    ties_per_row = selected.view(torch.uint8).sum(1, dtype=torch.int64)
+    selected = torch.empty(rows, cols, dtype=torch.bool, device=device)
+    ties_per_row = torch.empty(rows, dtype=torch.int32, device=device)
+    for r0, r1 in chunks:
+        tie = torch.eq(key[r0:r1], t, out=selected[r0:r1])
+        torch.sum(tie.view(torch.uint8), 1, dtype=torch.int32, out=ties_per_row[r0:r1])
+    ties_per_row = ties_per_row.to(torch.int64)
     ties_before = ties_per_row.cumsum(0) - ties_per_row
     r = (ties_before + ties_per_row < need).sum().clamp_max(rows - 1)  # first row whose ties reach `need`
-    row_thr = torch.where(torch.arange(rows, device=key.device) < r, t - 1, t).to(torch.int32)
-    torch.gt(key, row_thr.unsqueeze(1), out=selected)
+    row_thr = torch.where(torch.arange(rows, device=device) < r, t - 1, t).to(torch.int32).unsqueeze(1)
+    for r0, r1 in chunks:
+        torch.gt(key[r0:r1], row_thr[r0:r1], out=selected[r0:r1])
     key_r = key.index_select(0, r.view(1))  # [1, cols]
     tie_r = key_r == t
     take_r = tie_r & (tie_r.cumsum(1) <= need - ties_before.gather(0, r.view(1)))
@@ -262,20 +284,24 @@ def stare_token_weights(
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     lp2 = _as_rows(logprobs)
     n_valid = torch.count_nonzero(mask).clamp_min(1).to(torch.float32)
-    # the weights buffer doubles as the int32 scratch of the radix passes until the weights are written
+
+    def fill(sign: int):
+        # code 0 on T± (valid and sign·Â > 0), -1 elsewhere: (mask − 1) | (−1 where sign·Â ≤ 0)
+        adv_code = (adv_bt > 0 if sign > 0 else adv_bt < 0).to(torch.int32).sub_(1)
+
+        def fill_rows(r0: int, r1: int, out: Tensor) -> Tensor:
+            return torch.sub(mask[r0:r1].view(torch.int8), 1, out=out).bitwise_or_(adv_code[r0:r1])
+
+        return fill_rows
+
+    sel_pos, k_pos, n_pos = _select(lp2, fill(+1), config.top_p_ratio)
     weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
-    scratch = weights.view(torch.int32)
-    code = mask.to(torch.int8)
-    code.mul_(adv_bt > 0).sub_(1)  # 0 on T+, -1 elsewhere
-    sel_pos, k_pos, n_pos = _select(lp2, scratch.copy_(code), config.top_p_ratio)
+    # exactly 1.0 off L±; fl(1 + fl(W − 1)) on L+ (= fl(W) for the usual W), likewise M on L−
+    weights.copy_(sel_pos.view(torch.uint8)).mul_(w - 1.0).add_(1.0)
     if config.variant == "C2":
-        code.copy_(mask).mul_(adv_bt < 0).sub_(1)  # 0 on T−, -1 elsewhere
-        sel_neg, k_neg, n_neg = _select(lp2, scratch.copy_(code), config.top_p_ratio)
-        weights.copy_(sel_neg.view(torch.uint8)).mul_(m - 1.0).add_(1.0)
-        weights.add_(sel_pos.view(torch.uint8), alpha=w - 1.0)
+        sel_neg, k_neg, n_neg = _select(lp2, fill(-1), config.top_p_ratio)
+        weights.add_(sel_neg.view(torch.uint8), alpha=m - 1.0)
     else:
-        # exactly 1.0 off L+, fl(1 + fl(W − 1)) on L+ (= fl(W) for the usual W)
-        weights.copy_(sel_pos.view(torch.uint8)).mul_(w - 1.0).add_(1.0)
         k_neg, n_neg = zero, zero
     stats.update(
         {
