@@ -38,7 +38,6 @@ _LO_BITS = 15
 _LO_BINS = 1 << _LO_BITS
 _HI_BINS = 1 << 16
 _ABS_MASK = 0x7FFFFFFF
-_HI_WRAP = (1 << 17) - 1  # (key >> 15) & _HI_WRAP maps non-candidates (negative keys) to bins >= 65536
 # Relative tolerance on P·n before the ceiling: a decimal P such as 0.1 is stored slightly above 1/10, and
 # ⌈fl(0.1)·30⌉ would be 4 instead of the intended 3.
 _K_RTOL = 1e-12
@@ -73,9 +72,9 @@ def select_top_surprisal(
     """The k = max(1, ⌈P·n⌉) candidate tokens with the highest surprisal s = −log π (science.md §4, sets L±).
 
     Exact and linear-time: a two-pass radix select on the float32 bit patterns of s (a non-negative float32 orders
-    like its bit pattern read as int32), 16 + 15 bits, with histograms built by ``torch.bincount`` into fixed-size
-    bins and the threshold found from cumulative counts over the bins; k stays a tensor, so there is no host
-    synchronisation.
+    like its bit pattern read as int32), 16 + 15 bits, with histograms accumulated by ``index_add_`` into
+    fixed-size bins and the threshold found from cumulative counts over the bins; k stays a tensor, so there is no
+    host synchronisation (no ``.item()``, no data-dependent shapes).
 
     Tie rule: all candidates with s above the k-th largest value are selected; among the candidates whose s equals
     it exactly, the first ones in row-major order (lower row first, then lower column) are taken until exactly k
@@ -128,7 +127,10 @@ def _select(lp2: Tensor, fill_candidates, top_p_ratio: float) -> tuple[Tensor, T
     devices in one chunk. Returns ``(selected [rows, cols] bool, k, n)``."""
     rows, cols = lp2.shape
     device = lp2.device
-    step = max(1, CHUNK_ELEMS // max(cols, 1)) if device.type == "cpu" else rows
+    if rows * cols == 0:
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return torch.zeros(rows, cols, dtype=torch.bool, device=device), zero, zero
+    step = max(1, CHUNK_ELEMS // cols) if device.type == "cpu" else rows
     chunks = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
     scratch = torch.empty(min(step, rows) * cols, dtype=torch.int32, device=device)
     ones = torch.ones(1, dtype=torch.int32, device=device).expand(scratch.numel())
