@@ -355,13 +355,16 @@ class _Trainer:
         ent_sum = sum(float((e * torch.tensor(m)).sum()) for e, m in zip(old_ent, batch.response_mask))
         diffs = [float((lp - torch.tensor(r)).abs().mul(torch.tensor(m)).max()) if len(r) else 0.0
                  for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask)]
+        diff_sum = sum(float((lp - torch.tensor(r)).abs().mul(torch.tensor(m)).sum())
+                       for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask))
         ratios = [float(torch.exp(lp - torch.tensor(r))[torch.tensor(m) > 0].mean())
                   for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask) if sum(m) > 0]
         n_tok = sum(sum(m) for m in batch.response_mask)
         lengths = [len(r) for r in batch.response_ids]
         red = self.policy.all_reduce([ent_sum, n_tok, len(batch), n_trunc, sum(lengths), sum(ratios), len(ratios),
                                       self.acc.get("n_gen", 0), self.acc.get("accuracy", 0.0),
-                                      self.acc.get("reward/errors", 0.0), self.acc.get("prompts_truncated", 0)])
+                                      self.acc.get("reward/errors", 0.0), self.acc.get("prompts_truncated", 0),
+                                      diff_sum])
         mx = self.policy.all_reduce([max(diffs, default=0.0), max(lengths, default=0)], op="max")
         g_tok, g_seq = red[1], red[2]
         row: dict[str, Any] = {"step": step, "entropy": None, "reward": info["reward"], "gate_on": int(
@@ -371,7 +374,8 @@ class _Trainer:
                     "kept_group_fraction": info["kept_group_fraction"], "num_sequences": g_seq,
                     "num_tokens": g_tok, "truncation_rate": red[3] / max(red[2], 1),
                     "response_length/mean": red[4] / max(red[2], 1), "response_length/max": mx[1],
-                    "rollout/logprob_diff_max": mx[0], "rollout/ratio_mean": red[5] / max(red[6], 1),
+                    "rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": red[11] / max(red[1], 1),
+                    "rollout/ratio_mean": red[5] / max(red[6], 1),
                     "prompts_truncated": red[10]})
         if g_tok <= 0:
             logger.warning("step %d: no trainable tokens (all groups filtered or all responses masked); "
