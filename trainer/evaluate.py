@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from stare_lab.config import check_positive, check_range, config_prefix
+from stare_lab.config import check_positive, check_range, config_prefix, from_dict, load_yaml, to_dict
 from stare_lab.errors import ConfigError, DataError
 
 from .benchmarks import DEFAULT_SAMPLES, Problem, load_benchmark, resolve_benchmarks
@@ -49,6 +49,7 @@ __all__ = [
     "evaluate_engine",
     "flat_metrics",
     "add_arguments",
+    "config_from_args",
     "main",
 ]
 
@@ -361,31 +362,64 @@ def _settings(cfg: EvalConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+#: CLI option → EvalConfig field, for options that default to the config's value.
+_CLI_FIELDS = {
+    "n": "n", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",
+    "max_prompt_length": "max_prompt_length", "seed": "seed", "limit": "limit", "data_dir": "data_dir",
+    "timeout_s": "timeout_s",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``stare-lab evaluate`` options to ``parser``."""
-    d = EvalConfig.__dataclass_fields__
+    """Add the ``stare-lab evaluate`` options to ``parser``.
+
+    Settings come from the :class:`EvalConfig` defaults, then ``--config FILE.yaml`` (an EvalConfig mapping, e.g.
+    ``papers/stare_2606.19236/eval_short_cot.yaml``), then the options given on the command line.
+    """
+    d = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
-    parser.add_argument("--benchmarks", default=",".join(DEFAULT_SAMPLES),
-                        help="comma-separated: aime24,aime25,amc23,math500,minerva_math,olympiadbench (or all)")
+    parser.add_argument("--config", default=None, help="EvalConfig YAML (options below override it)")
+    parser.add_argument("--benchmarks", default=None,
+                        help="comma-separated: aime24,aime25,amc23,math500,minerva_math,olympiadbench (or all; "
+                             "default all)")
     parser.add_argument("--n", type=int, default=None,
                         help="samples per problem for every benchmark (default: 32 for AIME24/25, AMC23; 4 else)")
-    parser.add_argument("--temperature", type=float, default=d["temperature"].default)
-    parser.add_argument("--top-p", type=float, default=d["top_p"].default)
-    parser.add_argument("--top-k", type=int, default=d["top_k"].default)
-    parser.add_argument("--max-tokens", type=int, default=d["max_tokens"].default, help="max new tokens")
-    parser.add_argument("--max-prompt-length", type=int, default=d["max_prompt_length"].default)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=None, help=f"default {d['temperature']}")
+    parser.add_argument("--top-p", type=float, default=None, help=f"default {d['top_p']}")
+    parser.add_argument("--top-k", type=int, default=None, help=f"default {d['top_k']} (off)")
+    parser.add_argument("--max-tokens", type=int, default=None, help=f"max new tokens (default {d['max_tokens']})")
+    parser.add_argument("--max-prompt-length", type=int, default=None, help=f"default {d['max_prompt_length']}")
+    parser.add_argument("--seed", type=int, default=None, help=f"default {d['seed']}")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
     parser.add_argument("--data-dir", default=None,
                         help="benchmark directory (default: $STARE_LAB_BENCHMARK_DIR or ../shared/data/benchmarks)")
-    parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="rollout engine")
+    parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="rollout engine (default vllm)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="engine dtype (default: bfloat16 on GPU, float32 on CPU)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM tensor parallelism")
-    parser.add_argument("--timeout-s", type=float, default=d["timeout_s"].default, help="grading limit per item")
+    parser.add_argument("--timeout-s", type=float, default=None, help=f"grading limit per item (default "
+                                                                        f"{d['timeout_s']} s)")
     parser.add_argument("--no-chat-template", action="store_true", help="plain prompts even if a template exists")
     parser.add_argument("--out", default="runs/eval", help="output directory (eval.json, samples.jsonl)")
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """The :class:`EvalConfig` of a parsed command line (defaults < ``--config`` < explicit options).
+
+    Raises:
+        ConfigError: a bad config file or option value (naming the key).
+    """
+    data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
+    for opt, field in _CLI_FIELDS.items():
+        value = getattr(args, opt, None)
+        if value is not None:
+            data[field] = value
+    if getattr(args, "benchmarks", None):
+        data["benchmarks"] = resolve_benchmarks(args.benchmarks)
+    if getattr(args, "no_chat_template", False):
+        data["use_chat_template"] = False
+    return from_dict(EvalConfig, to_dict(data), prefix="eval")
 
 
 def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
@@ -423,12 +457,7 @@ def main(args: argparse.Namespace) -> int:
         ConfigError: bad options (naming the option and the allowed values).
         DataError: missing benchmark data.
     """
-    cfg = EvalConfig(
-        benchmarks=resolve_benchmarks(args.benchmarks), n=args.n, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, max_tokens=args.max_tokens, max_prompt_length=args.max_prompt_length, seed=args.seed,
-        data_dir=args.data_dir, limit=args.limit, use_chat_template=not args.no_chat_template,
-        timeout_s=args.timeout_s,
-    )
+    cfg = config_from_args(args)
     problems = {b: load_benchmark(b, cfg.data_dir, limit=cfg.limit) for b in cfg.benchmarks}  # fail before loading
     engine, tokenizer = _make_engine(args, cfg)
     result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model), problems=problems)

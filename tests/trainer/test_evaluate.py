@@ -317,3 +317,23 @@ def test_cli_rejects_length_beyond_model_positions(require, tiny_model, tmp_path
                "--max-prompt-length", "1024", "--max-tokens", "12", "--out", str(tmp_path)])
     assert rc == 1
     assert "exceeds the model's max_position_embeddings=1024" in capsys.readouterr().err
+
+
+def test_config_from_args_precedence(tmp_path):
+    """EvalConfig defaults < --config YAML < explicit options."""
+    import argparse
+
+    from trainer.evaluate import add_arguments, config_from_args
+
+    yml = tmp_path / "e.yaml"
+    yml.write_text("benchmarks: [aime24, amc23]\nn: 16\ntop_p: 0.8\nmax_tokens: 100\n")
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = config_from_args(p.parse_args(["--model", "m", "--config", str(yml), "--top-p", "0.5"]))
+    assert (cfg.benchmarks, cfg.n, cfg.top_p, cfg.max_tokens, cfg.temperature) == (["aime24", "amc23"], 16, 0.5,
+                                                                                   100, 1.0)
+    cfg = config_from_args(p.parse_args(["--model", "m", "--benchmarks", "math500", "--no-chat-template"]))
+    assert cfg.benchmarks == ["math500"] and cfg.n is None and cfg.top_p == 0.7 and not cfg.use_chat_template
+    yml.write_text("top_p: 2.0\n")
+    with pytest.raises(ConfigError, match="eval.top_p=2.0 is outside"):
+        config_from_args(p.parse_args(["--model", "m", "--config", str(yml)]))
