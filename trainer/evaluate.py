@@ -62,7 +62,8 @@ __all__ = [
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k estimate from ``n`` samples of which ``c`` are correct.
 
-    ``1 − C(n−c, k) / C(n, k)``, computed as ``1 − Π_{i=n−c+1}^{n} (1 − k/i)`` (numerically stable product form).
+    ``1 − C(n−c, k) / C(n, k)``, computed as ``1 − Π_{i=n−c+1}^{n} (1 − k/i)`` (numerically stable product
+    form).
 
     Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code", Eq. 1 and Fig. 3.
 

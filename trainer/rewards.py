@@ -14,16 +14,14 @@ Public API (scripts, tests, the trainer's reward and ``trainer.evaluate`` import
 
 Grading pipeline for one response (``grade_response``):
 
-1. Extract the last boxed answer; none → wrong, status ``no_answer``.
-2. Normalise both answers (:func:`normalize_answer`: ``$…$`` wrappers, ``\\left``/``\\right``, spacing commands,
-   ``\\dfrac``, degree signs, ``\\$``, trailing period). Equal strings → right.
-3. If both are plain numbers (integers with leading zeros or thousands separators, decimals, ``27.0``,
-   scientific notation ``4.5e33`` / ``4.5\\times10^{33}``, integer fractions, trailing units in ``\\text{}``),
-   compare exact rationals: two integers must be equal exactly (so a huge-number near miss such as
-   1000000 vs 1000001 is wrong — no float tolerance); otherwise within the benchmark's relative tolerance
-   (:data:`RELATIVE_TOLERANCE`). No math-verify call is needed.
-4. Otherwise math-verify (``parse`` of ``\\boxed{answer}`` with LaTeX + expression extraction, ``verify`` with its
-   default float rounding); the parsed gold is cached.
+1. Extract the last complete boxed answer; none → wrong, status ``no_answer``.
+2. Normalise both answers (:func:`normalize_answer`); equal strings → right.
+3. Both plain numbers (:func:`parse_number`: leading zeros, thousands separators, ``27.0``, ``4.5e33``,
+   ``4.5\\times10^{33}``, fractions, unit tails) → compare exact rationals (:func:`_numbers_equal`: a gold written
+   as an integer or decimal must be matched exactly, so 1000000 vs 1000001 is wrong; Minerva accepts 1% relative
+   error). No math-verify call.
+4. Otherwise parse each WHOLE answer with math-verify's LaTeX normalisation + latex2sympy (cached), reject pairs
+   that evaluate differently at random points (sound), and let math-verify's ``verify`` decide the rest.
 
 Timeouts: math-verify can hang on adversarial LaTeX. Each item runs under a wall-clock limit (``timeout_s``)
 enforced with ``SIGALRM`` when called from the main thread; math-verify's own signal timeouts are disabled (they
@@ -50,7 +48,6 @@ from stare_lab.errors import DataError
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "PROMPT_INSTRUCTION",
     "RELATIVE_TOLERANCE",
     "GradeResult",
     "GradingTimeout",
@@ -67,24 +64,12 @@ __all__ = [
     "last_number",
 ]
 
-#: The paper's instruction appended to every problem (science.md §4; Qwen2.5-Math evaluation prompt).
-PROMPT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
 #: Relative tolerance of numeric comparisons, per benchmark (see :func:`parse_number` for when it applies).
 #: Minerva answers are physical quantities given to 2–3 significant figures, so 1% is accepted there for every
 #: number (our choice; the Qwen2.5-Math harness uses 1e-4). Elsewhere a tolerance applies only to golds written as
 #: fractions or in scientific notation: 1e-5 (agreement to ~5 significant digits, our choice; a gold written as an
-#: integer or a finite decimal must be matched exactly). ``None`` is the entry for unnamed/unknown benchmarks.
-RELATIVE_TOLERANCE: dict[str | None, float] = {
-    None: 1e-5,
-    "aime24": 1e-5,
-    "aime25": 1e-5,
-    "amc23": 1e-5,
-    "math500": 1e-5,
-    "olympiadbench": 1e-5,
-    "minerva_math": 1e-2,
-    "gsm8k": 1e-5,
-}
+#: integer or a finite decimal must be matched exactly). ``None``: every other (or no) benchmark.
+RELATIVE_TOLERANCE: dict[str | None, float] = {None: 1e-5, "minerva_math": 1e-2}
 
 #: Benchmarks where integers are also compared with the relative tolerance (not exactly).
 _TOLERANT_INTEGERS = {"minerva_math"}
@@ -118,9 +103,7 @@ class GradeResult:
     status: str
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# extraction
-# ----------------------------------------------------------------------------------------------------------------
+# -------------------- extraction -------------------------------------------------------------------------------------
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
@@ -180,9 +163,7 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# normalisation
-# ----------------------------------------------------------------------------------------------------------------
+# -------------------- normalisation ----------------------------------------------------------------------------------
 
 _SPACING_RE = re.compile(r"\\[,;:! ]|\\q?quad\b|~")
 _DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\degree\b")
@@ -242,20 +223,6 @@ _FRAC_SHORT_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*(?P<a>\d)\s*(?P<b>\d)")
 _UNIT_TAIL_RE = re.compile(
     r"(?:\s*(?:\\(?:text|mathrm|mbox|rm|textrm)\s*\{[^{}]*\}|\^\s*\{?\s*[23]\s*\}?|\\%|%|\\\$))+\s*$"
 )
-
-
-def _to_fraction(m: re.Match) -> Fraction | None:
-    mant = m.group("mant").replace(",", "")
-    if mant.endswith("."):
-        mant = mant[:-1]
-    val = Fraction(mant)
-    exp = m.group("e") or m.group("p")
-    if exp is not None:
-        e = int(exp)
-        if abs(e) > 400:
-            return None
-        val *= Fraction(10) ** e
-    return -val if m.group("sign") == "-" else val
 
 
 def _signed(m: re.Match, val: Fraction) -> Fraction:
@@ -334,9 +301,7 @@ def _numbers_equal(pred: tuple[Fraction, str], gold: tuple[Fraction, str], bench
     return abs(x - y) <= tol * max(abs(x), abs(y))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# safety and timeouts
-# ----------------------------------------------------------------------------------------------------------------
+# -------------------- safety and timeouts ----------------------------------------------------------------------------
 
 _TOWER_RE = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\d+\s*\^|\^\s*\{?\s*\(?\s*\d{7,}")
 _BIG_FACT_RE = re.compile(r"\d{5,}\s*!")
@@ -382,9 +347,7 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, old_delay, old_interval)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# math-verify
-# ----------------------------------------------------------------------------------------------------------------
+# -------------------- math-verify ------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=1)
@@ -504,9 +467,7 @@ def _symbolic_equal(gold: str, pred: str) -> bool:
     return bool(verify(g, p, timeout_seconds=None))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# grading
-# ----------------------------------------------------------------------------------------------------------------
+# -------------------- grading ----------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=65536)
@@ -528,12 +489,11 @@ def _answers_equal(pred: str, gold: str, benchmark: str | None) -> bool:
 
 
 class _Rejected(Exception):
-    pass
+    """The answer is too large to evaluate safely (:func:`_too_large`)."""
 
 
-def grade_response(
-    response: str, gold: str, benchmark: str | None = None, timeout_s: float | None = 5.0
-) -> GradeResult:
+def grade_response(response: str, gold: str, benchmark: str | None = None,
+                   timeout_s: float | None = 5.0) -> GradeResult:
     """Grade one response against a gold answer (pipeline in the module docstring).
 
     Args:
@@ -577,12 +537,8 @@ def grade(response: str, gold: str, benchmark: str | None = None) -> bool:
     return grade_response(response, gold, benchmark).correct
 
 
-def grade_batch(
-    responses: Sequence[str],
-    golds: Sequence[str],
-    benchmark: str | Sequence[str | None] | None = None,
-    timeout_s: float | None = 5.0,
-) -> list[GradeResult]:
+def grade_batch(responses: Sequence[str], golds: Sequence[str], benchmark: str | Sequence[str | None] | None = None,
+                timeout_s: float | None = 5.0) -> list[GradeResult]:
     """:func:`grade_response` for each ``(response, gold)`` pair; ``benchmark`` is one name or one per item.
 
     Raises:
@@ -611,14 +567,8 @@ def _log_failures(results: Sequence[GradeResult], what: str) -> dict[str, int]:
     return counts
 
 
-def math_reward(
-    responses: Sequence[str],
-    golds: Sequence[str],
-    benchmark: str | Sequence[str | None] | None = None,
-    timeout_s: float | None = 5.0,
-    on_error: str = "zero",
-    stats: dict | None = None,
-) -> list[float]:
+def math_reward(responses: Sequence[str], golds: Sequence[str], benchmark: str | Sequence[str | None] | None = None,
+                timeout_s: float | None = 5.0, on_error: str = "zero", stats: dict | None = None) -> list[float]:
     """Binary rule reward: 1.0 if the last boxed answer is right (:func:`grade_response`), else 0.0.
 
     A response without a boxed answer, a grading timeout or a grader exception gives 0.0; timeouts/errors are
@@ -645,9 +595,7 @@ def math_reward(
     return [1.0 if r.correct else 0.0 for r in results]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# optional rewards (explicitly configured; never the default for the math benchmarks)
-# ----------------------------------------------------------------------------------------------------------------
+# -------------------- optional rewards (explicitly configured; never the default for the math benchmarks) ------------
 
 _LAST_NUM_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
@@ -658,9 +606,7 @@ def last_number(text: str) -> str | None:
     return found[-1].replace(",", "") if found else None
 
 
-def gsm8k_lenient_reward(
-    responses: Sequence[str], golds: Sequence[str], timeout_s: float | None = 5.0
-) -> list[float]:
+def gsm8k_lenient_reward(responses: Sequence[str], golds: Sequence[str], timeout_s: float | None = 5.0) -> list[float]:
     """Lenient GSM8K reward: 1.0 if the boxed answer is right, or — when there is no boxed answer — if the last
     number in the response equals the gold number exactly. For demos with weak models only; never the default.
 
@@ -671,15 +617,9 @@ def gsm8k_lenient_reward(
     _log_failures(results, "gsm8k_lenient_reward")
     out = []
     for resp, gold, res in zip(responses, golds, results):
-        if res.correct:
-            out.append(1.0)
-            continue
-        if res.extracted is None:
-            num, g = last_number(resp), parse_number(normalize_gold(gold, "gsm8k"))
-            if num is not None and g is not None and Fraction(num) == g[0]:
-                out.append(1.0)
-                continue
-        out.append(0.0)
+        num, g = last_number(resp), parse_number(normalize_gold(gold, "gsm8k"))
+        lenient = res.extracted is None and num is not None and g is not None and Fraction(num) == g[0]
+        out.append(1.0 if res.correct or lenient else 0.0)
     return out
 
 

@@ -166,8 +166,8 @@ def render(setting_key: str, method_key: str) -> str:
         "# '# paper': science.md §4 (the paper's training defaults); '# our choice': not published, ours.",
     ]
     if s["setting"] == "tool_use":
-        lines.append("# Tool use: the multi-turn code-interpreter rollout (trainer/tool_rollout.py) is not yet a section of")
-        lines.append("# the trainer config; until it is, this file trains the SFT model without tool calls.")
+        lines.append("# Tool use: the multi-turn code-interpreter rollout (trainer/tool_rollout.py) is not yet a")
+        lines.append("# section of the trainer config; until it is, this file trains the SFT model without tool calls.")
     for section, items in build(setting_key, method_key):
         indent = ""
         if section:
@@ -185,8 +185,9 @@ def render(setting_key: str, method_key: str) -> str:
 
 EVAL_FILES = {
     "eval_short_cot.yaml": [
-        "# Table 2 evaluation protocol (science.md §4-5): avg@32 for AIME24/25 and AMC23, avg@4 for MATH-500, Minerva,",
-        "# OlympiadBench (n: null = these per-benchmark defaults), T = 1.0, top-p 0.7. Format: trainer.evaluate.EvalConfig.",
+        "# Table 2 evaluation protocol (science.md §4-5): avg@32 for AIME24/25 and AMC23, avg@4 for MATH-500,",
+        "# Minerva, OlympiadBench (n: null = these per-benchmark defaults), T = 1.0, top-p 0.7.",
+        "# Format: trainer.evaluate.EvalConfig (stare-lab evaluate --config FILE).",
         'benchmarks: ["aime24", "aime25", "amc23", "math500", "minerva_math", "olympiadbench"]  # paper',
         "n: null  # paper",
         "temperature: 1.0  # paper",

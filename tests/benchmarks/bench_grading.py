@@ -60,7 +60,8 @@ def build_items(data_dir, rng):
             gold = normalize_gold(p.answer, bench)
             num = parse_number(gold)
             if num is not None:
-                right, wrong = fmt(num[0]), fmt(num[0] + (max(1, abs(num[0]) / 10) if bench == "minerva_math" else 1))
+                step = max(1, abs(num[0]) / 10) if bench == "minerva_math" else 1
+                right, wrong = fmt(num[0]), fmt(num[0] + step)
             else:
                 m = re.search(r"\d", gold)
                 right = gold
@@ -80,7 +81,8 @@ def main() -> int:
     if data_dir is None:
         print("FAIL: no benchmark data (set STARE_LAB_BENCHMARK_DIR)")
         return 1
-    print(f"load: {os.getloadavg()} (1/5/15 min), cpus {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    print(f"load: {os.getloadavg()} (1/5/15 min), cpus {os.cpu_count()}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     rng = random.Random(0)
     items = build_items(data_dir, rng)
     words = statistics.mean(len(i[2].split()) for i in items)
@@ -108,7 +110,8 @@ def main() -> int:
         rate = len(lat) / sum(lat)
         print(f"[{mode}] {rate:.1f} responses/s overall (wall clock); {len(lat) / cpu:.1f} responses per CPU-second")
         for name, d in list(by_bench.items()) + list(by_kind.items()):
-            print(f"  {name:14s} {len(d):5d} responses  {len(d) / sum(d):8.1f} /s  mean {1000 * statistics.mean(d):7.2f} ms")
+            print(f"  {name:14s} {len(d):5d} responses  {len(d) / sum(d):8.1f} /s  "
+                  f"mean {1000 * statistics.mean(d):7.2f} ms")
         lat.sort()
         print(f"  p50 {1000 * lat[len(lat) // 2]:.2f} ms  p99 {1000 * lat[int(0.99 * len(lat))]:.2f} ms  "
               f"max {1000 * lat[-1]:.0f} ms  verdict errors {wrong_verdicts}")
