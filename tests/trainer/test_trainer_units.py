@@ -122,3 +122,21 @@ def test_math_reward_through_math_verify(require):
     rewards, stats = compute_rewards(cfg, ["so \\boxed{4}", "it is \\boxed{5}", "no answer"], ["4", "4", "4"])
     assert rewards == pytest.approx([1.1, 0.1, 0.0])
     assert stats["accuracy"] == pytest.approx(1 / 3)
+
+
+def test_cli_errors_are_one_clean_line(tmp_path, capsys):
+    """The front door turns trainer errors into one line and exit code 1 (no traceback), and the evaluate / promote
+    subcommands are registered (delegated to trainer.evaluate / trainer.promote)."""
+    from stare_lab.cli import build_parser, main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model:\n  path: {tmp_path / 'no_model'}\ndata:\n  train_files: [x.jsonl]\n")
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stare-lab train: error: model.path={str(tmp_path / 'no_model')!r} is not a directory"]
+    assert main(["train", "--preset", "tiny-cpu"]) == 1
+    assert "--train-data" in capsys.readouterr().err
+    assert main(["train", str(cfg), "rollout.n=0"]) == 1
+    assert "rollout.n=0" in capsys.readouterr().err
+    choices = build_parser()._subparsers._group_actions[0].choices
+    assert {"train", "evaluate", "promote"} <= set(choices)
