@@ -48,6 +48,7 @@ __all__ = [
     "benchmark_metrics",
     "evaluate_engine",
     "flat_metrics",
+    "load_problems",
     "add_arguments",
     "config_from_args",
     "main",
@@ -212,6 +213,9 @@ class EvalConfig:
         seed: sampling seed (same seed, engine and model ⇒ same samples).
         data_dir: benchmark directory (``None`` = ``$STARE_LAB_BENCHMARK_DIR`` or ``../shared/data/benchmarks``).
         limit: evaluate only the first ``limit`` problems of each benchmark (``None`` = all).
+        files: benchmark → data source read instead of ``data_dir``: a JSONL or Parquet file, or ``hf:NAME:SPLIT``
+            (a ``datasets`` dataset: local cache, or the hub when online).
+        problem_key, answer_key: record fields of the statement and the gold answer.
         prompt_template: user-message template with ``{problem}``.
         use_chat_template: wrap the message with the tokenizer's chat template when it has one.
         timeout_s: grading time limit per response, seconds.
@@ -228,6 +232,9 @@ class EvalConfig:
     seed: int = 0
     data_dir: str | None = None
     limit: int | None = None
+    files: dict = dataclasses.field(default_factory=dict)
+    problem_key: str = "problem"
+    answer_key: str = "answer"
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     use_chat_template: bool = True
     timeout_s: float = 5.0
@@ -248,6 +255,9 @@ class EvalConfig:
         check_positive(f"{p}seed", self.seed, integer=True, allow_zero=True)
         if self.limit is not None:
             check_positive(f"{p}limit", self.limit, integer=True)
+        for name in self.files:
+            if name not in self.benchmarks:
+                raise ConfigError(f"{p}files has {name!r}, which is not one of the benchmarks {self.benchmarks}")
         if "{problem}" not in self.prompt_template:
             raise ConfigError(f"{p}prompt_template={self.prompt_template!r} must contain {{problem}}")
         check_range(f"{p}timeout_s", self.timeout_s, 0, None, lo_open=True)
@@ -258,6 +268,16 @@ class EvalConfig:
     def samples_for(self, benchmark: str) -> int:
         """k for ``benchmark``: ``n`` if set, else the paper's default (4 for benchmarks not in Table 2)."""
         return self.n if self.n is not None else DEFAULT_SAMPLES.get(benchmark, 4)
+
+
+def load_problems(cfg: EvalConfig, name: str) -> list[Problem]:
+    """The problems of benchmark ``name`` per ``cfg`` (``files`` entry, else ``data_dir``; ``limit``).
+
+    Raises:
+        DataError: missing or malformed data (see :func:`trainer.benchmarks.load_benchmark`).
+    """
+    return load_benchmark(name, cfg.data_dir, path=cfg.files.get(name), limit=cfg.limit,
+                          problem_key=cfg.problem_key, answer_key=cfg.answer_key)
 
 
 def _chunk_seed(seed: int, bench_index: int, chunk_index: int) -> int:
@@ -303,9 +323,7 @@ def evaluate_engine(
     t0 = time.perf_counter()
     try:
         for b_idx, name in enumerate(cfg.benchmarks):
-            probs = problems[name] if problems is not None and name in problems else load_benchmark(
-                name, cfg.data_dir, limit=cfg.limit
-            )
+            probs = problems[name] if problems is not None and name in problems else load_problems(cfg, name)
             k = cfg.samples_for(name)
             rows: list[dict[str, Any]] = []
             for c_idx, start in enumerate(range(0, len(probs), cfg.batch_prompts)):
@@ -367,7 +385,7 @@ def _settings(cfg: EvalConfig) -> dict[str, Any]:
 _CLI_FIELDS = {
     "n": "n", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",
     "max_prompt_length": "max_prompt_length", "seed": "seed", "limit": "limit", "data_dir": "data_dir",
-    "timeout_s": "timeout_s",
+    "timeout_s": "timeout_s", "problem_key": "problem_key", "answer_key": "answer_key",
 }
 
 
@@ -395,6 +413,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
     parser.add_argument("--data-dir", default=None,
                         help="benchmark directory (default: $STARE_LAB_BENCHMARK_DIR or ../shared/data/benchmarks)")
+    parser.add_argument("--file", action="append", default=[], metavar="NAME=SOURCE",
+                        help="read benchmark NAME from SOURCE (JSONL, Parquet or hf:DATASET:SPLIT); repeatable")
+    parser.add_argument("--problem-key", default=None, help="record field of the problem (default problem)")
+    parser.add_argument("--answer-key", default=None, help="record field of the gold answer (default answer)")
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="rollout engine (default vllm)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="engine dtype (default: bfloat16 on GPU, float32 on CPU)")
@@ -418,6 +440,11 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
             data[field] = value
     if getattr(args, "benchmarks", None):
         data["benchmarks"] = resolve_benchmarks(args.benchmarks)
+    for item in getattr(args, "file", None) or []:
+        name, sep, source = item.partition("=")
+        if not sep or not source:
+            raise ConfigError(f"--file {item!r} must look like NAME=SOURCE (e.g. aime24=data/aime24.parquet)")
+        data.setdefault("files", {})[resolve_benchmarks(name)[0]] = source
     if getattr(args, "no_chat_template", False):
         data["use_chat_template"] = False
     return from_dict(EvalConfig, to_dict(data), prefix="eval")
@@ -459,7 +486,7 @@ def main(args: argparse.Namespace) -> int:
         DataError: missing benchmark data.
     """
     cfg = config_from_args(args)
-    problems = {b: load_benchmark(b, cfg.data_dir, limit=cfg.limit) for b in cfg.benchmarks}  # fail before loading
+    problems = {b: load_problems(cfg, b) for b in cfg.benchmarks}  # fail on bad data before loading the model
     engine, tokenizer = _make_engine(args, cfg)
     result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model), problems=problems)
     for name, m in result["benchmarks"].items():

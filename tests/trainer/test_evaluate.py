@@ -337,3 +337,29 @@ def test_config_from_args_precedence(tmp_path):
     yml.write_text("top_p: 2.0\n")
     with pytest.raises(ConfigError, match=r"eval.top_p=2(\.0)? is outside \(0, 1\]"):
         config_from_args(p.parse_args(["--model", "m", "--config", str(yml)]))
+
+
+def test_parquet_source_with_other_field_names(require, tmp_path):
+    """A Parquet benchmark file with fields Problem/Answer, selected by --file NAME=SOURCE and --*-key."""
+    require("pyarrow")
+    import argparse
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainer.evaluate import add_arguments, config_from_args, load_problems
+
+    path = tmp_path / "aime.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "Problem": ["1+1?", "2+2?", "3+3?"], "Answer": ["2", "4", "6"]}),
+                   path)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = config_from_args(p.parse_args(["--model", "m", "--benchmarks", "aime24", "--file", f"aime2024={path}",
+                                         "--problem-key", "Problem", "--answer-key", "Answer", "--limit", "2"]))
+    assert cfg.files == {"aime24": str(path)}
+    probs = load_problems(cfg, "aime24")
+    assert [(q.id, q.problem, q.answer) for q in probs] == [("a", "1+1?", "2"), ("b", "2+2?", "4")]
+    with pytest.raises(ConfigError, match="NAME=SOURCE"):
+        config_from_args(p.parse_args(["--model", "m", "--file", "aime24"]))
+    with pytest.raises(ConfigError, match="not one of the benchmarks"):
+        EvalConfig(benchmarks=["math500"], files={"aime24": str(path)})
