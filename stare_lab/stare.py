@@ -104,8 +104,9 @@ def select_top_surprisal(
     shape = logprobs.shape
     lp2 = _as_rows(logprobs)
     cand = _as_bool_mask(candidates).reshape(lp2.shape)
-    selected, k, n = _select(lp2, lambda r0, r1, out: torch.sub(cand[r0:r1].view(torch.int8), 1, out=out), top_p_ratio)
-    return selected.view(shape), k, n
+    out = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
+    selected, k, n = _select(lp2, lambda r0, r1, buf: torch.sub(cand[r0:r1].view(torch.int8), 1, out=buf), top_p_ratio, out)
+    return selected.bool().view(shape), k, n
 
 
 def _as_rows(logprobs: Tensor) -> Tensor:
@@ -118,24 +119,27 @@ def _as_rows(logprobs: Tensor) -> Tensor:
 CHUNK_ELEMS = 1 << 17
 
 
-def _select(lp2: Tensor, fill_candidates, top_p_ratio: float) -> tuple[Tensor, Tensor, Tensor]:
+def _select(lp2: Tensor, fill_candidates, top_p_ratio: float, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32.
 
-    ``fill_candidates(r0, r1, out)`` writes the candidate code of rows r0..r1 into the int32 ``out``
-    ``[r1 − r0, cols]`` and returns it: 0 for candidates, −1 elsewhere. On CPU the passes run over chunks of rows of about :data:`CHUNK_ELEMS`
-    elements so that their temporaries stay in cache (the whole batch is memory-bound otherwise); on other
-    devices in one chunk. Returns ``(selected [rows, cols] bool, k, n)``."""
+    ``fill_candidates(r0, r1, buf)`` writes the candidate code of rows r0..r1 into the int32 ``buf``
+    ``[r1 − r0, cols]`` and returns it: 0 for candidates, −1 elsewhere. The selection is written into the int32
+    ``out`` ``[rows, cols]`` as 1 (selected) / 0. Returns ``(out, k, n)``.
+
+    On CPU the sweeps run over chunks of about :data:`CHUNK_ELEMS` elements so that their temporaries stay in cache
+    (the whole batch is memory-bound otherwise), and use integer arithmetic rather than comparisons (bool outputs
+    are slow there); on other devices each sweep is one chunk.
+    """
     rows, cols = lp2.shape
     device = lp2.device
+    zero = torch.zeros((), dtype=torch.int64, device=device)
     if rows * cols == 0:
-        zero = torch.zeros((), dtype=torch.int64, device=device)
-        return torch.zeros(rows, cols, dtype=torch.bool, device=device), zero, zero
+        return out.zero_(), zero, zero
     step = max(1, CHUNK_ELEMS // cols) if device.type == "cpu" else rows
     chunks = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
     scratch = torch.empty(min(step, rows) * cols, dtype=torch.int32, device=device)
     ones = torch.ones(1, dtype=torch.int32, device=device).expand(scratch.numel())
-    key = torch.empty(rows, cols, dtype=torch.int32, device=device)
-    bits = lp2.view(torch.int32)
+    key = out  # the keys live in `out` until sweep 3 turns them into d and the final sweep into the selection
 
     # pass 1: key = bits of |log π| (≥ 0, orders like s) for candidates, exactly -1 for the others (OR with -1);
     # histogram of the high 16 bits shifted to bins 1..65536; non-candidates (-1 >> 15 = -1) land in bin 0
@@ -143,7 +147,8 @@ def _select(lp2: Tensor, fill_candidates, top_p_ratio: float) -> tuple[Tensor, T
     for r0, r1 in chunks:
         m = (r1 - r0) * cols
         code = fill_candidates(r0, r1, scratch[:m].view(r1 - r0, cols))
-        kc = torch.bitwise_and(bits[r0:r1], _ABS_MASK, out=key[r0:r1]).bitwise_or_(code)
+        torch.abs(lp2[r0:r1], out=key[r0:r1].view(torch.float32))
+        kc = key[r0:r1].bitwise_or_(code)
         idx = torch.bitwise_right_shift(kc.view(-1), _LO_BITS, out=scratch[:m]).add_(1)
         hist1.index_add_(0, idx, ones[:m])
     hist1 = hist1[1:].to(torch.int64)
@@ -167,24 +172,50 @@ def _select(lp2: Tensor, fill_candidates, top_p_ratio: float) -> tuple[Tensor, T
     t = base + b2.to(torch.int32)  # the k-th largest key (INT32_MAX when k = 0: nothing reaches it)
     need = k2 - above2  # how many of the keys equal to t to take (0 when k = 0)
 
-    # ties, row-major: rows before r* take all their ties, row r* the first `need - ties before r*`, later none.
-    # Expressed as a per-row threshold (t - 1 before r*, t from r* on) plus a fix-up of row r* alone.
-    selected = torch.empty(rows, cols, dtype=torch.bool, device=device)
+    # sweep 3: d = clamp(key − (t − 1), 0, 2) ∈ {0: below t, 1: equal to t (tie), 2: above t}, kept in `out`;
+    # ties per row = Σ (d & 1). (key ≥ −1 and t ≥ 0, so key − (t − 1) cannot overflow except for a NaN key with
+    # every payload bit set at t = 0, which then stays unselected.)
     ties_per_row = torch.empty(rows, dtype=torch.int32, device=device)
     for r0, r1 in chunks:
-        tie = torch.eq(key[r0:r1], t, out=selected[r0:r1])
-        torch.sum(tie.view(torch.uint8), 1, dtype=torch.int32, out=ties_per_row[r0:r1])
+        m = (r1 - r0) * cols
+        d = key[r0:r1].sub_(t - 1).clamp_(0, 2)
+        tie = torch.bitwise_and(d, 1, out=scratch[:m].view(r1 - r0, cols))
+        torch.sum(tie, 1, dtype=torch.int32, out=ties_per_row[r0:r1])
+
+    # ties, row-major: rows before r* take all their ties, row r* the first `need - ties before r*`, later none.
+    # Rows before r* select d ≥ 1, rows from r* on d ≥ 2: selected = clamp(d + [row < r*] − 1, 0, 1); row r* is then
+    # rewritten alone.
     ties_per_row = ties_per_row.to(torch.int64)
     ties_before = ties_per_row.cumsum(0) - ties_per_row
     r = (ties_before + ties_per_row < need).sum().clamp_max(rows - 1)  # first row whose ties reach `need`
-    row_thr = torch.where(torch.arange(rows, device=device) < r, t - 1, t).to(torch.int32).unsqueeze(1)
+    shift = (torch.arange(rows, device=device) < r).to(torch.int32).sub_(1).unsqueeze(1)  # 0 before r*, −1 after
+    d_r = out.index_select(0, r.view(1))  # [1, cols], before the final sweep rewrites row r*
     for r0, r1 in chunks:
-        torch.gt(key[r0:r1], row_thr[r0:r1], out=selected[r0:r1])
-    key_r = key.index_select(0, r.view(1))  # [1, cols]
-    tie_r = key_r == t
+        out[r0:r1].add_(shift[r0:r1]).clamp_(0, 1)
+    tie_r = d_r == 1
     take_r = tie_r & (tie_r.cumsum(1) <= need - ties_before.gather(0, r.view(1)))
-    selected.index_copy_(0, r.view(1), (key_r > t) | take_r)
-    return selected, k, n
+    out.index_copy_(0, r.view(1), ((d_r == 2) | take_r).to(torch.int32))
+    return out, k, n
+
+
+def _write_weights(weights: Tensor, selections: list[tuple[Tensor, float]]) -> Tensor:
+    """weights = 1 + Σ (v − 1)·sel over the (int32 0/1 selection, value) pairs, chunked like :func:`_select`. The
+    first selection may live in the memory of ``weights`` itself (it is read into a float chunk before the chunk
+    of weights is written). Exactly 1.0 off the sets; fl(1 + fl(v − 1)) on them (= fl(v) for the usual W, M)."""
+    rows, cols = weights.shape
+    if rows * cols == 0:
+        return weights
+    step = max(1, CHUNK_ELEMS // cols) if weights.device.type == "cpu" else rows
+    buf = torch.empty(min(step, rows), cols, dtype=torch.float32, device=weights.device)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        fb = buf[: r1 - r0]
+        sel, value = selections[0]
+        fb.copy_(sel[r0:r1]).mul_(value - 1.0)
+        for sel, value in selections[1:]:
+            fb.add_(sel[r0:r1], alpha=value - 1.0)
+        torch.add(fb, 1.0, out=weights[r0:r1])
+    return weights
 
 
 def _check_inputs(logprobs: Tensor, advantages: Tensor, response_mask: Tensor) -> None:
@@ -296,15 +327,16 @@ def stare_token_weights(
 
         return fill_rows
 
-    sel_pos, k_pos, n_pos = _select(lp2, fill(+1), config.top_p_ratio)
     weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
-    # exactly 1.0 off L±; fl(1 + fl(W − 1)) on L+ (= fl(W) for the usual W), likewise M on L−
-    weights.copy_(sel_pos.view(torch.uint8)).mul_(w - 1.0).add_(1.0)
+    # L+ is selected into the memory of the weights (int32 0/1), L− (C2) into a second buffer
+    sel_pos, k_pos, n_pos = _select(lp2, fill(+1), config.top_p_ratio, weights.view(torch.int32))
+    selections = [(sel_pos, w)]
     if config.variant == "C2":
-        sel_neg, k_neg, n_neg = _select(lp2, fill(-1), config.top_p_ratio)
-        weights.add_(sel_neg.view(torch.uint8), alpha=m - 1.0)
+        sel_neg, k_neg, n_neg = _select(lp2, fill(-1), config.top_p_ratio, torch.empty_like(sel_pos))
+        selections.append((sel_neg, m))
     else:
         k_neg, n_neg = zero, zero
+    _write_weights(weights, selections)
     stats.update(
         {
             "stare/num_pos_selected": k_pos,
