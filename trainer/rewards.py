@@ -108,27 +108,25 @@ class GradeResult:
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
-def _match_braces(text: str, start: int) -> int | None:
-    """Index just past the ``}`` closing the ``{`` at ``text[start]``, or ``None`` if unbalanced.
+def _brace_pairs(text: str) -> dict[int, int]:
+    """``{index of "{": index just past its matching "}"}`` for every balanced brace pair, in one O(n) pass.
 
-    Escaped braces ``\\{`` / ``\\}`` do not count.
+    Escaped braces ``\\{`` / ``\\}`` do not count; unmatched braces are left out.
     """
-    depth = 0
-    i = start
-    n = len(text)
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    i, n = 0, len(text)
     while i < n:
         c = text[i]
         if c == "\\":
             i += 2
             continue
         if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+            stack.append(i)
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i + 1
         i += 1
-    return None
+    return pairs
 
 
 def extract_boxed(text: str) -> str | None:
@@ -144,12 +142,15 @@ def extract_boxed(text: str) -> str | None:
     if not isinstance(text, str):
         return None
     starts = [m.end() for m in _BOX_RE.finditer(text)]
+    pairs: dict[int, int] | None = None
     for pos in reversed(starts):
         j = pos
         while j < len(text) and text[j] in " \t":
             j += 1
         if j < len(text) and text[j] == "{":
-            end = _match_braces(text, j)
+            if pairs is None:
+                pairs = _brace_pairs(text)
+            end = pairs.get(j)
             if end is None:
                 continue
             content = text[j + 1 : end - 1].strip()

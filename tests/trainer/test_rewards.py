@@ -285,3 +285,13 @@ def test_gsm8k_lenient_reward():
 
 def test_format_reward():
     assert format_reward(["\\boxed{1}", "no box", "\\boxed{}", "\\boxed{2"]) == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_pathological_responses_are_fast():
+    # 20,000 unclosed boxes: extraction is one linear pass (a per-box brace scan would be quadratic)
+    t = time.perf_counter()
+    assert extract_boxed("\\boxed{" * 20000) is None
+    assert extract_boxed("\\boxed{1}" + "\\boxed{" * 20000) == "1"
+    # a 1 MB response
+    assert grade("x " * 500_000 + "\\boxed{12}", "12")
+    assert time.perf_counter() - t < 5.0
