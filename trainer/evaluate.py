@@ -1,9 +1,10 @@
 """Benchmark evaluation: sample k responses per problem, grade them, report avg@k / pass@k / maj@k (STARE Table 2).
 
 ``stare-lab evaluate --model PATH --benchmarks aime24,aime25,amc23,math500,minerva_math,olympiadbench
-[--n 32] [--temperature 1.0] [--top-p 0.7] [--max-tokens N] [--out DIR]`` (wired by ``trainer/cli.py`` through
-:func:`add_arguments` and :func:`main`). The trainer's periodic evaluation calls :func:`evaluate_engine` with its
-own engine.
+[--n 32] [--temperature 1.0] [--top-p 0.7] [--max-tokens N] [--out DIR] [--config EVAL.yaml] [--limit N]
+[--data-dir DIR] [--file NAME=SOURCE] [--engine vllm|hf]`` (wired by ``trainer/cli.py`` through
+:func:`add_arguments` and :func:`main`). Settings: :class:`EvalConfig` defaults < ``--config`` < options. The
+trainer's periodic evaluation can call :func:`evaluate_engine` with its own engine and log :func:`flat_metrics`.
 
 Outputs in ``DIR``:
 
