@@ -34,7 +34,8 @@ every response visits every position of its prompt); ``entropy_change`` = the sa
 first order of this step's Δz); ``pred/phi_tokens`` = Σ over sampled tokens of c·Φ(a) / (S·L), where c is the
 token's coefficient in Δz = Σ c (e_a − π) (excludes the entropy-bonus term); quadrant counts and summed ΔH
 contributions (Â sign × surprisal above/below ``critical_surprisal``); the STARE selected fractions; ``accuracy``
-and ``pass@G``; ``time/*`` timings. Checkpoints (logits, RNG state, controller state, step) make ``resume`` bit-exact.
+and ``pass@G`` (the verifiable rule without noise: task success, also under random rewards); ``reward`` (mean
+reward of the step's first sampling round over all prompts); ``time/*`` timings. Checkpoints (logits, RNG state, controller state, step) make ``resume`` bit-exact.
 """
 
 from __future__ import annotations
@@ -118,24 +119,28 @@ def mean_entropy(logits: torch.Tensor, temperature: float) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _sample(config: TabularSimConfig, state: TabularState, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw G responses for each prompt in ``prompts [n]`` → (tokens ``[n·G, L]`` long, rewards ``[n·G]`` float32);
-    responses of one prompt are contiguous (group_size layout)."""
+def _sample(
+    config: TabularSimConfig, state: TabularState, prompts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Draw G responses for each prompt in ``prompts [n]`` → (tokens ``[n·G, L]`` long, rewards ``[n·G]`` float32,
+    solved ``[n·G]`` float32 = the verifiable rule's verdict without noise, i.e. task accuracy, whatever the
+    reward); responses of one prompt are contiguous (group_size layout)."""
     G, L, V = config.group_size, config.seq_len, config.vocab_size
     n = prompts.numel()
     probs = torch.softmax(state.logits[prompts] / config.temperature, dim=-1)  # [n, L, V]
     draws = torch.multinomial(probs.reshape(n * L, V), G, replacement=True, generator=state.generator)
     tokens = draws.reshape(n, L, G).permute(0, 2, 1).reshape(n * G, L)
+    hits = state.correct[prompts].repeat_interleave(G, dim=0).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    solved = (hits.sum(-1) >= config.reward_threshold).float()
     if config.reward == "random":
         p = torch.full((n * G,), float(config.random_reward_p))
         rewards = torch.bernoulli(p, generator=state.generator).float()
     else:
-        hits = state.correct[prompts].repeat_interleave(G, dim=0).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        rewards = (hits.sum(-1) >= config.reward_threshold).float()
+        rewards = solved
         if config.reward_noise > 0:
             flip = torch.bernoulli(torch.full((n * G,), float(config.reward_noise)), generator=state.generator)
             rewards = (rewards - flip).abs()
-    return tokens, rewards
+    return tokens, rewards, solved
 
 
 def _rollouts(config: TabularSimConfig, state: TabularState) -> dict[str, Any]:
@@ -146,13 +151,13 @@ def _rollouts(config: TabularSimConfig, state: TabularState) -> dict[str, Any]:
     S, G = config.num_prompts, config.group_size
     all_prompts = torch.arange(S)
     if not config.dynamic_sampling:
-        tokens, rewards = _sample(config, state, all_prompts)
-        return {"prompts": all_prompts, "tokens": tokens, "rewards": rewards, "rounds": 1, "first_rewards": rewards}
+        tokens, rewards, solved = _sample(config, state, all_prompts)
+        return {"prompts": all_prompts, "tokens": tokens, "rewards": rewards, "rounds": 1, "first": (rewards, solved)}
     kept_p, kept_t, kept_r, first = [], [], [], None
     n_kept, rounds = 0, 0
     while n_kept < S and rounds < config.ds_max_rounds:
-        tokens, rewards = _sample(config, state, all_prompts)
-        first = rewards if first is None else first
+        tokens, rewards, solved = _sample(config, state, all_prompts)
+        first = (rewards, solved) if first is None else first
         rounds += 1
         keep = filter_groups(rewards, G).reshape(S, G)[:, 0]
         idx = keep.nonzero().squeeze(-1)[: S - n_kept]
@@ -165,7 +170,7 @@ def _rollouts(config: TabularSimConfig, state: TabularState) -> dict[str, Any]:
         "tokens": torch.cat(kept_t),
         "rewards": torch.cat(kept_r),
         "rounds": rounds,
-        "first_rewards": first,
+        "first": first,
     }
 
 
@@ -222,15 +227,15 @@ def sampled_step(
     gate_on, w, m = _gate(state, h_before)
     batch = _rollouts(config, state)
     t1 = time.perf_counter()
-    first = batch["first_rewards"].reshape(S, G)
+    first_r, first_solved = (x.reshape(S, G) for x in batch["first"])  # first round: all S prompts
     row: dict[str, Any] = {
         "entropy": h_before,
-        "reward": float(first.mean()),
+        "reward": float(first_r.mean()),
         "gate_on": int(gate_on),
         "stare_w": w,
         "stare_m": m,
-        "accuracy": float(first.mean()),
-        f"pass@{G}": float((first > 0).any(-1).float().mean()),
+        "accuracy": float(first_solved.mean()),
+        f"pass@{G}": float((first_solved > 0).any(-1).float().mean()),
     }
     prompts, tokens, rewards = batch["prompts"], batch["tokens"], batch["rewards"]
     n = prompts.numel()

@@ -19,16 +19,19 @@ __all__ = ["success_given_token", "top_mass_fraction", "expected_step"]
 
 
 
-def success_given_token(config: TabularSimConfig, probs: torch.Tensor, correct: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def success_given_token(
+    config: TabularSimConfig, probs: torch.Tensor, correct: torch.Tensor, rule_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact reward law of the factored policy: (p̄ ``[S]`` = P(r = 1), P(r = 1 | a_l = k) ``[S, L, V]``).
 
     Verifiable rule: with q_l = P(a_l correct) = Σ_{k ∈ C_l} π_lk and positions independent, the number of correct
     positions other than l is Poisson-binomial; P(r = 1 | a_l = k) = P(count_{−l} ≥ threshold − 1[k ∈ C_l]),
     computed by the O(L²) dynamic programme over the other positions; a noisy verifier maps P to ε + (1 − 2ε)P.
-    Random rewards: P(r = 1 | ·) = p.
+    Random rewards: P(r = 1 | ·) = p. ``rule_only``: the verifiable rule without noise whatever ``config.reward``
+    (task accuracy).
     """
     S, L, V = probs.shape
-    if config.reward == "random":
+    if config.reward == "random" and not rule_only:
         p = float(config.random_reward_p)
         return torch.full((S,), p, dtype=probs.dtype), torch.full((S, L, V), p, dtype=probs.dtype)
     m = config.reward_threshold
@@ -49,7 +52,7 @@ def success_given_token(config: TabularSimConfig, probs: torch.Tensor, correct: 
     tw = torch.stack(tail_wrong, dim=1)
     given = torch.where(correct, tc.unsqueeze(-1), tw.unsqueeze(-1))
     p_bar = q[:, 0] * tc[:, 0] + (1 - q[:, 0]) * tw[:, 0]
-    eps = float(config.reward_noise)  # noisy verifier: P(r=1) = ε + (1 − 2ε)·P(rule satisfied)
+    eps = 0.0 if rule_only else float(config.reward_noise)  # noisy verifier: P(r=1) = ε + (1 − 2ε)·P(rule satisfied)
     return eps + (1 - 2 * eps) * p_bar, eps + (1 - 2 * eps) * given
 
 
@@ -92,6 +95,7 @@ def expected_step(
     logp = logprobs_from_logits(z_all, vocab_ids, temperature=tau).detach()  # [S, L, V]
     probs = logp.exp()
     p_bar, p1 = success_given_token(config, probs, state.correct)
+    p_rule = success_given_token(config, probs, state.correct, rule_only=True)[0]
     sigma = (p_bar * (1 - p_bar)).clamp_min(0).sqrt()
     active = (sigma > 0).to(z.dtype)[:, None, None]  # Â ≡ 0 for a prompt that always / never succeeds
     a_pos = active * p1 * (1 - p_bar)[:, None, None] / (sigma[:, None, None] + eps)
@@ -123,8 +127,8 @@ def expected_step(
             "gate_on": int(gate_on),
             "stare_w": w,
             "stare_m": m,
-            "accuracy": float(p_bar.mean()),
-            f"pass@{G}": float((1 - (1 - p_bar) ** G).mean()),
+            "accuracy": float(p_rule.mean()),
+            f"pass@{G}": float((1 - (1 - p_rule) ** G).mean()),
             "pred_entropy_change": predicted_entropy_change_mean(z, delta, tau),
         }
     )

@@ -304,3 +304,14 @@ def test_run_stats_by_hand():
     assert s["steps_to_collapse"] == 2 and s["final_entropy"] == pytest.approx(0.03)
     assert s["time_in_band"] == 0.25 and s["mean_abs_dev_second_half"] == pytest.approx(0.455)
     assert s["final_reward"] == 1.0 and s["gate_on_frac"] == 0.5 and s["min_entropy"] == pytest.approx(0.03)
+
+
+def test_accuracy_is_the_noise_free_rule(tmp_path):
+    """Random rewards carry no task signal, but `accuracy` still reports the verifiable rule's success: it must equal
+    the rule success of the same initial policy measured under verifiable rewards without noise (same init, the
+    first step's rollouts differ only in the reward draws), and expected-mode accuracy is the exact rule law."""
+    a = run(tiny(reward="random", steps=1, mode="expected"), tmp_path / "a")
+    b = run(tiny(reward="verifiable", reward_noise=0.0, steps=1, mode="expected"), tmp_path / "b")
+    ra, rb = rows_of(tmp_path / "a")[0], rows_of(tmp_path / "b")[0]
+    assert ra["accuracy"] == rb["accuracy"] == rb["reward"] and ra["reward"] == 0.5
+    assert a["initial_entropy"] == b["initial_entropy"]
