@@ -105,7 +105,11 @@ def select_top_surprisal(
     lp2 = _as_rows(logprobs)
     cand = _as_bool_mask(candidates).reshape(lp2.shape)
     out = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
-    selected, k, n = _select(lp2, lambda r0, r1, buf: torch.sub(cand[r0:r1].view(torch.int8), 1, out=buf), top_p_ratio, out)
+
+    def fill(r0: int, r1: int, buf: Tensor) -> Tensor:  # 0 for candidates, -1 elsewhere
+        return torch.sub(cand[r0:r1].view(torch.int8), 1, out=buf)
+
+    selected, k, n = _select(lp2, fill, top_p_ratio, out)
     return selected.bool().view(shape), k, n
 
 

@@ -128,7 +128,9 @@ def test_microbatch_split_matches_full_batch(params, mode, name, cuts, addons):
 
 
 @SETTINGS
-@given(batch, st.sampled_from(MODES), st.lists(st.integers(1, 50), min_size=1, max_size=4), st.sampled_from(["O1", "C2"]))
+@given(
+    batch, st.sampled_from(MODES), st.lists(st.integers(1, 50), min_size=1, max_size=4), st.sampled_from(["O1", "C2"])
+)
 def test_global_scope_selection_invariant_to_microbatching(params, mode, cuts, variant):
     """A single call over the whole batch (scope global, weights computed in-call) equals the sum over any
     micro-batch split that uses the weights selected once over the whole batch."""
