@@ -151,7 +151,47 @@ def plan_sweep(
                 f"{str(taken[0])!r} already holds a run; pass --resume to continue or --overwrite to replace "
                 f"({len(taken)} run(s) in {str(out)!r})"
             )
+    if resume and kind == "tabular":
+        for key, run_dir in run_dirs.items():
+            _check_resumable(run_dir, configs[key])
     return SweepPlan(preset, kind, out, methods, list(range(seeds)), configs, run_dirs, module, resume, overwrite)
+
+
+def _check_resumable(run_dir: Path, config: Any) -> None:
+    """Before anything runs: a tabular run to resume must have been written with the same config (except
+    ``steps`` / ``checkpoint_every``, and a target entropy resolved from ``target_entropy_frac``).
+
+    Raises:
+        RunError: naming the first differing key.
+    """
+    cfg_path = run_dir / "config.yaml"
+    if not (run_dir / "checkpoint").is_dir() or not cfg_path.is_file():
+        return
+    import yaml
+
+    try:
+        saved = yaml.safe_load(cfg_path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise RunError(f"cannot resume {str(run_dir)!r}: config.yaml is not valid YAML ({err})") from None
+    current = to_dict(config)
+    if current.get("target_entropy_frac") is not None:
+        current["loss"]["stare"].pop("target_entropy", None)
+        saved.get("loss", {}).get("stare", {}).pop("target_entropy", None)
+
+    def diff(a: Any, b: Any, prefix: str = "") -> str | None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in a:
+                if prefix == "" and k in ("steps", "checkpoint_every"):
+                    continue
+                found = diff(a[k], b.get(k), f"{prefix}{k}.") if k in b else f"{prefix}{k}"
+                if found:
+                    return found
+            return None
+        return None if a == b else prefix.rstrip(".")
+
+    key = diff(current, saved)
+    if key is not None:
+        raise RunError(f"cannot resume {str(run_dir)!r}: {key} differs from the run's config.yaml")
 
 
 def _mean(values: list[Any]) -> float | None:

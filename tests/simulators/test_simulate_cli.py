@@ -156,3 +156,14 @@ def test_list_presets(capsys):
     text = capsys.readouterr().out
     for name in ("collapse", "random-reward", "theory"):
         assert name in text
+
+
+def test_resume_with_another_config_is_refused_up_front(tmp_path, capsys):
+    out = tmp_path / "r"
+    base = ["--methods", "grpo,o1", "--seeds", "1", "--out", str(out), "--no-plots"]
+    assert simulate(*base, "--steps", "3", *SMALL) == 0
+    before = {m: (out / m / "seed0" / "metrics.jsonl").read_text() for m in ("grpo", "o1")}
+    assert simulate(*base, "--steps", "6", "--resume", *SMALL, "stare.reweight_w=1.3") == 1
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "loss.stare.reweight_w" in err
+    assert {m: (out / m / "seed0" / "metrics.jsonl").read_text() for m in ("grpo", "o1")} == before
