@@ -13,7 +13,8 @@ Outputs in ``DIR``:
   Accuracies are fractions in [0, 1] (Table 2 shows percent). ``average`` is the unweighted mean of the
   benchmarks' avg@k, as Table 2's "avg" column.
 * ``samples.jsonl`` — one row per sample: ``benchmark, id, sample, response, extracted, correct, status,
-  response_tokens, finish_reason``.
+  response_tokens, finish_reason`` (``response_tokens`` counts the engine's response tokens, including a final eos;
+  ``mean_response_tokens`` averages it).
 
 Prompts: the paper's template (problem + "Please reason step by step, and put your final answer within
 \\boxed{}.", :data:`trainer.config.DEFAULT_PROMPT_TEMPLATE`) through the tokenizer's chat template when it has one.
