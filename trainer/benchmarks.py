@@ -148,7 +148,8 @@ def load_benchmark(
         problem_key, answer_key: record fields holding the statement and the gold answer.
 
     Raises:
-        DataError: missing/unreadable file, a record without the fields, an empty gold answer, no records.
+        DataError: missing/unreadable file, a record without the fields, an empty gold answer, a duplicate id, no
+            records.
         ConfigError: ``limit`` < 1.
     """
     from .data import load_records
@@ -163,8 +164,10 @@ def load_benchmark(
         if not answer:
             raise DataError(f"{source}: record {i} (id {rec['id']!r}) has an empty answer")
         problems.append(Problem(benchmark=name, id=str(rec["id"]), problem=rec["prompt"], answer=rec["answer"]))
-    ids = [p.id for p in problems]
-    if len(set(ids)) != len(ids):
-        logger.warning("%s: %d duplicate problem ids", source, len(ids) - len(set(ids)))
+    seen: set[str] = set()
+    for p in problems:
+        if p.id in seen:
+            raise DataError(f"{source}: problem id {p.id!r} occurs more than once; ids must be unique")
+        seen.add(p.id)
     logger.info("loaded %d problems of %s from %s", len(problems), name, source)
     return problems

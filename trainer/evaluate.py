@@ -282,10 +282,15 @@ def load_problems(cfg: EvalConfig, name: str) -> list[Problem]:
                           problem_key=cfg.problem_key, answer_key=cfg.answer_key)
 
 
-def _chunk_seed(seed: int, bench_index: int, chunk_index: int) -> int:
+def _chunk_seed(seed: int, benchmark: str, chunk_index: int) -> int:
+    """Sampling seed of one generate call: a function of the run seed, the benchmark NAME (so a benchmark's samples
+    do not depend on which other benchmarks run) and the chunk index; 31 bits."""
+    import zlib
+
     import numpy as np
 
-    return int(np.random.SeedSequence([seed, bench_index, chunk_index]).generate_state(1)[0])
+    ss = np.random.SeedSequence([seed, zlib.crc32(benchmark.encode()), chunk_index])
+    return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def evaluate_engine(
@@ -324,7 +329,7 @@ def evaluate_engine(
     result: dict[str, Any] = {"model": model_name, "settings": _settings(cfg), "benchmarks": {}, "average": None}
     t0 = time.perf_counter()
     try:
-        for b_idx, name in enumerate(cfg.benchmarks):
+        for name in cfg.benchmarks:
             probs = problems[name] if problems is not None and name in problems else load_problems(cfg, name)
             k = cfg.samples_for(name)
             rows: list[dict[str, Any]] = []
@@ -335,7 +340,7 @@ def evaluate_engine(
                     for i, p in enumerate(chunk)
                 ]
                 sampling = SamplingConfig(
-                    n=k, max_tokens=cfg.max_tokens, seed=_chunk_seed(cfg.seed, b_idx, c_idx),
+                    n=k, max_tokens=cfg.max_tokens, seed=_chunk_seed(cfg.seed, name, c_idx),
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 )
                 outputs = engine.generate(ids, sampling)

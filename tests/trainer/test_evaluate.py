@@ -363,3 +363,19 @@ def test_parquet_source_with_other_field_names(require, tmp_path):
         config_from_args(p.parse_args(["--model", "m", "--file", "aime24"]))
     with pytest.raises(ConfigError, match="not one of the benchmarks"):
         EvalConfig(benchmarks=["math500"], files={"aime24": str(path)})
+
+
+def test_duplicate_ids_are_a_data_error(tmp_path):
+    f = tmp_path / "dup.jsonl"
+    f.write_text('{"id": "1", "problem": "a", "answer": "1"}\n{"id": "1", "problem": "b", "answer": "2"}\n')
+    with pytest.raises(DataError, match="id '1' occurs more than once"):
+        load_benchmark("aime24", path=str(f))
+
+
+def test_sampling_seed_depends_on_benchmark_name_not_position():
+    from trainer.evaluate import _chunk_seed
+
+    assert _chunk_seed(0, "aime24", 0) == _chunk_seed(0, "aime24", 0)
+    assert len({_chunk_seed(0, "aime24", 0), _chunk_seed(0, "aime25", 0), _chunk_seed(1, "aime24", 0),
+                _chunk_seed(0, "aime24", 1)}) == 4
+    assert 0 <= _chunk_seed(123, "math500", 7) < 2**31
