@@ -334,8 +334,9 @@ class ScheduleConfig:
         total_steps: optimizer steps to run.
         save_freq: checkpoint every N steps (and at the end).
         keep_checkpoints: how many checkpoints to keep (oldest deleted).
-        eval_freq: evaluate every N steps (needs ``eval_config``; run by ``trainer.evaluate``).
-        eval_config: path of an evaluation config for ``trainer.evaluate`` (``None`` = no periodic evaluation).
+        eval_freq: evaluate every N steps and at the last step (needs ``eval_config``), with the rollout engine
+            right after the sync (``trainer.evaluate.evaluate_engine``); metrics ``eval/...`` in the same row.
+        eval_config: YAML of :class:`trainer.evaluate.EvalConfig` (``None`` = no periodic evaluation).
         resume: ``auto`` (resume from ``out_dir/checkpoint`` if present), ``never`` (fail if the run exists)
             or ``must`` (fail if there is nothing to resume).
         tensorboard: also log scalars to ``out_dir/tensorboard``.

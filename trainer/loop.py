@@ -408,6 +408,21 @@ class _Trainer:
         row["rollout/tokens_per_s"] = gen_tokens / max(self.t["rollout"], 1e-9)
         return row
 
+    def evaluate(self, step: int, out: Path) -> dict[str, float]:
+        """Periodic evaluation with the (just synced) rollout engine: ``trainer.evaluate.evaluate_engine`` with the
+        settings of ``schedule.eval_config``; returns the ``eval/...`` metrics. Every rank runs it (TP groups need
+        all their ranks in ``generate``); rank 0 writes ``OUT/eval/step_<N>/``."""
+        from stare_lab.config import from_dict, load_yaml
+
+        from .evaluate import EvalConfig, evaluate_engine, flat_metrics
+
+        ecfg = from_dict(EvalConfig, load_yaml(self.cfg.schedule.eval_config), prefix="eval")
+        t0 = time.perf_counter()
+        res = evaluate_engine(self.engine, self.tokenizer, ecfg,
+                              out_dir=out / "eval" / f"step_{step}" if self.dist.is_main else None,
+                              model_name=self.cfg.model.path)
+        return {**flat_metrics(res), "time/eval_s": time.perf_counter() - t0}
+
     def state(self, step: int) -> dict[str, Any]:
         return {"step": step, "cursor": self.cursor.state_dict(), "controller": self.controller.state_dict()}
 
@@ -438,6 +453,8 @@ def train(cfg: TrainerConfig) -> Path:
         raise RunError(f"{str(out)!r} already holds a run and schedule.resume=never")
     if s.resume == "auto" and latest is None and (out / "metrics.jsonl").exists():
         raise RunError(f"{str(out)!r} holds a run without a checkpoint to resume from; choose another out_dir")
+    if s.eval_freq and s.eval_config and not Path(s.eval_config).is_file():
+        raise ConfigError(f"schedule.eval_config={s.eval_config!r} does not exist")
     tr = _Trainer(cfg)
     start = 0
     if latest is not None:
@@ -451,6 +468,8 @@ def train(cfg: TrainerConfig) -> Path:
     rows = []
     for step in range(start + 1, s.total_steps + 1):
         row = tr.step(step)
+        if s.eval_freq and s.eval_config and (step % s.eval_freq == 0 or step == s.total_steps):
+            row.update(tr.evaluate(step, out))
         log.log(row)
         rows.append(row)
         _fault(step, "logged")

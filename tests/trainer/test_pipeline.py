@@ -136,11 +136,18 @@ def test_kill_and_resume_gives_identical_metrics(run_a, tiny_model, gsm8k_digits
 
 
 def test_hf_engine_path(deps, tiny_model, gsm8k_digits, tmp_path):
-    """(e) The transformers-generate engine: one step; its processed log-probs equal the trainer's to 1e-4."""
+    """(e) The transformers-generate engine: one step; its processed log-probs equal the trainer's to 1e-4. The step
+    also runs the periodic evaluation (2 MATH-500 problems, 1 sample each) with the synced engine."""
     out = tmp_path / "out"
-    _run(_config(tiny_model, gsm8k_digits, out, **{"rollout.engine": "hf", "schedule.total_steps": 1}), tmp_path)
+    ev = tmp_path / "eval.yaml"
+    ev.write_text(yaml.safe_dump({"benchmarks": ["math500"], "limit": 2, "n": 1, "max_tokens": 8}))
+    _run(_config(tiny_model, gsm8k_digits, out, **{"rollout.engine": "hf", "schedule.total_steps": 1,
+                                                   "schedule.eval_freq": 1, "schedule.eval_config": str(ev)}),
+         tmp_path)
     (row,) = _rows(out)
     assert row["skipped"] == 0 and row["rollout/logprob_diff_max"] <= 1e-4
+    assert row["eval/accuracy"] == 0.0  # a random-init model answers none of the 2 problems (8 tokens, no boxed)
+    assert (out / "eval" / "step_1" / "eval.json").is_file()
 
 
 def test_all_filtered_batch_is_skipped_not_hung(deps, tiny_model, gsm8k_digits, tmp_path):
