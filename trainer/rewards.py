@@ -221,8 +221,16 @@ _NUM_RE = re.compile(
 _POW10_RE = re.compile(r"(?P<sign>[+-]?)10\s*\^\s*\{?\s*(?P<p>[+-]?\d+)\s*\}?")
 _FRAC_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*\{\s*(?P<isign>[+-]?)\s*(?P<a>\d+)\s*\}\s*\{\s*(?P<b>\d+)\s*\}")
 _FRAC_SHORT_RE = re.compile(r"(?P<sign>[+-]?)\\frac\s*(?P<a>\d)\s*(?P<b>\d)")
+_EXP = r"\^\s*\{?\s*-?\d\s*\}?"  # a small unit exponent: ^2, ^{-1}
+#: unit tail in LaTeX: \text{ cm}, \mathrm{~m}^2, \mbox{ inches}^2, \%, \$ (an exponent only after a unit)
 _UNIT_TAIL_RE = re.compile(
-    r"(?:\s*(?:\\(?:text|mathrm|mbox|rm|textrm)\s*\{[^{}]*\}|\^\s*\{?\s*[23]\s*\}?|\\%|%|\\\$))+\s*$"
+    rf"(?:\s*(?:\\(?:text|mathrm|mbox|rm|textrm)\s*\{{[^{{}}]*\}}(?:\s*{_EXP})?|\\%|%|\\\$))+\s*$"
+)
+#: unit tail in plain words after whitespace: " cm", " miles", " erg s^{-1}", " m/s" (a first word of one letter
+#: only before / or ^, so "2 n" or "5 x" are not numbers)
+_PLAIN_UNIT_RE = re.compile(
+    rf"(?<=[\d.}}])\s+(?:[A-Za-z]{{2,}}|[A-Za-z](?=\s*[/^]))(?:\s*{_EXP})?"
+    rf"(?:\s*(?:/|\\cdot)?\s*[A-Za-z]+(?:\s*{_EXP})?)*\s*$"
 )
 
 
@@ -241,8 +249,8 @@ def parse_number(answer: str) -> tuple[Fraction, str] | None:
     Accepted: integers (leading zeros, thousands separators ``1,234``/``10,\\!080``), decimals (``27.0``, ``.5``,
     ``5.``), scientific notation (``4.5e33``, ``4.5\\times10^{33}``, ``10^{-5}``), fractions of such numbers
     (``\\frac{3}{4}``, ``\\frac34``, ``3/4``, ``-1./3``), with an optional trailing unit (``\\text{ cm}``,
-    ``\\mathrm{~m}``, ``^2``), ``\\%``, ``\\$`` or degree mark; a whole answer wrapped in ``\\text{…}`` is
-    unwrapped (then plain unit words may follow the number).
+    ``\\mathrm{~m}^2``, plain words ``cm``, ``erg s^{-1}``, ``m/s`` after a space), ``\\%``, ``\\$`` or degree
+    mark; a whole answer wrapped in ``\\text{…}`` is unwrapped.
 
     Returns:
         ``(value, kind)`` — the exact rational value and how it was written: ``"int"`` (integer literal),
@@ -252,12 +260,14 @@ def parse_number(answer: str) -> tuple[Fraction, str] | None:
     s = answer.strip().replace("\\$", "").replace("$", "")
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
-    s = _SPACING_RE.sub("", s).strip()
+    s = re.sub(r",\s*\\!\s*", ",", s)  # LaTeX thousands separator "11,\! 111"
+    s = _SPACING_RE.sub(" ", s.replace("\\!", "")).strip()
     wrapped = re.fullmatch(r"\\(?:text|textbf|mathrm|mbox|textrm)\s*\{([^{}]*)\}", s)
     if wrapped:
-        s = re.sub(r"(?<=[\d.])\s+[A-Za-z][A-Za-z ]*$", "", wrapped.group(1).strip())
+        s = wrapped.group(1).strip()
     s = _DEGREE_RE.sub("", s)
-    s = _UNIT_TAIL_RE.sub("", s).strip().rstrip(".")
+    s = _UNIT_TAIL_RE.sub("", s).strip()
+    s = _PLAIN_UNIT_RE.sub("", s).strip().rstrip(".")
     if not s or len(s) > 200:
         return None
     m = _NUM_RE.fullmatch(s)
@@ -486,6 +496,10 @@ def _answers_equal(pred: str, gold: str, benchmark: str | None) -> bool:
         return False
     if _too_large(pred):
         raise _Rejected
+    if g_num is not None:  # a numeric gold (e.g. "4.5e33", which latex2sympy misreads as 4.5·e·33) as exact LaTeX
+        v = g_num[0]
+        gold = str(v.numerator) if v.denominator == 1 else \
+            ("-" if v < 0 else "") + f"\\frac{{{abs(v.numerator)}}}{{{v.denominator}}}"
     return _symbolic_equal(gold, pred)
 
 

@@ -295,3 +295,24 @@ def test_pathological_responses_are_fast():
     # a 1 MB response
     assert grade("x " * 500_000 + "\\boxed{12}", "12")
     assert time.perf_counter() - t < 5.0
+
+
+@pytest.mark.parametrize(
+    "response, gold, benchmark, expected",
+    [
+        ("\\boxed{5^2}", "5", None, False),  # an exponent is not a unit tail: 25 != 5
+        ("\\boxed{5^2}", "25", None, True),
+        ("\\boxed{10^2}", "100", None, True),
+        ("\\boxed{1.6 cm}", "1.6", "minerva_math", True),  # plain-word units after a space
+        ("\\boxed{4.5 \\times 10^{33} erg s^{-1}}", "4.5e33", "minerva_math", True),
+        ("\\boxed{3 m/s}", "3", None, True),
+        ("\\boxed{2 n}", "2", None, False),  # a one-letter word is a variable, not a unit
+        ("\\boxed{\\frac{9}{2}\\times 10^{33}}", "4.5e33", "minerva_math", True),  # symbolic path, exact gold
+        ("\\boxed{\\sqrt{16}}", "4", None, True),
+        ("\\boxed{1, 100}", "1100", None, False),  # a spaced list is not a thousands-separated number
+        ("\\boxed{11,111,111,100}", "11,\\! 111,\\! 111,\\! 100", "math500", True),
+        ("\\boxed{864}", "864 \\mbox{ inches}^2", "math500", True),
+    ],
+)
+def test_units_exponents_and_numeric_golds(response, gold, benchmark, expected):
+    assert grade(response, gold, benchmark) is expected
