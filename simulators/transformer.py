@@ -179,7 +179,9 @@ class _Simulation:
         self.step = 0
         self.warm_info = self._warm_start(run_dir)
         self.params = [p for p in self.model.parameters()]
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
+        )
         self.controller = STAREController(self.loss_cfg.stare)
         self.generator = torch.Generator().manual_seed(1_000_003 * config.seed + 1)  # RL sampling stream
         self.cursor = [0, 0]  # (epoch, position) in the epoch's permutation of the train prompts
@@ -308,15 +310,18 @@ class _Simulation:
         prompts, responses, mask, rewards, row = self._rollout()
         t_sample = time.perf_counter() - t0
         advantages = group_advantages(rewards, group_size=cfg.group_size, estimator=cfg.adv_estimator)
-        theta_old = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        # θ_old as differentiable copies: the first update's forward runs through them, so its graph (kept for
+        # ∇θH̄ at θ_old) survives the optimizer's in-place parameter update; gradients still reach the parameters.
+        theta_old = {n: p.clone() for n, p in self.model.named_parameters()}
         n_valid = int(mask.sum())
         for update in range(cfg.updates_per_batch):
-            logits = response_logits(self.model, prompts, responses)
+            logits = response_logits(self.model, prompts, responses, theta_old if update == 0 else None)
             logprobs = logprobs_from_logits(logits, responses, temperature=tau)
             entropy = entropy_from_logits(logits, temperature=tau)
             if update == 0:
                 old_logprobs, logits_old = logprobs.detach(), logits.detach()
-                h_before = float(_masked_mean(entropy.detach(), mask))
+                h_bar_old = _masked_mean(entropy, mask)  # with its graph, for pred/grad_dot
+                h_before = float(h_bar_old.detach())
                 if self.is_stare:
                     gate_on = bool(self.controller.update(h_before))
                     weights, stare_stats = stare_token_weights(
@@ -347,7 +352,7 @@ class _Simulation:
             )
             loss, loss_metrics = compute_policy_loss(self.loss_cfg.loss_mode, inputs, self.loss_cfg)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward(retain_graph=update == 0)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
             self.optimizer.step()
             if update == 0:
@@ -355,8 +360,8 @@ class _Simulation:
                 row["grad_norm"] = float(grad_norm)
                 row.update({k if "/" in k else f"loss/{k}": _num(v) for k, v in loss_metrics.items()})
         t_update = time.perf_counter() - t0 - t_sample
-        self.last_batch = (prompts, responses, mask, theta_old)  # for tests and diagnostics
-        row.update(self._measure(prompts, responses, mask, theta_old, logits_old, h_before))
+        self.last_batch = (prompts, responses, mask, {n: t.detach() for n, t in theta_old.items()})  # for tests
+        row.update(self._measure(prompts, responses, mask, theta_old, logits_old, h_bar_old))
         row.update(step=self.step, entropy=h_before, reward=float(rewards.mean()),
                    response_length=float(mask.sum(dim=1).float().mean()))
         if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
@@ -365,21 +370,21 @@ class _Simulation:
         row["time/step_s"] = time.perf_counter() - t0
         return row
 
-    def _measure(self, prompts, responses, mask, theta_old, logits_old, h_before) -> dict[str, float]:
-        """Measured ΔH on the same positions, and the ∇θH̄·Δθ and logit-space first-order predictions."""
-
+    def _measure(self, prompts, responses, mask, theta_old, logits_old, h_bar_old) -> dict[str, float]:
+        """Measured ΔH on the same positions, and the ∇θH̄·Δθ and logit-space first-order predictions.
+        ``theta_old``: the differentiable copies of θ_old the first forward ran through; ``h_bar_old``: H̄(θ_old)
+        with that graph."""
         tau = self.cfg.temperature
+        h_before = float(h_bar_old.detach())
         with torch.no_grad():
             logits_new = response_logits(self.model, prompts, responses)
             h_after = float(_masked_mean(entropy_from_logits(logits_new, temperature=tau), mask))
             logit_pred = predicted_entropy_change(logits_old, logits_new - logits_old, temperature=tau)
-        # ∇θH̄ at θ_old (functional call at the saved parameters), dotted with the actual Δθ of the step.
-        old = {n: t.clone().requires_grad_(True) for n, t in theta_old.items()}
-        h_old = _masked_mean(entropy_from_logits(response_logits(self.model, prompts, responses, old), temperature=tau), mask)
-        names = list(old)
+        # ∇θH̄ at θ_old dotted with the actual Δθ of the step (all its updates): science.md §2, last line.
+        names = list(theta_old)
         current = dict(self.model.named_parameters())
-        deltas = [current[n].detach() - theta_old[n] for n in names]
-        grad_dot = float(pred_param_update(h_old, [old[n] for n in names], deltas))
+        deltas = [current[n].detach() - theta_old[n].detach() for n in names]
+        grad_dot = float(pred_param_update(h_bar_old, [theta_old[n] for n in names], deltas))
         return {
             "entropy_change": h_after - h_before,
             "pred_entropy_change": grad_dot,
