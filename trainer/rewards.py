@@ -381,6 +381,9 @@ def _mv():
     norm_config = dataclasses.replace(LatexExtractionConfig().normalization_config, boxed="last")
 
     def to_sympy(latex: str):
+        # math-verify parses i as the imaginary unit only when it stands alone ("9 i"), not in "9i": write a
+        # digit-attached i apart so that "6+9i" and "9 i + 6" parse alike (both complex)
+        latex = re.sub(r"(?<=\d)i\b", " i", latex)
         return parse_latex_cached(normalize_latex(latex, config=norm_config))
 
     return to_sympy, verify

@@ -316,3 +316,18 @@ def test_pathological_responses_are_fast():
 )
 def test_units_exponents_and_numeric_golds(response, gold, benchmark, expected):
     assert grade(response, gold, benchmark) is expected
+
+
+@pytest.mark.parametrize(
+    "response, gold, expected",
+    [
+        ("\\boxed{9 i + 6}", "6+9i", True),  # complex numbers in either order / spacing
+        ("\\boxed{9i+6}", "6 + 9i", True),
+        ("\\boxed{6-9i}", "6+9i", False),
+        # limitation (math-verify/latex2sympy): i is a complex-valued symbol, not the imaginary unit, so
+        # (1+i)^2 is not simplified to 2i
+        ("\\boxed{(1+i)^2}", "2i", False),
+    ],
+)
+def test_complex_answers(response, gold, expected):
+    assert grade(response, gold, "math500") is expected
