@@ -48,19 +48,8 @@ from stare_lab.errors import DataError
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "RELATIVE_TOLERANCE",
-    "GradeResult",
-    "GradingTimeout",
-    "extract_boxed",
-    "normalize_answer",
-    "normalize_gold",
-    "parse_number",
-    "grade",
-    "grade_response",
-    "grade_batch",
-    "math_reward",
-    "gsm8k_lenient_reward",
-    "format_reward",
+    "RELATIVE_TOLERANCE", "GradeResult", "GradingTimeout", "extract_boxed", "normalize_answer", "normalize_gold",
+    "parse_number", "grade", "grade_response", "grade_batch", "math_reward", "gsm8k_lenient_reward", "format_reward",
     "last_number",
 ]
 
@@ -95,7 +84,7 @@ class GradeResult:
         extracted: content of the last boxed answer (``None`` if the response has none).
         status: ``ok`` (graded), ``no_answer`` (no boxed answer), ``timeout`` (limit hit: graded wrong),
             ``error`` (the grader raised: graded wrong), ``rejected`` (answer too large to evaluate safely:
-            graded wrong unless it matched the gold string).
+            graded wrong; the string and numeric comparisons, which come first, did not match).
     """
 
     correct: bool
