@@ -10,7 +10,8 @@ Reads top to bottom:
 3. **Warm start** — a short supervised phase on noisy demonstrations (AdamW, ``warm_start.lr``) so the initial
    policy is partly right and has real entropy. The warm-started weights depend only on (task, model, warm_start,
    seed); they are cached in ``warm_start.cache_dir`` (default: ``<run_dir>/../../warm_start_cache``, i.e. ``OUT/``
-   of the CLI's ``OUT/<method>/seed<k>`` layout) so the methods of one sweep reuse them — each method's RL phase is genuine and starts from bit-identical weights.
+   of the CLI's ``OUT/<method>/seed<k>`` layout) so the methods of one sweep reuse them — each method's RL phase
+   is genuine and starts from bit-identical weights.
 4. **RL** — per step: ``prompts_per_step`` train prompts × ``group_size`` responses sampled at ``temperature``
    (a KV-cache sampling loop with a seeded ``torch.Generator``), rewards from the checker, advantages from
    :func:`stare_lab.advantages.group_advantages`, the method's policy loss from the core registry
@@ -39,9 +40,10 @@ Reads top to bottom:
    Every ``eval_every`` steps (and at the last step) the held-out accuracy (mean over ``eval_samples`` samples per
    prompt, T = ``temperature``) and pass@k (k = ``eval_samples``) of the updated policy.
 
-Public API: :data:`PRESETS`, :data:`PRESET_SWEEPS`, :class:`ModelConfig`, :class:`WarmStartConfig`,
-:class:`TransformerSimConfig`, :func:`config_from_preset`, :func:`build_model`, :func:`sample_responses`,
-:func:`response_logits`, :func:`summarize`, :func:`run`.
+Public API: :data:`PRESETS`, :data:`PRESET_DESCRIPTIONS`, :data:`PRESET_SWEEPS`, :class:`ModelConfig`,
+:class:`WarmStartConfig`, :class:`TransformerSimConfig`, :func:`config_from_preset` (all from
+:mod:`simulators.transformer_config`), :func:`build_model`, :func:`sample_responses`, :func:`response_logits`,
+:func:`summarize`, :func:`run`.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from stare_lab.stare import STAREController, stare_token_weights
 from .run_stats import fit_line, run_stats
 from .tasks import EOS, PAD, VOCAB_SIZE, Task, make_splits, make_task
 from .transformer_config import (
+    PRESET_DESCRIPTIONS,
     PRESET_SWEEPS,
     PRESETS,
     ModelConfig,
@@ -85,6 +88,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "PRESETS",
+    "PRESET_DESCRIPTIONS",
     "PRESET_SWEEPS",
     "ModelConfig",
     "WarmStartConfig",

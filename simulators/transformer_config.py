@@ -29,6 +29,7 @@ from .tasks import TaskConfig
 
 __all__ = [
     "PRESETS",
+    "PRESET_DESCRIPTIONS",
     "PRESET_SWEEPS",
     "ModelConfig",
     "WarmStartConfig",
@@ -90,7 +91,8 @@ class WarmStartConfig:
         lr: AdamW learning rate (> 0).
         cache: reuse / store the warm-started weights in ``cache_dir``.
         cache_dir: where; ``None`` = ``<run_dir>/../../warm_start_cache`` (``OUT/`` of the CLI layout
-            ``OUT/<method>/seed<k>``: shared by the runs of one sweep; files are keyed by a hash of what they depend on).
+            ``OUT/<method>/seed<k>``: shared by the runs of one sweep; files are keyed by a hash of what they
+            depend on).
     """
 
     steps: int = 200
@@ -201,10 +203,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # GRPO, O1, C2 on one seed in ~90 s (2 cores). Task "pick" has several correct answers per prompt: token
     # reweighting needs room to act (science.md §6; see "transformer-sort" for the single-answer control).
     # lr 1e-3 with β2 = 0.99: fast enough that GRPO's entropy falls below 10 % of its post-warm-start value within
-    # 130 steps (seed 0: step 106), slow enough that ∇θH̄·Δθ predicts the measured ΔH (higher lr collapsed sooner but the one-step
-    # changes became visibly non-linear: R² 0.78–0.83 at 1.25e-3–1.5e-3). The STARE push is strong (W = 5, M = 0.2,
-    # H_tgt = 0.7 ≈ half the post-warm-start entropy); at the paper's defaults it is too weak here — try
-    # stare.reweight_w=1.1 stare.reweight_m=0.9 stare.target_entropy=0.3.
+    # 130 steps (seed 0: step 106), slow enough that ∇θH̄·Δθ predicts the measured ΔH well (R² 0.97–0.98 for
+    # O1/C2, 0.89 for GRPO, whose collapse phase is visibly non-linear; higher lr collapsed sooner with R² 0.78–0.83
+    # at 1.25e-3–1.5e-3). The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start
+    # entropy); at the paper's defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9
+    # stare.target_entropy=0.3.
     "transformer": {
         "steps": 130,
         "lr": 1e-3,
@@ -235,6 +238,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "task": {"name": "sort", "num_digits": 5, "answer_len": 5, "eval_size": 64},
         "loss": {"stare": _STRONG_PUSH},
     },
+}
+
+#: Preset name → one-line description (for ``stare-lab simulate --list-presets``).
+PRESET_DESCRIPTIONS: dict[str, str] = {
+    "transformer": "tiny Qwen2 LM on 'pick' (several correct answers), 130 RL steps, lr 1e-3; GRPO collapses, "
+    "gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~90 s for grpo,o1,c2 x 1 seed",
+    "transformer-long": "as 'transformer' with 400 steps and 256 held-out prompts x 16 samples; run several seeds",
+    "transformer-sort": "negative control: 'sort' has one correct answer, so token reweighting has nothing to act on",
 }
 
 #: Preset name → the methods and seeds its sweep runs (the CLI loops over methods × seeds).
