@@ -14,6 +14,7 @@ One YAML file (plus dotted ``key=value`` overrides) builds a :class:`TrainerConf
     optim:     {lr: 1.0e-6, train_batch_size: 64, micro_batch_max_tokens: 16384, grad_clip: 1.0}
     deepspeed: {zero_stage: 3, precision: bf16}
     schedule:  {total_steps: 500, save_freq: 20, eval_freq: 10}
+    tool:      {max_tool_calls: 4, code_open: "<code>", code_close: "</code>"}   # optional: tool-use rollouts
 
 Every default lives here and is printed into the run's ``config.yaml``. Errors are
 :class:`~stare_lab.errors.ConfigError` naming the dotted key (``rollout.n=0 is outside (0, inf]``).
@@ -31,10 +32,13 @@ from stare_lab.config import (
     check_positive,
     check_range,
     config_prefix,
+    from_dict,
     load_config,
     to_dict,
 )
 from stare_lab.errors import ConfigError
+
+from .tool_rollout import ToolUseConfig
 
 __all__ = [
     "ModelConfig",
@@ -373,6 +377,11 @@ class TrainerConfig:
         seed: the run's seed: data order, sampling and initialisation of everything random derive from it.
         out_dir: run directory (``metrics.jsonl``, ``config.yaml``, ``checkpoint/``).
         source: always ``trainer`` (run-directory convention).
+        tool: multi-turn tool use (:class:`trainer.tool_rollout.ToolUseConfig`; a mapping is converted on
+            construction); ``None`` (default) = plain single-turn rollouts. When set, the rollout engine is wrapped
+            in :class:`trainer.tool_rollout.ToolUseEngine`: the policy's code blocks run in the sandbox and their
+            output is appended as interpreter turns, which are masked out of the loss, the entropy statistics and
+            the STARE selection; ``rollout.max_response_length`` is the budget of model + interpreter tokens.
     """
 
     method: str = "grpo"
@@ -388,9 +397,16 @@ class TrainerConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = dataclasses.field(default_factory=DeepSpeedConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    # ``Any``, converted below: the core's coercion of ``X | None`` reports only "must be X or null" and hides the
+    # nested key's own error (e.g. ``tool.max_rounds=1 is below ...``); from_dict here keeps it.
+    tool: Any = None
 
     def __post_init__(self) -> None:
         p = _p(config_prefix(""))
+        if isinstance(self.tool, Mapping):
+            self.tool = from_dict(ToolUseConfig, self.tool, prefix=f"{p}tool")
+        elif self.tool is not None and not isinstance(self.tool, ToolUseConfig):
+            raise ConfigError(f"{p}tool={self.tool!r} must be a mapping of ToolUseConfig fields or null")
         check_choice(f"{p}source", self.source, ["trainer"])
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"{p}seed={self.seed} must be a non-negative integer")

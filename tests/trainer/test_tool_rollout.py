@@ -467,25 +467,39 @@ def test_real_vllm_engine_multi_turn(tiny, tmp_path):
 @pytest.mark.parametrize("name,method,loss_mode,variant", [
     ("grpo_ds", "grpo-ds", "grpo", None), ("o1", "o1", "stare", "O1"), ("c2", "c2", "stare", "C2")])
 def test_paper_tool_use_configs_load(name, method, loss_mode, variant):
-    """papers/stare_2606.19236/tool_use_*.yaml: the trainer part loads as a TrainerConfig and the ``tool`` block as a
-    ToolUseConfig; method settings as in science.md §4 (P 0.1, W 1.1, M 0.9, H_tgt 0.3, dynamic sampling, n 8)."""
-    import dataclasses
+    """papers/stare_2606.19236/tool_use_*.yaml load as a TrainerConfig *with* its ``tool`` section (a
+    ToolUseConfig, so the trainer wraps its engine for tool calls); method settings as in science.md §4 (P 0.1,
+    W 1.1, M 0.9, H_tgt 0.3, dynamic sampling, n 8) and the ReTool format (<code>…</code>, <interpreter>…)."""
     from pathlib import Path
 
-    import yaml
-
-    from stare_lab.config import from_dict
-    from trainer.config import TrainerConfig, load_trainer_config
+    from trainer.config import load_trainer_config
 
     path = Path(__file__).resolve().parents[2] / "papers" / "stare_2606.19236" / f"tool_use_{name}.yaml"
-    data = yaml.safe_load(path.read_text())
-    tool = data["tool"] if "tool" in {f.name for f in dataclasses.fields(TrainerConfig)} else data.pop("tool")
-    cfg = load_trainer_config(data)
-    tcfg = from_dict(ToolUseConfig, tool, prefix="tool")
+    cfg = load_trainer_config(path)
     assert cfg.method == method and cfg.loss.loss_mode == loss_mode and cfg.algorithm.dynamic_sampling
     assert cfg.rollout.n == 8 and cfg.optim.lr == 1e-6 and cfg.optim.train_batch_size == 64
     if variant:
         s = cfg.loss.stare
         assert (s.variant, s.top_p_ratio, s.reweight_w, s.reweight_m, s.target_entropy) == (variant, 0.1, 1.1, 0.9, 0.3)
+    tcfg = cfg.tool
+    assert isinstance(tcfg, ToolUseConfig)
     assert (tcfg.code_open, tcfg.code_close) == ("<code>", "</code>")
     assert tcfg.interpreter_template.format(output="1") == "<interpreter>\n1\n</interpreter>\n"
+    # the file's values, typed in from the YAML (assumed limits, see its header)
+    assert (tcfg.max_tool_calls, tcfg.max_rounds, tcfg.sandbox.timeout_s, tcfg.sandbox.memory_mb) == (8, 16, 10.0, 2048)
+    assert cfg.to_dict()["tool"]["sandbox"]["max_workers"] == 8  # written into the run's config.yaml
+
+
+def test_tool_section_in_trainer_config():
+    """``tool`` is optional (None = plain rollouts); overrides create it; its errors name the dotted key."""
+    from trainer.config import load_trainer_config
+
+    assert load_trainer_config(None).tool is None
+    cfg = load_trainer_config(None, ["tool.max_tool_calls=2", "tool.sandbox.timeout_s=3"])
+    assert cfg.tool.max_tool_calls == 2 and cfg.tool.sandbox.timeout_s == 3.0 and cfg.tool.max_rounds == 10
+    with pytest.raises(ConfigError, match=r"tool.max_rounds=1 is below tool.max_tool_calls \+ 1 = 3"):
+        load_trainer_config(None, ["tool.max_tool_calls=2", "tool.max_rounds=1"])
+    with pytest.raises(ConfigError, match=r"tool.sandbox.memory_mb"):
+        load_trainer_config(None, ["tool.sandbox.memory_mb=1"])
+    with pytest.raises(ConfigError, match="unknown config key tool.foo"):
+        load_trainer_config(None, ["tool.foo=1"])
