@@ -44,9 +44,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated methods from {{{', '.join(METHODS)}}} (default {','.join(DEFAULT_METHODS)})",
+        help=f"comma-separated methods from {{{', '.join(METHODS)}}} (default: the preset's, else {','.join(DEFAULT_METHODS)})",
     )
-    p.add_argument("--seeds", type=int, default=3, help="number of seeds, 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="number of seeds, 0..N-1 (default: the preset's; 3 for tabular presets)")
     p.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's)")
     p.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
     p.add_argument("--resume", action="store_true", help="continue existing runs bit-exactly from their checkpoints")
@@ -54,7 +55,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lr=0.5 stare.reweight_w=1.5")
-    p.set_defaults(func=handler)
+    p.set_defaults(func=handler, extra_overrides=[])  # key=value words after options reach extra_overrides
     return p
 
 
@@ -88,7 +89,7 @@ def handler(args: argparse.Namespace) -> int:
     if args.list_presets:
         for name in preset_names():
             spec = get_preset(name)
-            print(f"{name:<16} [{spec['kind']}] {spec['description'] if name in PRESETS else ''}")
+            print(f"{name:<16} [{spec['kind']}] {spec['description']}")
         return 0
     t0 = time.perf_counter()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
@@ -98,7 +99,7 @@ def handler(args: argparse.Namespace) -> int:
         methods,
         args.seeds,
         out,
-        overrides=args.overrides,
+        overrides=list(args.overrides) + list(getattr(args, "extra_overrides", None) or []),
         steps=args.steps,
         resume=args.resume,
         overwrite=args.overwrite,

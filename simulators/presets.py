@@ -179,7 +179,8 @@ def preset_names(include_transformer: bool = True) -> list[str]:
 
 
 def get_preset(name: str) -> dict[str, Any]:
-    """Resolve a preset name to ``{"name", "kind", "description", "overrides"}`` (a deep copy).
+    """Resolve a preset name to ``{"name", "kind", "description", "overrides"}`` (a deep copy), plus the preset's
+    default ``methods`` and number of ``seeds`` where it defines them (transformer presets: ``PRESET_SWEEPS``).
 
     Tabular presets come from :data:`PRESETS`; any other name is looked up in ``simulators.transformer.PRESETS``
     (imported only then) and gets ``kind="transformer"``.
@@ -193,12 +194,22 @@ def get_preset(name: str) -> dict[str, Any]:
         return out
     tp = _transformer_presets()
     if tp is not None and name in tp:
-        return {
+        from simulators import transformer
+
+        sweep = getattr(transformer, "PRESET_SWEEPS", {}).get(name, {})
+        out = {
             "name": name,
             "kind": "transformer",
-            "description": "small transformer simulator (simulators.transformer)",
+            "description": getattr(transformer, "PRESET_DESCRIPTIONS", {}).get(
+                name, "small transformer simulator (simulators.transformer)"
+            ),
             "overrides": copy.deepcopy(tp[name]),
         }
+        if sweep.get("methods"):
+            out["methods"] = list(sweep["methods"])
+        if sweep.get("seeds"):
+            out["seeds"] = len(sweep["seeds"])
+        return out
     known = list(PRESETS) + [n for n in (tp or {}) if n not in PRESETS]
     hint = "" if tp is not None else " (transformer presets unavailable: simulators.transformer not importable)"
     raise ConfigError(f"preset={name!r} is not one of {{{', '.join(known)}}}{hint}")

@@ -88,7 +88,7 @@ def check_writable_dir(out: Path) -> None:
 def plan_sweep(
     preset: str,
     methods: list[str] | None,
-    seeds: int,
+    seeds: int | None,
     out: str | os.PathLike,
     overrides: list[str] = (),
     steps: int | None = None,
@@ -100,7 +100,7 @@ def plan_sweep(
     Args:
         preset: preset name (``simulators.presets.get_preset``).
         methods: method names (None → the preset's ``methods`` or ``DEFAULT_METHODS``).
-        seeds: number of seeds ≥ 1 (seeds 0 … seeds−1).
+        seeds: number of seeds ≥ 1 (seeds 0 … seeds−1); None → the preset's ``seeds`` or 3.
         out: the sweep directory.
         overrides: dotted ``key=value`` config overrides (``stare.*`` is short for ``loss.stare.*``).
         steps: number of steps (overrides the preset's), ≥ 1.
@@ -115,11 +115,13 @@ def plan_sweep(
 
     spec = get_preset(preset)
     kind = spec["kind"]
+    if seeds is None:
+        seeds = spec.get("seeds", 3)
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ConfigError(f"steps={steps!r} must be an integer >= 1")
-    methods = list(methods) if methods else list(DEFAULT_METHODS)
+    methods = list(methods) if methods else list(spec.get("methods") or DEFAULT_METHODS)
     for m in methods:
         if m not in METHODS:
             raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}")
