@@ -13,6 +13,12 @@ Data parallelism: the ``train_batch_size`` prompts of a round are split over dat
 with tensor-parallel vLLM (``tp > 1``) the ranks of a TP group generate the same prompts with the same seed and
 then each keeps a disjoint share of the groups for the update.
 
+Tool use (``cfg.tool`` set): the engine is wrapped in :class:`trainer.tool_rollout.ToolUseEngine`; each response's
+``response_mask`` is multiplied by its ``loss_mask``, so interpreter tokens are left out of the loss, the entropy
+statistics (``entropy``, the controller's H̄) and the STARE surprisal selection; rewards grade the model's own text
+(``model_text``, interpreter output excluded); ``tool/…`` metrics (:func:`trainer.tool_rollout.tool_metrics`, over
+every generated response of the step) go into the row.
+
 Defined behaviours: an all-filtered (or all-masked) batch skips the update (row with ``skipped=1``, entropy null, the
 controller untouched); a reward function that raises gives reward 0 for that batch and is logged and counted
 (``reward.on_error=zero``) or stops the run with a :class:`~stare_lab.errors.DataError` (``raise``). The
@@ -51,6 +57,16 @@ def step_seed(seed: int, step: int, round_: int, dp_rank: int) -> int:
     return int(np.random.SeedSequence([seed, step, round_, dp_rank]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+#: ``trainer.rewards.math_reward`` status → metrics key (a count of responses per step, all rounds and ranks).
+_GRADE_STATUS_KEYS = {"timeout": "reward/timeout", "no_answer": "reward/no_answer", "error": "reward/grade_error",
+                      "rejected": "reward/rejected"}
+#: Statistics of a generation round that are counts (summed); every other one is a per-response mean.
+_COUNT_KEYS = ("reward/errors", *_GRADE_STATUS_KEYS.values())
+#: Tool metrics that are fractions of executed calls (weighted by calls, not by responses, when rounds and ranks
+#: are combined); the other ``tool/…`` metrics are per-response means.
+_PER_CALL_KEYS = ("tool/error_frac", "tool/timeout_frac")
+
+
 def _reward_fn(kind: str) -> Callable[..., list[float]]:
     from . import rewards
 
@@ -60,8 +76,11 @@ def _reward_fn(kind: str) -> Callable[..., list[float]]:
 def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
                     fn: Callable[..., list[float]] | None = None) -> tuple[list[float], dict[str, float]]:
     """Rewards of ``responses`` against ``golds`` per :class:`trainer.config.RewardConfig` (the one place the
-    trainer calls the reward code). Returns ``(rewards, stats)``; ``stats["reward/errors"]`` counts batches where
-    the reward function raised.
+    trainer calls the reward code). Returns ``(rewards, stats)``: ``stats["reward/errors"]`` counts batches where
+    the reward function raised; ``accuracy`` (and ``reward/format_rate`` when ``format_reward > 0``) are means over
+    ``responses``; with ``kind="math"`` the grader's per-response outcomes are counted in
+    ``reward/timeout`` (grading timed out), ``reward/no_answer`` (no ``\\boxed{}`` answer), ``reward/grade_error``
+    (the grader raised on that item) and ``reward/rejected`` (answer too large to evaluate safely) — all graded 0.
 
     Raises:
         DataError: the reward function raised and ``on_error="raise"``, or it returned a wrong number of values or
@@ -71,9 +90,10 @@ def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
 
     fn = fn or _reward_fn(cfg.kind)
     stats: dict[str, float] = {"reward/errors": 0.0}
+    grade: dict[str, int] = {}
     try:
         if cfg.kind == "math":
-            base = fn(responses, golds, timeout_s=cfg.timeout_s, on_error=cfg.on_error)
+            base = fn(responses, golds, timeout_s=cfg.timeout_s, on_error=cfg.on_error, stats=grade)
         else:
             base = fn(responses, golds, timeout_s=cfg.timeout_s)
     except DataError:
@@ -89,6 +109,9 @@ def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
     if len(base) != len(responses) or not all(math.isfinite(b) for b in base):
         raise DataError(f"reward function returned {len(base)} values for {len(responses)} responses "
                         "(or a non-finite value)")
+    if cfg.kind == "math":
+        for status, key in _GRADE_STATUS_KEYS.items():
+            stats[key] = float(grade.get(status, 0))
     stats["accuracy"] = float(np.mean(base)) if base else 0.0
     if cfg.format_reward > 0:
         fmt = rw.format_reward(responses)
@@ -190,6 +213,10 @@ class _Trainer:
         self.cursor = DataCursor(len(self.records), cfg.seed, d.shuffle)
         self.policy = PolicyEngine(cfg, cfg.model.path, self.dist)
         self.engine = make_engine(cfg, cfg.model.path, world_size=self.dist.world_size)
+        if cfg.tool is not None:  # multi-turn tool use: interpreter turns come back with loss_mask 0
+            from .tool_rollout import ToolUseEngine
+
+            self.engine = ToolUseEngine(self.engine, self.tokenizer, cfg.tool)
         self.controller = STAREController(cfg.loss.stare)
         self.eos = {self.tokenizer.eos_token_id}
 
@@ -211,7 +238,13 @@ class _Trainer:
         t0 = time.perf_counter()
         flat: list[RolloutOutput] = [o for g in outs for o in g]
         golds = [prompts[o.prompt_index].answer for o in flat]
-        rewards, stats = compute_rewards(cfg.reward, [o.text for o in flat], golds)
+        # tool use: grade the model's own text (an answer printed by the interpreter does not count)
+        rewards, stats = compute_rewards(cfg.reward, [getattr(o, "model_text", o.text) for o in flat], golds)
+        if cfg.tool is not None and flat:
+            from .tool_rollout import tool_metrics
+
+            for k, v in tool_metrics(flat).items():  # per-response means; re-weighted by count below
+                stats[k] = v
         a = cfg.algorithm
         if a.overlong_buffer_len > 0 and a.overlong_penalty_factor > 0:  # DAPO soft overlong penalty
             start = r.max_response_length - a.overlong_buffer_len
@@ -219,8 +252,7 @@ class _Trainer:
                                                                     / a.overlong_buffer_len))
                        for rw, o in zip(rewards, flat)]
         self.t["reward"] += time.perf_counter() - t0
-        for k, v in stats.items():
-            self.acc[k] = self.acc.get(k, 0.0) + v * (len(flat) if k != "reward/errors" else 1)
+        self._accumulate(stats, len(flat))
         self.acc["n_gen"] = self.acc.get("n_gen", 0) + len(flat)
         self.acc["prompts_truncated"] = self.acc.get("prompts_truncated", 0) + sum(p.truncated for p in prompts)
         groups = []
@@ -283,7 +315,14 @@ class _Trainer:
                 m = 0.0 if (truncated and cfg.algorithm.overlong == "mask") or not o.token_ids else 1.0
                 prompt_ids.append(list(o.prompt_token_ids))
                 resp.append(ids)
-                mask.append([m] * len(ids))  # eos included: the mask comes from lengths, never from pad ids
+                row_mask = [m] * len(ids)  # eos included: the mask comes from lengths, never from pad ids
+                loss_mask = getattr(o, "loss_mask", None)
+                if loss_mask and o.token_ids:  # tool use: interpreter tokens (loss_mask 0) leave the loss
+                    if len(loss_mask) != len(ids):
+                        raise DataError(f"rollout returned loss_mask of length {len(loss_mask)} for "
+                                        f"{len(ids)} response tokens")
+                    row_mask = [m * float(x) for x in loss_mask]
+                mask.append(row_mask)
                 advs.append(float(a))
                 rlp.append(list(o.logprobs) if o.logprobs is not None else [0.0] * len(ids))
         return TrainBatch(prompt_ids, resp, mask, advs, rlp), n_trunc
@@ -341,6 +380,31 @@ class _Trainer:
             extras["entropy_threshold"] = float(thr)
         return extras
 
+    def _accumulate(self, stats: dict[str, float], n: int) -> None:
+        """Add one generation round's ``stats`` (over ``n`` responses) to the step's accumulators: counts add up;
+        means are weighted by their number of responses (per-call fractions by their number of calls)."""
+        for k, v in stats.items():
+            if k in _COUNT_KEYS:
+                self.acc[k] = self.acc.get(k, 0.0) + v
+                continue
+            w = round(stats["tool/calls_per_response"] * n) if k in _PER_CALL_KEYS else n
+            self.acc[k] = self.acc.get(k, 0.0) + v * w
+            self.acc[f"weight:{k}"] = self.acc.get(f"weight:{k}", 0.0) + w
+
+    def _round_stats(self) -> dict[str, float]:
+        """The step's reward / tool statistics beyond the fixed ones (grader outcome counts ``reward/…``, format
+        rate, ``tool/…`` metrics), combined over generation rounds and ranks: counts summed, means weighted by
+        their number of responses (per-call fractions by their number of calls; 0.0 when there was none)."""
+        fixed = {"accuracy", "reward/errors", "n_gen", "prompts_truncated"}
+        mine = sorted(k for k in self.acc if k not in fixed and not k.startswith("weight:"))
+        keys = sorted(set().union(*self.policy.all_gather_object(mine)))
+        red = self.policy.all_reduce([self.acc.get(k, 0.0) for k in keys]
+                                     + [self.acc.get(f"weight:{k}", 0.0) for k in keys])
+        out = {}
+        for k, total, weight in zip(keys, red[: len(keys)], red[len(keys):]):
+            out[k] = total if k in _COUNT_KEYS else (total / weight if weight > 0 else 0.0)
+        return out
+
     def step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         self.t = {k: 0.0 for k in ("rollout", "reward", "old_logprob", "update", "sync")}
@@ -377,6 +441,7 @@ class _Trainer:
                     "rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": red[11] / max(red[1], 1),
                     "rollout/ratio_mean": red[5] / max(red[6], 1),
                     "prompts_truncated": red[10]})
+        row.update(self._round_stats())
         if g_tok <= 0:
             logger.warning("step %d: no trainable tokens (all groups filtered or all responses masked); "
                            "skipping the update", step)
