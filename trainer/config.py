@@ -346,6 +346,11 @@ class ScheduleConfig:
         tensorboard: also log scalars to ``out_dir/tensorboard``.
         wandb_project: log to Weights & Biases under this project (``None`` = off).
         progress_bar: tqdm progress bar on rank 0.
+        measure_entropy_change: log the measured ``entropy_change`` = token-mean entropy (nats) on the step's batch
+            after the update minus before (same tokens, masks and temperature; design.md §4). Costs one extra
+            no-grad forward over the batch per step (about ``time/old_logprob_s``; logged as
+            ``time/entropy_after_s``), run while the rollout engine sleeps. Off: ``entropy_change`` is null. The
+            first-order prediction ``pred_entropy_change`` (∇θH̄·Δθ) stays null in the trainer either way.
     """
 
     total_steps: int = 100
@@ -357,6 +362,7 @@ class ScheduleConfig:
     tensorboard: bool = False
     wandb_project: str | None = None
     progress_bar: bool = True
+    measure_entropy_change: bool = False
 
     def __post_init__(self) -> None:
         p = _p(config_prefix("schedule"))

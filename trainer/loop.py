@@ -21,8 +21,11 @@ every generated response of the step) go into the row.
 
 Defined behaviours: an all-filtered (or all-masked) batch skips the update (row with ``skipped=1``, entropy null, the
 controller untouched); a reward function that raises gives reward 0 for that batch and is logged and counted
-(``reward.on_error=zero``) or stops the run with a :class:`~stare_lab.errors.DataError` (``raise``). The
-first-order prediction ``pred_entropy_change`` and the measured ``entropy_change`` are null in the trainer.
+(``reward.on_error=zero``) or stops the run with a :class:`~stare_lab.errors.DataError` (``raise``). The measured
+``entropy_change`` (token-mean entropy on the step's batch after the update minus before, nats) is logged with
+``schedule.measure_entropy_change=true`` (one extra no-grad forward) and is null otherwise; the first-order
+prediction ``pred_entropy_change`` (∇θH̄·Δθ) is null in the trainer: under ZeRO-3 it would need the entropy gradient
+outside DeepSpeed's gradient buffers and a copy of the pre-update parameters.
 
 Test hooks: ``STARE_LAB_FAULT=STEP:PHASE`` (PHASE ∈ rollout, update, logged) makes the process exit with code 137 at
 that point, as a kill would; ``STARE_LAB_DUMP_PARAMS=PREFIX`` makes every rank save its gathered final parameters to
@@ -380,6 +383,15 @@ class _Trainer:
             extras["entropy_threshold"] = float(thr)
         return extras
 
+    def _entropy_after(self, batch, g_tok: float) -> float:
+        """Token-mean entropy (nats) of the updated policy on ``batch`` — the same tokens, masks, temperature and
+        float32 row sums as the pre-update H̄, so the difference is the update's effect alone. Collective."""
+        t0 = time.perf_counter()
+        _, ent = self.policy.compute_logprobs(batch)
+        total = sum(float((e * torch.tensor(m)).sum()) for e, m in zip(ent, batch.response_mask))
+        self.t["entropy_after"] = time.perf_counter() - t0
+        return self.policy.all_reduce([total])[0] / g_tok
+
     def _accumulate(self, stats: dict[str, float], n: int) -> None:
         """Add one generation round's ``stats`` (over ``n`` responses) to the step's accumulators: counts add up;
         means are weighted by their number of responses (per-call fractions by their number of calls)."""
@@ -461,6 +473,8 @@ class _Trainer:
                                           loss_config=cfg.loss, global_num_tokens=g_tok, global_num_sequences=g_seq,
                                           loss_extras=extras))
             self.t["update"] = time.perf_counter() - t0
+            if cfg.schedule.measure_entropy_change:
+                row["entropy_change"] = self._entropy_after(batch, g_tok) - h_bar
             self.engine.wake_up()
             t0 = time.perf_counter()
             self.engine.sync_weights(self.policy.iter_named_params(cfg.rollout.sync_bucket_mb * 2**20))

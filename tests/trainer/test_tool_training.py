@@ -6,7 +6,8 @@ with a *scripted* policy injected through the engine interface (``trainer.rollou
 factory of :class:`ScriptedEngine`): sample j of every prompt writes ``PLANS[j]`` — honouring stop strings like a
 real engine — and reports teacher-forced log-probs of a tiny model that it keeps in sync with the trainer
 (``sync_weights``). ``PolicyEngine.update`` is wrapped to record the batch the loss saw. Expected masks, counts and
-rewards are derived by hand from the plans (token counts from the tokenizer), never from ``loss_mask``.
+rewards are derived by hand from the plans (token counts from the tokenizer), never from ``loss_mask``; the
+measured entropy change (``schedule.measure_entropy_change``) is recomputed from the final HF export.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ orig_update = policy_mod.PolicyEngine.update
 
 def update(self, batch, **kw):
     w = kw["token_weights"]
-    records.append(dict(response_ids=batch.response_ids, response_mask=batch.response_mask,
+    records.append(dict(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, response_mask=batch.response_mask,
                         advantages=batch.advantages, weights=None if w is None else [x.tolist() for x in w],
                         old_entropy=[e.tolist() for e in kw["old_entropy"]]))
     with open(dump, "w") as fh:
@@ -217,7 +218,7 @@ def tool_run(require, tiny_model, tmp_path_factory):
         "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "gate": "always", "top_p_ratio": 0.2}},
         "optim": {"lr": 1e-3, "train_batch_size": 2, "micro_batch_max_tokens": 4096},
         "deepspeed": {"zero_stage": 3, "precision": "fp32"},
-        "schedule": {"total_steps": 2, "save_freq": 0, "progress_bar": False},
+        "schedule": {"total_steps": 2, "save_freq": 0, "progress_bar": False, "measure_entropy_change": True},
         "tool": {"max_tool_calls": 2, "max_rounds": 4, "code_open": "<code>", "code_close": "</code>",
                  "sandbox": {"timeout_s": 5.0, "max_workers": 2}},
     }
@@ -228,7 +229,7 @@ def tool_run(require, tiny_model, tmp_path_factory):
                           env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return rows, json.loads(dump.read_text())
+    return rows, json.loads(dump.read_text()), out
 
 
 def _expected_layout(tok, plan: str) -> tuple[list[int], list[int], int]:
@@ -251,7 +252,7 @@ def test_tool_training_masks_interpreter_tokens(tool_run, tiny_model):
     engine's (interleaved sequence aligned)."""
     from transformers import AutoTokenizer
 
-    rows, batches = tool_run
+    rows, batches, _ = tool_run
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     layouts = [_expected_layout(tok, p) for p in PLANS]
     model_tokens = [len(a) + len(b) for a, b, _ in layouts]
@@ -299,7 +300,7 @@ def test_tool_training_logs_tool_and_reward_metrics(tool_run):
     """By hand from PLANS: calls per response 3/4, 1 of 3 calls failed (j3), none timed out, turns (2+1+2+2)/4;
     rewards graded on the model's own text: [1, 0, 0, 1] → reward 0.5 (graded on the full text j2 would score, 0.75),
     and j2 has no answer of its own → reward/no_answer = 2 per step (one per prompt)."""
-    rows, _ = tool_run
+    rows, _, _ = tool_run
     for row in rows:
         assert row["tool/calls_per_response"] == 0.75
         assert row["tool/error_frac"] == pytest.approx(1 / 3) and row["tool/timeout_frac"] == 0.0
@@ -308,3 +309,31 @@ def test_tool_training_logs_tool_and_reward_metrics(tool_run):
         assert row["tool/model_tokens"] + row["tool/interpreter_tokens"] == pytest.approx(row["tool/response_length"])
         assert row["reward"] == 0.5 and row["accuracy"] == 0.5
         assert row["reward/no_answer"] == 2.0 and row["reward/timeout"] == 0.0 and row["reward/grade_error"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.trainer
+def test_measured_entropy_change(tool_run):
+    """schedule.measure_entropy_change: entropy_change of the last step = H̄ after − H̄ before on that step's batch.
+    Recomputed independently: the final HF export (checkpoint/step_2/hf, the weights after step 2's update) forwards
+    the recorded batch (prompt ‖ response) and the token-mean of entropy_from_logits over the recorded
+    response_mask gives H̄ after; H̄ before is the row's ``entropy`` (checked against the old entropies above)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from stare_lab.entropy import entropy_from_logits
+
+    rows, batches, out = tool_run
+    assert all(isinstance(r["entropy_change"], float) for r in rows) and rows[0]["pred_entropy_change"] is None
+    assert all(r["time/entropy_after_s"] > 0 for r in rows)
+    model = AutoModelForCausalLM.from_pretrained(str(out / "checkpoint" / "step_2" / "hf"), dtype=torch.float32)
+    b = batches[-1]
+    num = den = 0.0
+    with torch.no_grad():
+        for p, r, m in zip(b["prompt_ids"], b["response_ids"], b["response_mask"]):
+            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : len(p) - 1 + len(r)]
+            num += float((entropy_from_logits(logits) * torch.tensor(m)).sum())
+            den += sum(m)
+    measured = num / den - rows[-1]["entropy"]
+    assert rows[-1]["entropy_change"] == pytest.approx(measured, abs=1e-5)
+    assert abs(measured) > 1e-4  # lr 1e-3 moves the entropy: the check is not 0 == 0
