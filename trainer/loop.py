@@ -51,7 +51,7 @@ from .rollout import RolloutOutput, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["train", "compute_rewards", "step_seed"]
+__all__ = ["train", "compute_rewards", "step_seed", "group_runner"]
 
 
 def step_seed(seed: int, step: int, round_: int, dp_rank: int) -> int:
@@ -121,6 +121,25 @@ def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
         base = [b + cfg.format_reward * f for b, f in zip(base, fmt)]
         stats["reward/format_rate"] = float(np.mean(fmt)) if fmt else 0.0
     return base, stats
+
+
+def group_runner(run: Callable[[list[str]], list[Any]], group: Any, src: int) -> Callable[[list[str]], list[Any]]:
+    """A tool runner for the ranks of one tensor-parallel group: global rank ``src`` executes the code with ``run``
+    and broadcasts the results (``broadcast_object_list`` over ``group``); the other ranks never execute it.
+
+    Why: the ranks of a TP group must feed vLLM identical contexts in every round. Executing the code on each rank
+    could give different outputs (a timeout on one rank only, randomness, the clock) and the group would diverge
+    or hang. Collective over ``group``: its ranks call the runner the same number of times (they do, as their
+    contexts are identical).
+    """
+    import torch.distributed as tdist
+
+    def runner(codes: list[str]) -> list[Any]:
+        box = [run(codes) if tdist.get_rank() == src else None]
+        tdist.broadcast_object_list(box, src=src, group=group)
+        return box[0]
+
+    return runner
 
 
 def _fault(step: int, phase: str) -> None:
@@ -219,9 +238,24 @@ class _Trainer:
         if cfg.tool is not None:  # multi-turn tool use: interpreter turns come back with loss_mask 0
             from .tool_rollout import ToolUseEngine
 
-            self.engine = ToolUseEngine(self.engine, self.tokenizer, cfg.tool)
+            self.engine = ToolUseEngine(self.engine, self.tokenizer, cfg.tool, runner=self._tool_runner())
         self.controller = STAREController(cfg.loss.stare)
         self.eos = {self.tokenizer.eos_token_id}
+
+    def _tool_runner(self) -> Callable[[list[str]], list[Any]] | None:
+        """The sandbox runner of the tool-use engine: the default (``None``) on one rank per TP group; with
+        tensor-parallel vLLM, :func:`group_runner` so that the ranks of a TP group see identical tool outputs.
+        Collective when ``tp > 1`` (every rank creates every TP group, as ``new_group`` requires)."""
+        dist = self.dist
+        if dist.tp == 1:
+            return None
+        import torch.distributed as tdist
+
+        from .sandbox import run_many
+
+        groups = [tdist.new_group(list(range(g * dist.tp, (g + 1) * dist.tp))) for g in range(dist.dp_size)]
+        sandbox_cfg = self.cfg.tool.sandbox
+        return group_runner(lambda codes: run_many(codes, sandbox_cfg), groups[dist.dp_rank], dist.dp_rank * dist.tp)
 
     # -- phases ---------------------------------------------------------------------------------------------------
 

@@ -90,6 +90,40 @@ def test_round_stats_combine_rounds_by_responses_and_calls():
     assert tr.acc["reward/errors"] == 1.0 and tr.acc["accuracy"] == pytest.approx(0.25 * 4 + 0.5 * 2)
 
 
+def _group_runner_worker(rank: int, port: int, out_dir: str) -> None:
+    import torch.distributed as tdist
+
+    from trainer.loop import group_runner
+
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    calls = []
+
+    def run(codes):  # a rank-dependent "sandbox": identical results on both ranks prove rank 0's were broadcast
+        calls.append(list(codes))
+        return [f"rank{rank}:{c}" for c in codes]
+
+    runner = group_runner(run, tdist.new_group([0, 1]), src=0)
+    results = [runner(["print(1)", "x"]), runner(["y"])]
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"results": results, "calls": calls}))
+    tdist.destroy_process_group()
+
+
+def test_group_runner_broadcasts_the_source_ranks_results(tmp_path):
+    """Two gloo processes (a TP group of 2): only rank 0 executes the code; both get rank 0's results, in order."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_group_runner_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    expected = [["rank0:print(1)", "rank0:x"], ["rank0:y"]]
+    assert r0["results"] == r1["results"] == expected
+    assert r0["calls"] == [["print(1)", "x"], ["y"]] and r1["calls"] == []
+
+
 # ---------------------------------------------------------------------------------------------------- end to end
 
 #: What sample j of every prompt writes (model text only). <code>…</code> tags: one model turn before the call,
