@@ -294,9 +294,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:  # Optional[X]: X's own error names the nested key and what is allowed
+            return _coerce(key, value, non_none[0])
+        for arg in non_none:
             try:
                 return _coerce(key, value, arg)
             except ConfigError as err:

@@ -226,6 +226,10 @@ def _bwrap_argv(memory_mb: int, workdir_mb: int, cpu_s: int, site_packages: bool
     ]  # fmt: skip
     for thread_var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         argv += ["--setenv", thread_var, "1"]
+    size = str(workdir_mb * 1024 * 1024)
+    # the fresh /tmp first: bwrap applies mounts in order, so a runtime that lives under /tmp (a venv in a
+    # checkout below /tmp) is bound read-only on top of it instead of being hidden by it
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):  # merged /usr: /lib -> usr/lib
             argv += ["--symlink", os.readlink(top), top]
@@ -236,11 +240,7 @@ def _bwrap_argv(memory_mb: int, workdir_mb: int, cpu_s: int, site_packages: bool
         if not _covered(d, bound):
             argv += ["--ro-bind", d, d]
             bound.append(d)
-    size = str(workdir_mb * 1024 * 1024)
     argv += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", SANDBOX_CWD,
         "--chdir", SANDBOX_CWD,
         "--",
