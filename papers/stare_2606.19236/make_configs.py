@@ -153,6 +153,23 @@ def build(setting_key: str, method_key: str) -> list[tuple[str, list[tuple[str, 
     if stare:
         sections.append(("loss.stare", stare))
     sections += [("optim", optim), ("deepspeed", deepspeed), ("schedule", schedule)]
+    if s["setting"] == "tool_use":  # trainer.tool_rollout.ToolUseConfig: ReTool's tags (paper), limits (ours)
+        sections.append(("tool", [
+            ("code_open", "<code>", PAPER),
+            ("code_close", "</code>", PAPER),
+            ("interpreter_template", "<interpreter>\n{output}\n</interpreter>\n", PAPER),
+            ("max_tool_calls", 8, OURS),
+            ("max_rounds", 16, OURS),
+            ("max_output_chars", 1024, OURS),
+        ]))
+        sections.append(("tool.sandbox", [
+            ("timeout_s", 10.0, OURS),
+            ("memory_mb", 2048, OURS),
+            ("max_output_bytes", 8192, OURS),
+            ("workdir_mb", 64, OURS),
+            ("site_packages", True, OURS),
+            ("max_workers", 8, OURS),
+        ]))
     return sections
 
 
@@ -166,8 +183,9 @@ def render(setting_key: str, method_key: str) -> str:
         "# '# paper': science.md §4 (the paper's training defaults); '# our choice': not published, ours.",
     ]
     if s["setting"] == "tool_use":
-        lines.append("# Tool use: the multi-turn code-interpreter rollout (trainer/tool_rollout.py) is not yet a")
-        lines.append("# section of the trainer config; until it is, this file trains the SFT model without tool calls.")
+        lines.append("# Tool use: multi-turn code-interpreter rollouts (trainer/tool_rollout.py, the `tool` section): code")
+        lines.append("# in <code>…</code> runs in the bubblewrap sandbox, its output comes back as an <interpreter> turn")
+        lines.append("# that is masked out of the loss, the entropy statistics and the STARE selection.")
     for section, items in build(setting_key, method_key):
         indent = ""
         if section:

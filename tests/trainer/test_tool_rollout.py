@@ -465,16 +465,17 @@ def test_real_vllm_engine_multi_turn(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("name,method,loss_mode,variant", [
-    ("grpo_ds", "grpo-ds", "grpo", None), ("o1", "o1", "stare", "O1"), ("c2", "c2", "stare", "C2")])
+    ("grpo-ds", "grpo-ds", "grpo", None), ("stare-o1", "o1", "stare", "O1"), ("stare-c2", "c2", "stare", "C2")])
 def test_paper_tool_use_configs_load(name, method, loss_mode, variant):
-    """papers/stare_2606.19236/tool_use_*.yaml load as a TrainerConfig *with* its ``tool`` section (a
+    """papers/stare_2606.19236/configs/tool_use_qwen2.5-7b-retool_*.yaml load as a TrainerConfig *with* its ``tool`` section (a
     ToolUseConfig, so the trainer wraps its engine for tool calls); method settings as in science.md §4 (P 0.1,
     W 1.1, M 0.9, H_tgt 0.3, dynamic sampling, n 8) and the ReTool format (<code>…</code>, <interpreter>…)."""
     from pathlib import Path
 
     from trainer.config import load_trainer_config
 
-    path = Path(__file__).resolve().parents[2] / "papers" / "stare_2606.19236" / f"tool_use_{name}.yaml"
+    path = (Path(__file__).resolve().parents[2] / "papers" / "stare_2606.19236" / "configs"
+            / f"tool_use_qwen2.5-7b-retool_{name}.yaml")
     cfg = load_trainer_config(path)
     assert cfg.method == method and cfg.loss.loss_mode == loss_mode and cfg.algorithm.dynamic_sampling
     assert cfg.rollout.n == 8 and cfg.optim.lr == 1e-6 and cfg.optim.train_batch_size == 64
