@@ -30,26 +30,9 @@ import copy
 from typing import Any
 
 from stare_lab.errors import ConfigError
+from stare_lab.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
 
 __all__ = ["PRESETS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "method_overrides", "get_preset", "preset_names"]
-
-#: method name → what it sets. ``loss`` entries are LossConfig fields (``stare`` a nested STAREConfig dict);
-#: ``dynamic_sampling`` is the simulator switch (DAPO dynamic sampling, science.md §3); ``entropy_bonus`` marks the
-#: method whose ``loss.entropy_coeff`` must be > 0 (the simulator fills in its ``entropy_bonus_coeff`` if it is 0).
-METHODS: dict[str, dict[str, Any]] = {
-    "grpo": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False},
-    "grpo-ds": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": True},
-    "o1": {"loss": {"loss_mode": "stare", "stare": {"variant": "O1"}}, "dynamic_sampling": False},
-    "c2": {"loss": {"loss_mode": "stare", "stare": {"variant": "C2"}}, "dynamic_sampling": False},
-    "o1-adaptive": {
-        "loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": True}},
-        "dynamic_sampling": False,
-    },
-    "clip_cov": {"loss": {"loss_mode": "clip_cov"}, "dynamic_sampling": False},
-    "kl_cov": {"loss": {"loss_mode": "kl_cov"}, "dynamic_sampling": False},
-    "entropy_bonus": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False, "entropy_bonus": True},
-    "forking_tokens": {"loss": {"loss_mode": "forking_tokens"}, "dynamic_sampling": False},
-}
 
 #: the methods ``stare-lab simulate`` runs when ``--methods`` is not given.
 DEFAULT_METHODS = ("grpo", "o1", "c2")
@@ -147,17 +130,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
     },
 }
-
-
-def method_overrides(method: str) -> dict[str, Any]:
-    """The settings method ``method`` implies, as a nested dict (a deep copy of :data:`METHODS` ``[method]``).
-
-    Raises:
-        ConfigError: if ``method`` is not in :data:`METHODS` (the message lists the allowed names).
-    """
-    if method not in METHODS:
-        raise ConfigError(f"method={method!r} is not one of {{{', '.join(METHODS)}}}")
-    return copy.deepcopy(METHODS[method])
 
 
 def _transformer_presets() -> dict[str, dict[str, Any]] | None:

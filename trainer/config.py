@@ -37,6 +37,7 @@ from stare_lab.config import (
     to_dict,
 )
 from stare_lab.errors import ConfigError
+from stare_lab.methods import METHODS as _METHODS, check_method
 
 from .tool_rollout import ToolUseConfig
 
@@ -58,18 +59,8 @@ __all__ = [
 #: Default user-message template for math prompts (the paper's instruction, science.md §4).
 DEFAULT_PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
-#: Method labels (design.md / analysis) → what they require of the loss config. ``None`` = any value.
-METHODS: dict[str, dict[str, Any]] = {
-    "grpo": {"loss_mode": "grpo"},
-    "grpo-ds": {"loss_mode": "grpo", "dynamic_sampling": True},
-    "o1": {"loss_mode": "stare", "variant": "O1", "adaptive": False},
-    "c2": {"loss_mode": "stare", "variant": "C2"},
-    "o1-adaptive": {"loss_mode": "stare", "variant": "O1", "adaptive": True},
-    "clip_cov": {"loss_mode": "clip_cov"},
-    "kl_cov": {"loss_mode": "kl_cov"},
-    "entropy_bonus": {"loss_mode": "grpo", "entropy_coeff_positive": True},
-    "forking_tokens": {"loss_mode": "forking_tokens"},
-}
+#: Method labels (design.md / analysis) and what they imply: the core's shared table.
+METHODS = _METHODS
 
 
 def _p(prefix: str) -> str:
@@ -403,8 +394,7 @@ class TrainerConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = dataclasses.field(default_factory=DeepSpeedConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
-    # ``Any``, converted below: the core's coercion of ``X | None`` reports only "must be X or null" and hides the
-    # nested key's own error (e.g. ``tool.max_rounds=1 is below ...``); from_dict here keeps it.
+    # a ToolUseConfig or None; typed ``Any`` and converted in __post_init__ (trainer.tool_rollout is imported here)
     tool: Any = None
 
     def __post_init__(self) -> None:
@@ -416,26 +406,8 @@ class TrainerConfig:
         check_choice(f"{p}source", self.source, ["trainer"])
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"{p}seed={self.seed} must be a non-negative integer")
-        req = METHODS.get(self.method)
-        if req is None:
-            return
-        loss = self.loss
-        if loss.loss_mode != req["loss_mode"]:
-            raise ConfigError(
-                f"{p}method={self.method!r} needs {p}loss.loss_mode={req['loss_mode']!r}, got {loss.loss_mode!r}"
-            )
-        if "variant" in req and loss.stare.variant != req["variant"]:
-            raise ConfigError(
-                f"{p}method={self.method!r} needs {p}loss.stare.variant={req['variant']!r}, got {loss.stare.variant!r}"
-            )
-        if "adaptive" in req and loss.stare.adaptive != req["adaptive"]:
-            raise ConfigError(
-                f"{p}method={self.method!r} needs {p}loss.stare.adaptive={req['adaptive']}, got {loss.stare.adaptive}"
-            )
-        if req.get("dynamic_sampling") and not self.algorithm.dynamic_sampling:
-            raise ConfigError(f"{p}method={self.method!r} needs {p}algorithm.dynamic_sampling=true")
-        if req.get("entropy_coeff_positive") and loss.entropy_coeff <= 0:
-            raise ConfigError(f"{p}method={self.method!r} needs {p}loss.entropy_coeff > 0")
+        check_method(self.method, self.loss, dynamic_sampling=self.algorithm.dynamic_sampling,
+                     prefix=config_prefix(""))
 
     def require_model_and_data(self) -> None:
         """Check what a real run needs (not needed to build a config): a model directory and data files.

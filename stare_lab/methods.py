@@ -1,0 +1,78 @@
+"""Method names shared by simulators, trainer and analysis, and what each implies (science.md §3–4).
+
+A *method* (``grpo``, ``o1``, …) names a training recipe; :data:`METHODS` maps it onto the policy-loss registry
+(:mod:`stare_lab.losses`) plus the two switches that live outside the loss: DAPO dynamic sampling
+(``dynamic_sampling``) and the entropy bonus (``entropy_bonus``: the method needs ``loss.entropy_coeff > 0``).
+Simulators build configs from it (:func:`method_overrides`); the trainer checks a config against it
+(:func:`check_method`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .config import LossConfig, join_key
+from .errors import ConfigError
+
+__all__ = ["METHODS", "method_overrides", "check_method"]
+
+#: method name → ``{"loss": LossConfig fields (``stare`` a nested STAREConfig dict), "dynamic_sampling": bool}``
+#: plus ``"entropy_bonus": True`` for the method that needs ``loss.entropy_coeff > 0``.
+METHODS: dict[str, dict[str, Any]] = {
+    "grpo": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False},
+    "grpo-ds": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": True},
+    "o1": {"loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": False}}, "dynamic_sampling": False},
+    "c2": {"loss": {"loss_mode": "stare", "stare": {"variant": "C2"}}, "dynamic_sampling": False},
+    "o1-adaptive": {
+        "loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": True}},
+        "dynamic_sampling": False,
+    },
+    "clip_cov": {"loss": {"loss_mode": "clip_cov"}, "dynamic_sampling": False},
+    "kl_cov": {"loss": {"loss_mode": "kl_cov"}, "dynamic_sampling": False},
+    "entropy_bonus": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False, "entropy_bonus": True},
+    "forking_tokens": {"loss": {"loss_mode": "forking_tokens"}, "dynamic_sampling": False},
+}
+
+
+def method_overrides(method: str) -> dict[str, Any]:
+    """The settings ``method`` implies, as a nested dict (a deep copy of ``METHODS[method]``).
+
+    Raises:
+        ConfigError: if ``method`` is not in :data:`METHODS` (the message lists the allowed names).
+    """
+    if method not in METHODS:
+        raise ConfigError(f"method={method!r} is not one of {{{', '.join(METHODS)}}}")
+    return copy.deepcopy(METHODS[method])
+
+
+def check_method(
+    method: str, loss: LossConfig, *, dynamic_sampling: bool | None = None, prefix: str = ""
+) -> None:
+    """Check that a config matches what a known method label implies (unknown labels are free-form: no check).
+
+    For ``grpo-ds`` dynamic sampling must be on (when ``dynamic_sampling`` is given); plain ``grpo`` may still use
+    it (the paper's GRPO-ds baseline is GRPO + dynamic sampling, and STARE runs use it too).
+
+    Raises:
+        ConfigError: naming the dotted key (under ``prefix``) that contradicts the method.
+    """
+    spec = METHODS.get(method)
+    if spec is None:
+        return
+    key = lambda name: join_key(prefix, name)  # noqa: E731
+    want = spec["loss"]
+    if loss.loss_mode != want["loss_mode"]:
+        raise ConfigError(
+            f"{key('method')}={method!r} needs {key('loss.loss_mode')}={want['loss_mode']!r}, got {loss.loss_mode!r}"
+        )
+    for name, value in want.get("stare", {}).items():
+        got = getattr(loss.stare, name)
+        if got != value:
+            raise ConfigError(
+                f"{key('method')}={method!r} needs {key('loss.stare.' + name)}={value!r}, got {got!r}"
+            )
+    if spec["dynamic_sampling"] and dynamic_sampling is False:
+        raise ConfigError(f"{key('method')}={method!r} needs {key('algorithm.dynamic_sampling')}=true")
+    if spec.get("entropy_bonus") and loss.entropy_coeff <= 0:
+        raise ConfigError(f"{key('method')}={method!r} needs {key('loss.entropy_coeff')} > 0")
