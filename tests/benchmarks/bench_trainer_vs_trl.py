@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"  # the shared data folder beside the repo
 PROMPTS, N, MAX_NEW = 8, 4, 32
 
 
