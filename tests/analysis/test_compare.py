@@ -15,9 +15,9 @@ from stare_lab.errors import ConfigError
 from stare_lab.runs import RunWriter
 
 
-def _run(path, method, seed, entropy, source="simulator", w=1.1, target=0.3, extra=None):
+def _run(path, method, seed, entropy, source="simulator", w=1.1, target=0.3, extra=None, config=None):
     cfg = {"source": source, "method": method, "seed": seed,
-           "loss": {"stare": {"target_entropy": target, "reweight_w": w}}}
+           "loss": {"stare": {"target_entropy": target, "reweight_w": w}}, **(config or {})}
     with RunWriter(path, cfg) as wr:
         for i, h in enumerate(entropy):
             row = {"step": i, "entropy": h, "reward": 0.1 * i, "gate_on": int(h < target), "stare_w": w,
@@ -126,10 +126,12 @@ def test_analysis_imports_point_down_only():
 
 
 def test_targets_that_differ_by_seed(tmp_path):
+    # a target set relative to each seed's initial entropy (same target_entropy_frac): one group.
     # seed 0: target 0.2, entropy 0.22 → in band; seed 1: target 0.4, entropy 0.22 → out (|0.18| ≥ 0.05)
-    _run(tmp_path / "s0", "o1", 0, [0.22] * 3, target=0.2)
-    _run(tmp_path / "s1", "o1", 1, [0.22] * 3, target=0.4)
+    _run(tmp_path / "s0", "o1", 0, [0.22] * 3, target=0.2, config={"target_entropy_frac": 0.5})
+    _run(tmp_path / "s1", "o1", 1, [0.22] * 3, target=0.4, config={"target_entropy_frac": 0.5})
     cmp = compare(tmp_path)
+    assert len(cmp.groups) == 1
     assert cmp.groups[0].target_entropy == pytest.approx(0.3)  # mean of 0.2 and 0.4
-    assert any("target entropies differ (0.2–0.4 nats)" in n for n in cmp.notes)
+    assert any("o1 0.2–0.4 (band at 0.3)" in n for n in cmp.notes)
     assert cmp.summary_rows()[0]["frac_in_band"][0] == pytest.approx(0.5)  # (1 + 0) / 2
