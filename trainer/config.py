@@ -109,7 +109,10 @@ class DataConfig:
         truncation: ``left`` (keep the end of the prompt, logged), ``right`` (keep the start, logged), or
             ``error`` (raise :class:`~stare_lab.errors.DataError`).
         shuffle: reshuffle the prompts every epoch (seeded by ``seed`` and the epoch number).
-        max_samples: use only the first N records (``None`` = all).
+        max_samples: use only the first N records (``None`` = all; counted after ``answer_pattern``).
+        answer_pattern: a regular expression; only records whose gold answer (stripped) fully matches it are used
+            (``None`` = all). E.g. ``"[0-9]"`` keeps single-digit answers (the ``tiny-cpu`` preset: a random-init
+            model then sometimes hits the answer, so groups have reward variance and gradients are non-zero).
     """
 
     train_files: list[str] = dataclasses.field(default_factory=list)
@@ -121,9 +124,18 @@ class DataConfig:
     truncation: str = "left"
     shuffle: bool = True
     max_samples: int | None = None
+    answer_pattern: str | None = None
 
     def __post_init__(self) -> None:
         p = _p(config_prefix("data"))
+        if self.answer_pattern is not None:
+            import re
+
+            try:
+                re.compile(str(self.answer_pattern))
+            except re.error as err:
+                raise ConfigError(f"{p}answer_pattern={self.answer_pattern!r} is not a valid regular expression "
+                                  f"({err})") from None
         check_positive(f"{p}max_prompt_length", self.max_prompt_length, integer=True)
         check_choice(f"{p}truncation", self.truncation, ["left", "right", "error"])
         if self.max_samples is not None:

@@ -53,17 +53,26 @@ def _read_file(path: str) -> list[dict]:
 
 
 def load_records(
-    files: Sequence[str], prompt_key: str, answer_key: str, max_samples: int | None = None
+    files: Sequence[str], prompt_key: str, answer_key: str, max_samples: int | None = None,
+    answer_pattern: str | None = None,
 ) -> list[dict[str, Any]]:
     """Read the records of ``files`` (JSONL, ``.parquet``, or ``hf:NAME:SPLIT``) as ``{"prompt", "answer", ...}``.
 
+    ``answer_pattern`` (a regular expression, ``data.answer_pattern``) keeps only records whose stripped answer
+    fully matches it; ``max_samples`` counts the kept records.
+
     Raises:
-        DataError: no files, a missing/unreadable file, a non-object line, a record lacking ``prompt_key`` or
-            ``answer_key`` (naming file:line and the fields it has), or no records at all.
+        DataError: no files, a missing/unreadable file, a line that is not valid JSON or not an object (naming
+            file:line), a record lacking ``prompt_key`` or ``answer_key`` (naming file:line and the fields it has),
+            or no (matching) records at all.
     """
+    import re
+
     if not files:
         raise DataError("no training data files given (data.train_files is empty)")
+    pattern = re.compile(answer_pattern) if answer_pattern is not None else None
     out: list[dict[str, Any]] = []
+    n_read = 0
     for f in files:
         for i, rec in enumerate(_read_file(f)):
             where = rec.pop("_where", f"{f}[{i}]")
@@ -71,10 +80,16 @@ def load_records(
                 if key not in rec or rec[key] is None:
                     fields = ", ".join(sorted(rec)) or "none"
                     raise DataError(f"{where}: record has no field {key!r} (fields: {fields})")
+            n_read += 1
+            if pattern is not None and not pattern.fullmatch(str(rec[answer_key]).strip()):
+                continue
             out.append({"prompt": str(rec[prompt_key]), "answer": str(rec[answer_key]), "id": rec.get("id", where)})
             if max_samples is not None and len(out) >= max_samples:
                 return out
     if not out:
+        if pattern is not None and n_read:
+            raise DataError(f"none of the {n_read} records in {', '.join(files)} has an answer matching "
+                            f"data.answer_pattern={answer_pattern!r}")
         raise DataError(f"no records in {', '.join(files)}")
     return out
 

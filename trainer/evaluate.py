@@ -460,10 +460,12 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
     import torch
 
+    from .preflight import model_max_positions
     from .rollout import HFEngine, VLLMEngine
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model {args.model!r} is not a directory")
+    model_max = model_max_positions(args.model, option="--model")
     tok = args.tokenizer or args.model
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     if args.engine == "hf":
@@ -471,10 +473,6 @@ def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
         engine = HFEngine(args.model, tok, device=device, dtype=dtype)
     else:
         max_len = cfg.max_prompt_length + cfg.max_tokens
-        try:
-            model_max = int(json.loads((Path(args.model) / "config.json").read_text())["max_position_embeddings"])
-        except (OSError, KeyError, ValueError, TypeError):
-            model_max = None
         if model_max is not None and max_len > model_max:
             raise ConfigError(
                 f"--max-prompt-length {cfg.max_prompt_length} + --max-tokens {cfg.max_tokens} = {max_len} exceeds the "
@@ -489,12 +487,18 @@ def main(args: argparse.Namespace) -> int:
     """Run ``stare-lab evaluate``; prints one line per benchmark and the average. Returns 0.
 
     Raises:
-        ConfigError: bad options (naming the option and the allowed values).
+        ConfigError: bad options (naming the option and the allowed values), ``--model`` not a Hugging Face model
+            directory (no ``config.json``), lengths beyond the model's positions.
         DataError: missing benchmark data.
+        RunError: ``--out`` exists as a file or cannot be created (checked before the model is loaded).
     """
+    from .preflight import check_out_dir, make_out_dir
+
     cfg = config_from_args(args)
+    check_out_dir(args.out, option="--out")  # a bad --out fails now, not after all the generation
     problems = {b: load_problems(cfg, b) for b in cfg.benchmarks}  # fail on bad data before loading the model
     engine, tokenizer = _make_engine(args, cfg)
+    make_out_dir(args.out, option="--out")
     result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model), problems=problems)
     for name, m in result["benchmarks"].items():
         k = m["k"]

@@ -7,7 +7,11 @@ was kept (logged) → (5) advantages (``group_advantages``) → (6) old log-prob
 scaled) → (7) ``STAREController.update`` with the all-reduced token-mean entropy (every rank takes the same gate
 decision), and ω = ``stare_token_weights`` over the *global* batch: every rank all-gathers the (surprisal,
 advantage, mask) rows of all ranks, computes ω identically and keeps its own rows → (8) update with global
-normalisers → (9) bucketed weight sync to the rollout engine → (10) metrics row, periodic checkpoint.
+normalisers → (9) bucketed weight sync to the rollout engine → (10) metrics row, periodic checkpoint, then the
+periodic evaluation (its ``eval/…`` metrics are added to the step's row afterwards; a failing evaluation is
+recorded and never loses the step). Steps are numbered from 1 (row N = the N-th optimizer update); the simulators
+number from 0. Timing and throughput are under ``time/`` (``time/<phase>_s``, ``time/rollout_tokens_per_s``), so
+every other key is reproducible across a resume.
 
 Data parallelism: the ``train_batch_size`` prompts of a round are split over data-parallel groups (``dp_rank``);
 with tensor-parallel vLLM (``tp > 1``) the ranks of a TP group generate the same prompts with the same seed and
@@ -149,61 +153,6 @@ def _fault(step: int, phase: str) -> None:
         os._exit(137)
 
 
-class _Logger:
-    """RunWriter + optional TensorBoard / W&B + progress bar, rank 0 only."""
-
-    def __init__(self, cfg: TrainerConfig, out: Path, resume_step: int, is_main: bool) -> None:
-        self.is_main = is_main
-        self.writer = self.tb = self.wandb = self.bar = None
-        if not is_main:
-            return
-        from stare_lab.runs import RunWriter
-
-        self.writer = RunWriter(out, cfg.to_dict(), resume=resume_step > 0, overwrite=False)
-        if resume_step > 0:
-            self.writer.truncate_after(resume_step)
-        s = cfg.schedule
-        if s.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(out / "tensorboard"))
-        if s.wandb_project:
-            try:
-                import wandb
-            except ImportError as err:
-                raise ConfigError("schedule.wandb_project is set but wandb is not installed") from err
-            self.wandb = wandb.init(project=s.wandb_project, config=cfg.to_dict(), dir=str(out))
-        if s.progress_bar:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=s.total_steps, initial=resume_step, desc="train", dynamic_ncols=True)
-
-    def log(self, row: dict[str, Any]) -> None:
-        if not self.is_main:
-            return
-        self.writer.log(row)
-        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, row["step"])
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=row["step"])
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(reward=f"{row['reward']:.3f}", H=f"{row['entropy'] or float('nan'):.3f}")
-
-    def close(self, summary: dict[str, Any]) -> None:
-        if not self.is_main:
-            return
-        self.writer.write_summary(summary)
-        self.writer.close()
-        for h in (self.bar, self.tb):
-            if h is not None:
-                h.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-
-
 class _Trainer:
     """Holds the step's collaborators; :meth:`step` is design.md §3 steps 1–9."""
 
@@ -229,7 +178,7 @@ class _Trainer:
         if cfg.model.chat_template:
             self.tokenizer.chat_template = cfg.model.chat_template
         d = cfg.data
-        self.records = load_records(d.train_files, d.prompt_key, d.answer_key, d.max_samples)
+        self.records = load_records(d.train_files, d.prompt_key, d.answer_key, d.max_samples, d.answer_pattern)
         self.encoder = PromptEncoder(self.tokenizer, d.prompt_template, d.use_chat_template, d.max_prompt_length,
                                      d.truncation)
         self.cursor = DataCursor(len(self.records), cfg.seed, d.shuffle)
@@ -517,19 +466,15 @@ class _Trainer:
         for k, v in self.t.items():
             row[f"time/{k}_s"] = v
         row["time/step_s"] = time.perf_counter() - t_step
-        gen_tokens = red[4]
-        row["rollout/tokens_per_s"] = gen_tokens / max(self.t["rollout"], 1e-9)
+        row["time/rollout_tokens_per_s"] = red[4] / max(self.t["rollout"], 1e-9)  # generated tokens / rollout s
         return row
 
-    def evaluate(self, step: int, out: Path) -> dict[str, float]:
-        """Periodic evaluation with the (just synced) rollout engine: ``trainer.evaluate.evaluate_engine`` with the
-        settings of ``schedule.eval_config``; returns the ``eval/...`` metrics. Every rank runs it (TP groups need
-        all their ranks in ``generate``); rank 0 writes ``OUT/eval/step_<N>/``."""
-        from stare_lab.config import from_dict, load_yaml
+    def evaluate(self, step: int, out: Path, ecfg: Any) -> dict[str, float]:
+        """Periodic evaluation with the (just synced) rollout engine: ``trainer.evaluate.evaluate_engine`` with
+        ``ecfg`` (:func:`trainer.preflight.load_eval_config`); returns the ``eval/...`` metrics. Every rank runs it
+        (TP groups need all their ranks in ``generate``); rank 0 writes ``OUT/eval/step_<N>/``."""
+        from .evaluate import evaluate_engine, flat_metrics
 
-        from .evaluate import EvalConfig, evaluate_engine, flat_metrics
-
-        ecfg = from_dict(EvalConfig, load_yaml(self.cfg.schedule.eval_config), prefix="eval")
         t0 = time.perf_counter()
         res = evaluate_engine(self.engine, self.tokenizer, ecfg,
                               out_dir=out / "eval" / f"step_{step}" if self.dist.is_main else None,
@@ -537,26 +482,61 @@ class _Trainer:
         return {**flat_metrics(res), "time/eval_s": time.perf_counter() - t0}
 
     def state(self, step: int) -> dict[str, Any]:
-        return {"step": step, "cursor": self.cursor.state_dict(), "controller": self.controller.state_dict()}
+        return {"step": step, "cursor": self.cursor.state_dict(), "controller": self.controller.state_dict(),
+                "n_records": len(self.records)}
+
+
+def _safe_evaluate(tr: _Trainer, step: int, out: Path, ecfg: Any) -> dict[str, Any]:
+    """Run the periodic evaluation of ``step`` AFTER its metrics row and checkpoint are on disk. A failure never
+    loses the step and does not stop training: it is logged, appended to ``OUT/eval/errors.jsonl`` (step, error
+    type, message) and recorded as ``eval/failed=1`` in the step's row. (Failures are assumed to happen on every
+    rank alike — same engine inputs; a failure inside a collective on one rank only cannot be recovered here.)"""
+    import json
+
+    try:
+        return {**tr.evaluate(step, out, ecfg), "eval/failed": 0}
+    except Exception as err:  # noqa: BLE001 - a defined, logged behaviour (see docstring)
+        logger.error("step %d: periodic evaluation failed (%s: %s); the step is saved, training continues",
+                     step, type(err).__name__, err)
+        if tr.dist.is_main:
+            (out / "eval").mkdir(parents=True, exist_ok=True)
+            with open(out / "eval" / "errors.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"step": step, "error": type(err).__name__, "message": str(err)}) + "\n")
+        return {"eval/failed": 1}
 
 
 def train(cfg: TrainerConfig) -> Path:
     """Run (or resume) training per ``cfg``; returns the run directory. Collective: every rank calls it.
 
+    Order of a step's outputs: the metrics row, then the checkpoint (every ``schedule.save_freq`` steps and at the
+    last step), then the periodic evaluation, whose ``eval/…`` metrics are added to that row afterwards
+    (:meth:`trainer.runlog.RunLogger.amend`; a failed evaluation is recorded, see :func:`_safe_evaluate`). Step
+    numbers count optimizer updates from 1 (row N = the N-th update; its ``entropy`` is measured before it). At the
+    end the last checkpoint's HF export is published as ``OUT/final_model`` (weights, config, tokenizer). A run
+    directory whose checkpoint is already at ``total_steps`` is not rebuilt: its summary is recomputed from
+    metrics.jsonl and ``final_model`` published if missing.
+
     Raises:
-        ConfigError: bad config (missing model / data, indivisible batch, nothing to resume with resume=must).
+        ConfigError: bad config (missing model / data, indivisible batch, nothing to resume with resume=must,
+            prompt + response budgets beyond the model's positions or the engine, a resume with other data/method
+            settings, see :data:`trainer.preflight.RESUME_KEYS`).
         DataError: bad data records, a prompt too long with ``data.truncation=error``, a failing reward function
-            with ``reward.on_error=raise``.
-        RunError: run directory already holds a finished or foreign run and resume is ``never``.
+            with ``reward.on_error=raise``, unreadable benchmark data of the periodic evaluation.
+        RunError: run directory not creatable, or already holds a finished or foreign run and resume is ``never``.
     """
     from stare_lab.errors import RunError
 
+    from . import preflight
     from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from .launch import cpu_env_defaults
+    from .runlog import RunLogger, export_final_model, read_rows, summary_from_rows
 
     cpu_env_defaults()
     cfg.require_model_and_data()
     out = Path(cfg.out_dir)
+    preflight.check_out_dir(out)
+    ecfg = preflight.load_eval_config(cfg)
+    preflight.check_lengths(cfg, preflight.model_max_positions(cfg.model.path), ecfg)
     ckpt_root = out / "checkpoint"
     latest = latest_checkpoint(ckpt_root)
     s = cfg.schedule
@@ -566,35 +546,49 @@ def train(cfg: TrainerConfig) -> Path:
         raise RunError(f"{str(out)!r} already holds a run and schedule.resume=never")
     if s.resume == "auto" and latest is None and (out / "metrics.jsonl").exists():
         raise RunError(f"{str(out)!r} holds a run without a checkpoint to resume from; choose another out_dir")
-    if s.eval_freq and s.eval_config and not Path(s.eval_config).is_file():
-        raise ConfigError(f"schedule.eval_config={s.eval_config!r} does not exist")
+    if latest is not None:
+        preflight.check_resume_compatible(out, cfg)
+        import json
+
+        done = int(json.loads((latest / "trainer_state.json").read_text())["step"])
+        if done >= s.total_steps:  # nothing to do: never rebuild engines for a finished run
+            if int(os.environ.get("RANK", "0")) == 0:
+                rows = read_rows(out)
+                old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+                summary = summary_from_rows(rows, s.total_steps, int(old.get("resumed_from", 0)))
+                (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+                if not (out / "final_model" / "config.json").is_file():
+                    export_final_model(latest, out)
+            logger.info("%s already holds the finished run (%d steps); nothing to do", out, done)
+            return out
+    preflight.make_out_dir(out)
     tr = _Trainer(cfg)
     start = 0
     if latest is not None:
         state = load_checkpoint(latest, tr.policy)
         start = int(state["step"])
+        if state.get("n_records") not in (None, len(tr.records)):
+            raise ConfigError(f"{str(out)!r} was trained on {state['n_records']} records, data.train_files now "
+                              f"holds {len(tr.records)}: the data changed; use another out_dir")
         tr.cursor.load_state_dict(state["cursor"])
         tr.controller.load_state_dict(state["controller"])
         tr.engine.sync_weights(tr.policy.iter_named_params(cfg.rollout.sync_bucket_mb * 2**20))
         logger.info("resumed from %s (step %d)", latest, start)
-    log = _Logger(cfg, out, start, tr.dist.is_main)
-    rows = []
+    log = RunLogger(cfg, out, start, tr.dist.is_main)
+    ckpt = latest
     for step in range(start + 1, s.total_steps + 1):
         row = tr.step(step)
-        if s.eval_freq and s.eval_config and (step % s.eval_freq == 0 or step == s.total_steps):
-            row.update(tr.evaluate(step, out))
         log.log(row)
-        rows.append(row)
         _fault(step, "logged")
         if (s.save_freq and step % s.save_freq == 0) or step == s.total_steps:
-            save_checkpoint(ckpt_root, step, tr.policy, tr.state(step), tr.tokenizer, s.keep_checkpoints)
+            ckpt = save_checkpoint(ckpt_root, step, tr.policy, tr.state(step), tr.tokenizer, s.keep_checkpoints)
+        if ecfg is not None and (step % s.eval_freq == 0 or step == s.total_steps):
+            log.amend(step, _safe_evaluate(tr, step, out, ecfg))
     dump = os.environ.get("STARE_LAB_DUMP_PARAMS")  # tests: each rank writes its gathered final parameters
     if dump:
         torch.save(tr.policy.full_state_dict(), f"{dump}.rank{tr.dist.rank}.pt")
-    summary = {"steps": s.total_steps, "resumed_from": start}
-    if rows:
-        for k in ("reward", "entropy", "accuracy"):
-            vals = [r[k] for r in rows if r.get(k) is not None]
-            summary[f"final_{k}"] = vals[-1] if vals else None
-    log.close(summary)
+    if tr.dist.is_main:
+        log.close(summary_from_rows(read_rows(out), s.total_steps, start))
+        path = export_final_model(ckpt, out)
+        logger.info("final model: %s", path)
     return out

@@ -21,7 +21,8 @@ Model-size guidance (STARE paper, science.md §4): 14B/32B models use a milder p
 
 Refusals (override with ``--force``, recorded in the provenance): a run whose config is incomplete (no
 ``loss.stare`` or missing keys), a method without STARE settings (``loss.loss_mode`` is not ``stare``), or a run
-whose summary shows it failed its own band criterion (``mean_abs_dev_second_half`` > the run's ``band``).
+whose summary shows it failed its own band criterion (``mean_abs_dev_second_half`` > the run's ``band``). An
+existing ``--out`` file is never replaced without ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import argparse
 import datetime as _dt
 import json
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from stare_lab import __version__
 from stare_lab.config import apply_overrides, load_yaml, parse_overrides, to_dict
-from stare_lab.errors import ConfigError, RunError
+from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.runs import find_runs, read_run
 
 logger = logging.getLogger(__name__)
@@ -130,6 +132,21 @@ def collect_settings(sources: list[str | Path], method: str, force: bool = False
 
 
 def _probe_entropy(probe: str | Path) -> float:
+    """The initial entropy (nats) a ``--probe`` reports.
+
+    Raises:
+        RunError: the probe is missing, not JSON, or has no entropy.
+        DataError: the probe's entropy is not a finite positive number (an entropy is >= 0; 0 would give a zero
+            target).
+    """
+    h0 = _probe_value(probe)
+    if not math.isfinite(h0) or h0 <= 0:
+        raise DataError(f"--probe {str(probe)!r} reports an initial entropy of {h0:g} nats; an entropy is positive "
+                        "(> 0), so this probe is not a usable measurement (wrong file or column?)")
+    return h0
+
+
+def _probe_value(probe: str | Path) -> float:
     p = Path(probe)
     if p.is_dir():
         run = read_run(p)
@@ -170,6 +187,7 @@ def promote(
     Raises:
         ConfigError / RunError: bad format, missing/ambiguous runs, refusals (see :func:`collect_settings`),
             conflicting target-entropy options, or a merged config the trainer's loader rejects.
+        DataError: the ``--probe`` reports a non-positive or non-finite initial entropy.
     """
     from .config import load_trainer_config  # the trainer's own loader validates the result
 
@@ -306,19 +324,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="H_tgt = FRAC x the model's initial entropy measured by --probe")
     parser.add_argument("--probe", default=None, help="trainer run dir or JSON with initial_entropy")
     parser.add_argument("--force", action="store_true", help="promote despite refusals (recorded)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.set_defaults(extra_overrides=[])
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``stare-lab promote``; print notices; write the output (and its provenance JSON for stare-lab)."""
+    """Run ``stare-lab promote``; print notices; write the output (and its provenance JSON for stare-lab).
+
+    Raises:
+        ConfigError / RunError / DataError: see :func:`promote`; also ``--out`` in a missing directory, a
+            directory, or an existing file without ``--overwrite`` (checked before any work).
+    """
     # key=value words given positionally among the sources are overrides
     overrides = [s for s in args.sources if "=" in str(s)] + list(getattr(args, "extra_overrides", None) or [])
     sources = [s for s in args.sources if "=" not in str(s)]
     if not sources:
         raise RunError("no SWEEP_OR_RUN directory given")
     out = Path(args.out)
-    if not out.parent.exists():
+    if not out.parent.is_dir():
         raise ConfigError(f"--out={str(out)!r}: directory {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise ConfigError(f"--out={str(out)!r} is a directory; give a file name")
+    if out.exists() and not getattr(args, "overwrite", False):
+        raise RunError(f"--out={str(out)!r} already exists; pass --overwrite to replace it")
     text, provenance, notices = promote(
         sources, args.method, args.base, fmt=args.fmt, overrides=overrides,
         target_entropy=args.target_entropy, target_entropy_frac=args.target_entropy_frac, probe=args.probe,

@@ -10,6 +10,8 @@ import json
 import logging
 from pathlib import Path
 
+from stare_lab.errors import DataError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_tiny_model", "TINY_CHAT_TEMPLATE"]
@@ -34,7 +36,12 @@ def _corpus(gsm8k_file: str | Path | None, max_records: int) -> list[str]:
             for i, line in enumerate(fh):
                 if i >= max_records:
                     break
-                rec = json.loads(line)
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{gsm8k_file}:{i + 1}: not valid JSON ({err.msg})") from None
+                if not isinstance(rec, dict):
+                    raise DataError(f"{gsm8k_file}:{i + 1}: a record must be a JSON object")
                 texts.append(str(rec.get("problem", "")) + " " + str(rec.get("answer", "")))
     return texts
 
@@ -69,6 +76,7 @@ def build_tiny_model(
 
     Raises:
         ValueError: if ``hidden_size`` is not a multiple of ``head_dim``.
+        DataError: a line of ``corpus_file`` among the first ``corpus_records`` is not a JSON object.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -152,7 +152,42 @@ def test_cli(sweep, base, tmp_path, capsys):
     rc = cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(out), "optim.lr=3e-6"])
     assert rc == 0 and load_trainer_config(out).optim.lr == 3e-6
     assert json.loads((tmp_path / "o.yaml.provenance.json").read_text())["method"] == "c2"
-    rc = cli_main(["promote", str(sweep), "--method", "grpo", "--base", str(base), "--out", str(out)])
+    rc = cli_main(["promote", str(sweep), "--method", "grpo", "--base", str(base), "--out", str(tmp_path / "g.yaml")])
     assert rc == 1 and "no STARE settings" in capsys.readouterr().err
     rc = cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(tmp_path / "no" / "x")])
     assert rc == 1
+
+
+def test_cli_never_replaces_an_existing_out_without_overwrite(sweep, base, tmp_path, capsys):
+    """Review item 15: an existing --out is refused (one line, exit 1, file untouched) unless --overwrite."""
+    out = tmp_path / "o.yaml"
+    out.write_text("precious\n")
+    args = ["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(out)]
+    assert cli_main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stare-lab promote: error: --out={str(out)!r} already exists; pass --overwrite to replace it"]
+    assert out.read_text() == "precious\n"
+    assert cli_main(args + ["--overwrite"]) == 0
+    assert load_trainer_config(out).method == "c2"
+    assert cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(tmp_path)]) == 1
+    assert "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("h0", [-1.5, 0.0, float("nan")])
+def test_probe_with_non_positive_entropy_names_the_probe(sweep, base, tmp_path, h0):
+    """Review item 16: entropy is >= 0 (nats), so a probe reporting -1.5 (or 0, NaN) is a bad probe; the error names
+    the probe and its value instead of the derived loss.stare.target_entropy=-0.75."""
+    from stare_lab.errors import DataError
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"initial_entropy": h0}))
+    with pytest.raises(DataError, match=r"--probe .*probe\.json.* initial entropy of (-1\.5|0|nan) nats"):
+        promote([sweep], "c2", base, target_entropy_frac=0.5, probe=probe)
+
+
+def test_promote_help_has_a_description(capsys):
+    """Review item 22: `stare-lab promote --help` starts with a description of what the command does."""
+    with pytest.raises(SystemExit):
+        cli_main(["promote", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "Carry the STARE settings" in out and "target entropy is never copied" in out

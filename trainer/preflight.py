@@ -1,0 +1,190 @@
+"""Checks a training run makes before it builds anything expensive (model, DeepSpeed op, vLLM engine).
+
+Each raises one clear :class:`~stare_lab.errors.StareLabError` line naming the option, the value and what is
+allowed, so ``stare-lab train`` fails in a second instead of after minutes or with a library traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from stare_lab.errors import ConfigError, RunError
+
+__all__ = ["check_out_dir", "make_out_dir", "model_max_positions", "check_lengths", "load_eval_config",
+           "check_resume_compatible", "RESUME_KEYS"]
+
+#: Config keys (dotted) that must not change when a run directory is resumed: the data order, the sampled groups
+#: and the loss would otherwise silently mix two experiments in one metrics.jsonl. ``schedule.*`` (e.g. a larger
+#: ``total_steps`` to extend a run), evaluation and logging settings may change.
+RESUME_KEYS = ("method", "seed", "model.path", "data.train_files", "data.prompt_key", "data.answer_key",
+               "data.max_samples", "data.answer_pattern", "data.shuffle", "rollout.n", "optim.train_batch_size",
+               "loss")
+
+
+def check_out_dir(out: str | Path, option: str = "out_dir") -> None:
+    """Check that ``out`` is a directory or can be created, without creating anything.
+
+    Raises:
+        RunError: ``out`` exists and is not a directory, or its nearest existing parent is not a writable
+            directory.
+    """
+    p = Path(out)
+    if str(out) == "":
+        raise RunError(f"{option} is empty; give a run directory")
+    if p.exists():
+        if not p.is_dir():
+            raise RunError(f"{option}={str(out)!r} exists and is not a directory")
+        return
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RunError(f"{option}={str(out)!r} cannot be created: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunError(f"{option}={str(out)!r} cannot be created: {str(parent)!r} is not writable")
+
+
+def make_out_dir(out: str | Path, option: str = "out_dir") -> Path:
+    """Create ``out`` (with parents). Raises :class:`RunError` naming ``option`` if that fails."""
+    check_out_dir(out, option)
+    p = Path(out)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"{option}={str(out)!r} cannot be created: {err.strerror or err}") from None
+    return p
+
+
+def model_max_positions(model_dir: str | Path, option: str = "model.path") -> int | None:
+    """``max_position_embeddings`` from ``model_dir/config.json`` (``None`` if absent or unreadable).
+
+    Raises:
+        ConfigError: ``model_dir`` has no ``config.json`` (not a Hugging Face model directory).
+    """
+    cfg_file = Path(model_dir) / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"{option}={str(model_dir)!r} has no config.json (not a Hugging Face model directory)")
+    try:
+        data = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{str(cfg_file)!r} is not readable JSON: {err}") from None
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        if isinstance(data.get(key), int):
+            return int(data[key])
+    text_cfg = data.get("text_config")
+    if isinstance(text_cfg, dict) and isinstance(text_cfg.get("max_position_embeddings"), int):
+        return int(text_cfg["max_position_embeddings"])
+    return None
+
+
+def check_lengths(cfg: Any, model_max: int | None, eval_cfg: Any = None) -> None:
+    """Prompt + response budgets must fit the model's positions and the rollout engine.
+
+    The rollout engine is built with ``max_model_len = data.max_prompt_length + rollout.max_response_length``
+    (:func:`trainer.rollout.make_engine`), and the periodic evaluation runs on that engine, so its
+    ``max_prompt_length + max_tokens`` must fit too.
+
+    Raises:
+        ConfigError: a budget above ``model_max`` (the model's ``max_position_embeddings``) or, for the evaluation,
+            above the engine's ``max_model_len``; the message names the keys and the numbers.
+    """
+    train_len = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    if model_max is not None and train_len > model_max:
+        raise ConfigError(
+            f"data.max_prompt_length={cfg.data.max_prompt_length} + rollout.max_response_length="
+            f"{cfg.rollout.max_response_length} = {train_len} exceeds the model's max_position_embeddings="
+            f"{model_max} ({cfg.model.path}); lower one of them")
+    if eval_cfg is None:
+        return
+    eval_len = eval_cfg.max_prompt_length + eval_cfg.max_tokens
+    src = cfg.schedule.eval_config
+    if model_max is not None and eval_len > model_max:
+        raise ConfigError(
+            f"schedule.eval_config {src}: max_prompt_length={eval_cfg.max_prompt_length} + max_tokens="
+            f"{eval_cfg.max_tokens} = {eval_len} exceeds the model's max_position_embeddings={model_max}; "
+            "lower one of them")
+    if cfg.rollout.engine == "vllm" and eval_len > train_len:
+        raise ConfigError(
+            f"schedule.eval_config {src}: max_prompt_length={eval_cfg.max_prompt_length} + max_tokens="
+            f"{eval_cfg.max_tokens} = {eval_len} exceeds the rollout engine's max_model_len={train_len} "
+            f"(data.max_prompt_length + rollout.max_response_length), which the periodic evaluation uses; "
+            "lower the evaluation's lengths or raise the training ones")
+
+
+def load_eval_config(cfg: Any) -> Any:
+    """The periodic evaluation's :class:`trainer.evaluate.EvalConfig` (``None`` when evaluation is off), with its
+    benchmark problems loadable (checked now, so a missing benchmark file fails before training, not at step N).
+
+    Raises:
+        ConfigError: ``schedule.eval_config`` missing or invalid (keys named ``eval.…``).
+        DataError: a benchmark's data cannot be read.
+    """
+    s = cfg.schedule
+    if not (s.eval_freq and s.eval_config):
+        return None
+    from stare_lab.config import from_dict, load_yaml
+
+    from .evaluate import EvalConfig, load_problems
+
+    if not Path(s.eval_config).is_file():
+        raise ConfigError(f"schedule.eval_config={s.eval_config!r} does not exist")
+    ecfg = from_dict(EvalConfig, load_yaml(s.eval_config), prefix="eval")
+    for name in ecfg.benchmarks:
+        load_problems(ecfg, name)
+    return ecfg
+
+
+def _get(d: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def _norm(key: str, value: Any) -> Any:
+    if key == "data.train_files" and isinstance(value, list):
+        return [v if str(v).startswith("hf:") else str(Path(v).resolve()) for v in value]
+    if key == "model.path" and value:
+        return str(Path(value).resolve())
+    return value
+
+
+def check_resume_compatible(out: str | Path, cfg: Any) -> None:
+    """On resume, the run directory's ``config.yaml`` must agree with ``cfg`` on :data:`RESUME_KEYS` (file paths
+    compared resolved).
+
+    Raises:
+        ConfigError: a key differs; the message names it, both values and what to do.
+    """
+    import yaml
+
+    path = Path(out) / "config.yaml"
+    if not path.is_file():
+        return
+    try:
+        old = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise RunError(f"cannot read {str(path)!r} to check the resume: {err}") from None
+    new = cfg.to_dict()
+    for key in RESUME_KEYS:
+        diff = _first_diff(key, _norm(key, _get(old, key)), _norm(key, _get(new, key)))
+        if diff is not None:
+            k, a, b = diff
+            raise ConfigError(
+                f"{str(out)!r} holds a run with {k}={a!r}, this config has {k}={b!r}; resuming would mix two "
+                "experiments: use another out_dir (or the same settings)")
+
+
+def _first_diff(key: str, a: Any, b: Any) -> tuple[str, Any, Any] | None:
+    """The first differing leaf ``(dotted key, a, b)`` of two config values, or None if equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            d = _first_diff(f"{key}.{k}", a.get(k), b.get(k))
+            if d is not None:
+                return d
+        return None
+    return None if a == b else (key, a, b)
