@@ -17,13 +17,27 @@ from stare_lab.errors import ConfigError
 __all__ = ["register", "run_analyze"]
 
 
-def _positive_float(text: str) -> float:
+# Numeric options are parsed in the handler, not by argparse ``type=``: argparse turns any ValueError (ConfigError
+# is one) into its usage text and exit 2; a ConfigError raised from the handler is one line and exit 1.
+def _positive_float(option: str, value: str | float | None) -> float | None:
+    if value is None:
+        return None
     try:
-        v = float(text)
+        v = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise ConfigError(f"{option}={value!r} is not a number; expected a finite number > 0") from None
     if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+        raise ConfigError(f"{option}={value} is not allowed; expected a finite number > 0")
+    return v
+
+
+def _positive_int(option: str, value: str | int) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise ConfigError(f"{option}={value!r} is not an integer; expected an integer > 0") from None
+    if v <= 0:
+        raise ConfigError(f"{option}={value} is not allowed; expected an integer > 0")
     return v
 
 
@@ -32,9 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "analyze",
         help="plots and a report from run directories (analysis)",
-        description="Find runs (recursively) under the given directories, group them by method (and --group-by "
-        "config keys), aggregate seeds (mean and 95% band), and write figures, report.md and a self-contained "
-        "report.html.",
+        description="Find runs (recursively) under the given directories, group them by method (runs of one method "
+        "whose simulator kind/preset, loss.stare settings or target entropy differ are separate groups unless "
+        "--merge; more splits with --group-by), aggregate seeds (mean and 95% band), and write figures, report.md "
+        "and a self-contained report.html.",
     )
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories or folders above them")
     p.add_argument("--out", help="output folder (default: PATH/figures for a single PATH; required for several)")
@@ -43,17 +58,21 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="extra metric keys to plot over steps and list in the summary (put it after the paths)")
     p.add_argument("--group-by", action="append", default=[], metavar="CONFIG_KEY",
                    help="dotted config key that splits methods into groups (e.g. loss.stare.reweight_w); repeatable")
-    p.add_argument("--band", type=_positive_float, default=0.05, metavar="NATS",
+    p.add_argument("--merge", action="store_true",
+                   help="average all runs of a method even when their simulator kind/preset, loss.stare settings or "
+                   "target entropy differ (default: such runs are separate groups, e.g. 'c2 [transformer]', "
+                   "'c2 (W=5)')")
+    p.add_argument("--band", default=0.05, metavar="NATS",
                    help="half-width of the target-entropy band (default 0.05 nats)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--threshold", type=_positive_float, metavar="NATS",
+    g.add_argument("--threshold", metavar="NATS",
                    help="absolute entropy threshold for 'steps to threshold'")
-    g.add_argument("--threshold-frac", type=_positive_float, default=0.1, metavar="FRAC",
+    g.add_argument("--threshold-frac", default=0.1, metavar="FRAC",
                    help="relative threshold: FRAC × the initial entropy (default 0.1)")
     p.add_argument("--paper", metavar="CSV", help="paper Table-2 CSV (e.g. papers/stare_2606.19236/table2.csv)")
     p.add_argument("--paper-setting", help="keep only paper rows of this setting (short_cot, long_cot, tool_use)")
     p.add_argument("--paper-model", help="keep only paper rows of this model")
-    p.add_argument("--dpi", type=int, default=90, help="resolution of PNG figures (default 90)")
+    p.add_argument("--dpi", default=90, help="resolution of PNG figures (default 90)")
     p.set_defaults(func=run_analyze)
     return p
 
@@ -64,6 +83,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     from .report import write_report
 
     t0 = time.perf_counter()
+    args.band = _positive_float("--band", args.band)
+    args.threshold = _positive_float("--threshold", args.threshold)
+    args.threshold_frac = _positive_float("--threshold-frac", args.threshold_frac)
+    args.dpi = _positive_int("--dpi", args.dpi)
     if args.out is None and len(args.paths) > 1:
         raise ConfigError(f"{len(args.paths)} input paths given: pass --out DIR to say where the report goes")
     if args.threshold_frac is not None and args.threshold_frac > 1:
@@ -75,6 +98,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         band_half_width=args.band,
         threshold=args.threshold,
         threshold_frac=args.threshold_frac if args.threshold is None else 0.1,
+        split=not args.merge,
     )
     files = write_report(
         cmp, out, fmt=args.fmt, metrics=args.metric, paper=args.paper, paper_setting=args.paper_setting,
@@ -85,10 +109,11 @@ def run_analyze(args: argparse.Namespace) -> int:
         band = row["frac_in_band"]
         band_s = f", in band {band[0]:.2f}" if band[2] else ""
         print(f"  {row['label']:<24} runs {row['n_runs']}  entropy {h0:.3g} -> {h1:.3g} nats{band_s}")
-    n_warn = len(set(cmp.warnings))
+    n_warn, n_note = len(set(cmp.warnings)), len(cmp.notes)
+    counts = [f"{n} {word}{'s' * (n != 1)}" for n, word in ((n_warn, "warning"), (n_note, "note")) if n]
     print(
         f"stare-lab analyze: {len(cmp.runs)} runs, {len(cmp.groups)} groups, {len(files.figures)} figures"
-        + (f", {n_warn} warnings (listed in the report)" if n_warn else "")
+        + (f", {' and '.join(counts)} (listed in the report)" if counts else "")
         + f"; report: {files.markdown} and {files.html} ({time.perf_counter() - t0:.1f} s)"
     )
     return 0

@@ -147,6 +147,16 @@ class Comparison:
         if text and text not in self.notes:
             self.notes.append(text)
 
+    def _series_note(self, label: str, name: str, note: str) -> None:
+        """One note per group and reason, listing the series it concerns (not one note per series)."""
+        prefix = f"{label}: {note}; for "
+        for i, n in enumerate(self.notes):
+            if n.startswith(prefix):
+                if name not in n[len(prefix):].split(", "):
+                    self.notes[i] = f"{n}, {name}"
+                return
+        self.notes.append(prefix + name)
+
     # ------------------------------------------------------------------------------------------------ series
     def series(self, group: Group | str, key: str, smooth: int = 1) -> stats.SeedAggregate:
         """``key`` over steps aggregated over the group's seeds (mean and band); runs that never log ``key`` are
@@ -159,15 +169,15 @@ class Comparison:
             parts = [(r.steps, stats.moving_average(r.column(key), smooth)) for r in g.runs if r.has(key)]
             agg = stats.aggregate_seeds(parts, self.confidence)
             if agg.note:
-                self._note(f"{g.label}, {key}: {agg.note}")
+                self._series_note(g.label, key, agg.note)
             g._cache[ck] = agg
         return g._cache[ck]
 
     def derived_series(
-        self, group: Group | str, name: str, fn: Callable[[RunData], np.ndarray | None]
+        self, group: Group | str, name: str, fn: Callable[[RunData], np.ndarray | None], title: str | None = None
     ) -> stats.SeedAggregate:
         """Like :meth:`series` for a per-run column computed by ``fn(run) -> [S] array`` (None: run left out);
-        cached under ``name``."""
+        cached under ``name``; notes name it ``title`` (default ``name``)."""
         g = self.group(group) if isinstance(group, str) else group
         ck = ("derived", name)
         if ck not in g._cache:
@@ -178,7 +188,7 @@ class Comparison:
                     parts.append((r.steps, y))
             agg = stats.aggregate_seeds(parts, self.confidence)
             if agg.note:
-                self._note(f"{g.label}, {name}: {agg.note}")
+                self._series_note(g.label, title or name, agg.note)
             g._cache[ck] = agg
         return g._cache[ck]
 
@@ -190,7 +200,8 @@ class Comparison:
             y = _quadrant_share(r, quadrant)
             return None if y is None else stats.moving_average(y, smooth)
 
-        return self.derived_series(group, f"quadrant/{quadrant}/share/{smooth}", share)
+        return self.derived_series(group, f"quadrant/{quadrant}/share/{smooth}", share,
+                                   title=f"share of tokens in quadrant {quadrant}")
 
     def normalised_series(self, group: Group | str, key: str = "entropy", n_points: int = 201) -> stats.SeedAggregate:
         """``key`` / its initial value against the fraction of training (0…1), aggregated over seeds: the axes on
@@ -217,8 +228,9 @@ class Comparison:
 
         Keys: ``n_steps``, ``initial_entropy``/``final_entropy`` (first/last finite, nats), ``threshold`` (nats),
         ``steps_to_threshold`` (first step with entropy below it, None if never), ``frac_in_band``,
-        ``final_reward``, ``final/<key>`` for ``accuracy``, ``eval/accuracy``, every ``pass@k`` key and
-        ``extra_keys``, and ``wall_time_s`` (sum of ``time/step_s``, else a wall-time entry of summary.json).
+        ``final_reward`` (mean over the last 10% of the steps, :func:`analysis.stats.tail_mean`, as in
+        ``stare-lab simulate``'s table), ``final/<key>`` (last finite value) for ``accuracy``, ``eval/accuracy``,
+        every ``pass@k`` key and ``extra_keys``, and ``wall_time_s`` (sum of ``time/step_s``, else a wall-time entry of summary.json).
         """
         h = run.column("entropy")
         h0 = stats.first_finite(h)
@@ -230,7 +242,7 @@ class Comparison:
             "threshold": thr,
             "steps_to_threshold": None if thr is None else stats.steps_to_threshold(run.steps, h, thr),
             "frac_in_band": stats.fraction_in_band(h, run.target_entropy, self.band_half_width),
-            "final_reward": stats.last_finite(run.column("reward")),
+            "final_reward": stats.tail_mean(run.column("reward"), 0.1),
         }
         keys = ["accuracy", "eval/accuracy"] + sorted(k for k in run.columns if _PASS_RE.match(k)) + list(extra_keys)
         for k in dict.fromkeys(keys):
@@ -274,11 +286,22 @@ class Comparison:
         return rows
 
     def predictor_keys(self) -> list[str]:
-        """Predictor keys logged by any run (``pred_entropy_change`` first, then ``pred/<name>``)."""
+        """Predictor keys logged by any run (``pred_entropy_change`` first, then ``pred/<name>``). A key whose
+        values equal an earlier key's in every run (e.g. ``pred/phi_tokens`` = ``pred_entropy_change``) is left
+        out, with a note, so figures and tables do not repeat identical columns."""
         keys: dict[str, None] = {}
         for r in self.runs:
             keys.update(dict.fromkeys(r.predictor_keys()))
-        return sorted(keys, key=lambda k: (k != "pred_entropy_change", k))
+        ordered = sorted(keys, key=lambda k: (k != "pred_entropy_change", k))
+        kept: list[str] = []
+        for k in ordered:
+            twin = next((j for j in kept if all(
+                np.array_equal(r.column(k), r.column(j), equal_nan=True) for r in self.runs)), None)
+            if twin is None:
+                kept.append(k)
+            else:
+                self._note(f"predictor `{k}` equals `{twin}` in every run; shown once as `{twin}`")
+        return kept
 
     def has_measured_change(self) -> bool:
         """True if any run logs a finite measured ``entropy_change``."""

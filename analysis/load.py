@@ -81,6 +81,30 @@ def _to_float_column(values: list[Any]) -> np.ndarray | None:
     return arr
 
 
+def _is_finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _yaml_warning(run_dir: Path, warning: str) -> str:
+    """A YAML parse error of ``config.yaml`` as one line naming the file, line and column (PyYAML's own message
+    names ``"<unicode string>"`` and spans several lines); other warnings unchanged."""
+    cfg = run_dir / "config.yaml"
+    if not warning.startswith(f"{cfg}: unreadable") or "<unicode string>" not in warning:
+        return warning
+    import yaml
+
+    try:
+        yaml.safe_load(cfg.read_text(encoding="utf-8", errors="replace"))
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(x for x in (err.context, err.problem) if x)
+        return f"{cfg}: not valid YAML{where} ({what}); config ignored"
+    except Exception:  # noqa: BLE001 - keep the original warning
+        return warning
+    return warning
+
+
 @dataclasses.dataclass
 class RunData:
     """One run directory as numpy columns.
@@ -172,7 +196,7 @@ def load_run(path: str | os.PathLike) -> RunData:
         RunError: if ``path`` is not a run directory (no ``metrics.jsonl``) or holds no row with a valid step.
     """
     run = read_run(path)  # raises RunError for a non-run directory
-    warnings = list(run.warnings)
+    warnings = [_yaml_warning(run.path, w) for w in run.warnings]
     p = run.path
     config = run.config if isinstance(run.config, dict) else {}
     rows = run.metrics
@@ -221,6 +245,12 @@ def load_run(path: str | os.PathLike) -> RunData:
             columns[key] = col
     if "entropy" not in columns:
         warnings.append(f"{p}: no finite 'entropy' values")
+    bad = [row["entropy"] for row in kept_rows if "entropy" in row and not _is_finite_number(row["entropy"])]
+    if bad:
+        warnings.append(
+            f"{p}: {len(bad)} of {len(kept_rows)} metrics rows have a non-numeric or non-finite 'entropy' "
+            f"(first: {bad[0]!r}); those steps have no entropy"
+        )
     for w in warnings[len(run.warnings):]:
         logger.warning(w)
     return RunData(

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from stare_lab.errors import DataError
+from stare_lab.errors import ConfigError, DataError
 
 from .compare import Comparison
 from .load import RunData
@@ -33,6 +33,7 @@ __all__ = [
     "BENCHMARKS",
     "METHOD_TO_PAPER",
     "load_paper_table",
+    "check_paper_filters",
     "measured_results",
     "paper_comparison",
 ]
@@ -145,6 +146,20 @@ def _run_models(run: RunData) -> list[str]:
     return [v for v in vals if isinstance(v, str) and v]
 
 
+def check_paper_filters(table: list[dict[str, Any]], setting: str | None = None, model: str | None = None) -> None:
+    """Check that ``setting`` and ``model`` (case-insensitive) name rows of ``table``.
+
+    Raises:
+        ConfigError: if either matches no row; the message lists the table's settings (or models).
+    """
+    for what, value in (("setting", setting), ("model", model)):
+        if value is None:
+            continue
+        have = sorted({r[what] for r in table if r[what]})
+        if value.lower() not in {h.lower() for h in have}:
+            raise ConfigError(f"paper {what} {value!r} is not in the paper table; its {what}s: {', '.join(have)}")
+
+
 def paper_comparison(
     table: list[dict[str, Any]], cmp: Comparison, setting: str | None = None, model: str | None = None
 ) -> tuple[list[str], list[list[Any]], list[str]]:
@@ -162,7 +177,11 @@ def paper_comparison(
 
     Returns:
         ``(header, rows, notes)``; cells are str/float/None (None = empty, never filled in).
+
+    Raises:
+        ConfigError: if ``setting`` or ``model`` names no row of the table (:func:`check_paper_filters`).
     """
+    check_paper_filters(table, setting, model)
     notes: list[str] = []
     rows_t = table
     if setting:

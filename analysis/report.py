@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,7 +24,7 @@ from stare_lab.errors import ConfigError, RunError
 
 from . import plots
 from .compare import Comparison
-from .paper import load_paper_table, paper_comparison
+from .paper import check_paper_filters, load_paper_table, paper_comparison
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class Doc:
         self.blocks.append(("table", list(header), [[_num(c) if not isinstance(c, str) else c for c in r] for r in rows]))
 
     def img(self, name: str, alt: str) -> None:
-        """An image file ``name`` relative to the report's folder."""
+        """An image file ``name`` relative to the report's folder (Markdown: an image, or a plain link for a PDF,
+        which Markdown viewers cannot show inline)."""
         self.blocks.append(("img", name, alt))
 
     def to_markdown(self) -> str:
@@ -102,7 +104,7 @@ class Doc:
                 lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
                 out.append("\n".join(lines))
             elif kind == "img":
-                out.append(f"![{b[2]}]({b[1]})")
+                out.append(f"[{b[2]} ({b[1]})]({b[1]})" if b[1].lower().endswith(".pdf") else f"![{b[2]}]({b[1]})")
         return "\n\n".join(out) + "\n"
 
     @staticmethod
@@ -169,6 +171,9 @@ def _runs_section(doc: Doc, cmp: Comparison) -> None:
         steps = f"{min(n)}" if min(n) == max(n) else f"{min(n)}–{max(n)}"
         rows.append([g.label, g.method, g.source, str(len(g.runs)), seeds, steps, g.target_entropy])
     doc.table(["group", "method", "source", "runs", "seeds", "steps", "target H (nats)"], rows)
+    split = [n for n in cmp.notes if "separate groups" in n]
+    if split:
+        doc.p("Not averaged together: " + " ".join(s.rstrip(".") + "." for s in split))
 
 
 def _prediction_section(doc: Doc, cmp: Comparison) -> None:
@@ -180,7 +185,9 @@ def _prediction_section(doc: Doc, cmp: Comparison) -> None:
     doc.p(
         "Ordinary least-squares fit of measured ΔH on predicted ΔH (as `scipy.stats.linregress`), pooled over seeds: a perfect "
         "first-order prediction has slope 1, intercept 0 and R² 1. R² (identity) = 1 − Σ(measured − predicted)² / "
-        "Σ(measured − mean)², the fit of the identity line itself (negative when worse than a constant)."
+        "Σ(measured − mean)², the fit of the identity line itself (negative when worse than a constant). All "
+        "(step, seed) pairs of a group go into one fit, so R² here is not the per-seed mean shown as R2(dH) by "
+        "`stare-lab simulate`."
     )
     rows = []
     for f in fits:
@@ -189,8 +196,8 @@ def _prediction_section(doc: Doc, cmp: Comparison) -> None:
             [f["label"], f"`{f['predictor']}`", fit.n, fit.slope, fit.intercept, fit.r2, fit.r2_identity, fit.rmse,
              fit.reason or ""]
         )
-    doc.table(["group", "predictor", "pairs", "slope", "intercept", "R² (fit)", "R² (identity)", "RMSE (nats)",
-               "note"], rows)
+    doc.table(["group", "predictor", "pairs (all seeds)", "slope (pooled fit)", "intercept (pooled fit)",
+               "R² (pooled fit)", "R² (identity, pooled)", "RMSE (nats)", "note"], rows)
 
 
 def _quadrant_section(doc: Doc, cmp: Comparison) -> None:
@@ -218,13 +225,18 @@ def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str]) -> None:
     thr = (f"{cmp.threshold:g} nats" if cmp.threshold is not None
            else f"{cmp.threshold_frac:g} × the run's initial entropy")
     doc.p(
-        f"Mean ± 95% band over seeds. Initial/final entropy: first/last logged value (nats). Steps to threshold: "
-        f"first step with entropy < {thr}, mean over the seeds that got there (count in brackets). In band: "
-        f"fraction of steps with |H − H_tgt| < {cmp.band_half_width:g} nats. Final values: last logged value. "
-        "Wall time: sum of `time/step_s` (else summary.json)."
+        f"Each cell: mean ± 95% band over the group's seeds of a per-run number. Initial/final H: the run's "
+        f"first/last logged entropy (nats). Steps to threshold: first step with entropy < {thr}, mean over the "
+        f"seeds that got there (count in brackets). In band: fraction of steps with |H − H_tgt| < "
+        f"{cmp.band_half_width:g} nats. Final reward: mean reward over the last 10% of the run's steps (the "
+        "definition of `stare-lab simulate`'s table). Other final values: last logged value. Wall time: sum of "
+        "`time/step_s` (else summary.json). `stare-lab simulate`'s own table differs in two columns: its H_end is "
+        "the last entropy plus that step's measured change, and its R2(dH) is a per-seed fit averaged over seeds "
+        "(section 2 here pools the seeds into one fit)."
     )
-    header = ["group", "runs", "initial H", "final H", "steps to threshold", "in band", "final reward",
-              *[f"`{k[6:]}`" for k in finals], "wall time (s)"]
+    header = ["group", "runs", "initial H (first logged, nats)", "final H (last logged, nats)",
+              "steps to threshold", "in band (fraction of steps)", "final reward (mean of last 10% of steps)",
+              *[f"`{k[6:]}` (last logged)" for k in finals], "wall time (s)"]
     rows = []
     for r in srows:
         mean, crossed, total = r["steps_to_threshold"]
@@ -261,21 +273,38 @@ def write_report(
         inputs: the paths analysed (listed in the report).
 
     Raises:
-        ConfigError: unknown ``fmt`` or ``dpi`` ≤ 0.
+        ConfigError: unknown ``fmt``, ``dpi`` ≤ 0, or a ``paper_setting``/``paper_model`` the paper table lacks.
         RunError: if ``out_dir`` cannot be created.
         DataError: if the paper table is unreadable or lacks required columns.
+
+    Nothing is written when the arguments are bad; if writing fails midway, an ``out_dir`` this call created is
+    removed again.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt!r} is not one of {{{', '.join(FORMATS)}}}")
     if isinstance(dpi, bool) or not isinstance(dpi, int) or dpi <= 0:
         raise ConfigError(f"dpi={dpi!r} must be a positive integer")
+    paper_rows = load_paper_table(paper) if paper is not None else None  # fail early, before any output
+    if paper_rows is not None:
+        check_paper_filters(paper_rows, paper_setting, paper_model)
     out = Path(out_dir)
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise RunError(f"cannot create output directory {str(out)!r}: {err.strerror or err}") from None
-    paper_rows = load_paper_table(paper) if paper is not None else None  # fail early, before plotting
+    try:
+        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs)
+    except BaseException:
+        if created:  # leave no half-written (or empty) folder behind; everything in it is ours
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
+
+def _write(
+    cmp: Comparison, out: Path, fmt: str, metrics: Sequence[str], paper: Any, paper_rows: Any,
+    paper_setting: str | None, paper_model: str | None, dpi: int, title: str, inputs: Sequence[str],
+) -> ReportFiles:
     figures: dict[str, Path] = {}
     images: dict[str, tuple[str, bytes]] = {}
 

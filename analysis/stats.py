@@ -22,6 +22,7 @@ __all__ = [
     "fit_prediction",
     "binned_fit",
     "first_finite",
+    "tail_mean",
     "last_finite",
     "steps_to_threshold",
     "fraction_in_band",
@@ -240,6 +241,18 @@ def last_finite(values: np.ndarray) -> float | None:
     v = np.asarray(values, dtype=np.float64)
     idx = np.flatnonzero(np.isfinite(v))
     return float(v[idx[-1]]) if idx.size else None
+
+
+def tail_mean(values: np.ndarray, frac: float = 0.1) -> float | None:
+    """Mean of the finite entries among the last ``max(1, floor(frac · n))`` of ``n`` values (None if none is
+    finite). With ``frac = 0.1`` this is the "final reward" of ``stare-lab simulate``'s table (mean reward over the
+    last 10 % of the rows), so the report and the simulator agree."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return None
+    tail = v[-max(1, int(v.size * frac + 1e-9)):]  # + 1e-9: 0.1·n is not exact in binary
+    tail = tail[np.isfinite(tail)]
+    return float(tail.mean()) if tail.size else None
 
 
 def steps_to_threshold(steps: np.ndarray, entropy: np.ndarray, threshold: float) -> int | None:

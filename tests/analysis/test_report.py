@@ -123,7 +123,10 @@ def test_report_markdown_reads_top_to_bottom(sweep_report):
     assert "| o1 [trainer] |" in md
     # the damaged run and the different lengths are reported, not fatal
     assert "not valid JSON (truncated write?)" in md
-    assert "grpo [simulator], entropy: series differ in length (100, 120 points)" in md
+    # one note per group and reason, naming the series (not one note per series, no internal cache names)
+    assert "grpo [simulator]: series differ in length (100, 120 points)" in md
+    assert "; for entropy, reward, " in md and "share of tokens in quadrant pos_high" in md
+    assert "/share/1" not in md
     assert "`pred/grad_dot`" in md and "`pass@8`" in md and "`accuracy`" in md
 
 
@@ -197,10 +200,26 @@ def test_clear_errors(tmp_path, capsys):
     bad.write_text("a,b\n1,2\n")
     assert main(["analyze", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--paper", str(bad)]) == 1
     assert "lacks column(s) setting, model, method" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # a failed analyze leaves no (empty) output folder
     assert main(["analyze", str(tmp_path / "r"), "--paper", str(tmp_path / "missing.csv")]) == 1
     assert "is not readable" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # argparse: --band must be > 0
-        main(["analyze", str(tmp_path / "r"), "--band", "-1"])
+    assert not (tmp_path / "r" / "figures").exists()
+    good = tmp_path / "good.csv"
+    good.write_text("setting,model,method,aime24,aime25,amc23,math500,minerva,olympiadbench,avg,source\n"
+                    "short_cot,M,GRPO,1,2,3,4,5,6,3.5,x\nlong_cot,M,GRPO,1,2,3,4,5,6,3.5,x\n")
+    assert main(["analyze", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--paper", str(good),
+                 "--paper-setting", "nope"]) == 1
+    assert "paper setting 'nope' is not in the paper table; its settings: long_cot, short_cot" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    # bad numbers: one line and exit 1 (not argparse's usage text and exit 2)
+    for opt, val, msg in [("--band", "-1", "--band=-1 is not allowed"), ("--band", "x", "--band='x' is not a number"),
+                          ("--threshold", "nan", "--threshold=nan is not allowed"), ("--dpi", "0", "--dpi=0")]:
+        assert main(["analyze", str(tmp_path / "r"), "--out", str(tmp_path / "o"), opt, val]) == 1
+        cap = capsys.readouterr()
+        assert msg in cap.err and "usage:" not in cap.err and len(cap.err.strip().splitlines()) == 1
+    assert main(["analyze", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--group-by", "nope.key"]) == 1
+    assert "group_by key 'nope.key' is in no run's config.yaml" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("fmt", ["png", "svg"])
@@ -236,7 +255,9 @@ def test_degenerate_runs_do_not_crash(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["analyze", str(tmp_path), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
-    assert "no finite 'entropy' values" in md and "config.yaml: unreadable" in md
+    assert "no finite 'entropy' values" in md
+    assert "config.yaml: not valid YAML at line 1, column 18" in md and "<unicode string>" not in md
+    assert "3 of 3 metrics rows have a non-numeric or non-finite 'entropy' (first: None)" in md
     assert "fewer than 2 steps" in md  # the one-step run cannot be put on normalised axes
     for p in out.glob("*.png"):
         _assert_png(p.read_bytes())
