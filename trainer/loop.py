@@ -31,8 +31,8 @@ controller untouched); a reward function that raises gives reward 0 for that bat
 prediction ``pred_entropy_change`` (∇θH̄·Δθ) is null in the trainer: under ZeRO-3 it would need the entropy gradient
 outside DeepSpeed's gradient buffers and a copy of the pre-update parameters.
 
-Test hooks: ``STARE_LAB_FAULT=STEP:PHASE`` (PHASE ∈ rollout, update, logged) makes the process exit with code 137 at
-that point, as a kill would; ``STARE_LAB_DUMP_PARAMS=PREFIX`` makes every rank save its gathered final parameters to
+Test hooks: ``STARE_LAB_FAULT=STEP:PHASE`` (PHASE ∈ rollout, update, logged, eval) makes the process exit with code
+137 at that point, as a kill would (``STEP:eval_error`` makes the periodic evaluation of STEP raise instead); ``STARE_LAB_DUMP_PARAMS=PREFIX`` makes every rank save its gathered final parameters to
 ``PREFIX.rank<R>.pt``.
 """
 
@@ -475,6 +475,9 @@ class _Trainer:
         (TP groups need all their ranks in ``generate``); rank 0 writes ``OUT/eval/step_<N>/``."""
         from .evaluate import evaluate_engine, flat_metrics
 
+        _fault(step, "eval")
+        if os.environ.get("STARE_LAB_FAULT") == f"{step}:eval_error":
+            raise RuntimeError("STARE_LAB_FAULT: injected evaluation error")
         t0 = time.perf_counter()
         res = evaluate_engine(self.engine, self.tokenizer, ecfg,
                               out_dir=out / "eval" / f"step_{step}" if self.dist.is_main else None,
