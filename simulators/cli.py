@@ -6,9 +6,12 @@ Example::
     stare-lab simulate --preset collapse --methods grpo,o1,c2 --seeds 3 --out runs/collapse stare.reweight_w=1.5
 
 Writes ``OUT/<method>/seed<k>/`` run directories, ``OUT/summary.json`` and PNGs under ``OUT/figures`` (by
-``stare-lab analyze`` through the front door when available, else minimal plots of our own; ``--no-plots`` skips
-them), and prints a table per method. Any ``key=value`` overrides a config field of the preset's simulator
-(``stare.*`` is short for ``loss.stare.*``). This module imports nothing heavy at registration time.
+``stare-lab analyze`` through the front door, given exactly this sweep's run directories, when available, else
+minimal plots of our own; ``--no-plots`` skips them), and prints a table per method, followed by a one-line note
+when the STARE methods barely differ from GRPO (:func:`simulators.sweep.stare_note`). Any ``key=value`` overrides a
+config field of the preset's simulator (``stare.*`` is short for ``loss.stare.*``), except the keys a method sets
+(use ``--methods``) and ``steps`` together with ``--steps``. ``--overwrite`` removes the previous sweep's runs that
+the new one drops (see :mod:`simulators.sweep`). This module imports nothing heavy at registration time.
 """
 
 from __future__ import annotations
@@ -46,12 +49,15 @@ def register(subparsers) -> argparse.ArgumentParser:
         default=None,
         help=f"comma-separated methods from {{{', '.join(METHODS)}}} (default: the preset's, else {','.join(DEFAULT_METHODS)})",
     )
-    p.add_argument("--seeds", type=int, default=None,
+    # --seeds / --steps are parsed by the handler so that a bad value is one clean line (exit 1), not usage
+    p.add_argument("--seeds", default=None,
                    help="number of seeds, 0..N-1 (default: the preset's; 3 for tabular presets)")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's)")
+    p.add_argument("--steps", default=None, help="steps per run (default: the preset's)")
     p.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
     p.add_argument("--resume", action="store_true", help="continue existing runs bit-exactly from their checkpoints")
-    p.add_argument("--overwrite", action="store_true", help="replace existing runs in OUT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing runs in OUT; runs of the previous sweep in OUT that this one drops are "
+                        "removed (only those listed in OUT/summary.json)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lr=0.5 stare.reweight_w=1.5")
@@ -59,15 +65,35 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _plots(out: Path, summary: dict) -> str:
-    """PNGs via ``stare-lab analyze`` (through the front door: no sideways import of ``analysis``); if that is not
-    available or fails, the sweep's fallback plots. Returns a one-line note."""
+def _int_option(name: str, text: str | None) -> int | None:
+    """``--seeds`` / ``--steps`` as an integer ≥ 1 (None if not given).
+
+    Raises:
+        ConfigError: naming the option, its value and what is allowed.
+    """
+    from stare_lab.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ConfigError(f"--{name}={text!r} must be an integer >= 1") from None
+    if value < 1:
+        raise ConfigError(f"--{name}={value} must be an integer >= 1")
+    return value
+
+
+def _plots(out: Path, summary: dict, run_dirs: list[Path]) -> str:
+    """PNGs via ``stare-lab analyze`` of exactly ``run_dirs`` (this sweep's runs; through the front door: no
+    sideways import of ``analysis``); if that is not available or fails, the sweep's fallback plots. Returns a
+    one-line note."""
     from stare_lab.cli import main as front_door
 
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            rc = front_door(["analyze", str(out), "--out", str(out / "figures")])
+            rc = front_door(["analyze", *map(str, run_dirs), "--out", str(out / "figures")])
     except SystemExit as exc:  # argparse inside analyze
         rc = exc.code if isinstance(exc.code, int) else 1
     if rc == 0:
@@ -83,8 +109,10 @@ def _plots(out: Path, summary: dict) -> str:
 def handler(args: argparse.Namespace) -> int:
     """Run the sweep described by ``args``; returns 0. User errors raise StareLabError (the front door prints one
     line and exits 1)."""
-    from .presets import PRESETS, get_preset, preset_names
-    from .sweep import format_table, plan_sweep, run_sweep
+    from stare_lab.errors import ConfigError
+
+    from .presets import METHODS, get_preset, preset_names
+    from .sweep import format_table, plan_sweep, run_sweep, stare_note
 
     if args.list_presets:
         for name in preset_names():
@@ -92,15 +120,27 @@ def handler(args: argparse.Namespace) -> int:
             print(f"{name:<16} [{spec['kind']}] {spec['description']}")
         return 0
     t0 = time.perf_counter()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
-    out = Path(args.out) if args.out else Path("runs") / args.preset
+    methods = None
+    if args.methods is not None:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        if not methods:
+            raise ConfigError(
+                f"--methods={args.methods!r} names no method; give a comma-separated list from {{{', '.join(METHODS)}}}"
+            )
+    if args.out is not None and not args.out.strip():
+        raise ConfigError(f"--out={args.out!r} is empty; give an output directory (default runs/{args.preset})")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other: --resume continues the runs, --overwrite "
+                          "replaces them")
+    seeds, steps = _int_option("seeds", args.seeds), _int_option("steps", args.steps)
+    out = Path(args.out) if args.out is not None else Path("runs") / args.preset
     plan = plan_sweep(
         args.preset,
         methods,
-        args.seeds,
+        seeds,
         out,
         overrides=list(args.overrides) + list(getattr(args, "extra_overrides", None) or []),
-        steps=args.steps,
+        steps=steps,
         resume=args.resume,
         overwrite=args.overwrite,
     )
@@ -111,8 +151,11 @@ def handler(args: argparse.Namespace) -> int:
         summary = run_sweep(plan, progress=bar.update)
     print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s) x {len(plan.seeds)} seed(s) -> {out}")
     print(format_table(summary))
+    note = stare_note(summary)
+    if note:
+        print(note)
     if not args.no_plots:
-        print(_plots(out, summary))
+        print(_plots(out, summary, [plan.run_dirs[(m, s)] for m in plan.methods for s in plan.seeds]))
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -8,8 +8,15 @@ Layout written under ``out``::
                               metrics.jsonl, plus the simulator's own summary) and their mean over seeds
     out/figures/*.png         plots (by ``stare-lab analyze`` if available, else :func:`fallback_plots`)
 
-Everything that can be wrong with the request (preset, method, sizes, ranges, output directory) is checked by
-:func:`plan_sweep` before anything is created, so a bad request leaves nothing behind.
+Everything that can be wrong with the request (preset, method, sizes, ranges, conflicting options, overrides of
+keys the method sets, output directory) is checked by :func:`plan_sweep` before anything is created, so a bad
+request leaves nothing behind.
+
+A sweep covers exactly its planned runs: ``summary.json``, the table and the plots (``stare-lab analyze`` is given
+the planned run directories, not ``out``) never include other runs found under ``out``. With ``overwrite``, run
+directories under ``out`` that the previous sweep's ``summary.json`` lists (so ``stare-lab simulate`` wrote them)
+but the new plan does not are removed (:func:`stale_runs`); anything else under ``out`` is left alone. ``resume``
+removes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -27,12 +35,15 @@ from typing import Any, Callable
 from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
 
-from .presets import METHODS, get_preset
+from .presets import METHODS, get_preset, method_overrides
 from .run_stats import STAT_KEYS, run_stats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SweepPlan", "plan_sweep", "run_sweep", "format_table", "fallback_plots", "check_writable_dir"]
+__all__ = [
+    "SweepPlan", "plan_sweep", "run_sweep", "format_table", "stare_note", "fallback_plots", "check_writable_dir",
+    "stale_runs", "method_set_keys",
+]
 
 @dataclasses.dataclass
 class SweepPlan:
@@ -69,7 +80,11 @@ def _normalise_override(item: str) -> str:
 
 
 def check_writable_dir(out: Path) -> None:
-    """Raise :class:`RunError` unless ``out`` is (or can be created as) a writable directory."""
+    """Raise :class:`RunError` unless ``out`` is (or can be created as) a writable directory.
+
+    The message names ``out`` and, when ``out`` does not exist yet, the existing ancestor that refused the new
+    entry, e.g. ``cannot create output directory '/proc/x': '/proc' does not accept new entries (...)``.
+    """
     probe = out
     while not probe.exists():
         if probe.parent == probe:
@@ -82,7 +97,24 @@ def check_writable_dir(out: Path) -> None:
         os.close(fd)
         os.unlink(name)
     except OSError as err:
-        raise RunError(f"output directory {str(out)!r} is not writable ({str(probe)!r}: {err.strerror or err})") from None
+        reason = err.strerror or str(err)
+        if probe != out:
+            raise RunError(
+                f"cannot create output directory {str(out)!r}: {str(probe)!r} does not accept new entries ({reason})"
+            ) from None
+        raise RunError(f"output directory {str(out)!r} is not writable ({reason})") from None
+
+
+def method_set_keys(method: str) -> set[str]:
+    """Dotted config keys whose value ``method`` sets (:data:`stare_lab.methods.METHODS`), so that an override of
+    them would be silently replaced: ``loss.loss_mode``, the method's ``loss.stare.*`` settings and, for methods
+    that switch it on, ``dynamic_sampling``."""
+    spec = method_overrides(method)
+    keys = {f"loss.{k}" for k in spec["loss"] if k != "stare"}
+    keys |= {f"loss.stare.{k}" for k in spec["loss"].get("stare", {})}
+    if spec["dynamic_sampling"]:
+        keys.add("dynamic_sampling")
+    return keys
 
 
 def plan_sweep(
@@ -103,16 +135,23 @@ def plan_sweep(
         seeds: number of seeds ≥ 1 (seeds 0 … seeds−1); None → the preset's ``seeds`` or 3.
         out: the sweep directory.
         overrides: dotted ``key=value`` config overrides (``stare.*`` is short for ``loss.stare.*``).
-        steps: number of steps (overrides the preset's), ≥ 1.
+        steps: number of steps (overrides the preset's), ≥ 1; not together with a ``steps=`` override.
         resume: continue existing runs from their checkpoints.
-        overwrite: replace existing runs.
+        overwrite: replace existing runs (and remove the previous sweep's runs the new plan drops, see
+            :func:`stale_runs`); not together with ``resume``.
 
     Raises:
-        ConfigError: unknown preset / method / key, a value outside its range, zero or negative sizes.
+        ConfigError: unknown preset / method / key, a value outside its range, zero or negative sizes, an empty
+            ``out``, ``resume`` with ``overwrite``, ``steps`` given twice, an override of a key that one of the
+            methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead).
         RunError: the output directory is not writable, or already holds runs (without resume / overwrite).
     """
     from .presets import DEFAULT_METHODS
 
+    if str(out).strip() == "":
+        raise ConfigError("out='' is empty: give an output directory (default runs/<preset>)")
+    if resume and overwrite:
+        raise ConfigError("resume and overwrite exclude each other: --resume continues the runs, --overwrite replaces them")
     spec = get_preset(preset)
     kind = spec["kind"]
     if seeds is None:
@@ -132,6 +171,14 @@ def plan_sweep(
         key = item.split("=", 1)[0].strip()
         if key in ("method", "seed"):
             raise ConfigError(f"override {item!r}: set {key} with --methods / --seeds")
+        if key == "steps" and steps is not None:
+            raise ConfigError(f"override {item!r} and --steps {steps} both set steps: give one of them")
+        setters = [m for m in methods if key in method_set_keys(m)]
+        if setters:
+            raise ConfigError(
+                f"override {item!r}: {key} is set by method {setters[0]!r}; choose the method with --methods "
+                f"(one of {{{', '.join(METHODS)}}}) instead"
+            )
     module, cls = _simulator_module(kind)
     configs, run_dirs = {}, {}
     out = Path(out)
@@ -201,30 +248,91 @@ def _mean(values: list[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def stale_runs(plan: SweepPlan) -> list[Path]:
+    """Run directories under ``plan.out`` that the previous sweep there wrote (listed in its ``summary.json``, with
+    a ``config.yaml`` whose ``source`` is ``simulator``) and that ``plan`` does not include. :func:`run_sweep`
+    removes them when ``plan.overwrite`` is set; other runs under ``out`` are never touched."""
+    import yaml
+
+    path = plan.out / "summary.json"
+    if not path.is_file():
+        return []
+    try:
+        previous = json.loads(path.read_text())
+        names = list((previous.get("config") or {}).keys())
+    except (OSError, ValueError, AttributeError):
+        return []
+    planned = {d.resolve() for d in plan.run_dirs.values()}
+    stale = []
+    for name in names:
+        parts = str(name).split("/")
+        if len(parts) != 2 or not parts[1].startswith("seed") or any(x in ("", ".", "..") for x in parts):
+            continue
+        run_dir = plan.out / parts[0] / parts[1]
+        if run_dir.resolve() in planned or not (run_dir / "config.yaml").is_file():
+            continue
+        try:
+            source = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("source")
+        except (OSError, AttributeError, yaml.YAMLError):  # an unreadable config is not ours to delete
+            continue
+        if source == "simulator":
+            stale.append(run_dir)
+    return stale
+
+
+def _remove_run(run_dir: Path) -> None:
+    """Remove the files a simulator run wrote in ``run_dir``, then ``run_dir`` and its method folder if empty."""
+    _clear_run(run_dir)
+    for d in (run_dir, run_dir.parent):
+        try:
+            d.rmdir()
+        except OSError:  # not empty (foreign files) or already gone: leave it
+            break
+
+
 def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run every (method, seed) of ``plan`` in order (one process), write ``out/summary.json`` and return it.
 
     ``progress(n)`` is called as steps (tabular) or whole runs (other kinds, counted as their ``steps``) finish.
+    With ``plan.overwrite`` the previous sweep's runs that the plan drops are removed first (:func:`stale_runs`).
+    If a run fails, the error propagates; folders this call created and left empty (``out``, ``out/<method>``) are
+    removed (a tabular run removes its own directory when it failed before completing a step).
+
+    Raises:
+        RunError: from a run (e.g. diverged to non-finite logits), or ``out`` cannot be written.
     """
+    created = [d for d in [plan.out, *{d.parent for d in plan.run_dirs.values()}] if not d.exists()]
     plan.out.mkdir(parents=True, exist_ok=True)
+    if plan.overwrite:
+        for run_dir in stale_runs(plan):
+            logger.info("--overwrite: removing %s (a run of the previous sweep that this one drops)", run_dir)
+            _remove_run(run_dir)
     per_method: dict[str, Any] = {}
-    for method in plan.methods:
-        runs = {}
-        for seed in plan.seeds:
-            config, run_dir = plan.configs[(method, seed)], plan.run_dirs[(method, seed)]
-            if plan.overwrite and (run_dir / "metrics.jsonl").exists():
-                _clear_run(run_dir)
-            if plan.kind == "tabular":
-                summary = plan.module.run(config, run_dir, resume=plan.resume, progress=progress)
-            else:
-                summary = plan.module.run(config, run_dir, resume=plan.resume)
-                if progress is not None:
-                    progress(int(getattr(config, "steps", 1)))
-            runs[f"seed{seed}"] = {**_stats_of(run_dir, config), "run_summary": summary}
-        collapsed = [r.get("steps_to_collapse") for r in runs.values()]
-        mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
-        mean["collapsed_runs"] = sum(c is not None for c in collapsed)
-        per_method[method] = {"runs": runs, "mean": mean}
+    try:
+        for method in plan.methods:
+            runs = {}
+            for seed in plan.seeds:
+                config, run_dir = plan.configs[(method, seed)], plan.run_dirs[(method, seed)]
+                if plan.overwrite and (run_dir / "metrics.jsonl").exists():
+                    _clear_run(run_dir)
+                if plan.kind == "tabular":
+                    summary = plan.module.run(config, run_dir, resume=plan.resume, progress=progress)
+                else:
+                    summary = plan.module.run(config, run_dir, resume=plan.resume)
+                    if progress is not None:
+                        progress(int(getattr(config, "steps", 1)))
+                runs[f"seed{seed}"] = {**_stats_of(run_dir, config), "run_summary": summary}
+            collapsed = [r.get("steps_to_collapse") for r in runs.values()]
+            mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
+            mean["collapsed_runs"] = sum(c is not None for c in collapsed)
+            per_method[method] = {"runs": runs, "mean": mean}
+    except BaseException:
+        for d in sorted(created, key=lambda p: len(p.parts), reverse=True):  # deepest first
+            try:
+                d.rmdir()
+            except OSError:  # not empty: it holds finished runs
+                pass
+        raise
     summary = {
         "preset": plan.preset,
         "kind": plan.kind,
@@ -256,9 +364,7 @@ def _clear_run(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
     ckpt = run_dir / "checkpoint"
     if ckpt.is_dir():
-        for f in ckpt.iterdir():
-            f.unlink()
-        ckpt.rmdir()
+        shutil.rmtree(ckpt)
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -283,6 +389,50 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{collapse:>13}{_fmt(m['final_reward']):>8}{_fmt(m['time_in_band'], '.0%'):>9}{_fmt(m['pred_r2']):>8}"
         )
     return "\n".join(lines)
+
+
+def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
+    """A one-line note for the end of the table when STARE methods of the sweep (``loss.loss_mode='stare'``) ended
+    within ``rel_tol`` × max(GRPO's final entropy, H_tgt) of GRPO's final entropy (means over seeds, nats), else
+    ``None`` (also when there is no ``grpo`` row or its final entropy is not > 0). The H_tgt term keeps the test
+    meaningful once GRPO has collapsed far below the target (a 0.08 vs 0.095 nats difference is no real difference
+    when the target is 0.96 nats).
+
+    science.md §6: at the paper's defaults (W = 1.1, M = 0.9) the push may be too weak for a given noise level, and
+    the toolkit must say so rather than tune it away. If those methods never opened the gate (entropy stayed above
+    H_tgt), the note says that instead.
+    """
+    methods = summary.get("methods") or {}
+    h_grpo = ((methods.get("grpo") or {}).get("mean") or {}).get("final_entropy")
+    if h_grpo is None or not h_grpo > 0:
+        return None
+    seed0 = (summary.get("seeds") or [0])[0]
+    h_tgt = methods["grpo"]["mean"].get("target_entropy")
+    tol = rel_tol * max(h_grpo, h_tgt if h_tgt is not None else 0.0)
+    close = []
+    for method, entry in methods.items():
+        loss = (summary.get("config") or {}).get(f"{method}/seed{seed0}", {}).get("loss") or {}
+        h = entry["mean"].get("final_entropy")
+        if loss.get("loss_mode") == "stare" and h is not None and abs(h - h_grpo) <= tol:
+            close.append((method, loss.get("stare") or {}, entry["mean"].get("gate_on_frac")))
+    if not close:
+        return None
+    names = "/".join(m.upper() for m, _, _ in close)
+    if all(not gate for _, _, gate in close):
+        return (
+            f"note: {names} ended like GRPO because the gate never opened "
+            "(entropy stayed above H_tgt); lower target_entropy_frac or run more steps to see STARE act"
+        )
+    pushes = sorted({(st.get("reweight_w"), st.get("reweight_m")) for _, st, _ in close}, key=str)
+    push = "; ".join(f"W={_fmt(w, 'g')}, M={_fmt(m, 'g')}" for w, m in pushes)
+    tip = "stronger stare.reweight_w / stare.reweight_m"
+    if not any(bool(st.get("adaptive")) for _, st, _ in close):
+        tip += " or o1-adaptive"
+    return (
+        f"note: at these settings {names} barely {'differ' if len(close) > 1 else 'differs'} from GRPO (final "
+        f"entropy within {_fmt(tol, '.2g')} nats: the push "
+        f"{push} is too weak for this noise level and step size — science.md §6); try {tip}"
+    )
 
 
 def fallback_plots(out: Path, summary: dict[str, Any]) -> list[Path]:

@@ -279,6 +279,7 @@ def sampled_step(
     t2 = time.perf_counter()
     scale = config.lr * n * L  # token-mean over n·G·L tokens → per-state GRPO group update (module docstring)
     delta = -scale * z.grad
+    check_update(config, state, delta)
     for key, value in metrics.items():
         row[key if "/" in key else f"loss/{key}"] = float(value)
     for key in ("frac_pos_selected", "frac_neg_selected", "num_pos_selected", "num_neg_selected"):
@@ -297,6 +298,17 @@ def sampled_step(
     row["time/rollout_s"] = t1 - t0
     row["time/update_s"] = t2 - t1
     return delta, row
+
+
+def check_update(config: TabularSimConfig, state: TabularState, delta: torch.Tensor) -> None:
+    """Refuse an update that diverges: Δz ``[S, L, V]`` and the updated logits z + Δz must be finite.
+
+    Raises:
+        RunError: ``lr=<lr> made the logits non-finite at step <step>; lower lr`` (a diverged run would otherwise
+            fail later with an error that does not name the cause, or write NaN rows).
+    """
+    if not (bool(torch.isfinite(delta).all()) and bool(torch.isfinite(state.logits + delta).all())):
+        raise RunError(f"lr={config.lr:g} made the logits non-finite at step {state.step}; lower lr")
 
 
 def _gate(state: TabularState, h_before: float) -> tuple[bool, float, float]:
@@ -408,7 +420,8 @@ def run(
 
     Raises:
         RunError: the directory already holds a run and ``resume`` is False, cannot be written, or its checkpoint
-            does not match ``config``.
+            does not match ``config``; or an update made the logits non-finite (:func:`check_update`). A run that
+            started afresh and fails before completing a step removes what it wrote (``run_dir`` too, if then empty).
     """
     import copy
 
@@ -426,6 +439,7 @@ def run(
         state = init_state(cfg)
         cfg_dict = resolved_config_dict(cfg, mean_entropy(state.logits, cfg.temperature))
         writer = RunWriter(run_dir, cfg_dict, overwrite=resume)
+    fresh_start = state.step
     if cfg.mode == "sampled":
         step_fn = sampled_step
     else:
@@ -451,6 +465,11 @@ def run(
         rows = read_run(run_dir).metrics
         summary = summarize(rows, cfg, h)
         writer.write_summary(summary)
+    except BaseException:
+        writer.close()
+        if fresh_start == 0 and state.step == 0:  # nothing completed: leave no half-started run behind
+            _remove_unfinished(run_dir)
+        raise
     finally:
         writer.close()
     logger.debug(
@@ -458,6 +477,16 @@ def run(
         cfg.method, cfg.seed, summary["initial_entropy"], summary["final_entropy"], summary["final_reward"],
     )
     return summary
+
+
+def _remove_unfinished(run_dir: Path) -> None:
+    """Remove the files a fresh run wrote before its first step completed, then ``run_dir`` if it is empty."""
+    for name in ("config.yaml", "metrics.jsonl", "summary.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    try:
+        run_dir.rmdir()
+    except OSError:  # something else is in it: leave it
+        pass
 
 
 def _ordered(row: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,8 @@ class TabularSimConfig:
         mode: ``sampled`` (G rollouts per prompt, autograd through the core loss) or ``expected`` (mean field).
         task: ``sequence`` (L positions) or ``bandit`` (requires ``seq_len = 1``).
         reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
-        num_prompts: S ≥ 1.  group_size: G ≥ 1 responses per prompt.  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
+        num_prompts: S ≥ 1.  group_size: G ≥ 2 responses per prompt (group advantages of a single response are
+            all 0: nothing would learn).  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
         num_correct: K ∈ [1, V] correct tokens per (prompt, position).
         threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
         random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
@@ -46,7 +47,7 @@ class TabularSimConfig:
         ds_max_rounds: ≥ 1 sampling rounds per step under dynamic sampling.
         entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
         advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
-        target_entropy_frac: if set, H_tgt = frac × the initial mean entropy (nats), written into
+        target_entropy_frac: in (0, 1]; if set, H_tgt = frac × the initial mean entropy (nats), written into
             ``loss.stare.target_entropy`` of the resolved config; ``None`` keeps ``loss.stare.target_entropy``.
         collapse_frac: a run has collapsed at the first step whose entropy is below collapse_frac × initial.
         band: half-width (nats) of the band around H_tgt counted as "in band" in the summary.
@@ -98,6 +99,7 @@ class TabularSimConfig:
         check_choice(k("reward"), self.reward, ["verifiable", "random"])
         for name in ("num_prompts", "group_size", "seq_len", "steps", "ds_max_rounds", "checkpoint_every"):
             check_positive(k(name), getattr(self, name), integer=True)
+        check_range(k("group_size"), self.group_size, 2, None)
         check_positive(k("vocab_size"), self.vocab_size, integer=True)
         if self.vocab_size < 2:
             raise ConfigError(f"{k('vocab_size')}={self.vocab_size} must be >= 2")
@@ -120,7 +122,7 @@ class TabularSimConfig:
         check_range(k("entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
         check_choice(k("advantage_estimator"), self.advantage_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
         if self.target_entropy_frac is not None:
-            check_range(k("target_entropy_frac"), self.target_entropy_frac, 0, None)
+            check_range(k("target_entropy_frac"), self.target_entropy_frac, 0, 1, lo_open=True)
         check_range(k("collapse_frac"), self.collapse_frac, 0, 1)
         check_range(k("band"), self.band, 0, None)
         if self.mode == "expected" and self.method not in EXPECTED_METHODS:

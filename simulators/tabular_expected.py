@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-from .tabular import TabularSimConfig, TabularState, _gate, _quadrants, mean_entropy, predicted_entropy_change_mean
+from .tabular import (
+    TabularSimConfig, TabularState, _gate, _quadrants, check_update, mean_entropy, predicted_entropy_change_mean,
+)
 
 __all__ = ["success_given_token", "top_mass_fraction", "expected_step"]
 
@@ -120,6 +122,7 @@ def expected_step(
         zg = z.detach().clone().requires_grad_(True)
         entropy_from_logits(zg, temperature=tau).sum().backward()
         delta = delta + config.lr * config.loss.entropy_coeff * zg.grad
+    check_update(config, state, delta)
     row.update(
         {
             "entropy": h_before,

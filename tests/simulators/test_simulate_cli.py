@@ -108,6 +108,21 @@ def test_fallback_plots(tmp_path):
         (["bogus_key=1"], "unknown config key bogus_key"),
         (["seed=3"], "--seeds"),
         (["lr"], "must look like key=value"),
+        # review item 10: a group of one response has all-zero advantages
+        (["group_size=1"], "group_size=1 is outside [2, inf]"),
+        # review item 14: a non-integer --seeds is one line and exit 1, not argparse usage and exit 2
+        (["--seeds", "1.5"], "--seeds='1.5' must be an integer >= 1"),
+        (["--steps", "two"], "--steps='two' must be an integer >= 1"),
+        # review item 15: no silent fallback / silently ignored settings
+        (["--methods", ""], "--methods='' names no method"),
+        (["--methods", ","], "--methods=',' names no method"),
+        (["--resume", "--overwrite"], "--resume and --overwrite exclude each other"),
+        (["--steps", "5", "steps=7"], "override 'steps=7' and --steps 5 both set steps"),
+        (["loss.loss_mode=grpo"], "loss.loss_mode is set by method 'grpo'; choose the method with --methods"),
+        (["stare.variant=C2"], "loss.stare.variant is set by method 'o1'; choose the method with --methods"),
+        (["--methods", "grpo-ds", "dynamic_sampling=false"], "dynamic_sampling is set by method 'grpo-ds'"),
+        (["target_entropy_frac=2"], "target_entropy_frac=2 is outside (0, 1]"),
+        (["target_entropy_frac=0"], "target_entropy_frac=0 is outside (0, 1]"),
     ],
 )
 def test_bad_input_is_one_clean_line_and_leaves_nothing(tmp_path, capsys, args, message):
@@ -123,9 +138,11 @@ def test_unwritable_output(tmp_path, capsys):
     blocker.write_text("x")
     assert simulate("--out", str(blocker / "sub"), "--no-plots") == 1
     assert "not a directory" in capsys.readouterr().err
-    # /proc refuses new entries even for root (os.access would say yes): the real probe catches it
+    # /proc refuses new entries even for root (os.access would say yes): the real probe catches it, and the message
+    # names the directory it cannot create and the ancestor that refused (review item 16)
     assert simulate("--out", "/proc/stare_lab_cannot_write_here", "--no-plots") == 1
-    assert "not writable" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot create output directory '/proc/stare_lab_cannot_write_here'" in err and "'/proc'" in err
 
 
 def test_existing_runs_are_not_overwritten_silently(tmp_path, capsys):
@@ -167,3 +184,152 @@ def test_resume_with_another_config_is_refused_up_front(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot resume" in err and "loss.stare.reweight_w" in err
     assert {m: (out / m / "seed0" / "metrics.jsonl").read_text() for m in ("grpo", "o1")} == before
+
+
+def test_empty_out_is_refused(tmp_path, capsys, monkeypatch):
+    """Review item 15: ``--out ""`` used to write ./runs/collapse; now one line, exit 1, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    assert simulate("--out", "", "--no-plots") == 1
+    assert "--out='' is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_override_of_a_key_the_method_leaves_alone_is_kept(tmp_path):
+    """c2 does not set loss.stare.adaptive (stare_lab.methods.METHODS), so the override is honoured, not refused."""
+    import yaml
+
+    out = tmp_path / "a"
+    assert simulate("--methods", "c2", "--seeds", "1", "--steps", "2", "--out", str(out), "--no-plots",
+                    "stare.adaptive=true", *SMALL) == 0
+    assert yaml.safe_load((out / "c2" / "seed0" / "config.yaml").read_text())["loss"]["stare"]["adaptive"] is True
+
+
+def test_divergence_names_lr_and_step_and_leaves_nothing(tmp_path, capsys):
+    """Review item 12: in sampled mode the update is Δz = −lr·(n·L)·∂loss/∂z (simulators.tabular docstring); with
+    lr=1e308 and n·L = 16 the factor lr·n·L overflows to inf → RunError naming lr and the step; the started run
+    directory (no completed step) and the sweep folders it created are removed."""
+    out = tmp_path / "d"
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "3", "--out", str(out), "--no-plots",
+                    "lr=1e308", *SMALL) == 1
+    err = capsys.readouterr().err
+    assert "lr=1e+308 made the logits non-finite at step 0; lower lr" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_check_update_refuses_overflowing_logits():
+    """check_update (used by both modes): a finite Δz whose sum with the logits overflows (1e308 + 1e308 > 1.8e308,
+    the float64 maximum) and a Δz holding NaN are refused, naming lr and the state's step; a finite one passes."""
+    import torch
+
+    from simulators.tabular import TabularSimConfig, check_update, init_state
+    from stare_lab.errors import RunError
+
+    cfg = TabularSimConfig(num_prompts=2, seq_len=1, vocab_size=2, threshold=1, lr=0.5, mode="expected")
+    state = init_state(cfg)
+    state.step = 7
+    state.logits = torch.full_like(state.logits, 1e308)
+    with pytest.raises(RunError, match=r"^lr=0.5 made the logits non-finite at step 7; lower lr$"):
+        check_update(cfg, state, torch.full_like(state.logits, 1e308))
+    state.logits = torch.zeros_like(state.logits)
+    with pytest.raises(RunError, match="at step 7"):
+        check_update(cfg, state, torch.full_like(state.logits, float("nan")))
+    check_update(cfg, state, torch.full_like(state.logits, 1e308))
+
+
+def test_divergence_keeps_finished_runs(tmp_path):
+    """A later run that diverges leaves the sweep's finished runs in place and removes only its own folders."""
+    from simulators.sweep import plan_sweep, run_sweep
+    from stare_lab.errors import RunError
+
+    out = tmp_path / "k"
+    plan = plan_sweep("collapse", ["grpo", "o1"], 1, out, overrides=SMALL, steps=2)
+    plan.configs[("o1", 0)].lr = 1e308  # only the second run diverges
+    with pytest.raises(RunError, match="lr=1e\\+308 made the logits non-finite at step 0"):
+        run_sweep(plan)
+    assert len(rows(out / "grpo" / "seed0")) == 2
+    assert not (out / "o1").exists()  # created by this sweep and left empty by the failed run: removed
+
+
+def test_overwrite_with_fewer_runs_covers_exactly_the_new_runs(tmp_path, capsys):
+    """Review item 2: a sweep of 2 methods × 2 seeds, then --overwrite with grpo × 1 seed: the previous sweep's
+    other runs are removed, foreign files are kept, and summary.json, the table and the report cover exactly
+    grpo/seed0."""
+    out = tmp_path / "ow"
+    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--no-plots",
+                    *SMALL) == 0
+    foreign = out / "mine" / "seed0"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("keep me")
+    capsys.readouterr()
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(out), "--overwrite",
+                    *SMALL) == 0
+    text = capsys.readouterr().out
+    assert not (out / "o1").exists() and not (out / "grpo" / "seed1").exists()
+    assert (out / "grpo" / "seed0" / "metrics.jsonl").is_file() and (foreign / "notes.txt").read_text() == "keep me"
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["methods"]) == ["grpo"] and list(summary["config"]) == ["grpo/seed0"]
+    assert "o1" not in text.split("figures:")[0]
+    report = out / "figures" / "report.md"
+    if report.is_file():  # stare-lab analyze ran: it saw exactly the one planned run
+        assert "stare-lab analyze" in text
+        lines = [ln for ln in report.read_text().splitlines() if ln.startswith("| grpo |")]
+        assert lines and "| o1 |" not in report.read_text()
+
+
+def test_resume_with_fewer_runs_reports_only_the_planned_runs(tmp_path, monkeypatch):
+    """Review item 2 (--resume): stale runs stay on disk (resume removes nothing) but the analysis call gets exactly
+    the planned run directories."""
+    import stare_lab.cli as front
+
+    out = tmp_path / "rs"
+    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--no-plots",
+                    *SMALL) == 0
+    calls = []
+    real_main = front.main
+
+    def spy(argv=None):
+        calls.append(list(argv))
+        return 1  # pretend analyze failed: the sweep falls back to its own plots
+
+    monkeypatch.setattr(front, "main", spy)
+    assert real_main(["simulate", "--methods", "grpo", "--seeds", "1", "--steps", "4", "--out", str(out),
+                      "--resume", *SMALL]) == 0
+    assert calls == [["analyze", str(out / "grpo" / "seed0"), "--out", str(out / "figures")]]
+    assert (out / "o1" / "seed1" / "metrics.jsonl").is_file()
+
+
+def test_note_when_stare_barely_differs_from_grpo():
+    """Review item 21, on hand-made summaries: GRPO ends at 0.08 nats with H_tgt 0.96 → tolerance 0.1 × 0.96 = 0.096
+    nats; O1 at 0.09 (|Δ| = 0.01) is flagged, C2 at 0.5 (|Δ| = 0.42) is not; a STARE method whose gate never opened
+    gets the other note; no GRPO row → no note."""
+    from simulators.sweep import stare_note
+
+    def summary(finals, gates=None, adaptive=False):
+        methods, config = {}, {}
+        for m, h in finals.items():
+            methods[m] = {"mean": {"final_entropy": h, "target_entropy": 0.96, "gate_on_frac": (gates or {}).get(m, 0.5)}}
+            mode = "grpo" if m == "grpo" else "stare"
+            config[f"{m}/seed0"] = {"loss": {"loss_mode": mode, "stare": {"reweight_w": 1.1, "reweight_m": 0.9,
+                                                                             "adaptive": adaptive}}}
+        return {"methods": methods, "config": config, "seeds": [0]}
+
+    note = stare_note(summary({"grpo": 0.08, "o1": 0.09, "c2": 0.5}))
+    assert note.startswith("note: at these settings O1 barely differs from GRPO") and "W=1.1, M=0.9" in note
+    assert "within 0.096 nats" in note and "science.md §6" in note and "or o1-adaptive" in note
+    assert "C2" not in note
+    both = stare_note(summary({"grpo": 0.08, "o1": 0.09, "c2": 0.1}))
+    assert "O1/C2 barely differ" in both
+    assert stare_note(summary({"grpo": 0.08, "o1": 0.5, "c2": 0.6})) is None
+    assert stare_note(summary({"o1": 0.09, "c2": 0.1})) is None
+    assert "gate never opened" in stare_note(summary({"grpo": 1.5, "o1": 1.5}, gates={"o1": 0.0}))
+    assert "or o1-adaptive" not in stare_note(summary({"grpo": 0.08, "o1": 0.09}, adaptive=True))
+
+
+def test_note_is_printed_after_the_table(tmp_path, capsys):
+    """At the collapse preset's paper defaults (W=1.1, M=0.9) on a small task (40 steps, seed 0) O1/C2 end at
+    0.061 / 0.099 nats vs GRPO's 0.083 (measured), within 0.1 × H_tgt = 0.058 nats: the CLI prints the note
+    (item 21)."""
+    out = tmp_path / "n"
+    assert simulate("--seeds", "1", "--steps", "40", "--out", str(out), "--no-plots", *SMALL) == 0
+    text = capsys.readouterr().out
+    assert "note: at these settings" in text and "science.md §6" in text
