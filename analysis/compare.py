@@ -287,7 +287,7 @@ class Comparison:
 
     def predictor_keys(self) -> list[str]:
         """Predictor keys logged by any run (``pred_entropy_change`` first, then ``pred/<name>``). A key whose
-        values equal an earlier key's in every run (e.g. ``pred/phi_tokens`` = ``pred_entropy_change``) is left
+        values equal an earlier key's in every run up to float rounding (:func:`_same_values`; e.g. ``pred/phi_tokens`` = ``pred_entropy_change``) is left
         out, with a note, so figures and tables do not repeat identical columns."""
         keys: dict[str, None] = {}
         for r in self.runs:
@@ -295,12 +295,11 @@ class Comparison:
         ordered = sorted(keys, key=lambda k: (k != "pred_entropy_change", k))
         kept: list[str] = []
         for k in ordered:
-            twin = next((j for j in kept if all(
-                np.array_equal(r.column(k), r.column(j), equal_nan=True) for r in self.runs)), None)
+            twin = next((j for j in kept if all(_same_values(r.column(k), r.column(j)) for r in self.runs)), None)
             if twin is None:
                 kept.append(k)
             else:
-                self._note(f"predictor `{k}` equals `{twin}` in every run; shown once as `{twin}`")
+                self._note(f"predictor `{k}` equals `{twin}` (to rounding) in every run; shown once as `{twin}`")
         return kept
 
     def has_measured_change(self) -> bool:
@@ -372,6 +371,17 @@ class Comparison:
                     }
                 )
         return rows
+
+
+def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same NaN pattern and values equal to rounding: |a − b| ≤ 1e-9·max|a| + 1e-15 (two sums of the same terms
+    in a different order differ by ~1e-17 nats)."""
+    if a.shape != b.shape or not np.array_equal(np.isnan(a), np.isnan(b)):
+        return False
+    ok = ~np.isnan(a)
+    if not ok.any():
+        return True
+    return bool(np.all(np.abs(a[ok] - b[ok]) <= 1e-9 * np.max(np.abs(a[ok])) + 1e-15))
 
 
 def _quadrant_share(run: RunData, quadrant: str) -> np.ndarray | None:

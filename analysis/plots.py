@@ -103,7 +103,8 @@ def _figure(nrows: int, ncols: int, w: float = 4.0, h: float = 2.7, sharex: bool
 
 
 def _draw(
-    ax, agg: stats.SeedAggregate, color: str, ls: str, label: str | None, band: bool = True, stride: int = 1
+    ax, agg: stats.SeedAggregate, color: str, ls: str, label: str | None, band: bool = True, stride: int = 1,
+    lw: float | None = None,
 ):
     """Seed mean as a line, its band shaded (where ≥ 2 seeds are finite). ``stride`` > 1 draws every stride-th
     point (only for curves already moving-averaged over ≥ 2·stride steps, where it loses nothing visible)."""
@@ -111,7 +112,7 @@ def _draw(
     if a.x.size == 0:
         return
     sl = slice(None, None, max(1, stride))
-    ax.plot(a.x[sl], a.mean[sl], color=color, ls=ls, label=label)
+    ax.plot(a.x[sl], a.mean[sl], color=color, ls=ls, label=label, lw=lw)
     if band and np.isfinite(a.lo).any():
         ax.fill_between(a.x[sl], a.lo[sl], a.hi[sl], color=color, alpha=0.18, lw=0)
 
@@ -152,23 +153,35 @@ def plot_dynamics(cmp: Comparison) -> Any:
         ax_h, ax_r, ax_g, ax_w = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
         _shade_targets(ax_h, cmp, styles)
         k_r = _smooth_window(cmp, "reward", 200)
-        for g in cmp.groups:
+        widths = _overlap_widths(len(cmp.groups))
+        for g, lw in zip(cmp.groups, widths):
             c, ls = styles[g.label]
             _draw(ax_h, cmp.series(g, "entropy"), c, ls, g.label)
             _draw(ax_r, cmp.series(g, "reward", smooth=k_r), c, ls, g.label, stride=k_r // 2)
-            _draw(ax_g, cmp.series(g, "gate_on"), c, ls, g.label, band=False)
-            _draw(ax_w, cmp.series(g, "stare_w"), c, ls, g.label, band=False)
+            # gate and W/M are often identical across methods (e.g. o1 and c2 share W, M and the gate): wider
+            # lines first, so a line drawn later on top leaves the earlier one visible around it
+            _draw(ax_g, cmp.series(g, "gate_on"), c, ls, g.label, band=False, lw=lw)
+            _draw(ax_w, cmp.series(g, "stare_w"), c, ls, g.label, band=False, lw=lw)
             m = cmp.series(g, "stare_m").finite()
             if m.x.size:
-                ax_w.plot(m.x, m.mean, color=c, ls=ls, alpha=0.55, lw=1.0)
+                ax_w.plot(m.x, m.mean, color=c, ls=ls, alpha=0.55, lw=lw)
         ax_h.set(title="entropy (batch token-mean)", ylabel="entropy (nats)")
         ax_h.set_ylim(bottom=0)
         ax_r.set(title="mean reward" + (f" (moving average, {k_r} steps)" if k_r > 1 else ""), ylabel="reward")
-        ax_g.set(title="STARE gate (fraction of seeds on)", ylabel="gate on", xlabel="step")
+        ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
         ax_g.set_ylim(-0.05, 1.05)
         ax_w.set(title="STARE weights: W (above 1), M (below 1, faint)", ylabel="weight", xlabel="step")
         _legend(ax_h, loc="best", frameon=False)
+        _legend(ax_g, loc="best", frameon=False, fontsize=7)
     return fig
+
+
+def _overlap_widths(n: int, thin: float = 1.0, thick: float = 4.0) -> list[float]:
+    """Line widths from ``thick`` (first of ``n`` lines) down to ``thin`` (last): identical curves drawn in this
+    order stay visible as nested stripes."""
+    if n <= 1:
+        return [1.4] * n
+    return [thick - (thick - thin) * i / (n - 1) for i in range(n)]
 
 
 def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 4000, n_bins: int = 20) -> Any:
