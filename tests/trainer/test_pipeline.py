@@ -75,8 +75,8 @@ def _rows(out: Path) -> list[dict]:
 
 
 def _stable(row: dict) -> dict:
-    """Drop wall-clock dependent keys (timings, throughput)."""
-    return {k: v for k, v in row.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"}
+    """Drop wall-clock dependent keys (timings and throughput, all under time/)."""
+    return {k: v for k, v in row.items() if not k.startswith("time/")}
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,10 @@ def test_one_process_stare_c2_three_steps(run_a):
     assert run.config["source"] == "trainer" and run.config["loss"]["stare"]["variant"] == "C2"
     assert (run_a / "checkpoint" / "step_3" / "hf" / "config.json").is_file()
     assert run.summary is not None and run.summary["steps"] == 3
+    # the final model in a stable place: the step-3 export (weights identical), tokenizer included
+    assert (run_a / "final_model" / "model.safetensors").read_bytes() == \
+        (run_a / "checkpoint" / "step_3" / "hf" / "model.safetensors").read_bytes()
+    assert (run_a / "final_model" / "tokenizer.json").is_file()
 
 
 def test_engine_logprobs_match_trainer_after_every_sync(run_a):
@@ -148,6 +152,37 @@ def test_hf_engine_path(deps, tiny_model, gsm8k_digits, tmp_path):
     assert row["skipped"] == 0 and row["rollout/logprob_diff_max"] <= 1e-4
     assert row["eval/accuracy"] == 0.0  # a random-init model answers none of the 2 problems (8 tokens, no boxed)
     assert (out / "eval" / "step_1" / "eval.json").is_file()
+
+
+def test_evaluation_failure_never_loses_the_step(deps, tiny_model, gsm8k_digits, tmp_path):
+    """Review item 6: the step's row and checkpoint are written BEFORE the periodic evaluation.
+    (1) the evaluation of step 1 raises (STARE_LAB_FAULT=1:eval_error): the run goes on; row 1 has eval/failed=1,
+    eval/errors.jsonl names step 1; step 2 evaluates normally (eval/failed=0, its eval/accuracy in its row).
+    (2) a kill during the evaluation of the last step (1:eval, exit 137): row 1 and the complete checkpoint of step 1
+    are on disk; re-running sees a finished run, builds nothing, and publishes summary.json and final_model."""
+    ev = tmp_path / "eval.yaml"
+    ev.write_text(yaml.safe_dump({"benchmarks": ["math500"], "limit": 1, "n": 1, "max_tokens": 4,
+                                  "max_prompt_length": 200}))
+    over = {"rollout.engine": "hf", "schedule.eval_freq": 1, "schedule.eval_config": str(ev)}
+    out = tmp_path / "a"
+    _run(_config(tiny_model, gsm8k_digits, out, **over, **{"schedule.total_steps": 2}), tmp_path,
+         env=_env(STARE_LAB_FAULT="1:eval_error"))
+    r1, r2 = _rows(out)
+    assert r1["eval/failed"] == 1 and "eval/accuracy" not in r1
+    assert r2["eval/failed"] == 0 and r2["eval/accuracy"] == 0.0
+    (err,) = [json.loads(line) for line in (out / "eval" / "errors.jsonl").read_text().splitlines()]
+    assert err["step"] == 1 and err["error"] == "RuntimeError"
+
+    out = tmp_path / "b"
+    cfg = _config(tiny_model, gsm8k_digits, out, **over, **{"schedule.total_steps": 1})
+    _run(cfg, tmp_path, env=_env(STARE_LAB_FAULT="1:eval"), expect_rc=137)
+    assert [r["step"] for r in _rows(out)] == [1]
+    assert (out / "checkpoint" / "latest_complete").read_text() == "step_1"
+    assert not (out / "summary.json").exists()
+    proc = _run(cfg, tmp_path)
+    assert "nothing to do" in proc.stderr
+    assert json.loads((out / "summary.json").read_text())["final_reward"] == _rows(out)[0]["reward"]
+    assert (out / "final_model" / "config.json").is_file()
 
 
 def test_all_filtered_batch_is_skipped_not_hung(deps, tiny_model, gsm8k_digits, tmp_path):
