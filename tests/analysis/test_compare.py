@@ -135,3 +135,68 @@ def test_targets_that_differ_by_seed(tmp_path):
     assert cmp.groups[0].target_entropy == pytest.approx(0.3)  # mean of 0.2 and 0.4
     assert any("o1 0.2–0.4 (band at 0.3)" in n for n in cmp.notes)
     assert cmp.summary_rows()[0]["frac_in_band"][0] == pytest.approx(0.5)  # (1 + 0) / 2
+
+
+def _cfg_run(path, method, seed, config, rows=5, reward=None, extra_row=None):
+    cfg = {"source": "simulator", "method": method, "seed": seed, **config}
+    with RunWriter(path, cfg) as wr:
+        for i in range(rows):
+            row = {"step": i, "entropy": 1.0 - 0.1 * i, "reward": (reward or (lambda t: 0.1 * t))(i), "gate_on": 0,
+                   "stare_w": 1.0, "stare_m": 1.0, "pred_entropy_change": None, "entropy_change": None}
+            row.update((extra_row or (lambda t: {}))(i))
+            wr.log(row)
+
+
+def test_split_by_kind_settings_and_target(tmp_path):
+    """Runs of one method differing in simulator kind, loss.stare.* or target are separate, readably labelled."""
+    tab = {"simulator": "tabular", "target_entropy_frac": 0.55}
+    for s, t in ((0, 0.95), (1, 0.96)):  # relative target: differs by seed, same group
+        _cfg_run(tmp_path / "a" / f"s{s}", "c2", s, {**tab, "loss": {"stare": {"reweight_w": 1.1,
+                                                                             "target_entropy": t}}})
+    _cfg_run(tmp_path / "b", "c2", 0, {**tab, "loss": {"stare": {"reweight_w": 1.3, "target_entropy": 0.95}}})
+    _cfg_run(tmp_path / "c", "c2", 0, {"simulator": "transformer", "loss": {"stare": {"reweight_w": 5.0,
+                                                                                       "target_entropy": 0.7}}})
+    _cfg_run(tmp_path / "d", "c2", 1, {"simulator": "transformer", "loss": {"stare": {"reweight_w": 5.0,
+                                                                                       "target_entropy": 0.5}}})
+    cmp = compare(tmp_path)
+    labels = [g.label for g in cmp.groups]
+    assert labels == ["c2 [tabular] (W=1.1)", "c2 [tabular] (W=1.3)", "c2 [transformer] (H_tgt=0.5)",
+                      "c2 [transformer] (H_tgt=0.7)"]
+    assert [len(g.runs) for g in cmp.groups] == [2, 1, 1, 1]
+    assert cmp.groups[0].target_entropy == pytest.approx(0.955)  # (0.95 + 0.96) / 2, the seeds' own targets
+    assert cmp.groups[3].target_entropy == 0.7  # never averaged with the tabular 0.95
+    assert any("so they are 4 separate groups" in n for n in cmp.notes)
+    merged = compare(tmp_path, split=False)
+    assert [g.label for g in merged.groups] == ["c2"] and len(merged.groups[0].runs) == 5
+    assert any("`simulator`" in n and "are averaged together" in n for n in merged.notes)
+
+
+def test_group_by_unknown_or_partial_key(tmp_path):
+    _cfg_run(tmp_path / "a", "o1", 0, {"loss": {"stare": {"reweight_w": 1.1}}})
+    _cfg_run(tmp_path / "b", "o1", 1, {"lr": 0.1, "loss": {"stare": {"reweight_w": 1.1}}})
+    with pytest.raises(ConfigError, match=r"'loss.stare.reweight' is in no run's config.yaml; similar keys "
+                                          r"include: loss.stare.reweight_w"):
+        compare(tmp_path, group_by=["loss.stare.reweight"])
+    cmp = compare(tmp_path, group_by=["lr"])
+    assert [g.label for g in cmp.groups] == ["o1 (lr=0.1)", "o1 (lr=None)"]
+    assert any("'lr' is missing in 1 of 2 runs" in w for w in cmp.warnings)
+
+
+def test_final_reward_is_the_mean_of_the_last_tenth(tmp_path):
+    # 20 steps, reward 0.1·t → last 2 steps (10% of 20): (1.8 + 1.9) / 2 = 1.85, as simulators/run_stats.py
+    _cfg_run(tmp_path / "a", "grpo", 0, {}, rows=20)
+    assert compare(tmp_path).summary_rows()[0]["final_reward"][0] == pytest.approx(1.85)
+
+
+def test_identical_predictors_shown_once(tmp_path):
+    # pred/phi_tokens = pred_entropy_change + 1e-17 (a different summation order); pred/grad_dot differs
+    def row(t):
+        p = -0.01 * (t + 1)
+        return {"pred_entropy_change": p, "pred/phi_tokens": p + 1e-17, "pred/grad_dot": 2 * p,
+                "entropy_change": 1.1 * p}
+
+    _cfg_run(tmp_path / "a", "grpo", 0, {}, extra_row=row)
+    cmp = compare(tmp_path)
+    assert cmp.predictor_keys() == ["pred_entropy_change", "pred/grad_dot"]
+    assert any("`pred/phi_tokens` equals `pred_entropy_change`" in n for n in cmp.notes)
+    assert [f["predictor"] for f in cmp.prediction_fits()] == ["pred_entropy_change", "pred/grad_dot"]

@@ -117,3 +117,17 @@ def test_eval_json_read_defensively(tmp_path):
     assert r.eval is None and any("eval.json: not a JSON object" in w for w in r.warnings)
     (d / "eval.json").write_text('{"benchmarks": {"aime24": {"avg@k": 0.25}}}')
     assert load_run(d).eval["benchmarks"]["aime24"]["avg@k"] == 0.25
+
+
+def test_non_numeric_entropy_counted_and_bad_yaml_named(tmp_path):
+    run = _write(tmp_path / "r", [_row(0, "abc"), _row(1, math.nan), _row(2, 0.5), _row(3, None)])
+    (run / "config.yaml").write_text("method: o1\nseed: [1\n")
+    r = load_run(run)
+    assert math.isnan(r.column("entropy")[0]) and r.column("entropy")[2] == 0.5
+    # 3 of 4 rows carry a non-finite/non-numeric entropy ('abc', NaN, null); the first one is named
+    assert any("3 of 4 metrics rows have a non-numeric or non-finite 'entropy' (first: 'abc')" in w
+               for w in r.warnings)
+    # PyYAML says "<unicode string>"; the warning names the file, the line and the column (line 3, col 1: EOF)
+    yaml_w = [w for w in r.warnings if "config.yaml" in w]
+    assert yaml_w == [f"{run / 'config.yaml'}: not valid YAML at line 3, column 1 (while parsing a flow "
+                      "sequence expected ',' or ']', but got '<stream end>'); config ignored"]

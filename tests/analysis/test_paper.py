@@ -102,3 +102,16 @@ def test_paper_rows_listed_once_per_method(tmp_path):
     assert [r[:2] for r in rows] == [["STARE-O1", "reported"], ["o1 [simulator]", "measured (1 run)"],
                                      ["o1 [trainer]", "measured (1 run)"]]
     assert rows[1][4] == 25.0 and rows[2][4] == 50.0
+
+
+def test_unknown_setting_or_model_is_an_error():
+    from analysis.paper import check_paper_filters
+    from stare_lab.errors import ConfigError
+
+    table = [{"setting": "short_cot", "model": "A"}, {"setting": "long_cot", "model": "B"}]
+    check_paper_filters(table, "SHORT_COT", "b")  # case-insensitive: fine
+    with pytest.raises(ConfigError, match="paper setting 'nope' is not in the paper table; its settings: "
+                                          "long_cot, short_cot"):
+        check_paper_filters(table, "nope")
+    with pytest.raises(ConfigError, match="its models: A, B"):
+        check_paper_filters(table, None, "C")

@@ -173,6 +173,11 @@ def test_vector_formats_still_embed_viewable_images(tmp_path, fmt):
         for d in datas:
             _assert_png(d)
         assert all(p.read_bytes().startswith(b"%PDF") for p in out.glob("*.pdf"))
+    md = (out / "report.md").read_text()
+    if fmt == "pdf":  # Markdown cannot show a PDF inline: a link, not an image
+        assert "](dynamics.pdf)" in md and "![" not in md
+    else:
+        assert "![" in md and "](dynamics.svg)" in md
 
 
 def test_default_out_and_minimal_runs(tmp_path, capsys):
@@ -262,3 +267,46 @@ def test_degenerate_runs_do_not_crash(tmp_path, capsys):
     for p in out.glob("*.png"):
         _assert_png(p.read_bytes())
     assert "3 runs" in capsys.readouterr().out
+
+
+def test_terminal_counts_notes_and_warnings_like_the_report(tmp_path, capsys):
+    """The terminal line counts what the report's 'Notes and warnings' lists (singular/plural right)."""
+    _need("matplotlib")
+    sw = _minimal_sweep(tmp_path / "sw")  # seeds of different length: 1 note (grouped per reason)
+    out = tmp_path / "out"
+    assert main(["analyze", str(sw), "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    md = (out / "report.md").read_text()
+    items = [ln for ln in md.split("## Notes and warnings", 1)[1].splitlines() if ln.startswith("- ")]
+    n_warn = sum("config.yaml" in i or "no valid 'source'" in i for i in items)
+    counts = {"warning": n_warn, "note": len(items) - n_warn}
+    for word, n in counts.items():
+        if n:
+            assert f"{n} {word}{'s' * (n != 1)}" in line, (line, items)
+
+
+def test_mixed_experiments_split_end_to_end(tmp_path, capsys):
+    """Review finding 1: tabular and transformer c2 runs are two groups with their own target band, not averaged."""
+    _need("matplotlib")
+    from stare_lab.runs import RunWriter
+
+    for kind, w, target, seeds in (("tabular", 1.1, 0.956, (0, 1)), ("transformer", 5.0, 0.7, (0,))):
+        for s in seeds:
+            cfg = {"source": "simulator", "simulator": kind, "method": "c2", "seed": s,
+                   "loss": {"stare": {"reweight_w": w, "target_entropy": target}}}
+            with RunWriter(tmp_path / kind / "c2" / f"seed{s}", cfg) as wr:
+                for i in range(5):
+                    wr.log({"step": i, "entropy": 1.0, "reward": 0.5, "stare_w": w, "stare_m": 0.9, "gate_on": 1,
+                            "pred_entropy_change": None, "entropy_change": None})
+    out = tmp_path / "out"
+    assert main(["analyze", str(tmp_path / "tabular"), str(tmp_path / "transformer"), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    # the Runs table: one row per kind, each with its own target (the merged mean 0.871 must not appear)
+    assert "| c2 [tabular] | c2 | simulator | 2 | 0, 1 | 5 | 0.956 |" in md
+    assert "| c2 [transformer] | c2 | simulator | 1 | 0 | 5 | 0.7 |" in md
+    assert "Not averaged together: c2:" in md and "0.871" not in md
+    assert main(["analyze", str(tmp_path / "tabular"), str(tmp_path / "transformer"), "--out", str(out),
+                 "--merge"]) == 0
+    md = (out / "report.md").read_text()
+    assert "| c2 | c2 | simulator | 3 | 0, 0, 1 | 5 |" in md  # merged on request; target mean (0.956·2+0.7)/3
+    assert "0.871" in md and "are averaged together (--merge)" in md

@@ -161,3 +161,14 @@ def test_moving_average():
     # window 3, centred, NaN skipped, truncated ends: [(1+2)/2, 2, (2+3)/2, (3+5)/2, 5]
     np.testing.assert_allclose(stats.moving_average(y, 3), [1.5, 2.0, 2.5, 4.0, 5.0])
     assert stats.moving_average(y, 1) is not None and np.array_equal(stats.moving_average(y, 1), y, equal_nan=True)
+
+
+def test_tail_mean():
+    from analysis.stats import tail_mean
+
+    # by hand: 30 values 0..29 → last 3 (10%) = 27, 28, 29 → 28; 5 values → last 1; NaN skipped; empty → None
+    assert tail_mean(np.arange(30.0)) == pytest.approx(28.0)
+    assert tail_mean(np.arange(5.0)) == 4.0
+    assert tail_mean(np.array([1.0, 2.0] + [np.nan] * 8 + [3.0, np.nan] + [0.0] * 8)) == pytest.approx(0.0)
+    assert tail_mean(np.array([1.0] * 18 + [5.0, np.nan])) == 5.0
+    assert tail_mean(np.array([])) is None and tail_mean(np.array([np.nan])) is None
