@@ -497,8 +497,14 @@ def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     check_out_dir(args.out, option="--out")  # a bad --out fails now, not after all the generation
     problems = {b: load_problems(cfg, b) for b in cfg.benchmarks}  # fail on bad data before loading the model
-    engine, tokenizer = _make_engine(args, cfg)
-    make_out_dir(args.out, option="--out")
+    created = not Path(args.out).exists()
+    make_out_dir(args.out, option="--out")  # before the model loads; removed again if the engine cannot be built
+    try:
+        engine, tokenizer = _make_engine(args, cfg)
+    except BaseException:
+        if created:
+            Path(args.out).rmdir()
+        raise
     result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model), problems=problems)
     for name, m in result["benchmarks"].items():
         k = m["k"]

@@ -236,4 +236,7 @@ def test_evaluate_bad_out_and_model_fail_first(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         f"stare-lab evaluate: error: --model={str(empty)!r} has no config.json (not a Hugging Face model "
         "directory)"]
-    assert not (tmp_path / "ev").exists()
+    assert not (tmp_path / "ev").exists()  # the output directory made for the run is removed again
+    assert cli_main(base + ["--model", str(empty), "--out", "/proc/x"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "stare-lab evaluate: error: --out='/proc/x' cannot be created: No such file or directory"]
