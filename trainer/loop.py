@@ -558,7 +558,7 @@ def train(cfg: TrainerConfig) -> Path:
             if int(os.environ.get("RANK", "0")) == 0:
                 rows = read_rows(out)
                 old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
-                summary = summary_from_rows(rows, s.total_steps, int(old.get("resumed_from", 0)))
+                summary = summary_from_rows(rows, done, int(old.get("resumed_from", 0)))
                 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
                 if not (out / "final_model" / "config.json").is_file():
                     export_final_model(latest, out)
