@@ -4,7 +4,8 @@ Notebook use::
 
     import analysis
     runs = analysis.load_runs("runs/sweep")            # list[RunData], numpy columns per metric key
-    cmp = analysis.compare("runs/sweep")               # groups by method, seed mean + 95% band
+    cmp = analysis.compare("runs/sweep")               # groups by method (split when settings differ; split=False
+                                                       # merges), seed mean + 95% band
     cmp.summary_rows(); cmp.prediction_fits()
     fig = analysis.plots.plot_dynamics(cmp)            # matplotlib Figure
 

@@ -21,11 +21,12 @@ import numpy as np
 from stare_lab.errors import ConfigError
 
 from . import stats
+from .grouping import KIND_KEYS, check_group_by, fmt_value, group_key_value, setting_signature, split_labels
 from .load import RunData, load_runs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KNOWN_METHODS", "QUADRANTS", "Group", "Comparison", "compare"]
+__all__ = ["KNOWN_METHODS", "KIND_KEYS", "QUADRANTS", "Group", "Comparison", "compare"]
 
 #: Method names used by simulators and trainer, in the order the report lists them.
 KNOWN_METHODS = (
@@ -55,10 +56,6 @@ _WALL_KEYS = ("wall_time_s", "wall_s", "time_s", "elapsed_s", "total_time_s", "t
 
 def _method_rank(method: str) -> tuple[int, str]:
     return (KNOWN_METHODS.index(method) if method in KNOWN_METHODS else len(KNOWN_METHODS), method)
-
-
-def _fmt_value(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 @dataclasses.dataclass
@@ -394,101 +391,6 @@ def _quadrant_share(run: RunData, quadrant: str) -> np.ndarray | None:
         return np.where(tot > 0, run.column(f"quadrant/{quadrant}/count") / tot, np.nan)
 
 
-_MISSING = object()
-
-#: Top-level config keys naming the kind of experiment (simulator kind, preset): runs that differ in one are
-#: never averaged together by default.
-KIND_KEYS = ("simulator", "preset")
-#: Short names of the method settings in group labels.
-_SHORT = {"loss.stare.reweight_w": "W", "loss.stare.reweight_m": "M", "loss.stare.target_entropy": "H_tgt",
-          "target_entropy_frac": "H_tgt frac"}
-
-
-def _group_key_value(run: RunData, key: str) -> Any:
-    v = run.config_value(key, _MISSING)
-    if v is _MISSING:
-        return None
-    if isinstance(v, (dict, list)):
-        return str(v)
-    return v
-
-
-def _leaf_keys(node: Any, prefix: str = "", depth: int = 0) -> list[str]:
-    """Dotted keys of the non-mapping values of a nested config (depth ≤ 6)."""
-    if not isinstance(node, dict) or depth > 6:
-        return []
-    out = []
-    for k, v in node.items():
-        key = f"{prefix}{k}"
-        out += _leaf_keys(v, key + ".", depth + 1) if isinstance(v, dict) and v else [key]
-    return out
-
-
-def _setting_signature(run: RunData) -> tuple[tuple[str, Any], ...]:
-    """The settings that must match for runs of one method to be averaged (everything but the seed that shapes
-    the experiment's kind or the method): :data:`KIND_KEYS`, every ``loss.stare.*`` value, and the target entropy
-    — as ``target_entropy_frac`` where the config sets it relative to the initial entropy (then the absolute
-    ``loss.stare.target_entropy`` differs by seed and is left out), else ``loss.stare.target_entropy``."""
-    sig: list[tuple[str, Any]] = [(k, _group_key_value(run, k)) for k in KIND_KEYS]
-    stare = run.config_value("loss.stare")
-    relative = run.config_value("target_entropy_frac", _MISSING) is not _MISSING
-    if relative:
-        sig.append(("target_entropy_frac", _group_key_value(run, "target_entropy_frac")))
-    if isinstance(stare, dict):
-        for k in sorted(stare):
-            if relative and k == "target_entropy":
-                continue
-            v = stare[k]
-            sig.append((f"loss.stare.{k}", str(v) if isinstance(v, (dict, list)) else v))
-    return tuple(sig)
-
-
-def _check_group_by(runs: list[RunData], group_by: Sequence[str], warnings: list[str]) -> None:
-    """A ``group_by`` key that no run has is an error (listing similar keys); one that only some runs have is a
-    warning (the others get the value None)."""
-    import difflib
-
-    for key in group_by:
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"group_by key {key!r} must be a non-empty dotted config key")
-        have = sum(r.config_value(key, _MISSING) is not _MISSING for r in runs)
-        if have == 0:
-            avail = sorted({k for r in runs for k in _leaf_keys(r.config)})
-            close = difflib.get_close_matches(key, avail, n=5, cutoff=0.5)
-            shown = close or [k for k in avail if k.startswith("loss.stare.")][:5] or avail[:5]
-            raise ConfigError(
-                f"group_by key {key!r} is in no run's config.yaml; "
-                f"{'similar' if close else 'available'} keys include: {', '.join(shown)}"
-            )
-        if have < len(runs):
-            warnings.append(f"group_by key {key!r} is missing in {len(runs) - have} of {len(runs)} runs (grouped as None)")
-
-
-def _split_labels(members: dict[tuple, list[RunData]], group_by: Sequence[str]) -> dict[tuple, str]:
-    """Label suffixes for the setting groups of one (source, method): ``[kind/preset]`` where those differ, then
-    ``(W=5, …)`` for the method settings that still differ among groups of the same kind."""
-    sigs = list(members)
-    out = {s: "" for s in sigs}
-    if len(sigs) < 2:
-        return out
-    kinds = {s: tuple(v for k, v in s if k in KIND_KEYS) for s in sigs}
-    if len(set(kinds.values())) > 1:
-        for s in sigs:
-            out[s] = " [" + "/".join(str(v) for v in kinds[s] if v is not None) + "]"
-    for kind in set(kinds.values()):
-        same = [s for s in sigs if kinds[s] == kind]
-        if len(same) < 2:
-            continue
-        dicts = [dict(s) for s in same]
-        keys = [k for k in dict.fromkeys(k for d in dicts for k in d)
-                if k not in KIND_KEYS and k not in group_by and len({repr(d.get(k)) for d in dicts}) > 1]
-        for s, d in zip(same, dicts):
-            parts = [f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}={_fmt_value(d.get(k))}" for k in keys]
-            if parts:
-                out[s] += " (" + ", ".join(parts) + ")"
-    return out
-
-
 def compare(
     runs: str | os.PathLike | Iterable[str | os.PathLike | RunData],
     group_by: Sequence[str] = (),
@@ -509,7 +411,7 @@ def compare(
         threshold_frac: in (0, 1]; the relative threshold when ``threshold`` is None.
         confidence: in (0, 1); the level of the seed bands.
         split: True (default): runs of one method whose settings differ (simulator kind/preset, any
-            ``loss.stare.*`` value, the target entropy — see :func:`_setting_signature`) are separate groups,
+            ``loss.stare.*`` value, the target entropy — see :func:`analysis.grouping.setting_signature`) are separate groups,
             labelled e.g. ``c2 [transformer]`` or ``c2 (W=5)``, and :attr:`Comparison.notes` says so. False: they are
             averaged together (the report notes which settings were mixed).
 
@@ -542,12 +444,12 @@ def compare(
     for r in loaded:
         warnings.extend(r.warnings)
 
-    _check_group_by(loaded, group_by, warnings)
+    check_group_by(loaded, group_by, warnings)
 
     buckets: dict[tuple, list[RunData]] = collections.OrderedDict()
     for r in loaded:
-        kv = tuple((k, _group_key_value(r, k)) for k in group_by)
-        sig = _setting_signature(r) if split else ()
+        kv = tuple((k, group_key_value(r, k)) for k in group_by)
+        sig = setting_signature(r) if split else ()
         buckets.setdefault((r.source, r.method, sig, kv), []).append(r)
     mixed = len({k[0] for k in buckets}) > 1
     by_method: dict[tuple, dict[tuple, list[RunData]]] = collections.OrderedDict()
@@ -555,7 +457,7 @@ def compare(
         by_method.setdefault((source, method), {}).setdefault(sig, []).extend(members)
     suffix: dict[tuple, str] = {}
     for (source, method), sigs in by_method.items():
-        labels = _split_labels(sigs, group_by)
+        labels = split_labels(sigs, group_by)
         suffix.update({(source, method, sig): lab for sig, lab in labels.items()})
         if len(sigs) > 1:
             notes.append(
@@ -564,7 +466,7 @@ def compare(
                 f" {', '.join(method + lab for lab in labels.values())} (`--merge` averages them)"
             )
         elif not split:
-            sig_dicts = [dict(_setting_signature(r)) for ms in sigs.values() for r in ms]
+            sig_dicts = [dict(setting_signature(r)) for ms in sigs.values() for r in ms]
             differ = [k for k in dict.fromkeys(k for d in sig_dicts for k in d)
                       if len({repr(d.get(k)) for d in sig_dicts}) > 1]
             if differ:
@@ -575,7 +477,7 @@ def compare(
     for (source, method, sig, kv), members in buckets.items():
         label = method + (f" [{source}]" if mixed else "") + suffix[(source, method, sig)]
         if kv:
-            label += " (" + ", ".join(f"{k.rsplit('.', 1)[-1]}={_fmt_value(v)}" for k, v in kv) + ")"
+            label += " (" + ", ".join(f"{k.rsplit('.', 1)[-1]}={fmt_value(v)}" for k, v in kv) + ")"
         targets = [r.target_entropy for r in members if r.target_entropy is not None]
         target = float(np.mean(targets)) if targets else None
         if len(set(targets)) > 1:
