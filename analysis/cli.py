@@ -91,6 +91,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         raise ConfigError(f"{len(args.paths)} input paths given: pass --out DIR to say where the report goes")
     if args.threshold_frac is not None and args.threshold_frac > 1:
         raise ConfigError(f"--threshold-frac={args.threshold_frac} is outside (0, 1]")
+    for opt, val in (("--paper-setting", args.paper_setting), ("--paper-model", args.paper_model)):
+        if val is not None and args.paper is None:
+            raise ConfigError(f"{opt}={val!r} needs --paper CSV (it selects rows of the paper table)")
     out = Path(args.out) if args.out else Path(args.paths[0]) / "figures"
     cmp = compare(
         args.paths,

@@ -102,7 +102,8 @@ def split_labels(members: dict[tuple, list[RunData]], group_by: Sequence[str]) -
     kinds = {s: tuple(v for k, v in s if k in KIND_KEYS) for s in sigs}
     if len(set(kinds.values())) > 1:
         for s in sigs:
-            out[s] = " [" + "/".join(str(v) for v in kinds[s] if v is not None) + "]"
+            named = [str(v) for v in kinds[s] if v is not None]
+            out[s] = " [" + ("/".join(named) or "no simulator/preset key") + "]"
     for kind in set(kinds.values()):
         same = [s for s in sigs if kinds[s] == kind]
         if len(same) < 2:

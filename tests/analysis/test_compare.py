@@ -166,6 +166,9 @@ def test_split_by_kind_settings_and_target(tmp_path):
     assert cmp.groups[0].target_entropy == pytest.approx(0.955)  # (0.95 + 0.96) / 2, the seeds' own targets
     assert cmp.groups[3].target_entropy == 0.7  # never averaged with the tabular 0.95
     assert any("so they are 4 separate groups" in n for n in cmp.notes)
+    _cfg_run(tmp_path / "e", "c2", 0, {"loss": {"stare": {"reweight_w": 1.1}}})  # no simulator key at all
+    assert "c2 [no simulator/preset key]" in [g.label for g in compare(tmp_path).groups]
+    (tmp_path / "e" / "metrics.jsonl").unlink()
     merged = compare(tmp_path, split=False)
     assert [g.label for g in merged.groups] == ["c2"] and len(merged.groups[0].runs) == 5
     assert any("`simulator`" in n and "are averaged together" in n for n in merged.notes)

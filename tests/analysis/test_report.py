@@ -215,6 +215,8 @@ def test_clear_errors(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--paper", str(good),
                  "--paper-setting", "nope"]) == 1
     assert "paper setting 'nope' is not in the paper table; its settings: long_cot, short_cot" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--paper-setting", "short_cot"]) == 1
+    assert "--paper-setting='short_cot' needs --paper CSV" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     # bad numbers: one line and exit 1 (not argparse's usage text and exit 2)
     for opt, val, msg in [("--band", "-1", "--band=-1 is not allowed"), ("--band", "x", "--band='x' is not a number"),
