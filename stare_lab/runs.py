@@ -279,7 +279,8 @@ def read_run(path: str | os.PathLike) -> Run:
         try:
             import yaml
 
-            loaded = yaml.safe_load(cfg_path.read_text())
+            with open(cfg_path, encoding="utf-8") as fh:  # from the file, so a YAML error names it
+                loaded = yaml.safe_load(fh)
             config = loaded if isinstance(loaded, dict) else {}
             if not isinstance(loaded, dict):
                 warnings.append(f"{cfg_path}: not a mapping; ignored")
