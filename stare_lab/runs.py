@@ -279,8 +279,7 @@ def read_run(path: str | os.PathLike) -> Run:
         try:
             import yaml
 
-            with open(cfg_path, encoding="utf-8") as fh:  # from the file, so a YAML error names it
-                loaded = yaml.safe_load(fh)
+            loaded = yaml.safe_load(cfg_path.read_text())
             config = loaded if isinstance(loaded, dict) else {}
             if not isinstance(loaded, dict):
                 warnings.append(f"{cfg_path}: not a mapping; ignored")
