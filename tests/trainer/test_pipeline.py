@@ -144,7 +144,9 @@ def test_hf_engine_path(deps, tiny_model, gsm8k_digits, tmp_path):
     also runs the periodic evaluation (2 MATH-500 problems, 1 sample each) with the synced engine."""
     out = tmp_path / "out"
     ev = tmp_path / "eval.yaml"
-    ev.write_text(yaml.safe_dump({"benchmarks": ["math500"], "limit": 2, "n": 1, "max_tokens": 8}))
+    # prompt budget 200 + 8 tokens: within the tiny model's 1024 positions (checked before training)
+    ev.write_text(yaml.safe_dump({"benchmarks": ["math500"], "limit": 2, "n": 1, "max_tokens": 8,
+                                  "max_prompt_length": 200}))
     _run(_config(tiny_model, gsm8k_digits, out, **{"rollout.engine": "hf", "schedule.total_steps": 1,
                                                    "schedule.eval_freq": 1, "schedule.eval_config": str(ev)}),
          tmp_path)
