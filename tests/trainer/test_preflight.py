@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from stare_lab.cli import main as cli_main
-from stare_lab.errors import ConfigError, DataError, RunError
+from stare_lab.errors import ConfigError, RunError
 from trainer import preflight
 from trainer.config import load_trainer_config
 from trainer.data import load_records

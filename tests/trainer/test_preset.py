@@ -58,7 +58,7 @@ def test_tiny_cpu_preset_learns_and_final_model_evaluates(require, tmp_path):
     # item 3: the trained model (HF format, with its tokenizer) in a stable place, printed
     final = out / "final_model"
     assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
-    assert f"final model: runs/tiny/final_model" in proc.stdout
+    assert "final model: runs/tiny/final_model" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["final_reward"] == rows[-1]["reward"]
 
