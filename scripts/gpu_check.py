@@ -83,8 +83,9 @@ def main() -> int:
     for r in rows:
         print(f"step {r['step']}: reward {r['reward']:.3f}  entropy {r['entropy']}  "
               f"logprob |diff| mean {r['rollout/logprob_diff_mean']:.4f} max {r['rollout/logprob_diff_max']:.4f}  "
-              f"rollout {r['rollout/tokens_per_s']:.0f} tok/s  "
-              + "  ".join(f"{k[5:-2]} {v:.2f}s" for k, v in r.items() if k.startswith("time/")))
+              f"rollout {r['time/rollout_tokens_per_s']:.0f} tok/s  "
+              + "  ".join(f"{k[5:-2]} {v:.2f}s" for k, v in r.items()
+                          if k.startswith("time/") and k.endswith("_s") and isinstance(v, (int, float))))
     means = [r["rollout/logprob_diff_mean"] for r in rows]
     if any(m is None or m > 0.05 for m in means):
         print(f"FAIL: engine vs trainer log-prob gap too large: {means}")
