@@ -6,7 +6,6 @@ Used by the ``tiny-cpu`` preset, the CI tests and the benchmark. vLLM's CPU atte
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -32,17 +31,10 @@ def _corpus(gsm8k_file: str | Path | None, max_records: int) -> list[str]:
         "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) $ . , ?",
     ]
     if gsm8k_file is not None and Path(gsm8k_file).is_file():
-        with open(gsm8k_file, encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                if i >= max_records:
-                    break
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{gsm8k_file}:{i + 1}: not valid JSON ({err.msg})") from None
-                if not isinstance(rec, dict):
-                    raise DataError(f"{gsm8k_file}:{i + 1}: a record must be a JSON object")
-                texts.append(str(rec.get("problem", "")) + " " + str(rec.get("answer", "")))
+        from .data import _read_file  # the trainer's JSONL/Parquet reader (file:line errors)
+
+        for rec in _read_file(str(gsm8k_file))[:max_records]:
+            texts.append(str(rec.get("problem", "")) + " " + str(rec.get("answer", "")))
     return texts
 
 
