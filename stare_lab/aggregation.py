@@ -42,6 +42,7 @@ def aggregate_loss(
     global_num_tokens: int | float | Tensor | None = None,
     global_num_sequences: int | float | Tensor | None = None,
     loss_scale_factor: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> Tensor:
     """Reduce a per-token loss ``[B, T]`` to a scalar (verl's aggregation modes, science.md §3).
 
@@ -53,7 +54,10 @@ def aggregate_loss(
     * ``seq-mean-token-sum-norm``: Σ_b Σ_t m·ℓ / (S · L), L = ``loss_scale_factor`` or T (Dr. GRPO's constant)
 
     Padding entries are excluded with a select (not a product), so non-finite padding values cannot leak into the
-    value. Sequences without valid tokens contribute 0. Defaults: N = this call's valid tokens, S = this call's
+    value. With ``token_weights`` ω (STARE, science.md §4 step 5) every sum runs over m·ω·ℓ instead, computed as
+    ℓ · where(m, ω, 0): one product in place of a select and a second product. ω is read on valid tokens only, but
+    ``loss_mat`` must then be finite on padding too (0 · NaN = NaN); the policy losses guarantee that (every input
+    is checked finite and ρ is clamped). Sequences without valid tokens contribute 0. Defaults: N = this call's valid tokens, S = this call's
     sequences with ≥ 1 valid token. A zero normaliser gives exactly 0 (zero gradient), never NaN. With global N, S
     the sum over micro-batches equals the full-batch value.
 
@@ -63,6 +67,7 @@ def aggregate_loss(
         mode: one of ``LossConfig.AGG_MODES``.
         global_num_tokens, global_num_sequences: int/float/0-dim tensor ≥ 0, or None.
         loss_scale_factor: L > 0 or None.
+        token_weights: ``[B, T]`` float per-token weights (no gradient flows into them), or None.
 
     Returns:
         0-dim tensor (dtype of ``loss_mat``).
@@ -76,7 +81,13 @@ def aggregate_loss(
     if mode not in LossConfig.AGG_MODES:
         raise ConfigError(f"loss_agg_mode={mode!r} is not one of {{{', '.join(map(repr, LossConfig.AGG_MODES))}}}")
     m = mask if mask.dtype == torch.bool else mask != 0
-    masked = torch.where(m, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
+    zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
+    if token_weights is None:
+        masked = torch.where(m, loss_mat, zero)
+    else:
+        if token_weights.shape != loss_mat.shape:
+            raise DataError(f"token_weights {tuple(token_weights.shape)} must have the shape of loss_mat {tuple(loss_mat.shape)}")
+        masked = loss_mat * torch.where(m, token_weights.detach().to(loss_mat.dtype), zero)
     if mode == "token-mean":
         count = _normaliser(global_num_tokens, torch.count_nonzero(m).to(torch.float32), "global_num_tokens")
         return _safe_div(masked.sum(), count)

@@ -262,6 +262,8 @@ class _Prepared:
     log_ratio: Tensor
     ratio: Tensor
     finite_checks: list[tuple[str, Tensor]]
+    # per-token weights a core asks the aggregation to multiply into its loss matrix on valid tokens (STARE's ω)
+    token_weights: Tensor | None = None
 
 
 _BT_FIELDS = ("old_logprobs", "entropy", "rollout_logprobs", "token_weights", "ref_logprobs")
@@ -311,7 +313,7 @@ def _prepare(inputs: PolicyLossInputs) -> _Prepared:
     checks = [("logprobs", lp.detach().sum()), ("old_logprobs", old.sum()), ("advantages", adv.sum())]
     for name in _BT_FIELDS[1:]:
         value = getattr(inputs, name)
-        if value is not None:
+        if value is not None and name != "token_weights":  # ω is checked through the loss value (see _run)
             checks.append((name, value.detach().sum()))
     return _Prepared(inputs, lp32, old, adv, mask, log_ratio, ratio, checks)
 
@@ -321,6 +323,18 @@ def _raise_non_finite(prep: _Prepared, sums: list[float]) -> None:
     for (name, _), total in zip(prep.finite_checks, sums):
         if math.isfinite(total):
             continue
+        if name == "pg_loss":  # every input above is finite: ω on a valid token, or an overflow
+            weights = prep.token_weights
+            bad = None if weights is None else prep.mask & ~torch.isfinite(weights)
+            if bad is not None and bad.any():
+                idx = bad.nonzero()[0].tolist()
+                raise DataError(
+                    f"token_weights{idx} = {weights[tuple(idx)].item()} on a valid token is not finite"
+                )
+            raise DataError(
+                f"the policy loss is {total} although every input is finite: advantages or token weights too large "
+                "(float32 overflow)"
+            )
         value = getattr(prep.inputs, name).detach()
         bad = ~torch.isfinite(value)
         if bad.any():
@@ -375,7 +389,8 @@ def _run(core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Ten
         global_num_sequences=inputs.global_num_sequences,
         loss_scale_factor=cfg.loss_scale_factor,
     )
-    pg_loss = aggregate_loss(pg_mat, **agg)
+    pg_loss = aggregate_loss(pg_mat, **agg, token_weights=prep.token_weights)
+    prep.finite_checks.append(("pg_loss", pg_loss.detach()))
     loss = pg_loss
     metrics: dict[str, Any] = {"loss/pg_loss": pg_loss.detach()}
     if cfg.entropy_coeff > 0:
@@ -475,7 +490,8 @@ def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
         )
         metrics["stare/frac_pos_selected"] = stats["stare/frac_pos_selected"]
         metrics["stare/frac_neg_selected"] = stats["stare/frac_neg_selected"]
-    return loss.mul_(weights), metrics  # in place: minimum() does not need its output for backward
+    prep.token_weights = weights  # multiplied in by the aggregation: one pass with the mask, not two
+    return loss, metrics
 
 
 def _covariance(prep: _Prepared) -> Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 from typing import Any, Mapping
 
 import torch
@@ -37,7 +38,11 @@ __all__ = ["STAREConfig", "stare_token_weights", "select_top_surprisal", "STAREC
 _LO_BITS = 15
 _LO_BINS = 1 << _LO_BITS
 _HI_BINS = 1 << 16
-_ABS_MASK = 0x7FFFFFFF
+# Pass 2 sends the keys outside the threshold bin to _TRASH_BINS bins below (and one above) the real ones, spread by
+# position: index_add_ into one bin serialises on that address and costs twice as much as into distinct bins.
+_TRASH_BINS = 64
+# bit pattern of the float32 1.0: the weights are written as bit patterns (exactly fl(W), fl(M) and 1.0)
+_ONE_BITS = 0x3F800000
 # Relative tolerance on P·n before the ceiling: a decimal P such as 0.1 is stored slightly above 1/10, and
 # ⌈fl(0.1)·30⌉ would be 4 instead of the intended 3.
 _K_RTOL = 1e-12
@@ -107,9 +112,9 @@ def select_top_surprisal(
     out = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
 
     def fill(r0: int, r1: int, buf: Tensor) -> Tensor:  # 0 for candidates, -1 elsewhere
-        return torch.sub(cand[r0:r1].view(torch.int8), 1, out=buf)
+        return buf.copy_(cand[r0:r1]).sub_(1)
 
-    selected, k, n = _select(lp2, fill, top_p_ratio, out)
+    selected, k, n = _select(lp2, fill, top_p_ratio, out, on_value=1, off_value=0)
     return selected.bool().view(shape), k, n
 
 
@@ -123,103 +128,104 @@ def _as_rows(logprobs: Tensor) -> Tensor:
 CHUNK_ELEMS = 1 << 17
 
 
-def _select(lp2: Tensor, fill_candidates, top_p_ratio: float, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _select(
+    lp2: Tensor, fill_candidates, top_p_ratio: float, out: Tensor, on_value: int, off_value: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32.
 
     ``fill_candidates(r0, r1, buf)`` writes the candidate code of rows r0..r1 into the int32 ``buf``
-    ``[r1 − r0, cols]`` and returns it: 0 for candidates, −1 elsewhere. The selection is written into the int32
-    ``out`` ``[rows, cols]`` as 1 (selected) / 0. Returns ``(out, k, n)``.
+    ``[r1 − r0, cols]`` and returns it: 0 for candidates, −1 or −2 elsewhere. The result is written into the int32
+    ``out`` ``[rows, cols]``: ``on_value`` on the selected tokens, ``off_value`` elsewhere (the weights pass float32
+    bit patterns here, so that no separate pass converts a 0/1 selection into weights). Returns ``(out, k, n)``.
 
     On CPU the sweeps run over chunks of about :data:`CHUNK_ELEMS` elements so that their temporaries stay in cache
     (the whole batch is memory-bound otherwise), and use integer arithmetic rather than comparisons (bool outputs
-    are slow there); on other devices each sweep is one chunk.
+    are slow there); on other devices each sweep is one chunk. Four sweeps: two histogram passes, one tie count,
+    one write.
     """
     rows, cols = lp2.shape
     device = lp2.device
     zero = torch.zeros((), dtype=torch.int64, device=device)
     if rows * cols == 0:
-        return out.zero_(), zero, zero
+        return out.fill_(off_value), zero, zero
     step = max(1, CHUNK_ELEMS // cols) if device.type == "cpu" else rows
-    chunks = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
-    scratch = torch.empty(min(step, rows) * cols, dtype=torch.int32, device=device)
-    ones = torch.ones(1, dtype=torch.int32, device=device).expand(scratch.numel())
-    key = out  # the keys live in `out` until sweep 3 turns them into d and the final sweep into the selection
+    bounds = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+    chunk_elems = min(step, rows) * cols
+    scratch = torch.empty(chunk_elems, dtype=torch.int32, device=device)
+    ones = torch.ones(1, dtype=torch.int32, device=device).expand(chunk_elems)
+    # the keys live in `out` until sweep 3 turns them into d and the final sweep into the result; per chunk:
+    # (r0, r1, rows of out, the same flat, scratch of the chunk's size)
+    chunks = [
+        (r0, r1, out[r0:r1], out[r0:r1].view(-1), scratch[: (r1 - r0) * cols]) for r0, r1 in bounds
+    ]
 
-    # pass 1: key = bits of |log π| (≥ 0, orders like s) for candidates, exactly -1 for the others (OR with -1);
-    # histogram of the high 16 bits shifted to bins 1..65536; non-candidates (-1 >> 15 = -1) land in bin 0
+    # pass 1: key = bits of |log π| (≥ 0, orders like s) for candidates; -1 or -2 for the others (OR with the code);
+    # histogram of the high 16 bits shifted to bins 1..65536; non-candidates (key >> 15 = -1) land in bin 0
     hist1 = torch.zeros(_HI_BINS + 1, dtype=torch.int32, device=device)
-    for r0, r1 in chunks:
-        m = (r1 - r0) * cols
-        code = fill_candidates(r0, r1, scratch[:m].view(r1 - r0, cols))
-        torch.abs(lp2[r0:r1], out=key[r0:r1].view(torch.float32))
-        kc = key[r0:r1].bitwise_or_(code)
-        idx = torch.bitwise_right_shift(kc.view(-1), _LO_BITS, out=scratch[:m]).add_(1)
-        hist1.index_add_(0, idx, ones[:m])
+    for r0, r1, key, flat, buf in chunks:
+        code = fill_candidates(r0, r1, buf.view(r1 - r0, cols))
+        torch.abs(lp2[r0:r1], out=key.view(torch.float32))
+        key.bitwise_or_(code)
+        idx = torch.bitwise_right_shift(flat, _LO_BITS, out=buf).add_(1)
+        hist1.index_add_(0, idx, ones[: buf.numel()])
     hist1 = hist1[1:].to(torch.int64)
     n = hist1.sum()
     k = _num_selected(n, top_p_ratio)
     b1, above1 = _threshold(hist1, k)
     k2 = k - above1
 
-    # pass 2: low 15 bits of the keys inside bin b1, shifted to 1..32768. Keys below the bin (and the
-    # non-candidates, -1) clamp to 0 (dropped); the `above1` candidate keys above the bin clamp into the top bin and
-    # are subtracted again (a separate bin above could overflow int32 for the top bin). No overflow: key ≥ -1.
-    base = (b1 << _LO_BITS).to(torch.int32)
-    hist2 = torch.zeros(_LO_BINS + 1, dtype=torch.int32, device=device)
-    for r0, r1 in chunks:
-        m = (r1 - r0) * cols
-        idx = torch.sub(key[r0:r1].view(-1), base - 1, out=scratch[:m]).clamp_(0, _LO_BINS)
-        hist2.index_add_(0, idx, ones[:m])
-    hist2 = hist2[1:].to(torch.int64)
-    hist2[-1] -= above1
+    # pass 2: the low 15 bits of the keys inside bin b1 go to bins TRASH..TRASH+32767. Every other key is trash:
+    # below the bin (and the non-candidates) it is clamped up to bin (position mod TRASH), spread so that
+    # index_add_ does not serialise on one address; above the bin it is clamped down to bin TRASH + 32768.
+    # Overflow: key ≥ -2 and key − offset ≤ INT32_MAX except for keys within 64 of INT32_MAX (NaN payloads) when
+    # offset < 0, i.e. b1 = 0; those are above the bin, wrap to negative and are clamped into trash as well.
+    offset = ((b1 << _LO_BITS) - _TRASH_BINS).to(torch.int32)
+    trash = torch.arange(chunk_elems, dtype=torch.int32, device=device).bitwise_and_(_TRASH_BINS - 1)
+    top = torch.full((), _TRASH_BINS + _LO_BINS, dtype=torch.int32, device=device)
+    hist2 = torch.zeros(_TRASH_BINS + _LO_BINS + 1, dtype=torch.int32, device=device)
+    for _, _, _, flat, buf in chunks:
+        idx = torch.sub(flat, offset, out=buf)
+        torch.clamp(idx, min=trash[: buf.numel()], max=top, out=idx)
+        hist2.index_add_(0, idx, ones[: buf.numel()])
+    hist2 = hist2[_TRASH_BINS : _TRASH_BINS + _LO_BINS].to(torch.int64)
     b2, above2 = _threshold(hist2, k2)
-    t = base + b2.to(torch.int32)  # the k-th largest key (INT32_MAX when k = 0: nothing reaches it)
+    t = offset + _TRASH_BINS + b2.to(torch.int32)  # the k-th largest key (INT32_MAX when k = 0: nothing reaches it)
     need = k2 - above2  # how many of the keys equal to t to take (0 when k = 0)
 
     # sweep 3: d = clamp(key − (t − 1), 0, 2) ∈ {0: below t, 1: equal to t (tie), 2: above t}, kept in `out`;
-    # ties per row = Σ (d & 1). (key ≥ −1 and t ≥ 0, so key − (t − 1) cannot overflow except for a NaN key with
-    # every payload bit set at t = 0, which then stays unselected.)
+    # ties per row = Σ (d & 1). (key ≥ −2 and t ≥ 0, so key − (t − 1) ≥ INT32_MIN; it overflows only for a NaN
+    # key with every payload bit set at t = 0, which then stays unselected.)
     ties_per_row = torch.empty(rows, dtype=torch.int32, device=device)
-    for r0, r1 in chunks:
-        m = (r1 - r0) * cols
-        d = key[r0:r1].sub_(t - 1).clamp_(0, 2)
-        tie = torch.bitwise_and(d, 1, out=scratch[:m].view(r1 - r0, cols))
+    t_minus_1 = t - 1
+    for r0, r1, key, _, buf in chunks:
+        d = key.sub_(t_minus_1).clamp_(0, 2)
+        tie = torch.bitwise_and(d, 1, out=buf.view(r1 - r0, cols))
         torch.sum(tie, 1, dtype=torch.int32, out=ties_per_row[r0:r1])
 
     # ties, row-major: rows before r* take all their ties, row r* the first `need - ties before r*`, later none.
-    # Rows before r* select d ≥ 1, rows from r* on d ≥ 2: selected = clamp(d + [row < r*] − 1, 0, 1); row r* is then
-    # rewritten alone.
+    # Rows before r* select d ≥ 1, rows from r* on d ≥ 2: selected = clamp(d + [row < r*] − 1, 0, 1), written as
+    # off + (on − off)·selected; row r* is then rewritten alone.
     ties_per_row = ties_per_row.to(torch.int64)
     ties_before = ties_per_row.cumsum(0) - ties_per_row
     r = (ties_before + ties_per_row < need).sum().clamp_max(rows - 1)  # first row whose ties reach `need`
     shift = (torch.arange(rows, device=device) < r).to(torch.int32).sub_(1).unsqueeze(1)  # 0 before r*, −1 after
     d_r = out.index_select(0, r.view(1))  # [1, cols], before the final sweep rewrites row r*
-    for r0, r1 in chunks:
-        out[r0:r1].add_(shift[r0:r1]).clamp_(0, 1)
+    alpha = on_value - off_value
+    off = torch.full((), off_value, dtype=torch.int32, device=device)
+    for r0, r1, d, _, _ in chunks:
+        sel = d.add_(shift[r0:r1]).clamp_(0, 1)
+        if (on_value, off_value) != (1, 0):
+            torch.add(off, sel, alpha=alpha, out=sel)
     tie_r = d_r == 1
     take_r = tie_r & (tie_r.cumsum(1) <= need - ties_before.gather(0, r.view(1)))
-    out.index_copy_(0, r.view(1), ((d_r == 2) | take_r).to(torch.int32))
+    sel_r = ((d_r == 2) | take_r).to(torch.int32)
+    out.index_copy_(0, r.view(1), sel_r.mul_(alpha).add_(off_value))
     return out, k, n
 
 
-def _write_weights(weights: Tensor, selections: list[tuple[Tensor, float]]) -> Tensor:
-    """weights = 1 + Σ (v − 1)·sel over the (int32 0/1 selection, value) pairs, chunked like :func:`_select`. The
-    first selection may live in the memory of ``weights`` itself (it is read into a float chunk before the chunk
-    of weights is written). Exactly 1.0 off the sets; fl(1 + fl(v − 1)) on them (= fl(v) for the usual W, M)."""
-    rows, cols = weights.shape
-    if rows * cols == 0:
-        return weights
-    step = max(1, CHUNK_ELEMS // cols) if weights.device.type == "cpu" else rows
-    buf = torch.empty(min(step, rows), cols, dtype=torch.float32, device=weights.device)
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        fb = buf[: r1 - r0]
-        sel, value = selections[0]
-        fb.copy_(sel[r0:r1]).mul_(value - 1.0)
-        for sel, value in selections[1:]:
-            fb.add_(sel[r0:r1], alpha=value - 1.0)
-        torch.add(fb, 1.0, out=weights[r0:r1])
-    return weights
+def _float32_bits(value: float) -> int:
+    """The bit pattern of fl32(value) as a signed int32 (round to nearest, like ``torch.tensor(value)``)."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def _check_inputs(logprobs: Tensor, advantages: Tensor, response_mask: Tensor) -> None:
@@ -320,27 +326,33 @@ def stare_token_weights(
 
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     lp2 = _as_rows(logprobs)
-    n_valid = torch.count_nonzero(mask).clamp_min(1).to(torch.float32)
+    num_valid = torch.zeros((), dtype=torch.int64, device=device)  # counted chunk by chunk while the mask is hot
 
     def fill(sign: int):
-        # code 0 on T± (valid and sign·Â > 0), -1 elsewhere: (mask − 1) | (−1 where sign·Â ≤ 0)
-        adv_code = (adv_bt > 0 if sign > 0 else adv_bt < 0).to(torch.int32).sub_(1)
+        # code 0 on T± (valid and sign·Â > 0), -1 or -2 elsewhere: mask + ([sign·Â > 0] − 2)
+        adv_code = (adv_bt > 0 if sign > 0 else adv_bt < 0).to(torch.int32).sub_(2)
 
         def fill_rows(r0: int, r1: int, out: Tensor) -> Tensor:
-            return torch.sub(mask[r0:r1].view(torch.int8), 1, out=out).bitwise_or_(adv_code[r0:r1])
+            if sign > 0:
+                num_valid.add_(torch.count_nonzero(mask[r0:r1]))
+            return out.copy_(mask[r0:r1]).add_(adv_code[r0:r1])
 
         return fill_rows
 
+    # The weights are written as float32 bit patterns: the selection of L+ writes bits(W) / bits(1.0) straight into
+    # the memory of the weights; for C2 the selection of L− writes bits(M) − bits(1.0) / 0 into a second buffer
+    # that is added (L+ and L− are disjoint). So ω is exactly fl(W), fl(M) or 1.0.
     weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
-    # L+ is selected into the memory of the weights (int32 0/1), L− (C2) into a second buffer
-    sel_pos, k_pos, n_pos = _select(lp2, fill(+1), config.top_p_ratio, weights.view(torch.int32))
-    selections = [(sel_pos, w)]
+    bits = weights.view(torch.int32)
+    _, k_pos, n_pos = _select(lp2, fill(+1), config.top_p_ratio, bits, _float32_bits(w), _ONE_BITS)
     if config.variant == "C2":
-        sel_neg, k_neg, n_neg = _select(lp2, fill(-1), config.top_p_ratio, torch.empty_like(sel_pos))
-        selections.append((sel_neg, m))
+        neg, k_neg, n_neg = _select(
+            lp2, fill(-1), config.top_p_ratio, torch.empty_like(bits), _float32_bits(m) - _ONE_BITS, 0
+        )
+        bits.add_(neg)
     else:
         k_neg, n_neg = zero, zero
-    _write_weights(weights, selections)
+    n_valid = num_valid.clamp_min(1).to(torch.float32)
     stats.update(
         {
             "stare/num_pos_selected": k_pos,
