@@ -57,11 +57,13 @@ class PolicyLossInputs:
         logprobs: log π_θ of the sampled tokens (nats), float, requires grad.
         old_logprobs: log π_old (the policy that the advantages refer to); detached by the losses.
         advantages: ``[B]`` (broadcast over tokens) or ``[B, T]``.
-        response_mask: bool or 0/1; False/0 marks padding. Padding entries of every tensor must still be finite.
+        response_mask: bool or 0/1; False/0 marks padding. Padding entries of every tensor (except
+            ``token_weights``) must still be finite.
         entropy: per-token entropy (nats) of π_θ; needed by ``entropy_coeff > 0`` and ``forking_tokens``.
         rollout_logprobs: log-probs from the inference engine (for ``tis_cap``).
         token_weights: precomputed STARE weights ω (scope ``global``: computed once per step over the whole
-            batch by :func:`stare_lab.stare.stare_token_weights`), used by ``stare`` when the gate is on.
+            batch by :func:`stare_lab.stare.stare_token_weights`), used by ``stare`` when the gate is on. Only its
+            valid entries are read (they must be finite); it is multiplied in by the aggregation.
         ref_logprobs: log π_ref of the reference policy (for ``kl_coef > 0``).
         global_num_tokens: valid tokens in the whole optimizer step (all micro-batches and ranks); default: this
             call's count. int, float or 0-dim tensor.

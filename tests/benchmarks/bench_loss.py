@@ -1,6 +1,7 @@
 """Benchmark (a): STARE loss forward+backward INCLUDING the global weight selection vs GRPO forward+backward.
 
-    OMP_NUM_THREADS=1 python tests/benchmarks/bench_loss.py [--batch 512] [--length 4096] [--reps 9]
+    OMP_NUM_THREADS=1 python tests/benchmarks/bench_loss.py [--batch 512] [--length 4096] [--reps 15]
+        [--variant O1|C2] [--malloc caching|system]
 
 Both sides call the real entry points: GRPO is ``compute_policy_loss("grpo", …)`` + ``backward()``; STARE is
 ``stare_token_weights(…)`` over the whole batch (scope global, O1 by default) + ``compute_policy_loss("stare", …)``
@@ -8,13 +9,24 @@ with those weights + ``backward()``. Runs are interleaved (grpo, stare, grpo, �
 hits both alike; the median of ``--reps`` repetitions is reported, in wall time and in process CPU time.
 PASS/FAIL uses the CPU time (with one thread it is the work done; wall time on a shared machine also counts
 waiting for a core). Goal: ratio ≤ 1.20. Exit status 0 on PASS, 1 on FAIL.
+
+Allocator (``--malloc``): every step allocates and frees tens of 8 MB tensors. With glibc's defaults
+(``system``) freed blocks of that size go back to the kernel (mmap threshold / heap trimming), and the next
+allocation page-faults them in again: 2–30 ms of kernel time per step that lands on one side or the other
+depending on the heap layout, not on the computation. ``caching`` (the default) sets ``M_MMAP_THRESHOLD`` and
+``M_TRIM_THRESHOLD`` with ``mallopt`` so freed memory is kept and reused — what the caching allocators that real
+runs use do (PyTorch's CUDA allocator; jemalloc/tcmalloc on CPU). Minor page faults per step are printed for
+both sides so the effect is visible.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import math
 import os
+import resource
 import statistics
 import time
 
@@ -67,20 +79,39 @@ def topk_weights(old, adv, mask, cfg):
 
 
 def timed(fn, *args):
-    """(wall seconds, CPU seconds of this process). With one thread the CPU time is the work done; the wall time
-    also counts waiting for a core when other processes load the machine."""
+    """(wall seconds, CPU seconds of this process, minor page faults). With one thread the CPU time is the work
+    done; the wall time also counts waiting for a core when other processes load the machine."""
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     w0, c0 = time.perf_counter(), time.process_time()
     fn(*args)
-    return time.perf_counter() - w0, time.process_time() - c0
+    w1, c1 = time.perf_counter(), time.process_time()
+    return w1 - w0, c1 - c0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+
+def use_caching_malloc() -> bool:
+    """Keep freed memory in the process (glibc mallopt M_MMAP_THRESHOLD = 32 MiB, its maximum, and
+    M_TRIM_THRESHOLD = 1 GiB). Returns False where glibc's mallopt is not available."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    libc = ctypes.CDLL(name)
+    if not hasattr(libc, "mallopt"):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--variant", default="O1", choices=["O1", "C2"])
+    parser.add_argument("--malloc", default="caching", choices=["caching", "system"])
     args = parser.parse_args()
+    if args.malloc == "caching" and not use_caching_malloc():
+        print("note: glibc mallopt not available; running with the system allocator")
+        args.malloc = "system"
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     lp, old, adv, mask = make_batch(args.batch, args.length)
     cfg = LossConfig(loss_mode="stare", stare=STAREConfig(variant=args.variant, scope="global"))
@@ -95,7 +126,10 @@ def main() -> int:
         t_topk.append(timed(topk_weights, old, adv, mask, cfg))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"tokens: {args.batch} x {args.length} = {args.batch * args.length}, variant {args.variant}, "
-          f"threads {torch.get_num_threads()}, load avg (1 min) {load:.2f}, median of {args.reps}")
+          f"threads {torch.get_num_threads()}, malloc {args.malloc}, load avg (1 min) {load:.2f}, "
+          f"median of {args.reps}")
+    faults = {name: statistics.median(t[2] for t in ts) for name, ts in (("grpo", t_grpo), ("stare", t_stare))}
+    print(f"minor page faults per step (median): grpo {faults['grpo']:.0f}, stare {faults['stare']:.0f}")
     ratios = {}
     for col, label in ((0, "wall"), (1, "cpu ")):
         g = statistics.median(t[col] for t in t_grpo)

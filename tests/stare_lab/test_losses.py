@@ -108,6 +108,43 @@ def test_aggregation_modes_by_hand():
         aggregate_loss(loss_mat, mask, "token-mean", global_num_tokens=-1)
 
 
+def test_aggregation_with_token_weights_by_hand():
+    # ℓ and mask as above, ω = [[2, 0.5, inf], [3, nan, 1], [1, 1, 1]]: only valid entries of ω are read.
+    # Σ m·ω·ℓ = 2·1 + 0.5·2 + 3·4 = 15; per sequence: 3 (2 tokens), 12 (1 token).
+    loss_mat = torch.arange(1.0, 10.0).view(3, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    w = torch.tensor([[2.0, 0.5, float("inf")], [3.0, float("nan"), 1.0], [1.0, 1.0, 1.0]])
+    assert aggregate_loss(loss_mat, mask, "token-mean", token_weights=w).item() == pytest.approx(15 / 3)
+    assert aggregate_loss(loss_mat, mask, "seq-mean-token-mean", token_weights=w).item() == pytest.approx(
+        (3 / 2 + 12) / 2
+    )
+    assert aggregate_loss(loss_mat, mask, "seq-mean-token-sum", token_weights=w).item() == pytest.approx(15 / 2)
+    # the gradient w.r.t. ℓ is m·ω / N, and ω gets none
+    x = loss_mat.clone().requires_grad_(True)
+    wg = torch.tensor([[2.0, 0.5, 1.0], [3.0, 1.0, 1.0], [1.0, 1.0, 1.0]], requires_grad=True)
+    aggregate_loss(x, mask, "token-mean", token_weights=wg).backward()
+    assert x.grad.flatten().tolist() == pytest.approx([2 / 3, 0.5 / 3, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert wg.grad is None
+    with pytest.raises(DataError, match="token_weights"):
+        aggregate_loss(loss_mat, mask, "token-mean", token_weights=w[:2])
+
+
+def test_stare_loss_rejects_non_finite_weights_on_valid_tokens_and_overflow():
+    cfg = LossConfig(stare=STAREConfig(top_p_ratio=0.1, reweight_w=1.1))
+    # a non-finite weight on padding is never read; on a valid token it is an error naming the position
+    pad = make_inputs([[1.0, 1.5, 0.5]], [1.0], mask=[[1, 1, 0]], gate_on=True,
+                      token_weights=torch.tensor([[1.0, 2.0, float("nan")]]))
+    loss, _ = compute_policy_loss("stare", pad, cfg)
+    assert loss.item() == pytest.approx((-1.0 - 2 * 1.28) / 2, abs=1e-6)  # ρ = 1.5 clipped at 1 + 0.28
+    bad = make_inputs([[1.0, 1.5, 0.5]], [1.0], gate_on=True, token_weights=torch.tensor([[1.0, float("inf"), 1.0]]))
+    with pytest.raises(DataError, match=r"token_weights\[0, 1\]"):
+        compute_policy_loss("stare", bad, cfg)
+    # finite inputs whose loss overflows float32 are an error, not an inf that travels
+    huge = make_inputs([[1.0, 1.5, 0.5]], [3e38])
+    with pytest.raises(DataError, match="overflow"):
+        compute_policy_loss("grpo", huge, cfg)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_zero_normaliser_gives_zero_not_nan(mode):
     loss_mat = torch.ones(2, 3, requires_grad=True)

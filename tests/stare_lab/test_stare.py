@@ -179,6 +179,54 @@ def test_matches_sort_reference_random(seed):
         assert int(k) == int(ref.sum()) and int(n) == int(cand.sum())
 
 
+@pytest.mark.parametrize("chunk_elems", [1, 7, 64])
+def test_chunked_sweeps_match_reference(monkeypatch, chunk_elems):
+    """Tiny chunks (one row or a few rows per chunk) exercise the chunk boundaries of every sweep, with ties
+    spread over many rows."""
+    import stare_lab.stare as stare_module
+
+    monkeypatch.setattr(stare_module, "CHUNK_ELEMS", chunk_elems)
+    g = torch.Generator().manual_seed(chunk_elems)
+    for trial in range(40):
+        b, t = torch.randint(1, 12, (2,), generator=g).tolist()
+        lp = -torch.randint(0, 3, (b, t), generator=g).float() * 0.5 if trial % 2 else -torch.rand(b, t, generator=g)
+        cand = torch.rand(b, t, generator=g) < 0.6
+        p = [0.05, 0.1, 0.3, 0.5, 1.0][trial % 5]
+        sel, k, _ = select_top_surprisal(lp, cand, p)
+        assert torch.equal(sel, reference_selection(lp, cand, p)), (lp, cand, p)
+
+
+def test_keys_around_the_threshold_bin_edges():
+    """Surprisals whose float32 bit patterns sit just below, inside and just above one high-16-bit bin (the keys
+    within 64 below the bin share the trash bins of the second pass; keys above clamp into the top trash bin)."""
+    base = 0x3F800000  # bits of 1.0, a multiple of 2**15
+    offsets = torch.tensor([-200, -65, -64, -63, -1, 0, 1, 2, 2, 5, 100, 32767, 32768, 32769, 40000])
+    s = (base + offsets).to(torch.int32).view(torch.float32)
+    lp = (-s).repeat(3, 1)
+    g = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        cand = torch.rand(lp.shape, generator=g) < 0.7
+        p = (trial % 10 + 1) / 10
+        sel, _, _ = select_top_surprisal(lp, cand, p)
+        assert torch.equal(sel, reference_selection(lp, cand, p)), (cand, p)
+
+
+def test_weights_are_exact_float32_values():
+    """ω is exactly fl32(W) on L+, fl32(M) on L− and 1.0 elsewhere (bit patterns written directly)."""
+    lp = -torch.rand(6, 9, generator=torch.Generator().manual_seed(3)) * 4
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0, 0.0, 3.0])
+    mask = torch.ones(6, 9, dtype=torch.bool)
+    for w_val, m_val in [(1.1, 0.9), (1.3, 0.2), (5.0, 0.7), (1.0, 1.0), (3e38, 1e-30)]:
+        cfg = STAREConfig(variant="C2", top_p_ratio=0.3, reweight_w=w_val, reweight_m=m_val)
+        w, stats = stare_token_weights(lp, adv, mask, cfg)
+        values = set(w.unique().tolist())
+        assert values <= {1.0, torch.tensor(w_val).item(), torch.tensor(m_val).item()}
+        pos = reference_selection(lp, mask & (adv[:, None] > 0), 0.3)
+        neg = reference_selection(lp, mask & (adv[:, None] < 0), 0.3)
+        expected = torch.where(pos, torch.tensor(w_val), torch.where(neg, torch.tensor(m_val), torch.tensor(1.0)))
+        assert torch.equal(w, expected)
+
+
 def test_large_batch_matches_topk():
     """2·10^5 distinct surprisals spanning many exponents (both radix passes matter) vs torch.topk."""
     g = torch.Generator().manual_seed(0)
