@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from . import native_select
 from .config import STAREConfig
 from .errors import DataError
 
@@ -110,11 +111,8 @@ def select_top_surprisal(
     lp2 = _as_rows(logprobs)
     cand = _as_bool_mask(candidates).reshape(lp2.shape)
     out = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
-
-    def fill(r0: int, r1: int, buf: Tensor) -> Tensor:  # 0 for candidates, -1 elsewhere
-        return buf.copy_(cand[r0:r1]).sub_(1)
-
-    selected, k, n = _select(lp2, fill, top_p_ratio, out, on_value=1, off_value=0)
+    every_row = torch.ones((lp2.shape[0], 1), dtype=torch.bool, device=lp2.device)
+    selected, k, n, _, _, _ = _select(lp2, cand, every_row, top_p_ratio, out, on_value=1, off_value=0)
     return selected.bool().view(shape), k, n
 
 
@@ -129,25 +127,78 @@ CHUNK_ELEMS = 1 << 17
 
 
 def _select(
-    lp2: Tensor, fill_candidates, top_p_ratio: float, out: Tensor, on_value: int, off_value: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32.
+    lp2: Tensor,
+    valid: Tensor,
+    member: Tensor,
+    top_p_ratio: float,
+    out: Tensor,
+    on_value: int,
+    off_value: int,
+    member2: Tensor | None = None,
+    on_value2: int = 0,
+    count_valid: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32, for one set or two disjoint ones.
 
-    ``fill_candidates(r0, r1, buf)`` writes the candidate code of rows r0..r1 into the int32 ``buf``
-    ``[r1 − r0, cols]`` and returns it: 0 for candidates, −1 or −2 elsewhere. The result is written into the int32
-    ``out`` ``[rows, cols]``: ``on_value`` on the selected tokens, ``off_value`` elsewhere (the weights pass float32
-    bit patterns here, so that no separate pass converts a 0/1 selection into weights). Returns ``(out, k, n)``.
+    The candidates of a set are the ``valid`` tokens (bool ``[rows, cols]``) whose flag is set: ``member`` for the
+    first set, ``member2`` (optional, disjoint from ``member``) for the second (bool ``[rows, 1]`` per row, or
+    ``[rows, cols]``; e.g. Â > 0 and Â < 0). The result is written into the int32 ``out`` ``[rows, cols]``:
+    ``on_value`` / ``on_value2`` on the selected tokens of the first / second set, ``off_value`` elsewhere (the
+    weights pass float32 bit patterns here, so that no separate pass converts a 0/1 selection into weights).
+    Returns ``(out, k, n, k2, n2, num_valid)`` (k2 = n2 = 0 without a second set; num_valid, the number of valid
+    tokens, only when ``count_valid``, else None).
 
-    On CPU the sweeps run over chunks of about :data:`CHUNK_ELEMS` elements so that their temporaries stay in cache
-    (the whole batch is memory-bound otherwise), and use integer arithmetic rather than comparisons (bool outputs
-    are slow there); on other devices each sweep is one chunk. Four sweeps: two histogram passes, one tie count,
-    one write.
+    On CPU the fused kernel of :mod:`stare_lab.native_select` runs when it is available (same keys, k and tie rule;
+    identical result); otherwise, and on every other device, :func:`_select_tensor`.
+    """
+    rows, cols = lp2.shape
+    if rows * cols > 0 and lp2.device.type == "cpu" and native_select.available():
+        set_id = member.to(torch.uint8)
+        if member2 is not None:
+            set_id = set_id + member2.to(torch.uint8) * 2
+        p_scaled = top_p_ratio * (1.0 - _K_RTOL) if top_p_ratio > 0 else 0.0
+        k, n, k2, n2, num_valid = native_select.select_into(
+            lp2, valid, set_id, p_scaled, out, on_value, on_value2, off_value
+        )
+        return out, k, n, k2, n2, (num_valid if count_valid else None)
+    set_code = member.to(torch.int32).sub_(2)  # -1 where the flag is set, -2 where not
+    _, k, n, num_valid = _select_tensor(lp2, valid, set_code, top_p_ratio, out, on_value, off_value, count_valid)
+    zero = torch.zeros((), dtype=torch.int64, device=lp2.device)
+    k2 = n2 = zero
+    if member2 is not None:  # the second set into its own buffer, as (on2 − off) / 0, then added: sets are disjoint
+        second = torch.empty_like(out)
+        set_code2 = member2.to(torch.int32).sub_(2)
+        _, k2, n2, _ = _select_tensor(lp2, valid, set_code2, top_p_ratio, second, on_value2 - off_value, 0)
+        out.add_(second)
+    return out, k, n, k2, n2, num_valid
+
+
+def _select_tensor(
+    lp2: Tensor,
+    valid: Tensor,
+    set_code: Tensor,
+    top_p_ratio: float,
+    out: Tensor,
+    on_value: int,
+    off_value: int,
+    count_valid: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The selection in tensor operations, for any device: exact, linear-time, no host synchronisation.
+
+    ``set_code`` is int32 ``[rows, 1]`` or ``[rows, cols]``, −1 where the set flag holds and −2 where not, so that
+    valid + set_code is 0 exactly on the candidates and −1 or −2 elsewhere. Arguments and result otherwise as
+    :func:`_select`.
+
+    Four sweeps: two histogram passes, one tie count, one write. On CPU they run over chunks of about
+    :data:`CHUNK_ELEMS` elements so that their temporaries stay in cache (the whole batch is memory-bound
+    otherwise), and use integer arithmetic rather than comparisons (bool outputs are slow there); on other devices
+    each sweep is one chunk.
     """
     rows, cols = lp2.shape
     device = lp2.device
     zero = torch.zeros((), dtype=torch.int64, device=device)
     if rows * cols == 0:
-        return out.fill_(off_value), zero, zero
+        return out.fill_(off_value), zero, zero, (zero if count_valid else None)
     step = max(1, CHUNK_ELEMS // cols) if device.type == "cpu" else rows
     bounds = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
     chunk_elems = min(step, rows) * cols
@@ -162,8 +213,11 @@ def _select(
     # pass 1: key = bits of |log π| (≥ 0, orders like s) for candidates; -1 or -2 for the others (OR with the code);
     # histogram of the high 16 bits shifted to bins 1..65536; non-candidates (key >> 15 = -1) land in bin 0
     hist1 = torch.zeros(_HI_BINS + 1, dtype=torch.int32, device=device)
+    counts = []
     for r0, r1, key, flat, buf in chunks:
-        code = fill_candidates(r0, r1, buf.view(r1 - r0, cols))
+        if count_valid:
+            counts.append(torch.count_nonzero(valid[r0:r1]))
+        code = buf.view(r1 - r0, cols).copy_(valid[r0:r1]).add_(set_code[r0:r1])
         torch.abs(lp2[r0:r1], out=key.view(torch.float32))
         key.bitwise_or_(code)
         idx = torch.bitwise_right_shift(flat, _LO_BITS, out=buf).add_(1)
@@ -220,7 +274,7 @@ def _select(
     take_r = tie_r & (tie_r.cumsum(1) <= need - ties_before.gather(0, r.view(1)))
     sel_r = ((d_r == 2) | take_r).to(torch.int32)
     out.index_copy_(0, r.view(1), sel_r.mul_(alpha).add_(off_value))
-    return out, k, n
+    return out, k, n, (torch.stack(counts).sum() if count_valid else None)
 
 
 def _float32_bits(value: float) -> int:
@@ -326,32 +380,14 @@ def stare_token_weights(
 
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     lp2 = _as_rows(logprobs)
-    num_valid = torch.zeros((), dtype=torch.int64, device=device)  # counted chunk by chunk while the mask is hot
-
-    def fill(sign: int):
-        # code 0 on T± (valid and sign·Â > 0), -1 or -2 elsewhere: mask + ([sign·Â > 0] − 2)
-        adv_code = (adv_bt > 0 if sign > 0 else adv_bt < 0).to(torch.int32).sub_(2)
-
-        def fill_rows(r0: int, r1: int, out: Tensor) -> Tensor:
-            if sign > 0:
-                num_valid.add_(torch.count_nonzero(mask[r0:r1]))
-            return out.copy_(mask[r0:r1]).add_(adv_code[r0:r1])
-
-        return fill_rows
-
-    # The weights are written as float32 bit patterns: the selection of L+ writes bits(W) / bits(1.0) straight into
-    # the memory of the weights; for C2 the selection of L− writes bits(M) − bits(1.0) / 0 into a second buffer
-    # that is added (L+ and L− are disjoint). So ω is exactly fl(W), fl(M) or 1.0.
+    # The weights are written as float32 bit patterns: the selection writes bits(W) on L+, bits(M) on L− (C2) and
+    # bits(1.0) elsewhere straight into the memory of the weights, so ω is exactly fl(W), fl(M) or 1.0.
     weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
-    bits = weights.view(torch.int32)
-    _, k_pos, n_pos = _select(lp2, fill(+1), config.top_p_ratio, bits, _float32_bits(w), _ONE_BITS)
-    if config.variant == "C2":
-        neg, k_neg, n_neg = _select(
-            lp2, fill(-1), config.top_p_ratio, torch.empty_like(bits), _float32_bits(m) - _ONE_BITS, 0
-        )
-        bits.add_(neg)
-    else:
-        k_neg, n_neg = zero, zero
+    c2 = config.variant == "C2"
+    _, k_pos, n_pos, k_neg, n_neg, num_valid = _select(
+        lp2, mask, adv_bt > 0, config.top_p_ratio, weights.view(torch.int32), _float32_bits(w), _ONE_BITS,
+        member2=adv_bt < 0 if c2 else None, on_value2=_float32_bits(m), count_valid=True,
+    )
     n_valid = num_valid.clamp_min(1).to(torch.float32)
     stats.update(
         {

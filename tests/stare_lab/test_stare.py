@@ -9,14 +9,31 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from fractions import Fraction
 
 import pytest
 import torch
 
+from stare_lab import native_select
 from stare_lab.config import STAREConfig
 from stare_lab.errors import ConfigError, DataError
 from stare_lab.stare import STAREController, select_top_surprisal, stare_token_weights
+
+
+@pytest.fixture(autouse=True, params=["native", "tensor"])
+def backend(request, monkeypatch):
+    """Every selection test runs on both implementations: the fused CPU kernel (stare_lab.native_select) and the
+    tensor one (used on accelerators, and on CPU without a C compiler)."""
+    if request.param == "tensor":
+        monkeypatch.setenv("STARE_LAB_NATIVE", "0")
+    else:
+        monkeypatch.setenv("STARE_LAB_NATIVE", "1")
+        if not native_select.available():
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI: the fused CPU selection kernel must build here: {native_select.load_error()}")
+            pytest.skip(f"fused CPU selection kernel unavailable: {native_select.load_error()}")
+    return request.param
 
 
 def reference_selection(logprobs: torch.Tensor, candidates: torch.Tensor, p: float) -> torch.Tensor:
@@ -180,11 +197,13 @@ def test_matches_sort_reference_random(seed):
 
 
 @pytest.mark.parametrize("chunk_elems", [1, 7, 64])
-def test_chunked_sweeps_match_reference(monkeypatch, chunk_elems):
-    """Tiny chunks (one row or a few rows per chunk) exercise the chunk boundaries of every sweep, with ties
-    spread over many rows."""
+def test_chunked_sweeps_match_reference(monkeypatch, chunk_elems, backend):
+    """Tiny chunks (one row or a few rows per chunk) exercise the chunk boundaries of every sweep of the tensor
+    implementation, with ties spread over many rows."""
     import stare_lab.stare as stare_module
 
+    if backend != "tensor":
+        pytest.skip("chunks exist only in the tensor implementation")
     monkeypatch.setattr(stare_module, "CHUNK_ELEMS", chunk_elems)
     g = torch.Generator().manual_seed(chunk_elems)
     for trial in range(40):
@@ -328,3 +347,30 @@ def test_controller_state_dict_round_trip():
         b.load_state_dict(state)
     with pytest.raises(DataError, match="gate_on"):
         b.load_state_dict({**a.state_dict(), "gate_on": 1})
+
+
+def test_native_and_tensor_implementations_agree_bit_for_bit(monkeypatch):
+    """Large batches with per-row and per-token advantages, both variants, many ties: identical weights and counts."""
+    monkeypatch.setenv("STARE_LAB_NATIVE", "1")
+    if not native_select.available():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI: the fused CPU selection kernel must build here: {native_select.load_error()}")
+        pytest.skip(f"fused CPU selection kernel unavailable: {native_select.load_error()}")
+    g = torch.Generator().manual_seed(7)
+    for trial in range(8):
+        b, t = 64 + trial * 13, 700 + trial * 111
+        lp = -torch.rand(b, t, generator=g) * 5
+        if trial % 2:
+            lp = (lp * 4).round() / 4  # a coarse grid: many exact ties
+        adv = torch.randn(b, generator=g) if trial < 4 else torch.randn(b, t, generator=g)
+        adv[::7] = 0.0
+        mask = torch.rand(b, t, generator=g) < 0.8
+        cfg = STAREConfig(variant="C2" if trial % 3 else "O1", top_p_ratio=[0.1, 0.03, 0.5, 1.0][trial % 4],
+                          reweight_w=1.3, reweight_m=0.6)
+        monkeypatch.setenv("STARE_LAB_NATIVE", "1")
+        w_native, s_native = stare_token_weights(lp, adv, mask, cfg)
+        monkeypatch.setenv("STARE_LAB_NATIVE", "0")
+        w_tensor, s_tensor = stare_token_weights(lp, adv, mask, cfg)
+        assert torch.equal(w_native, w_tensor)
+        for key in s_tensor:
+            assert float(s_native[key]) == float(s_tensor[key]), key
