@@ -6,7 +6,9 @@ Two pieces, kept apart on purpose:
   L− for variant C2) and returns the per-token weights ω. It is exact (exactly k tokens per set, a documented tie
   rule), linear-time (a two-pass radix select over the float32 bit patterns of the surprisals, no sort, no top-k)
   and free of host synchronisation unless asked to validate its inputs, so it can run on a whole optimizer batch
-  every step on an accelerator.
+  every step on an accelerator. Two implementations with identical results: tensor operations (any device) and,
+  for CPU tensors, a fused C kernel (:mod:`stare_lab.native_select`, built on first use; the tensor one is the
+  fallback without a C compiler).
 * :class:`STAREController` — the per-step state: the gate decision from the batch token-mean entropy and the
   optional adaptive W/M schedule, with ``state_dict()`` / ``load_state_dict()`` for checkpoint/resume.
 
