@@ -65,6 +65,10 @@ class TaskConfig:
         demo_noise: probability ∈ [0, 1] that a warm-start demonstration digit is replaced by a random digit.
         train_size: number of distinct train prompts (≥ 1).
         eval_size: number of distinct held-out prompts (≥ 1); train and eval never share a prompt.
+        reward_noise: probability ∈ [0, 0.5) that the RL phase's verifier flips a verdict (a noisy verifier, as in
+            the tabular ``collapse`` preset: it keeps reward variance in solved prompts, as hard prompts do in real
+            training). :meth:`Task.check` itself is exact; the simulator applies the noise to training rewards only
+            (accuracy, pass@k and held-out evaluation use the exact verdicts).
     """
 
     name: str = "pick"
@@ -73,6 +77,7 @@ class TaskConfig:
     demo_noise: float = 0.3
     train_size: int = 4096
     eval_size: int = 128
+    reward_noise: float = 0.0
 
     def __post_init__(self) -> None:
         p = config_prefix("task")
@@ -83,6 +88,7 @@ class TaskConfig:
         check_range(join_key(p, "demo_noise"), self.demo_noise, 0, 1)
         check_positive(join_key(p, "train_size"), self.train_size, integer=True)
         check_positive(join_key(p, "eval_size"), self.eval_size, integer=True)
+        check_range(join_key(p, "reward_noise"), self.reward_noise, 0, 0.5, hi_open=True)
         if self.name == "pick" and self.answer_len > self.num_digits:
             raise ConfigError(
                 f"{join_key(p, 'answer_len')}={self.answer_len} is above {join_key(p, 'num_digits')}="

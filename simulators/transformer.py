@@ -138,9 +138,9 @@ def sample_responses(
     responses = torch.full((b, max_len), PAD, dtype=torch.long)
     mask = torch.zeros(b, max_len, dtype=torch.bool)
     done = torch.zeros(b, dtype=torch.bool)
-    out = model(input_ids=prompts, use_cache=True)
+    out, last = _prompt_forward(model, prompts)
     for t in range(max_len):
-        probs = torch.softmax(out.logits[:, -1].float() / temperature, dim=-1)
+        probs = torch.softmax((last if t == 0 else out.logits[:, -1]).float() / temperature, dim=-1)
         tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         tok = torch.where(done, torch.full_like(tok, PAD), tok)
         responses[:, t] = tok
@@ -152,15 +152,30 @@ def sample_responses(
     return responses, mask
 
 
+def _prompt_forward(model: torch.nn.Module, prompts: torch.Tensor, params=None):
+    """Forward of the prompts with a KV cache, each *distinct run* of equal consecutive prompts computed once (a
+    rollout batch repeats every prompt G times) and the cache then indexed out to the whole batch:
+    ``(output with .past_key_values for all B rows, logits [B, V] at the last prompt position)``. Differentiable;
+    ``params`` as in :func:`response_logits`."""
+    uniq, inverse = torch.unique_consecutive(prompts, dim=0, return_inverse=True)
+    kwargs = {"input_ids": uniq, "use_cache": True}
+    out = model(**kwargs) if params is None else torch.func.functional_call(model, params, (), kwargs)
+    if len(uniq) < len(prompts):
+        out.past_key_values.batch_select_indices(inverse)
+    return out, out.logits[:, -1][inverse]
+
+
 def response_logits(model: torch.nn.Module, prompts: torch.Tensor, responses: torch.Tensor, params=None):
-    """Logits ``[B, L, V]`` (float32) that predicted each response token (one full forward, differentiable).
+    """Logits ``[B, L, V]`` (float32) that predicted each response token (differentiable): a forward of the
+    distinct prompts (:func:`_prompt_forward`, shared by a group's G responses) and one of the responses on its KV
+    cache — the same numbers as a full forward of prompt + response, up to float rounding, at ~half the cost.
     ``params`` (name → tensor) evaluates the model at other parameters (``torch.func.functional_call``)."""
-    ids = torch.cat([prompts, responses], dim=1)
-    if params is None:
-        logits = model(input_ids=ids, use_cache=False).logits
-    else:
-        logits = torch.func.functional_call(model, params, (ids,), {"use_cache": False}).logits
-    return logits[:, prompts.shape[1] - 1 : -1].float()
+    out, first = _prompt_forward(model, prompts, params)
+    if responses.shape[1] == 1:
+        return first[:, None].float()
+    kwargs = {"input_ids": responses[:, :-1], "past_key_values": out.past_key_values, "use_cache": True}
+    rest = (model(**kwargs) if params is None else torch.func.functional_call(model, params, (), kwargs)).logits
+    return torch.cat([first[:, None], rest], dim=1).float()
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -184,7 +199,8 @@ class _Simulation:
         self.warm_info = self._warm_start(run_dir)
         self.params = [p for p in self.model.parameters()]
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
+            self.params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+            weight_decay=config.weight_decay,
         )
         self.controller = STAREController(self.loss_cfg.stare)
         self.generator = torch.Generator().manual_seed(1_000_003 * config.seed + 1)  # RL sampling stream
@@ -284,10 +300,14 @@ class _Simulation:
             responses, mask = sample_responses(
                 self.model, prompts, self.task.max_response_len, cfg.temperature, self.generator
             )
-            rewards = self.task.check(prompts, responses)
-            if r == 0:
-                stats["accuracy"] = float(rewards.mean())
-                stats[f"pass@{G}"] = float((rewards.view(-1, G).max(dim=1).values > 0).float().mean())
+            correct = self.task.check(prompts, responses)
+            rewards = correct
+            if cfg.task.reward_noise > 0:  # noisy verifier: the verdict flipped with probability reward_noise
+                flip = torch.rand(correct.shape, generator=self.generator) < cfg.task.reward_noise
+                rewards = torch.where(flip, 1.0 - correct, correct)
+            if r == 0:  # accuracy / pass@G: the true verdicts; zero-variance groups: the rewards trained on
+                stats["accuracy"] = float(correct.mean())
+                stats[f"pass@{G}"] = float((correct.view(-1, G).max(dim=1).values > 0).float().mean())
                 stats["frac_zero_var_groups"] = float((rewards.view(-1, G).std(dim=1) == 0).float().mean())
             if not cfg.dynamic_sampling:
                 return prompts, responses, mask, rewards, stats
@@ -314,6 +334,9 @@ class _Simulation:
         prompts, responses, mask, rewards, row = self._rollout()
         t_sample = time.perf_counter() - t0
         advantages = group_advantages(rewards, group_size=cfg.group_size, estimator=cfg.adv_estimator)
+        lr = cfg.lr * min(1.0, self.step / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else cfg.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         # θ_old as differentiable copies: the first update's forward runs through them, so its graph (kept for
         # ∇θH̄ at θ_old) survives the optimizer's in-place parameter update; gradients still reach the parameters.
         theta_old = {n: p.clone() for n, p in self.model.named_parameters()}

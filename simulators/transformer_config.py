@@ -119,9 +119,12 @@ class TransformerSimConfig:
         prompts_per_step: prompts per RL batch (≥ 1).
         group_size: G responses per prompt (≥ 2).
         temperature: sampling temperature τ > 0 (log-probs and entropy use the same τ).
-        lr: AdamW learning rate of the RL phase (> 0); the prototype found 1e-3 best (2e-3 hurt accuracy).
+        lr: AdamW learning rate of the RL phase (> 0); the presets use 1e-3 (see their comment for why).
         weight_decay: AdamW decoupled weight decay (≥ 0).
         adam_beta1, adam_beta2: AdamW moment decay rates in [0, 1).
+        adam_eps: AdamW denominator constant ε (> 0; torch default 1e-8).
+        lr_warmup_steps: linear learning-rate warm-up of the RL phase (≥ 0): step t uses lr·min(1, t / warmup);
+            0 = constant lr.
         grad_clip: max gradient norm (> 0; paper 1.0).
         updates_per_batch: optimizer updates per rollout batch (≥ 1; paper 1 = on-policy, clipping inert).
         adv_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (:func:`stare_lab.advantages.group_advantages`).
@@ -148,6 +151,8 @@ class TransformerSimConfig:
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    lr_warmup_steps: int = 0
     grad_clip: float = 1.0
     updates_per_batch: int = 1
     adv_estimator: str = "grpo"
@@ -179,6 +184,8 @@ class TransformerSimConfig:
         check_range(join_key(p, "weight_decay"), self.weight_decay, 0, None)
         check_range(join_key(p, "adam_beta1"), self.adam_beta1, 0, 1, hi_open=True)
         check_range(join_key(p, "adam_beta2"), self.adam_beta2, 0, 1, hi_open=True)
+        check_range(join_key(p, "adam_eps"), self.adam_eps, 0, 1, lo_open=True)
+        check_positive(join_key(p, "lr_warmup_steps"), self.lr_warmup_steps, integer=True, allow_zero=True)
         check_range(join_key(p, "grad_clip"), self.grad_clip, 0, None, lo_open=True, allow_inf=True)
         check_choice(join_key(p, "adv_estimator"), self.adv_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
         check_range(join_key(p, "entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
@@ -196,43 +203,56 @@ class TransformerSimConfig:
 
 # --------------------------------------------------------------------------------------------------- presets
 #: The strong STARE push of the presets (adaptive bounds wide enough for o1-adaptive to move W and M).
+_OPTIM = {"lr": 1e-3, "adam_beta1": 0.95, "adam_beta2": 0.99}
 _STRONG_PUSH = {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_max": 8.0, "m_min": 0.1, "alpha": 0.05}
 
 #: Preset name → overrides of :class:`TransformerSimConfig` (``simulators/cli.py`` applies them, then the user's).
 PRESETS: dict[str, dict[str, Any]] = {
-    # GRPO, O1, C2 on one seed in ~90 s (2 cores). Task "pick" has several correct answers per prompt: token
-    # reweighting needs room to act (science.md §6; see "transformer-sort" for the single-answer control).
-    # lr 1e-3 with β2 = 0.99: fast enough that GRPO's entropy falls below 10 % of its post-warm-start value within
-    # 130 steps (seed 0: step 106), slow enough that ∇θH̄·Δθ predicts the measured ΔH well (R² 0.97–0.98 for
-    # O1/C2, 0.89 for GRPO, whose collapse phase is visibly non-linear; higher lr collapsed sooner with R² 0.78–0.83
-    # at 1.25e-3–1.5e-3). The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start
-    # entropy); at the paper's defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9
-    # stare.target_entropy=0.3.
+    # GRPO, O1, C2 on one seed in ~70 s (2 cores). Task "pick" has several correct answers per prompt (here 4 prompt
+    # digits, answers of 3: 24 correct answers when the digits are distinct): token reweighting needs room to act
+    # (science.md §6; see "transformer-sort" for the single-answer control). How the settings were chosen (GRPO,
+    # R² = fit of the measured ΔH on ∇θH̄·Δθ over all RL steps; collapse = first step below 10 % of the
+    # post-warm-start entropy; seeds 0/1/2):
+    # * The old preset (5 digits, answers of 4, lr 1e-3, β1 0.9, 130 steps) gave R² 0.886 and collapse at
+    #   106/178–195 (seeds 1–2 past the preset's steps). Its misfit was spread over all phases (steps 1–10: 2 % of
+    #   the variance, 41–80: 3.5 %, the collapse 81–110: 5 %, the tail: 3 %, one grad-norm spike in the tail 2 %),
+    #   and the logit-space first-order prediction misfit as much (R² 0.87): the per-step logit change was too
+    #   large, mostly through Adam's noise component, not a few outlier steps.
+    # * Tried on seed 0 (R² / collapse step): no clip 0.873/100; clip 0.25 0.915/127; β2 0.999 0.871/none in
+    #   130; Adam ε 1e-4 0.857/111; lr warm-up 10 steps 0.868/none; 64 prompts 0.918/99; 16 prompts 0.917/none in
+    #   180; lr 7e-4 0.918/166; lr 5e-4 0.959/none (130 steps); β1 0 0.079 (!); β1 0.95 0.954/111; β1 0.97
+    #   0.951/130; β1 0.98 0.965/none. Momentum averages the sampling noise out of Δθ, so β1 0.95 halves the misfit
+    #   at the same lr — but on the 5-digit task seeds 1/2 still collapsed late (none in 250 / 168). A noisy
+    #   verifier (flip 0.1) slowed the collapse (none in 200 for seeds 0–2) and cost R²; G 16 × 16 prompts and a
+    #   longer warm start did not help either.
+    # * The smaller 4-digit / 3-answer task is learnt sooner, so GRPO reaches its collapse phase sooner: with
+    #   lr 1e-3, β1 0.95, β2 0.99 it collapses at steps 133 / 104 / 144 (seeds 0 / 1 / 2) with R² 0.977 / 0.962 /
+    #   0.992 over its 180 steps; lr 1.5e-3 collapsed at 68–99 but R² fell to 0.92 on seed 0. Its shorter sequences also make a step
+    #   cheaper (with prompt KV sharing, ~0.085 s). 180 steps leave margin after the latest collapse.
+    # The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start entropy); at the paper's
+    # defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9 stare.target_entropy=0.3.
     "transformer": {
-        "steps": 130,
-        "lr": 1e-3,
-        "adam_beta2": 0.99,
-        "eval_every": 40,
-        "checkpoint_every": 65,
-        "task": {"name": "pick", "num_digits": 5, "answer_len": 4, "eval_size": 64},
+        "steps": 180,
+        **_OPTIM,
+        "eval_every": 45,
+        "checkpoint_every": 90,
+        "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 64},
         "loss": {"stare": _STRONG_PUSH},
     },
     # Longer studies (several seeds: stare-lab simulate --preset transformer-long --seeds 3).
     "transformer-long": {
         "steps": 400,
-        "lr": 1e-3,
-        "adam_beta2": 0.99,
+        **_OPTIM,
         "eval_every": 50,
         "checkpoint_every": 100,
         "eval_samples": 16,
-        "task": {"name": "pick", "num_digits": 5, "answer_len": 4, "eval_size": 256},
+        "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 256},
         "loss": {"stare": _STRONG_PUSH},
     },
     # Negative control: one correct answer per prompt; STARE's reweighting has nothing to act on.
     "transformer-sort": {
         "steps": 200,
-        "lr": 1e-3,
-        "adam_beta2": 0.99,
+        **_OPTIM,
         "eval_every": 50,
         "checkpoint_every": 100,
         "task": {"name": "sort", "num_digits": 5, "answer_len": 5, "eval_size": 64},
@@ -242,8 +262,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 #: Preset name → one-line description (for ``stare-lab simulate --list-presets``).
 PRESET_DESCRIPTIONS: dict[str, str] = {
-    "transformer": "tiny Qwen2 LM on 'pick' (several correct answers), 130 RL steps, lr 1e-3; GRPO collapses, "
-    "gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~90 s for grpo,o1,c2 x 1 seed",
+    "transformer": "tiny Qwen2 LM on 'pick' (4 digits, answers of 3: several correct answers), 180 RL steps, "
+    "lr 1e-3, beta1 0.95; GRPO collapses, gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~70 s for "
+    "grpo,o1,c2 x 1 seed",
     "transformer-long": "as 'transformer' with 400 steps and 256 held-out prompts x 16 samples; run several seeds",
     "transformer-sort": "negative control: 'sort' has one correct answer, so token reweighting has nothing to act on",
 }

@@ -84,6 +84,58 @@ def test_sampling_is_seeded_and_stops_at_eos():
             assert all(m)
 
 
+def test_shared_prompt_forward_equals_full_forward():
+    """response_logits computes each run of equal prompts once and reuses its KV cache for the group's responses;
+    the logits and their gradients must equal those of a plain full forward of prompt + response."""
+    model = T.build_model(T.ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2), seed=3)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 10, (5, 6), generator=g).repeat_interleave(4, dim=0)  # 5 prompts x G = 4
+    responses = torch.randint(0, 14, (20, 5), generator=g)
+    full = model(input_ids=torch.cat([prompts, responses], 1), use_cache=False).logits[:, 5:-1]
+    shared = T.response_logits(model, prompts, responses)
+    assert shared.shape == (20, 5, 14)
+    assert torch.allclose(shared, full, atol=1e-5)
+    g_full = torch.autograd.grad(full.square().mean(), list(model.parameters()))
+    g_shared = torch.autograd.grad(shared.square().mean(), list(model.parameters()))
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_full, g_shared))
+    params = {n: p.detach() * 1.01 for n, p in model.named_parameters()}
+    ref = torch.func.functional_call(model, params, (torch.cat([prompts, responses], 1),), {"use_cache": False})
+    assert torch.allclose(T.response_logits(model, prompts, responses, params), ref.logits[:, 5:-1], atol=1e-5)
+    # distinct prompts (no sharing) and one-token responses take the same path
+    assert torch.allclose(T.response_logits(model, prompts[::4], responses[::4]), full[::4], atol=1e-5)
+    assert torch.allclose(T.response_logits(model, prompts, responses[:, :1]), full[:, :1], atol=1e-5)
+
+
+def test_reward_noise_flips_training_rewards_only(tmp_path):
+    """task.reward_noise flips the training verdicts; accuracy (exact verdicts) and reward then differ, and the
+    flips come from the seeded RL stream (deterministic). Without noise, reward == accuracy."""
+    T.run(_cfg(tmp_path, method="grpo"), tmp_path / "c")
+    clean = _rows(tmp_path / "c")
+    assert all(r["reward"] == pytest.approx(r["accuracy"]) for r in clean)
+    T.run(_cfg(tmp_path, "task.reward_noise=0.4", method="grpo"), tmp_path / "n")
+    T.run(_cfg(tmp_path, "task.reward_noise=0.4", method="grpo"), tmp_path / "n2")
+    noisy = _rows(tmp_path / "n")
+    assert noisy == _rows(tmp_path / "n2")
+    assert any(abs(r["reward"] - r["accuracy"]) > 0.05 for r in noisy)
+    with pytest.raises(ConfigError, match=r"task.reward_noise=0.5 is outside \[0, 0.5\)"):
+        T.config_from_preset(None, ["task.reward_noise=0.5"])
+
+
+def test_lr_warmup_and_adam_eps(tmp_path):
+    """lr_warmup_steps = 4: step t runs at lr·t/4, then lr; adam_eps reaches the optimizer; bad values are named."""
+    sim = T._Simulation(_cfg(tmp_path, "lr_warmup_steps=4", "adam_eps=1e-6", "lr=0.002"), tmp_path / "run")
+    assert sim.optimizer.param_groups[0]["eps"] == 1e-6
+    lrs = []
+    for _ in range(5):
+        sim.rl_step()
+        lrs.append(sim.optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.0005, 0.001, 0.0015, 0.002, 0.002])
+    with pytest.raises(ConfigError, match=r"lr_warmup_steps=-1"):
+        T.config_from_preset(None, ["lr_warmup_steps=-1"])
+    with pytest.raises(ConfigError, match=r"adam_eps=0"):
+        T.config_from_preset(None, ["adam_eps=0"])
+
+
 def test_grad_dot_prediction_equals_directional_finite_difference(tmp_path):
     """pred/grad_dot must be ∇θH̄(θ_old)·Δθ: compare with the central difference (H̄(θ0+εΔθ) − H̄(θ0−εΔθ))/(2ε)
     along the step's own Δθ, evaluated independently with functional_call (ε = 0.05; float32)."""
@@ -170,16 +222,16 @@ def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
 @pytest.mark.slow
 def test_transformer_preset_claims(tmp_path):
     """The `transformer` preset on seed 0 (issue 8). Measured on this machine (2026-11-29): GRPO's entropy
-    1.536 → below 10 % at step 106 (0.047 at step 130) while the sampled accuracy rose 0.125 → 0.96; the gated O1
-    run held the entropy at H_tgt = 0.7 (mean |H − H_tgt| over the second half 0.03). The exact first-order
-    prediction ∇θH̄·Δθ fits the measured ΔH with R² 0.97–0.98 for O1/C2 but only 0.89 for GRPO (its collapse phase
-    is visibly non-linear at lr 1e-3) — the thresholds below guard those measured values; R² ≥ 0.95 is asserted
-    where it was reached."""
+    1.448 → below 10 % at step 133 (0.116 at step 180) while the sampled accuracy rose 0.20 → 0.97; the gated O1
+    run held the entropy near H_tgt = 0.7 (mean |H − H_tgt| over the second half 0.065). The exact first-order
+    prediction ∇θH̄·Δθ fits the measured ΔH over all RL steps with R² 0.977 (GRPO) and 0.996 (O1), slopes
+    0.98–0.99. The thresholds below leave room for float-rounding differences between machines."""
     out = tmp_path / "sweep"
     g = T.run(T.config_from_preset("transformer", method="grpo"), out / "grpo" / "seed0")
-    assert g["steps_to_collapse"] is not None and g["steps_to_collapse"] <= 130, g
+    assert g["steps_to_collapse"] is not None and g["steps_to_collapse"] <= 180, g
+    assert g["final_entropy"] < 0.1 * g["initial_entropy"], g
     assert g["final_accuracy"] > g["initial_accuracy"] + 0.5, g
-    assert g["fit/grad_dot/r2"] >= 0.85 and 0.75 <= g["fit/grad_dot/slope"] <= 1.1, g
+    assert g["fit/grad_dot/r2"] >= 0.95 and 0.9 <= g["fit/grad_dot/slope"] <= 1.1, g
     o = T.run(T.config_from_preset("transformer", method="o1"), out / "o1" / "seed0")
     assert o["steps_to_collapse"] is None and o["mean_abs_dev_second_half"] < 0.1, o
     assert o["final_entropy"] > 0.5 * o["target_entropy"] and o["gate_on_frac"] > 0.2, o
