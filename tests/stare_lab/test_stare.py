@@ -374,3 +374,26 @@ def test_native_and_tensor_implementations_agree_bit_for_bit(monkeypatch):
         assert torch.equal(w_native, w_tensor)
         for key in s_tensor:
             assert float(s_native[key]) == float(s_tensor[key]), key
+
+
+def test_no_host_synchronisation_in_the_selection(monkeypatch, backend):
+    """The selection never reads a tensor value back into Python (.item(), .tolist(), bool()/int()/float() of a
+    tensor, data-dependent nonzero): on an accelerator each of those would stall the device."""
+    lp = -torch.rand(37, 53, generator=torch.Generator().manual_seed(5)) * 4
+    adv = torch.randn(37, generator=torch.Generator().manual_seed(6))
+    mask = torch.rand(37, 53, generator=torch.Generator().manual_seed(7)) < 0.7
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("host synchronisation in the selection")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    monkeypatch.setattr(torch, "nonzero", forbidden)
+    for variant in ("O1", "C2"):
+        w, stats = stare_token_weights(lp, adv, mask, STAREConfig(variant=variant, top_p_ratio=0.2))
+    monkeypatch.undo()
+    monkeypatch.setenv("STARE_LAB_NATIVE", "1" if backend == "native" else "0")
+    pos = reference_selection(lp, mask & (adv[:, None] > 0), 0.2)
+    neg = reference_selection(lp, mask & (adv[:, None] < 0), 0.2)
+    expected = torch.where(pos, torch.tensor(1.1), torch.where(neg, torch.tensor(0.9), torch.tensor(1.0)))
+    assert torch.equal(w, expected)
