@@ -6,7 +6,8 @@ Reads top to bottom:
    FFN 256, 2 layers, 2 heads, 1 KV head ≈ 124k parameters, fp32), random init from the seed. Log-probs and entropy
    of sampled tokens come from :mod:`stare_lab.entropy`, the same code path the trainer uses.
 2. **Task** — :mod:`simulators.tasks` (``pick``: several correct answers per prompt; ``sort``: one), prompts from
-   the seed, disjoint train / held-out splits, a checker giving 0/1 rewards.
+   the seed, disjoint train / held-out splits, a checker giving 0/1 rewards (optionally a noisy verifier for
+   training, ``task.reward_noise``; accuracy and evaluation always use the exact verdicts).
 3. **Warm start** — a short supervised phase on noisy demonstrations (AdamW, ``warm_start.lr``) so the initial
    policy is partly right and has real entropy. The warm-started weights depend only on (task, model, warm_start,
    seed); they are cached in ``warm_start.cache_dir`` (default: ``<run_dir>/../../warm_start_cache``, i.e. ``OUT/``
@@ -17,7 +18,9 @@ Reads top to bottom:
    :func:`stare_lab.advantages.group_advantages`, the method's policy loss from the core registry
    (:func:`stare_lab.losses.compute_policy_loss`), STARE token weights from
    :func:`stare_lab.stare.stare_token_weights` (global scope over the step's batch) gated by
-   :class:`stare_lab.stare.STAREController`, AdamW (``lr``, default 1e-3; grad-norm clip ``grad_clip``).
+   :class:`stare_lab.stare.STAREController`, AdamW (``lr``, default 1e-3, optional linear warm-up
+   ``lr_warmup_steps``; ``adam_beta1/2``, ``adam_eps``; grad-norm clip ``grad_clip``). Every forward computes a
+   group's shared prompt once and runs its G responses on that KV cache (:func:`response_logits`).
    ``updates_per_batch = 1`` is the paper's one on-policy update (ratio ≡ 1); more updates make clipping matter.
 5. **Measurement** — per step the batch token-mean entropy H̄ before the update, the measured change
    ``entropy_change`` = H̄(θ_new) − H̄(θ_old) recomputed on the *same* prompts, sampled responses and token

@@ -222,13 +222,13 @@ def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
 @pytest.mark.slow
 def test_transformer_preset_claims(tmp_path):
     """The `transformer` preset on seed 0 (issue 8). Measured on this machine (2026-11-29): GRPO's entropy
-    1.448 → below 10 % at step 133 (0.116 at step 180) while the sampled accuracy rose 0.20 → 0.97; the gated O1
-    run held the entropy near H_tgt = 0.7 (mean |H − H_tgt| over the second half 0.065). The exact first-order
-    prediction ∇θH̄·Δθ fits the measured ΔH over all RL steps with R² 0.977 (GRPO) and 0.996 (O1), slopes
-    0.98–0.99. The thresholds below leave room for float-rounding differences between machines."""
+    1.448 → below 10 % at step 133 (0.129 after step 200) while the sampled accuracy rose 0.20 → 0.98; the gated
+    O1 run held the entropy near H_tgt = 0.7 (mean |H − H_tgt| over the second half 0.078). The exact first-order
+    prediction ∇θH̄·Δθ fits the measured ΔH over all 200 RL steps with R² 0.978 (GRPO) and 0.996 (O1), slopes
+    0.99. The thresholds below leave room for float-rounding differences between machines."""
     out = tmp_path / "sweep"
     g = T.run(T.config_from_preset("transformer", method="grpo"), out / "grpo" / "seed0")
-    assert g["steps_to_collapse"] is not None and g["steps_to_collapse"] <= 180, g
+    assert g["steps_to_collapse"] is not None and g["steps_to_collapse"] <= 200, g
     assert g["final_entropy"] < 0.1 * g["initial_entropy"], g
     assert g["final_accuracy"] > g["initial_accuracy"] + 0.5, g
     assert g["fit/grad_dot/r2"] >= 0.95 and 0.9 <= g["fit/grad_dot/slope"] <= 1.1, g
