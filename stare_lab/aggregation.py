@@ -31,8 +31,10 @@ def _normaliser(value: int | float | Tensor | None, default: Tensor, name: str) 
 
 
 def _safe_div(total: Tensor, count: Tensor) -> Tensor:
-    """total / count, and exactly 0 (with zero gradient) where count == 0."""
-    return torch.where(count > 0, total / count.clamp_min(1e-30), torch.zeros_like(total))
+    """total / count, and exactly 0 (with zero gradient, never NaN) where count is not > 0 (0, or a NaN / negative
+    tensor normaliser, which the policy losses reject before they return)."""
+    positive = count > 0
+    return torch.where(positive, total / torch.where(positive, count, torch.ones_like(count)), torch.zeros_like(total))
 
 
 def aggregate_loss(
@@ -54,7 +56,9 @@ def aggregate_loss(
     * ``seq-mean-token-sum-norm``: Σ_b Σ_t m·ℓ / (S · L), L = ``loss_scale_factor`` or T (Dr. GRPO's constant)
 
     Padding entries are excluded with a select (not a product), so non-finite padding values cannot leak into the
-    value. With ``token_weights`` ω (STARE, science.md §4 step 5) every sum runs over m·ω·ℓ instead, computed as
+    value. Python-number normalisers are checked here; a tensor normaliser is not read back (no host
+    synchronisation) — a NaN or non-positive one gives 0 with zero gradient, and the policy losses reject it with a
+    :class:`DataError`. With ``token_weights`` ω (STARE, science.md §4 step 5) every sum runs over m·ω·ℓ instead, computed as
     ℓ · where(m, ω, 0): one product in place of a select and a second product. ω is read on valid tokens only, but
     ``loss_mat`` must then be finite on padding too (0 · NaN = NaN); the policy losses guarantee that (every input
     is checked finite and ρ is clamped). Sequences without valid tokens contribute 0. Defaults: N = this call's valid tokens, S = this call's
@@ -74,7 +78,7 @@ def aggregate_loss(
 
     Raises:
         ConfigError: unknown ``mode`` or ``loss_scale_factor <= 0``.
-        DataError: shape mismatch or a negative / non-finite normaliser.
+        DataError: shape mismatch, or a negative / non-finite Python-number normaliser.
     """
     if loss_mat.shape != mask.shape or loss_mat.dim() != 2:
         raise DataError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must be the same [B, T]")

@@ -325,6 +325,9 @@ def _raise_non_finite(prep: _Prepared, sums: list[float]) -> None:
     for (name, _), total in zip(prep.finite_checks, sums):
         if math.isfinite(total):
             continue
+        if name in ("global_num_tokens", "global_num_sequences"):
+            value = getattr(prep.inputs, name)
+            raise DataError(f"{name}={value.detach().reshape(()).item()} must be a finite number >= 0")
         if name == "pg_loss":  # every input above is finite: ω on a valid token, or an overflow
             weights = prep.token_weights
             bad = None if weights is None else prep.mask & ~torch.isfinite(weights)
@@ -392,6 +395,11 @@ def _run(core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Ten
         loss_scale_factor=cfg.loss_scale_factor,
     )
     pg_loss = aggregate_loss(pg_mat, **agg, token_weights=prep.token_weights)
+    for name in ("global_num_tokens", "global_num_sequences"):  # a tensor must be finite and >= 0 (checked below)
+        value = getattr(inputs, name)
+        if isinstance(value, Tensor) and value.numel() == 1:
+            v = value.detach().reshape(()).to(device=pg_loss.device, dtype=torch.float32)
+            prep.finite_checks.append((name, torch.where(v >= 0, v, torch.full_like(v, math.nan))))
     prep.finite_checks.append(("pg_loss", pg_loss.detach()))
     loss = pg_loss
     metrics: dict[str, Any] = {"loss/pg_loss": pg_loss.detach()}

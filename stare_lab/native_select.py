@@ -7,7 +7,7 @@ low 15 bits inside the threshold bin; one row-major write that takes the ties in
 k and the same tie rule, so its result is identical bit for bit (the tests compare the two and an independent sort).
 There is no device to synchronise with on a CPU; the kernel reads no value back into Python.
 
-The C source below is compiled with the system C compiler (``$CC``, default ``cc``) into a shared library cached under
+The C source below is compiled with the system C compiler (``$CC``, split like a shell word list; default ``cc``) into a shared library cached under
 ``$STARE_LAB_CACHE_DIR`` (default ``~/.cache/stare_lab``, or the temp directory if that is not writable) and loaded
 with :mod:`ctypes`; building takes well under a second and happens once per source version. Without a working
 compiler :func:`available` is False and :mod:`stare_lab.stare` uses the tensor implementation (one warning is logged).
@@ -20,6 +20,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -211,8 +212,8 @@ def _cache_dir() -> Path:
 
 
 def _build() -> ctypes.CDLL:
-    compiler = os.environ.get("CC", "cc")
-    digest = hashlib.sha256((_SOURCE + compiler).encode()).hexdigest()[:16]
+    compiler = shlex.split(os.environ.get("CC") or "cc")  # e.g. "ccache gcc" or "gcc -m64", as make reads it
+    digest = hashlib.sha256((_SOURCE + " ".join(compiler)).encode()).hexdigest()[:16]
     directory = _cache_dir()
     lib_path = directory / f"stare_select-{digest}.so"
     if not lib_path.exists():
@@ -222,7 +223,7 @@ def _build() -> ctypes.CDLL:
             handle.write(_SOURCE)
         fd, tmp = tempfile.mkstemp(suffix=".so", prefix="stare_select-", dir=directory)
         os.close(fd)
-        cmd = [compiler, "-O3", "-std=c99", "-shared", "-fPIC", "-o", tmp, src, "-lm"]
+        cmd = [*compiler, "-O3", "-std=c99", "-shared", "-fPIC", "-o", tmp, src, "-lm"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:

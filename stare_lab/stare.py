@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import struct
 from typing import Any, Mapping
 
@@ -46,6 +47,8 @@ _HI_BINS = 1 << 16
 _TRASH_BINS = 64
 # bit pattern of the float32 1.0: the weights are written as bit patterns (exactly fl(W), fl(M) and 1.0)
 _ONE_BITS = 0x3F800000
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_FLOAT32_TINY = float(torch.finfo(torch.float32).smallest_normal)
 # Relative tolerance on P·n before the ceiling: a decimal P such as 0.1 is stored slightly above 1/10, and
 # ⌈fl(0.1)·30⌉ would be 4 instead of the intended 3.
 _K_RTOL = 1e-12
@@ -94,7 +97,7 @@ def select_top_surprisal(
 
     Args:
         logprobs: ``[B, T]`` (or ``[N]``) log-probabilities of the sampled tokens (nats, ≤ 0), any float dtype;
-            detached here.
+            detached here and ranked as float32 (float64 values that round to the same float32 are ties).
         candidates: bool, same shape: the set to select from (e.g. valid tokens with Â > 0).
         top_p_ratio: P ∈ [0, 1]; P = 0 selects nothing.
 
@@ -345,7 +348,8 @@ def stare_token_weights(
 
     Raises:
         DataError: on shape/dtype mismatches, or (``check_inputs``) bad values.
-        ConfigError: if ``reweight_w`` < 1 or ``reweight_m`` ∉ (0, 1].
+        ConfigError: if ``reweight_w`` ∉ [1, float32 max] or ``reweight_m`` ∉ [float32 smallest normal, 1] (ω is
+            float32).
     """
     config = STAREConfig() if config is None else config
     _check_inputs(logprobs, advantages, response_mask)
@@ -353,8 +357,8 @@ def stare_token_weights(
     m = float(config.reweight_m if reweight_m is None else reweight_m)
     from .config import check_range
 
-    check_range("reweight_w", w, 1, None)
-    check_range("reweight_m", m, 0, 1, lo_open=True)
+    check_range("reweight_w", w, 1, _FLOAT32_MAX)  # ω is float32: W, M must be representable (M not 0)
+    check_range("reweight_m", m, _FLOAT32_TINY, 1)
     mask = _as_bool_mask(response_mask)
     adv = advantages.detach()
     if check_inputs:
@@ -478,7 +482,7 @@ class STAREController:
             if batch_entropy.numel() != 1:
                 raise DataError(f"batch_entropy must be a scalar, got a tensor of shape {tuple(batch_entropy.shape)}")
             batch_entropy = batch_entropy.item()
-        if isinstance(batch_entropy, bool) or not isinstance(batch_entropy, (int, float)):
+        if isinstance(batch_entropy, bool) or not isinstance(batch_entropy, numbers.Real):
             raise DataError(f"batch_entropy={batch_entropy!r} must be a real number (nats)")
         h = float(batch_entropy)
         if not math.isfinite(h):
@@ -525,8 +529,12 @@ class STAREController:
             if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
                 raise DataError(f"STAREController state: {key}={state[key]!r} must be a non-negative integer")
         for key in ("reweight_w", "reweight_m", "last_entropy"):
-            if isinstance(state[key], bool) or not isinstance(state[key], (int, float)):
+            if isinstance(state[key], bool) or not isinstance(state[key], numbers.Real):
                 raise DataError(f"STAREController state: {key}={state[key]!r} must be a number")
+        if not 1.0 <= float(state["reweight_w"]) < math.inf:
+            raise DataError(f"STAREController state: reweight_w={state['reweight_w']!r} must be finite and >= 1")
+        if not 0.0 < float(state["reweight_m"]) <= 1.0:
+            raise DataError(f"STAREController state: reweight_m={state['reweight_m']!r} must be in (0, 1]")
         for key in self._STATE_KEYS:
             value = state[key]
             setattr(self, key, float(value) if key in ("reweight_w", "reweight_m", "last_entropy") else value)

@@ -396,3 +396,20 @@ def test_dict_config_equals_dataclass_and_custom_loss():
     loss, metrics = compute_policy_loss("test_only_reinforce", inp, {})
     assert loss.item() == pytest.approx(-0.5 * ((-1 + LN(1.2)) + (-1 + LN(0.9))) / 2, abs=1e-6)
     assert metrics["loss/custom"] == 1.0 and "loss/ratio_mean" in metrics
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -5.0, float("inf")])
+def test_tensor_normalisers_are_checked(bad):
+    """A tensor global_num_tokens / global_num_sequences that is NaN, negative or infinite is a DataError from the
+    loss (never a 0 loss with NaN gradients); aggregate_loss alone returns 0 with zero gradient for NaN / negative."""
+    x = torch.tensor([[0.0, -0.5]], requires_grad=True)
+    for name, mode in (("global_num_tokens", "token-mean"), ("global_num_sequences", "seq-mean-token-sum")):
+        inp = PolicyLossInputs(x, torch.tensor([[0.0, -0.5]]), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool),
+                               **{name: torch.tensor(bad)})
+        with pytest.raises(DataError, match=name):
+            compute_policy_loss("grpo", inp, LossConfig(loss_agg_mode=mode))
+    if bad != float("inf"):
+        y = torch.ones(1, 2, requires_grad=True)
+        out = aggregate_loss(y, torch.ones(1, 2), "token-mean", global_num_tokens=torch.tensor(bad))
+        out.backward()
+        assert out.item() == 0.0 and torch.equal(y.grad, torch.zeros(1, 2))

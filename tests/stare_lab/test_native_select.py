@@ -71,3 +71,15 @@ def test_rejects_a_bad_output_buffer(monkeypatch):
     with pytest.raises(RuntimeError, match="contiguous int32"):
         native_select.select_into(torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool),
                                   torch.ones(2, 1, dtype=torch.uint8), 0.1, torch.zeros(2, 3), 1, 1, 0)
+
+
+def test_cc_with_arguments_is_split_like_a_shell_word_list(fresh_state, monkeypatch):
+    """CC="cc -O2" (a compiler with flags, as make accepts it) builds; a wrong first word is reported by name."""
+    import shutil
+
+    if shutil.which("cc") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI: no C compiler")
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("CC", "cc -O2")
+    assert native_select.available(), native_select.load_error()

@@ -397,3 +397,18 @@ def test_no_host_synchronisation_in_the_selection(monkeypatch, backend):
     neg = reference_selection(lp, mask & (adv[:, None] < 0), 0.2)
     expected = torch.where(pos, torch.tensor(1.1), torch.where(neg, torch.tensor(0.9), torch.tensor(1.0)))
     assert torch.equal(w, expected)
+
+
+def test_weights_must_be_representable_in_float32_and_controller_inputs():
+    with pytest.raises(ConfigError, match="reweight_w"):
+        stare_token_weights(LP, ADV, MASK, STAREConfig(), reweight_w=1e39)
+    with pytest.raises(ConfigError, match="reweight_m"):
+        stare_token_weights(LP, ADV, MASK, STAREConfig(variant="C2"), reweight_m=1e-46)  # would round to 0
+    import numpy as np
+
+    ctl = STAREController(STAREConfig(target_entropy=0.3))
+    assert ctl.update(np.float32(0.2)) is True and ctl.last_entropy == pytest.approx(0.2)
+    state = ctl.state_dict()
+    for key, value in (("reweight_w", 0.2), ("reweight_w", float("nan")), ("reweight_m", 0.0), ("reweight_m", 1.5)):
+        with pytest.raises(DataError, match=key):
+            STAREController().load_state_dict({**state, key: value})
