@@ -10,7 +10,10 @@ Expects an environment that already has CUDA torch, the CUDA ``vllm`` build, ``d
 3. check the weight sync: the engine's log-probs of the sequences it samples after the sync must agree with the
    trainer's (bf16 tolerance: mean |Δ log p| ≤ 0.05 nats), and must not drift from step 1 to step 2 (a missing
    sync shows up as a growing gap after a large-lr update);
-4. print rollout tokens/s and the phase timings. Exit code 0 = all checks passed.
+4. print rollout tokens/s and the phase timings;
+5. before all that, the STARE selection on the GPU (the tensor implementation, no host synchronisation) must equal
+   the CPU result bit for bit on a 512 × 4096 batch with ties (O1 and C2), and the STARE/GRPO loss time ratio on the
+   GPU is printed (goal of issue 2: ≤ 1.20×). Exit code 0 = all checks passed.
 """
 
 from __future__ import annotations
@@ -39,6 +42,54 @@ def _gsm8k(tmp: Path) -> Path:
     return out
 
 
+def _selection_check() -> bool:
+    """STARE weights on CUDA (tensor implementation) vs on CPU, and the loss time ratio on CUDA."""
+    import torch
+
+    from stare_lab.config import LossConfig, STAREConfig
+    from stare_lab.losses import PolicyLossInputs, compute_policy_loss
+    from stare_lab.stare import stare_token_weights
+
+    g = torch.Generator().manual_seed(0)
+    old = (-torch.rand(512, 4096, generator=g).pow(3) * 6 * 8).round() / 8  # a grid: many ties
+    adv = torch.randn(512, generator=g)
+    mask = torch.arange(4096)[None, :] < torch.randint(1024, 4097, (512, 1), generator=g)
+    ok = True
+    for variant in ("O1", "C2"):
+        cfg = STAREConfig(variant=variant, top_p_ratio=0.1, reweight_w=1.3, reweight_m=0.7)
+        w_cpu, _ = stare_token_weights(old, adv, mask, cfg)
+        w_gpu, _ = stare_token_weights(old.cuda(), adv.cuda(), mask.cuda(), cfg)
+        same = torch.equal(w_gpu.cpu(), w_cpu)
+        ok &= same
+        print(f"selection {variant}: GPU == CPU: {same}")
+    lp, oldc, advc, maskc = (t.cuda() for t in (old + 0.01, old, adv, mask))
+    lcfg = LossConfig(loss_mode="stare", stare=STAREConfig(scope="global"))
+
+    def grpo():
+        x = lp.clone().requires_grad_(True)
+        compute_policy_loss("grpo", PolicyLossInputs(x, oldc, advc, maskc), lcfg)[0].backward()
+
+    def stare():
+        x = lp.clone().requires_grad_(True)
+        w, st = stare_token_weights(oldc, advc, maskc, lcfg.stare)
+        inputs = PolicyLossInputs(x, oldc, advc, maskc, token_weights=w, gate_on=True, stare_stats=st)
+        compute_policy_loss("stare", inputs, lcfg)[0].backward()
+
+    times = {"grpo": [], "stare": []}
+    for rep in range(12):
+        for name, fn in (("grpo", grpo), ("stare", stare)):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            if rep >= 2:
+                times[name].append(time.perf_counter() - t)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(f"loss fwd+bwd on GPU, 512 x 4096: grpo {med['grpo'] * 1e3:.2f} ms, stare incl. selection "
+          f"{med['stare'] * 1e3:.2f} ms, ratio {med['stare'] / med['grpo']:.3f} (goal <= 1.20)")
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="HF model directory (default: build a small random-init model)")
@@ -51,6 +102,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible", file=sys.stderr)
         return 2
+    selection_ok = _selection_check()
     import vllm  # noqa: F401 - fail early if the CUDA build is missing
 
     from stare_lab.runs import read_run
@@ -79,7 +131,7 @@ def main() -> int:
     })
     train(cfg)
     rows = read_run(cfg.out_dir).metrics
-    ok = True
+    ok = selection_ok
     for r in rows:
         print(f"step {r['step']}: reward {r['reward']:.3f}  entropy {r['entropy']}  "
               f"logprob |diff| mean {r['rollout/logprob_diff_mean']:.4f} max {r['rollout/logprob_diff_max']:.4f}  "
