@@ -7,10 +7,14 @@ Example::
 
 Writes ``OUT/<method>/seed<k>/`` run directories, ``OUT/summary.json`` and PNGs under ``OUT/figures`` (by
 ``stare-lab analyze`` through the front door, given exactly this sweep's run directories, when available, else
-minimal plots of our own; ``--no-plots`` skips them), and prints a table per method, followed by a one-line note
-when the STARE methods barely differ from GRPO (:func:`simulators.sweep.stare_note`). Any ``key=value`` overrides a
-config field of the preset's simulator (``stare.*`` is short for ``loss.stare.*``), except the keys a method sets
-(use ``--methods``) and ``steps`` together with ``--steps``. ``--overwrite`` removes the previous sweep's runs that
+minimal plots of our own; ``--no-plots`` skips them), and prints a table per method, followed by one-line notes:
+when the STARE methods barely differ from GRPO or their gate never opened / was disabled
+(:func:`simulators.sweep.stare_note`), when ``kl_cov`` ran with one update per rollout batch (then it equals GRPO),
+and when ``stare.*`` overrides were given but no method uses the STARE loss (:func:`simulators.sweep.plan_notes`).
+Any ``key=value`` overrides a config field of the preset's simulator (``stare.*`` is short for ``loss.stare.*``),
+except the keys a method sets (use ``--methods``) and ``steps`` together with ``--steps``. On tabular presets an
+explicit ``stare.target_entropy=X`` replaces the preset's ``target_entropy_frac`` (giving both is an error unless
+``target_entropy_frac=null``). ``--overwrite`` removes the previous sweep's runs that
 the new one drops (see :mod:`simulators.sweep`). This module imports nothing heavy at registration time.
 """
 
@@ -112,7 +116,7 @@ def handler(args: argparse.Namespace) -> int:
     from stare_lab.errors import ConfigError
 
     from .presets import METHODS, get_preset, preset_names
-    from .sweep import format_table, plan_sweep, run_sweep, stare_note
+    from .sweep import format_table, plan_notes, plan_sweep, run_sweep, stare_note
 
     if args.list_presets:
         for name in preset_names():
@@ -151,9 +155,9 @@ def handler(args: argparse.Namespace) -> int:
         summary = run_sweep(plan, progress=bar.update)
     print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s) x {len(plan.seeds)} seed(s) -> {out}")
     print(format_table(summary))
-    note = stare_note(summary)
-    if note:
-        print(note)
+    for note in [stare_note(summary), *plan_notes(plan)]:
+        if note:
+            print(note)
     if not args.no_plots:
         print(_plots(out, summary, [plan.run_dirs[(m, s)] for m in plan.methods for s in plan.seeds]))
     print(f"done in {time.perf_counter() - t0:.1f} s")

@@ -15,7 +15,8 @@ a method the same way.
 
 Paper defaults (science.md §4: W = 1.1, M = 0.9, P = 10 %, G = 8, 64 prompts) are the preset defaults. The paper's
 H_tgt = 0.3 nats belongs to a 7B LM whose entropy starts near 0.55 nats; the tabular presets scale it to the
-simulator with ``target_entropy_frac`` (H_tgt = frac × initial mean entropy, frac = 0.55 like 0.3 / 0.55).
+simulator with ``target_entropy_frac`` (H_tgt = frac × initial mean entropy, frac = 0.55 like 0.3 / 0.55). A user's
+explicit ``stare.target_entropy=X`` switches that fraction off (``simulators.tabular_config.resolve_target_entropy``).
 
 Why ``collapse`` uses a noisy verifier (reward flipped with probability 0.1): with several correct tokens per
 position and an exact verifier, a solved prompt soon has zero reward variance, GRPO's advantages vanish and the

@@ -37,12 +37,13 @@ from stare_lab.errors import ConfigError, RunError
 
 from .presets import METHODS, get_preset, method_overrides
 from .run_stats import STAT_KEYS, run_stats
+from .tabular_config import resolve_target_entropy
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "SweepPlan", "plan_sweep", "run_sweep", "format_table", "stare_note", "fallback_plots", "check_writable_dir",
-    "stale_runs", "method_set_keys",
+    "stale_runs", "method_set_keys", "plan_notes",
 ]
 
 @dataclasses.dataclass
@@ -60,6 +61,7 @@ class SweepPlan:
     module: Any
     resume: bool = False
     overwrite: bool = False
+    overrides: list[str] = dataclasses.field(default_factory=list)
 
 
 def _simulator_module(kind: str):
@@ -143,7 +145,9 @@ def plan_sweep(
     Raises:
         ConfigError: unknown preset / method / key, a value outside its range, zero or negative sizes, an empty
             ``out``, ``resume`` with ``overwrite``, ``steps`` given twice, an override of a key that one of the
-            methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead).
+            methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead), an explicit
+            ``loss.stare.target_entropy`` together with a (non-null) ``target_entropy_frac`` (tabular presets:
+            :func:`simulators.tabular_config.resolve_target_entropy`).
         RunError: the output directory is not writable, or already holds runs (without resume / overwrite).
     """
     from .presets import DEFAULT_METHODS
@@ -180,12 +184,16 @@ def plan_sweep(
                 f"(one of {{{', '.join(METHODS)}}}) instead"
             )
     module, cls = _simulator_module(kind)
+    user_keys = {item.split("=", 1)[0].strip() for item in overrides}
+    explicit = ("loss.stare.target_entropy" in user_keys, "target_entropy_frac" in user_keys)
     configs, run_dirs = {}, {}
     out = Path(out)
     for method in methods:
         for seed in range(seeds):
             data = copy.deepcopy(spec["overrides"])
             data = apply_overrides(data, overrides)
+            if kind == "tabular":  # an explicit target switches the preset's fraction off
+                resolve_target_entropy(data, *explicit)
             data["method"] = method
             data["seed"] = seed
             if steps is not None:
@@ -203,7 +211,9 @@ def plan_sweep(
     if resume and kind == "tabular":
         for key, run_dir in run_dirs.items():
             _check_resumable(run_dir, configs[key])
-    return SweepPlan(preset, kind, out, methods, list(range(seeds)), configs, run_dirs, module, resume, overwrite)
+    return SweepPlan(
+        preset, kind, out, methods, list(range(seeds)), configs, run_dirs, module, resume, overwrite, list(overrides)
+    )
 
 
 def _check_resumable(run_dir: Path, config: Any) -> None:
@@ -400,7 +410,8 @@ def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
 
     science.md §6: at the paper's defaults (W = 1.1, M = 0.9) the push may be too weak for a given noise level, and
     the toolkit must say so rather than tune it away. If those methods never opened the gate (entropy stayed above
-    H_tgt), the note says that instead.
+    H_tgt), the note says that instead (raise the target or run longer), and if their gate was switched off
+    (``stare.gate=never``: the STARE weights are never applied) it says that.
     """
     methods = summary.get("methods") or {}
     h_grpo = ((methods.get("grpo") or {}).get("mean") or {}).get("final_entropy")
@@ -419,10 +430,20 @@ def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
         return None
     names = "/".join(m.upper() for m, _, _ in close)
     if all(not gate for _, _, gate in close):
-        return (
-            f"note: {names} ended like GRPO because the gate never opened "
-            "(entropy stayed above H_tgt); lower target_entropy_frac or run more steps to see STARE act"
-        )
+        off = "/".join(m.upper() for m, st, _ in close if st.get("gate") == "never")
+        shut = "/".join(m.upper() for m, st, _ in close if st.get("gate") != "never")
+        parts = []
+        if off:
+            parts.append(
+                f"{off} ended like GRPO because the gate is disabled (stare.gate=never: the STARE weights are never "
+                "applied); use stare.gate=entropy (the paper's gate) to see STARE act"
+            )
+        if shut:
+            parts.append(
+                f"{shut} ended like GRPO because the gate never opened (entropy stayed above H_tgt); raise "
+                "target_entropy_frac (or stare.target_entropy) or run more steps to see STARE act"
+            )
+        return "note: " + "; ".join(parts)
     pushes = sorted({(st.get("reweight_w"), st.get("reweight_m")) for _, st, _ in close}, key=str)
     push = "; ".join(f"W={_fmt(w, 'g')}, M={_fmt(m, 'g')}" for w, m in pushes)
     tip = "stronger stare.reweight_w / stare.reweight_m"
@@ -433,6 +454,42 @@ def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
         f"entropy within {_fmt(tol, '.2g')} nats: the push "
         f"{push} is too weak for this noise level and step size — science.md §6); try {tip}"
     )
+
+
+def plan_notes(plan: SweepPlan) -> list[str]:
+    """One-line notes about the request itself (not its results), printed with the other notes:
+
+    * ``kl_cov`` with one on-policy update per rollout batch (tabular: always; transformer: ``updates_per_batch``
+      = 1): ρ ≡ 1, so log ρ = 0 and the gradient of its penalty β·|log ρ| is 0 — it equals GRPO.
+    * ``loss.stare.*`` overrides when no method of the sweep uses the STARE loss: they change no update.
+    """
+    notes = []
+    single = [
+        m for m in plan.methods
+        if plan.configs[(m, plan.seeds[0])].loss.loss_mode == "kl_cov"
+        and int(getattr(plan.configs[(m, plan.seeds[0])], "updates_per_batch", 1)) == 1
+    ]
+    for m in single:
+        how = (
+            ", which the tabular simulator never takes (transformer presets: updates_per_batch=N, N > 1)"
+            if plan.kind == "tabular" else " (updates_per_batch=N, N > 1)"
+        )
+        notes.append(
+            f"note: {m} ran with one on-policy update per rollout batch: the policy ratio rho is 1, so log rho = 0, "
+            f"the gradient of its penalty beta*|log rho| is 0 and {m} equals GRPO; it acts only with several "
+            f"updates per batch{how}"
+        )
+    stare_items = [o for o in plan.overrides if o.split("=", 1)[0].strip().startswith("loss.stare.")]
+    if stare_items and not any(c.loss.loss_mode == "stare" for c in plan.configs.values()):
+        stare_methods = [m for m, spec in METHODS.items() if spec["loss"].get("loss_mode") == "stare"]
+        shown = " ".join(o[len("loss."):] if o.startswith("loss.stare.") else o for o in stare_items)
+        tgt = any(o.split("=", 1)[0].strip() == "loss.stare.target_entropy" for o in stare_items)
+        notes.append(
+            f"note: {shown} change{'s' if len(stare_items) == 1 else ''} no update: none of the methods run "
+            f"({','.join(plan.methods)}) uses the STARE loss; add one of {','.join(stare_methods)} to --methods"
+            + (" (stare.target_entropy still sets the table's H_tgt / in_band reference)" if tgt else "")
+        )
+    return notes
 
 
 def fallback_plots(out: Path, summary: dict[str, Any]) -> list[Path]:

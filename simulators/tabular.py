@@ -54,7 +54,7 @@ from stare_lab.errors import RunError
 from stare_lab.runs import RunWriter
 
 from .run_stats import run_stats
-from .tabular_config import EXPECTED_METHODS, TabularSimConfig
+from .tabular_config import EXPECTED_METHODS, TabularSimConfig, resolve_target_entropy
 
 logger = logging.getLogger(__name__)
 
@@ -499,5 +499,12 @@ def _ordered(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_from_overrides(overrides: dict[str, Any] | None = None) -> TabularSimConfig:
-    """Build a :class:`TabularSimConfig` from a nested dict of overrides (``from_dict``; errors name dotted keys)."""
-    return from_dict(TabularSimConfig, overrides or {})
+    """Build a :class:`TabularSimConfig` from a nested dict of overrides (``from_dict``; errors name dotted keys).
+    A ``loss.stare.target_entropy`` without ``target_entropy_frac`` switches the fraction off, as in
+    ``stare-lab simulate`` (:func:`simulators.tabular_config.resolve_target_entropy`; both → ConfigError)."""
+    import copy
+
+    data = copy.deepcopy(overrides or {})
+    stare = (data.get("loss") or {}).get("stare") if isinstance(data.get("loss"), dict) else None
+    resolve_target_entropy(data, isinstance(stare, dict) and "target_entropy" in stare, "target_entropy_frac" in data)
+    return from_dict(TabularSimConfig, data)

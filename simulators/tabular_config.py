@@ -9,11 +9,36 @@ from stare_lab.errors import ConfigError
 
 from .presets import METHODS, method_overrides
 
-__all__ = ["TabularSimConfig", "EXPECTED_METHODS"]
+__all__ = ["TabularSimConfig", "EXPECTED_METHODS", "resolve_target_entropy"]
 
 #: methods whose mean-field dynamics :mod:`simulators.tabular_expected` implements
 EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
 
+
+def resolve_target_entropy(data: dict, explicit_target: bool, explicit_frac: bool) -> dict:
+    """Reconcile a user's ``loss.stare.target_entropy`` with ``target_entropy_frac`` in a nested config dict
+    (``data``: the preset's overrides with the user's applied; mutated and returned).
+
+    The tabular presets (and the :class:`TabularSimConfig` default) set ``target_entropy_frac``, which would replace
+    any target given directly. So an explicit target (``explicit_target``: the user set
+    ``loss.stare.target_entropy``) switches the fraction off (``target_entropy_frac = None``) unless the user also
+    set the fraction (``explicit_frac``) — then both cannot hold and, unless the fraction was set to null, this
+    raises.
+
+    Raises:
+        ConfigError: both keys given by the user with a non-null fraction (one line naming both keys).
+    """
+    if not explicit_target:
+        return data
+    frac = data.get("target_entropy_frac")
+    if explicit_frac and frac is not None:
+        target = ((data.get("loss") or {}).get("stare") or {}).get("target_entropy")
+        raise ConfigError(
+            f"loss.stare.target_entropy={target!r} and target_entropy_frac={frac!r} both set the STARE target "
+            "entropy: give one of them (or target_entropy_frac=null with an explicit target)"
+        )
+    data["target_entropy_frac"] = None
+    return data
 
 
 
@@ -49,6 +74,9 @@ class TabularSimConfig:
         advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
         target_entropy_frac: in (0, 1]; if set, H_tgt = frac × the initial mean entropy (nats), written into
             ``loss.stare.target_entropy`` of the resolved config; ``None`` keeps ``loss.stare.target_entropy``.
+            Given a ``loss.stare.target_entropy`` but no ``target_entropy_frac``, ``stare-lab simulate`` and
+            :func:`simulators.tabular.config_from_overrides` set it to ``None`` (:func:`resolve_target_entropy`;
+            both given → error). Building the dataclass directly applies no such rule.
         collapse_frac: a run has collapsed at the first step whose entropy is below collapse_frac × initial.
         band: half-width (nats) of the band around H_tgt counted as "in band" in the summary.
         checkpoint_every: steps between checkpoints (and one at the end), ≥ 1.

@@ -19,6 +19,11 @@ Model-size guidance (STARE paper, science.md §4): 14B/32B models use a milder p
 1.1 / 0.9). When the base config's model path names a size ≥ 14B and the user did not override ``reweight_w`` /
 ``reweight_m``, the promoted push |W − 1| and |1 − M| is halved (1.1 → 1.05, 0.9 → 0.95) and a notice is printed.
 
+Warnings (stderr, the provenance's ``warnings`` and ``WARNING:`` header lines; nothing is refused): the promoted
+push is far stronger than the base config's (W − 1 more than 3 × the base's W − 1, or 1 − M more than 3 × the
+base's 1 − M: a toy run's W 5 / M 0.2 against the paper's 1.1 / 0.9 at 7B), unless the user set that key; and the
+source runs all share one seed.
+
 Refusals (override with ``--force``, recorded in the provenance): a run whose config is incomplete (no
 ``loss.stare`` or missing keys), a method without STARE settings (``loss.loss_mode`` is not ``stare``), or a run
 whose summary shows it failed its own band criterion (``mean_abs_dev_second_half`` > the run's ``band``). An
@@ -33,6 +38,7 @@ import json
 import logging
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +188,9 @@ def promote(
 
     Returns:
         ``(text, provenance, notices)``: the file content (YAML or verl override lines), the provenance dict and
-        human-readable notices (where the target entropy came from, size guidance, forced refusals).
+        human-readable notices (where the target entropy came from, size guidance, forced refusals). Warnings
+        (a push far stronger than the base's, a single source seed) are in ``provenance["warnings"]`` and the
+        text's header.
 
     Raises:
         ConfigError / RunError: bad format, missing/ambiguous runs, refusals (see :func:`collect_settings`),
@@ -199,7 +207,8 @@ def promote(
         raise ConfigError("--target-entropy-frac needs --probe (a run directory or JSON with the initial entropy)")
     found = collect_settings(sources, method, force=force)
     data = load_yaml(base)
-    load_trainer_config(data)  # the base itself must be valid
+    base_stare = load_trainer_config(data).loss.stare  # the base itself must be valid
+    base_w, base_m = float(base_stare.reweight_w), float(base_stare.reweight_m)
     notices = [f"refused without --force, promoted anyway: {msg}" for msg in found["refusals"]]
 
     loss = data.setdefault("loss", {})
@@ -239,6 +248,7 @@ def promote(
     if "loss.stare.target_entropy" in user_keys:
         tgt_source = "the command line override loss.stare.target_entropy"
     notices.insert(0, f"target entropy {tgt:g} nats from {tgt_source} (never copied from a simulation)")
+    warnings = _push_warnings(cfg.loss.stare, base_w, base_m, user_keys) + _seed_warnings(found["runs"])
 
     provenance = {
         "promoted_by": f"stare-lab promote (stare_lab {__version__})",
@@ -251,6 +261,7 @@ def promote(
         "overrides": list(overrides),
         "forced": bool(found["refusals"]),
         "forced_refusals": found["refusals"],
+        "warnings": warnings,
         "format": fmt,
     }
     header = _comment_block(provenance, notices)
@@ -261,6 +272,45 @@ def promote(
     else:
         text = header + "\n".join(_verl_lines(cfg)) + "\n"
     return text, provenance, notices
+
+
+#: a promoted push |W − 1| or |1 − M| more than this many times the base config's is warned about
+PUSH_WARN_FACTOR = 3.0
+
+
+def _push_warnings(stare: Any, base_w: float, base_m: float, user_keys: set[str]) -> list[str]:
+    """Warnings when the promoted push is far stronger than the base config's: W − 1 > 3 × (base W − 1) or
+    1 − M > 3 × (1 − base M) (:data:`PUSH_WARN_FACTOR`). A value the user set on the command line is not warned
+    about (it was chosen for the target, not copied from a toy run)."""
+    out = []
+    for key, name, push, base_value, base_push in (
+        ("reweight_w", "W", float(stare.reweight_w) - 1.0, base_w, base_w - 1.0),
+        ("reweight_m", "M", 1.0 - float(stare.reweight_m), base_m, 1.0 - base_m),
+    ):
+        if f"loss.stare.{key}" in user_keys:
+            continue
+        label = "W-1" if name == "W" else "1-M"
+        limit = PUSH_WARN_FACTOR * base_push
+        if push > limit + 1e-9 * max(1.0, abs(limit)):  # tolerance: 1.3 vs 1.1 is exactly 3x, not more
+            factor = f"{push / base_push:.3g}x" if base_push > 0 else "infinitely"
+            out.append(
+                f"promoted {name}={getattr(stare, key):g} ({label}={push:.3g}) is {factor} the base config's "
+                f"{label}={base_push:.3g} ({name}={base_value:g}; warned above {PUSH_WARN_FACTOR:g}x): a push tuned on "
+                "a toy simulation may be far too strong at full scale (paper: W 1.1 / M 0.9 at 7B, 1.05 / 0.95 at "
+                f"14B/32B); check it, or set loss.stare.{key}=…"
+            )
+    return out
+
+
+def _seed_warnings(runs: list[dict[str, Any]]) -> list[str]:
+    """A warning when all source runs share one seed (one sample of a noisy simulation)."""
+    seeds = sorted({str(r.get("seed")) for r in runs})
+    if len(seeds) > 1:
+        return []
+    return [
+        f"the promoted settings come from a single seed (seed {seeds[0] if seeds else '?'}, {len(runs)} run(s)): "
+        "one sample of a noisy simulation; confirm them over several seeds (stare-lab simulate --seeds 3) first"
+    ]
 
 
 def _comment_block(provenance: dict[str, Any], notices: list[str]) -> str:
@@ -278,6 +328,7 @@ def _comment_block(provenance: dict[str, Any], notices: list[str]) -> str:
         )
         lines.append(f"  {run['path']} (seed {run.get('seed')}): {facts}")
     lines += [f"note: {n}" for n in notices]
+    lines += [f"WARNING: {w}" for w in provenance.get("warnings") or []]
     if provenance["forced"]:
         lines.append("FORCED: promoted with --force despite the refusals above")
     return "".join(f"# {line}\n" for line in lines)
@@ -357,5 +408,7 @@ def main(args: argparse.Namespace) -> int:
         out.with_name(out.name + ".provenance.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
     for n in notices:
         print(f"notice: {n}")
+    for w in provenance.get("warnings") or []:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"wrote {out}")
     return 0

@@ -123,6 +123,9 @@ def test_fallback_plots(tmp_path):
         (["--methods", "grpo-ds", "dynamic_sampling=false"], "dynamic_sampling is set by method 'grpo-ds'"),
         (["target_entropy_frac=2"], "target_entropy_frac=2 is outside (0, 1]"),
         (["target_entropy_frac=0"], "target_entropy_frac=0 is outside (0, 1]"),
+        # fresh-user review item 1: an explicit target and a fraction cannot both hold
+        (["stare.target_entropy=0.5", "target_entropy_frac=0.4"],
+         "loss.stare.target_entropy=0.5 and target_entropy_frac=0.4 both set the STARE target entropy"),
     ],
 )
 def test_bad_input_is_one_clean_line_and_leaves_nothing(tmp_path, capsys, args, message):
@@ -322,6 +325,12 @@ def test_note_when_stare_barely_differs_from_grpo():
     assert stare_note(summary({"grpo": 0.08, "o1": 0.5, "c2": 0.6})) is None
     assert stare_note(summary({"o1": 0.09, "c2": 0.1})) is None
     assert "gate never opened" in stare_note(summary({"grpo": 1.5, "o1": 1.5}, gates={"o1": 0.0}))
+    assert "raise target_entropy_frac" in stare_note(summary({"grpo": 1.5, "o1": 1.5}, gates={"o1": 0.0}))
+    off = summary({"grpo": 1.5, "o1": 1.5, "c2": 1.5}, gates={"o1": 0.0, "c2": 0.0})
+    off["config"]["o1/seed0"]["loss"]["stare"]["gate"] = "never"
+    note = stare_note(off)
+    assert note.startswith("note: O1 ended like GRPO because the gate is disabled (stare.gate=never")
+    assert "; C2 ended like GRPO because the gate never opened" in note
     assert "or o1-adaptive" not in stare_note(summary({"grpo": 0.08, "o1": 0.09}, adaptive=True))
 
 
@@ -333,3 +342,86 @@ def test_note_is_printed_after_the_table(tmp_path, capsys):
     assert simulate("--seeds", "1", "--steps", "40", "--out", str(out), "--no-plots", *SMALL) == 0
     text = capsys.readouterr().out
     assert "note: at these settings" in text and "science.md §6" in text
+
+
+def test_explicit_target_entropy_replaces_the_presets_fraction(tmp_path):
+    """Fresh-user review item 1: the collapse preset sets target_entropy_frac=0.55 (H_tgt = 0.55 x H0 = 0.955 nats
+    at its start); an explicit stare.target_entropy=0.5 now switches the fraction off, so config.yaml and the
+    table carry 0.5. With target_entropy_frac=null given too it is accepted the same way."""
+    import yaml
+
+    for extra, name in (([], "a"), (["target_entropy_frac=null"], "b")):
+        out = tmp_path / name
+        assert simulate("--methods", "o1", "--seeds", "1", "--steps", "2", "--out", str(out), "--no-plots",
+                        "stare.target_entropy=0.5", *extra) == 0
+        cfg = yaml.safe_load((out / "o1" / "seed0" / "config.yaml").read_text())
+        assert cfg["loss"]["stare"]["target_entropy"] == 0.5 and cfg["target_entropy_frac"] is None
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["methods"]["o1"]["mean"]["target_entropy"] == 0.5
+
+
+def test_config_from_overrides_follows_the_same_target_rule():
+    from simulators.tabular import config_from_overrides
+    from stare_lab.errors import ConfigError
+
+    assert config_from_overrides({}).target_entropy_frac == 0.55  # the default fraction stays without a target
+    cfg = config_from_overrides({"loss": {"stare": {"target_entropy": 0.4}}})
+    assert cfg.target_entropy_frac is None and cfg.loss.stare.target_entropy == 0.4
+    with pytest.raises(ConfigError, match=r"^loss.stare.target_entropy=0.4 and target_entropy_frac=0.3 both set"):
+        config_from_overrides({"target_entropy_frac": 0.3, "loss": {"stare": {"target_entropy": 0.4}}})
+
+
+def _metrics_without(path, drop):
+    return [{k: v for k, v in r.items() if not any(d in k for d in drop)} for r in rows(path)]
+
+
+def test_kl_cov_note_and_identity_with_grpo(tmp_path, capsys):
+    """Fresh-user review item 2: with one on-policy update per batch rho = 1, log rho = 0 and d|log rho| = 0 (torch's
+    abs has gradient 0 at 0), so kl_cov takes GRPO's steps exactly (same seed: every metric equal, bar its own
+    selected fraction); the CLI says so."""
+    out = tmp_path / "k"
+    assert simulate("--methods", "grpo,kl_cov", "--seeds", "1", "--steps", "4", "--out", str(out), "--no-plots",
+                    *SMALL) == 0
+    text = capsys.readouterr().out
+    notes = [ln for ln in text.splitlines() if ln.startswith("note: kl_cov")]
+    assert len(notes) == 1 and "equals GRPO" in notes[0] and "updates_per_batch=N" in notes[0]
+    drop = ("kl_cov",)
+    assert _metrics_without(out / "kl_cov" / "seed0", drop) == _metrics_without(out / "grpo" / "seed0", drop)
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(tmp_path / "g"), "--no-plots",
+                    *SMALL) == 0
+    assert "note: kl_cov" not in capsys.readouterr().out
+
+
+def test_kl_cov_note_on_transformer_plans_depends_on_updates_per_batch(tmp_path):
+    """The transformer simulator takes updates_per_batch updates per batch: the note is there for 1 (the default),
+    not for 2 (then rho != 1 from the second update on). plan_sweep writes nothing, so no run is needed."""
+    from simulators.sweep import plan_notes, plan_sweep
+
+    one = plan_notes(plan_sweep("transformer", ["grpo", "kl_cov"], 1, tmp_path / "t"))
+    assert len(one) == 1 and one[0].startswith("note: kl_cov ran with one on-policy update per rollout batch")
+    assert plan_notes(plan_sweep("transformer", ["kl_cov"], 1, tmp_path / "t", overrides=["updates_per_batch=2"])) == []
+    assert not (tmp_path / "t").exists()
+
+
+def test_gate_never_note(tmp_path, capsys):
+    """Fresh-user review item 3: with stare.gate=never the STARE weights are never applied, so O1/C2 equal GRPO; the
+    note names the disabled gate, not an entropy that stayed above H_tgt."""
+    out = tmp_path / "gn"
+    assert simulate("--seeds", "1", "--steps", "4", "--out", str(out), "--no-plots", "stare.gate=never", *SMALL) == 0
+    text = capsys.readouterr().out
+    note = [ln for ln in text.splitlines() if ln.startswith("note:")]
+    assert note == ["note: O1/C2 ended like GRPO because the gate is disabled (stare.gate=never: the STARE weights are "
+                    "never applied); use stare.gate=entropy (the paper's gate) to see STARE act"]
+
+
+def test_stare_overrides_without_a_stare_method_get_a_note(tmp_path, capsys):
+    """Fresh-user review item 4: stare.* overrides change no update when no method uses the STARE loss."""
+    base = ["--seeds", "1", "--steps", "2", "--no-plots", *SMALL]
+    assert simulate("--methods", "grpo", "--out", str(tmp_path / "a"), *base, "stare.reweight_w=3") == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
+    assert notes == ["note: stare.reweight_w=3 changes no update: none of the methods run (grpo) uses the STARE "
+                     "loss; add one of o1,c2,o1-adaptive to --methods"]
+    assert simulate("--methods", "grpo,o1", "--out", str(tmp_path / "b"), *base, "stare.reweight_w=3") == 0
+    assert "changes no update" not in capsys.readouterr().out
+    assert simulate("--methods", "grpo", "--out", str(tmp_path / "c"), *base) == 0
+    assert "no update" not in capsys.readouterr().out

@@ -191,3 +191,40 @@ def test_promote_help_has_a_description(capsys):
         cli_main(["promote", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "Carry the STARE settings" in out and "target entropy is never copied" in out
+
+
+def test_no_warnings_for_a_mild_push_over_several_seeds(sweep, base):
+    """The fixture's c2 runs (seeds 0, 1) push W 1.3 / M 0.8 against the base's STAREConfig defaults 1.1 / 0.9:
+    W-1 = 0.3 is exactly 3x 0.1 (not more) and 1-M = 0.2 is 2x 0.1 → no warning."""
+    text, prov, _ = promote([sweep], "c2", base)
+    assert prov["warnings"] == [] and "WARNING" not in text
+
+
+def test_strong_push_from_a_single_seed_is_warned(tmp_path, base, capsys):
+    """Fresh-user review item 5: a toy run's W 5 / M 0.2 against a 7B base with W 1.1 / M 0.9 → W-1 = 4 is 40x the
+    base's 0.1 and 1-M = 0.8 is 8x its 0.1 (both > 3x), and the source is one seed: three warnings, in the
+    provenance, the header and (CLI) on stderr; the promoted values themselves are unchanged."""
+    data = yaml.safe_load(base.read_text())
+    data["loss"]["stare"].update(reweight_w=1.1, reweight_m=0.9)
+    b7 = tmp_path / "b7.yaml"
+    b7.write_text(yaml.safe_dump(data))
+    run = sim_run(tmp_path / "toy" / "c2" / "seed0", "c2", {**C2, "reweight_w": 5.0, "reweight_m": 0.2})
+    text, prov, _ = promote([run], "c2", b7)
+    w, m, seed = prov["warnings"]
+    assert w.startswith("promoted W=5 (W-1=4) is 40x the base config's W-1=0.1 (W=1.1;")
+    assert m.startswith("promoted M=0.2 (1-M=0.8) is 8x the base config's 1-M=0.1 (M=0.9;")
+    assert seed.startswith("the promoted settings come from a single seed (seed 0, 1 run(s))")
+    assert text.count("# WARNING: ") == 3
+    cfg = load_trainer_config(yaml.safe_load(text))
+    assert cfg.loss.stare.reweight_w == 5.0 and cfg.loss.stare.reweight_m == 0.2
+    # just above the factor: W 1.31 → W-1 = 0.31 = 3.1x 0.1; a user-set W is not warned about (only M is)
+    run2 = sim_run(tmp_path / "toy2" / "c2" / "seed0", "c2", {**C2, "reweight_w": 1.31, "reweight_m": 0.9})
+    assert promote([run2], "c2", b7)[1]["warnings"][0].startswith("promoted W=1.31 (W-1=0.31) is 3.1x")
+    _, prov, _ = promote([run], "c2", b7, overrides=["loss.stare.reweight_w=1.2"])
+    assert len(prov["warnings"]) == 2 and prov["warnings"][0].startswith("promoted M=0.2 ")
+    assert prov["warnings"][1].startswith("the promoted settings come from a single seed")
+    out = tmp_path / "c2.yaml"
+    assert cli_main(["promote", str(run), "--method", "c2", "--base", str(b7), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("warning: ") == 3 and "warning" not in captured.out
+    assert len(json.loads((tmp_path / "c2.yaml.provenance.json").read_text())["warnings"]) == 3
