@@ -398,7 +398,16 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{method:<15}{_fmt(m['initial_entropy']):>7}{_fmt(m['final_entropy']):>8}{_fmt(m['target_entropy']):>7}"
             f"{collapse:>13}{_fmt(m['final_reward']):>8}{_fmt(m['time_in_band'], '.0%'):>9}{_fmt(m['pred_r2']):>8}"
         )
+    lines.append(TABLE_LEGEND)
     return "\n".join(lines)
+
+
+#: Printed under the end-of-sweep table (definitions in :func:`simulators.run_stats.run_stats`).
+TABLE_LEGEND = (
+    "H0 / H_end: entropy (nats) at the first / last step; collapse@: first step with H < 10 % of H0 (seeds that "
+    "collapsed / all); in_band: share of steps with |H - H_tgt| <= 0.05 nats; R2(dH): R^2 of the measured on the "
+    "predicted one-step entropy change"
+)
 
 
 def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
