@@ -116,7 +116,8 @@ def register_policy_loss(name: str) -> Callable[[CoreLoss], PolicyLoss]:
     The decorated function ``core(prep, config) -> (loss_mat, metrics)`` receives the validated inputs
     (``prep.inputs`` plus float32 views ``prep.logprobs``, ``prep.old_logprobs``, ``prep.adv`` (``[B, 1]`` or
     ``[B, T]``), ``prep.mask`` (bool), ``prep.log_ratio``, ``prep.ratio``) and returns the per-token loss
-    ``[B, T]`` and a dict of metrics (0-dim tensors or floats). The registered (and returned) function is the full
+    ``[B, T]`` and a dict of metrics (0-dim tensors or floats); a core may also set ``prep.token_weights``
+    (``[B, T]``, no gradient) to have them multiplied in on valid tokens by the aggregation (STARE's ω). The registered (and returned) function is the full
     loss ``(inputs, config) -> (loss, metrics)``: validation, TIS, aggregation, entropy bonus, KL and metric
     conversion are added around the core, the same way for every loss.
 
