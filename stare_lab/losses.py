@@ -252,7 +252,9 @@ def kl_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any
     return torch.where(chosen, loss + penalty, loss), metrics
 
 
-@register_policy_loss("forking_tokens", needs=LossNeeds(entropy=True, global_stats=("entropy_threshold",)))
+@register_policy_loss(
+    "forking_tokens", needs=LossNeeds(entropy=True, global_stats=("entropy_threshold",))
+)
 def forking_tokens_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
     """80/20 forking tokens ("Beyond the 80/20 rule", arXiv 2506.01939; science.md §3): the GRPO surrogate kept only
     on tokens whose entropy ≥ the threshold of the top ``top_entropy_quantile`` (``inputs.entropy_threshold`` for a
