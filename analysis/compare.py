@@ -223,23 +223,25 @@ class Comparison:
     def run_summary(self, run: RunData, extra_keys: Sequence[str] = ()) -> dict[str, Any]:
         """Per-run numbers of the summary table (None where the run lacks the data).
 
-        Keys: ``n_steps``, ``initial_entropy``/``final_entropy`` (first/last finite, nats), ``threshold`` (nats),
-        ``steps_to_threshold`` (first step with entropy below it, None if never), ``frac_in_band``,
-        ``final_reward`` (mean over the last 10% of the steps, :func:`analysis.stats.tail_mean`, as in
-        ``stare-lab simulate``'s table), ``final/<key>`` (last finite value) for ``accuracy``, ``eval/accuracy``,
+        The entropy, band and reward numbers are the core's run summary (:func:`analysis.stats.run_summary`, the
+        definitions of every ``summary.json``) with this comparison's band and threshold fraction.
+        Keys: ``n_steps``, ``initial_entropy``/``final_entropy`` (first finite; last finite plus its measured
+        change, nats), ``threshold`` (nats), ``steps_to_threshold`` (first step with entropy below it, None if
+        never), ``frac_in_band`` (|H − H_tgt| ≤ band), ``final_reward`` (mean over the last 10% of the steps), ``final/<key>`` (last finite value) for ``accuracy``, ``eval/accuracy``,
         every ``pass@k`` key and ``extra_keys``, and ``wall_time_s`` (sum of ``time/step_s``, else a wall-time entry of summary.json).
         """
-        h = run.column("entropy")
-        h0 = stats.first_finite(h)
+        s = stats.run_summary(run, band=self.band_half_width, collapse_frac=self.threshold_frac)
+        h0 = s["initial_entropy"]
         thr = self.threshold if self.threshold is not None else (None if h0 is None else self.threshold_frac * h0)
         out: dict[str, Any] = {
             "n_steps": run.n_steps,
             "initial_entropy": h0,
-            "final_entropy": stats.last_finite(h),
+            "final_entropy": s["final_entropy"],
             "threshold": thr,
-            "steps_to_threshold": None if thr is None else stats.steps_to_threshold(run.steps, h, thr),
-            "frac_in_band": stats.fraction_in_band(h, run.target_entropy, self.band_half_width),
-            "final_reward": stats.tail_mean(run.column("reward"), 0.1),
+            "steps_to_threshold": (s["steps_to_collapse"] if self.threshold is None else
+                                   stats.steps_to_threshold(run.steps, run.column("entropy"), thr)),
+            "frac_in_band": s["time_in_band"],
+            "final_reward": s["final_reward"],
         }
         keys = ["accuracy", "eval/accuracy"] + sorted(k for k in run.columns if _PASS_RE.match(k)) + list(extra_keys)
         for k in dict.fromkeys(keys):
