@@ -26,7 +26,8 @@ from torch import Tensor
 from .aggregation import aggregate_loss, masked_mean
 from .config import LossConfig
 from .errors import ConfigError, DataError
-from .loss_registry import (
+from . import loss_registry
+from .loss_registry import (  # noqa: F401 - re-exported: the registry's public names
     LOG_RATIO_CLAMP,
     LossNeeds,
     PolicyLossInputs,
@@ -40,20 +41,7 @@ from .loss_registry import (
 )
 from .stare import stare_token_weights
 
-__all__ = [
-    "PolicyLossInputs",
-    "LossNeeds",
-    "register_policy_loss",
-    "get_policy_loss",
-    "available_policy_losses",
-    "compute_policy_loss",
-    "loss_needs",
-    "aggregate_loss",
-    "masked_mean",
-    "kl_penalty",
-    "forking_entropy_threshold",
-    "LOG_RATIO_CLAMP",
-]
+__all__ = [*loss_registry.__all__, "aggregate_loss", "masked_mean", "forking_entropy_threshold"]
 
 
 def forking_entropy_threshold(entropy: Tensor, response_mask: Tensor, top_quantile: float) -> Tensor:

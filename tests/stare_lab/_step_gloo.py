@@ -16,7 +16,8 @@ from stare_lab.config import LossConfig, STAREConfig
 from stare_lab.step import StepBatch
 
 
-def _batch(seed: int, rows: int, width: int, per_token: bool, ties: bool) -> StepBatch:
+def random_batch(seed: int, rows: int, width: int, per_token: bool, ties: bool) -> StepBatch:
+    """A random step batch: a quarter of the tokens padding, a fifth of the advantages exactly 0, group ids."""
     g = torch.Generator().manual_seed(seed)
     mask = torch.rand(rows, width, generator=g) > 0.25
     if ties:  # a coarse grid: many exact ties at every threshold
@@ -26,7 +27,8 @@ def _batch(seed: int, rows: int, width: int, per_token: bool, ties: bool) -> Ste
         lp = -torch.rand(rows, width, generator=g) * 4
         ent = torch.rand(rows, width, generator=g) * 2
     adv = torch.randn(rows, width, generator=g) if per_token else torch.randn(rows, generator=g)
-    return StepBatch(mask, adv, lp, entropy=ent)
+    adv = torch.where(torch.rand(adv.shape, generator=g) < 0.2, torch.zeros_like(adv), adv)  # some Â = 0
+    return StepBatch(mask, adv, lp, entropy=ent, group_ids=torch.arange(rows) + 100 * seed)
 
 
 def _stare(**kw) -> LossConfig:
@@ -39,10 +41,10 @@ def cases() -> dict[str, tuple[LossConfig, list[StepBatch]]]:
     for per_token in (False, True):
         for ties in (False, True):
             tag = f"{'token' if per_token else 'row'}{'-ties' if ties else ''}"
-            parts = [_batch(10, 6, 7, per_token, ties), _batch(11, 5, 9, per_token, ties)]
+            parts = [random_batch(10, 6, 7, per_token, ties), random_batch(11, 5, 9, per_token, ties)]
             out[f"o1-{tag}"] = (_stare(variant="O1", top_p_ratio=0.2), parts)
             out[f"c2-{tag}"] = (_stare(variant="C2", top_p_ratio=0.3), parts)
-    ties = [_batch(12, 6, 7, False, True), _batch(13, 5, 9, False, True)]
+    ties = [random_batch(12, 6, 7, False, True), random_batch(13, 5, 9, False, True)]
     out["forking-ties"] = (LossConfig(loss_mode="forking_tokens", top_entropy_quantile=0.3), ties)
     out["kl_cov"] = (LossConfig(loss_mode="kl_cov", kl_cov_ratio=0.0), ties)
     out["grpo"] = (LossConfig(), ties)

@@ -22,6 +22,7 @@ from stare_lab.step import GLOBAL_STATS, StepBatch, TokenMean, prepare_step, reg
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _ranks import CountingLocal, concat_batches, run_ranks  # noqa: E402
+from _step_gloo import random_batch as _random_batch  # noqa: E402
 
 
 def _hand_batch(**extra) -> StepBatch:
@@ -124,20 +125,6 @@ def test_errors_are_clear():
 
 
 # ------------------------------------------------------------------------------------------------ ranks
-
-
-def _random_batch(seed: int, rows: int, width: int, per_token: bool, ties: bool) -> StepBatch:
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.rand(rows, width, generator=g) > 0.25
-    if ties:  # log-probs and entropies on a coarse grid: many exact ties at every threshold
-        lp = -torch.randint(0, 5, (rows, width), generator=g).float() * 0.25
-        ent = torch.randint(0, 4, (rows, width), generator=g).float() * 0.5
-    else:
-        lp = -torch.rand(rows, width, generator=g) * 4
-        ent = torch.rand(rows, width, generator=g) * 2
-    adv = torch.randn(rows, width, generator=g) if per_token else torch.randn(rows, generator=g)
-    adv = torch.where(torch.rand(adv.shape, generator=g) < 0.2, torch.zeros_like(adv), adv)  # some Â = 0
-    return StepBatch(mask, adv, lp, entropy=ent, group_ids=torch.arange(rows) + 100 * seed)
 
 
 CASES = [
