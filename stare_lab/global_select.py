@@ -8,8 +8,8 @@ threshold bin), distributed. Ties at the threshold are taken in global row-major
 rank 1's, …; within a rank, row-major), which is the order of the ranks' batches concatenated, so the selection is
 the one :func:`stare_lab.stare.select_top_surprisal` makes on the concatenated batch, token for token.
 
-Cost per call, whatever the batch size: three collectives (two histograms of ``S × 65536`` int64, one
-``S × world_size`` tie count; ``S`` = number of sets) and linear-time local work.
+Cost per call, whatever the batch size: three collectives (two histograms of ``S × 65536`` counts, int32 when
+they fit, and one ``S × world_size`` int64 tie count; ``S`` = number of sets) and linear-time local work.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def distributed_top_k(
     num_selected: Sequence[Callable[[Tensor], Tensor]],
     collective: Collective,
     positions: Sequence[bool],
+    max_count: int | None = None,
 ) -> list[TopK]:
     """For each set s: the k_s = ``num_selected[s](n_s)`` candidates with the largest keys over all ranks.
 
@@ -85,6 +86,8 @@ def distributed_top_k(
         collective: the ranks' :class:`~stare_lab.collective.Collective` (:class:`LocalCollective` for one).
         positions: per set, whether to return this rank's selection (ties in global row-major order) or only the
             threshold and counts (enough for a quantile value).
+        max_count: an upper bound on the candidates of a set over all ranks (e.g. the step's valid tokens); below
+            2³¹ the histograms travel as int32 (half the bytes), else (or None) as int64.
 
     Returns:
         One :class:`TopK` per set, in order.
@@ -104,8 +107,9 @@ def distributed_top_k(
     flat = [key.reshape(-1) for key in keys]
     cand = [f >= 0 for f in flat]
     # pass 1: histograms of the high 16 bits, summed over the ranks
+    wire = torch.int32 if max_count is not None and max_count < 2**31 else torch.int64
     hist1 = torch.stack([torch.bincount(f[c] >> 16, minlength=_BINS) for f, c in zip(flat, cand)])
-    hist1 = collective.all_reduce(hist1)
+    hist1 = collective.all_reduce(hist1.to(wire)).to(torch.int64)
     n = hist1.sum(1)
     k = torch.stack([torch.as_tensor(fn(n[s]), dtype=torch.int64, device=device).reshape(())
                      for s, fn in enumerate(num_selected)])
@@ -115,7 +119,7 @@ def distributed_top_k(
     # pass 2: histograms of the low 16 bits of the keys inside each set's threshold bin
     hist2 = torch.stack([torch.bincount(f[c & ((f >> 16) == b)] & _LOW, minlength=_BINS)
                          for f, c, b in zip(flat, cand, b1)])
-    hist2 = collective.all_reduce(hist2)
+    hist2 = collective.all_reduce(hist2.to(wire)).to(torch.int64)
     results = []
     needs = []
     for s in range(len(keys)):

@@ -58,8 +58,8 @@ __all__ = [
 #: Fractional bits of the fixed-point sums behind the step's token-means (resolution 2⁻²⁴ ≈ 6e-8 per token).
 FIXED_POINT_BITS = 24
 _SCALE = float(1 << FIXED_POINT_BITS)
-#: Largest Σ|x| over the step a fixed-point sum may hold (int64 headroom: 2⁶² / 2²⁴).
-_FIXED_LIMIT = float(2**62) / _SCALE
+#: Largest Σ|round(x·2²⁴)| over the step a fixed-point sum may hold (int64 headroom: 2⁶²; Σ|x| < 2³⁸).
+_FIXED_LIMIT = float(2**62)
 _FLOAT_FIELDS = ("old_logprobs", "entropy", "rollout_logprobs", "ref_logprobs")
 
 
@@ -351,10 +351,17 @@ def _row_index(rows: slice | Sequence[int] | Tensor | None, n: int) -> Tensor | 
 
 
 def _fixed_point(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """(Σ round(x·2^FIXED_POINT_BITS) over the valid tokens as int64, Σ|x| as float64 for the range check)."""
-    x = torch.where(mask, values.detach().to(torch.float64), torch.zeros((), dtype=torch.float64,
-                                                                            device=values.device))
-    return torch.round(x * _SCALE).to(torch.int64).sum(), x.abs().sum()
+    """(Σ round(x·2^FIXED_POINT_BITS) over the valid tokens as int64, the same Σ of |·| in float64 for the range
+    check).
+
+    Exact in the values' own float type: scaling by a power of two is exact, rounding a float to an integer is
+    exact (an integer-valued float32 above 2²⁴ is already an integer), and ``sum(dtype=int64)`` converts each
+    element before adding, so no float64 copy is made."""
+    x = values.detach()
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.to(torch.float32)
+    q = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).mul_(_SCALE).round_()
+    return q.sum(dtype=torch.int64), q.abs_().sum(dtype=torch.float64)
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -451,10 +458,11 @@ def prepare_step(
         limit = _FIXED_LIMIT / coll.world_size
         for (key, field), a in zip(summed.items(), torch.stack(abs_sums).tolist()):
             if not math.isfinite(a):
-                raise DataError(f"StepBatch.{field} has a non-finite value on a valid token")
+                raise DataError(f"StepBatch.{field} has a non-finite value on a valid token (or one beyond "
+                                "the float range once scaled by 2^24)")
             if a >= limit:
-                raise DataError(f"StepBatch.{field}: Σ|x| over this rank's valid tokens is {a:.3g}, beyond the "
-                                f"fixed-point range {limit:.3g} of the step's sums")
+                raise DataError(f"StepBatch.{field}: Σ|x| over this rank's valid tokens is {a / _SCALE:.3g}, "
+                                f"beyond the fixed-point range {limit / _SCALE:.3g} of the step's sums")
     reduced = reduce_named(coll, values)
     host = dict(zip(reduced, torch.stack(list(reduced.values())).tolist()))
     n_tok, n_seq = int(host["num_tokens"]), int(host["num_sequences"])
@@ -534,7 +542,7 @@ def _distributed_selections(
         keys.append(torch.where(mask, ordered_keys(_field(batch, d.field)), -1))
         k_fns.append(lambda n, k=k: torch.full_like(n, k))
         positions.append(False)
-    res = distributed_top_k(keys, k_fns, coll, positions)
+    res = distributed_top_k(keys, k_fns, coll, positions, max_count=n_tok)
     weights = stare_stats = None
     if want_weights:
         pos, neg = res[0], (res[1] if c2 else None)
