@@ -122,6 +122,56 @@ class StepBatch:
             raise DataError(f"StepBatch.group_ids must be an integer tensor of shape {tuple(shape[:1])}, got "
                             f"{getattr(g, 'dtype', type(g).__name__)} of shape {tuple(getattr(g, 'shape', ()))}")
 
+    @classmethod
+    def from_rows(
+        cls,
+        old_logprobs: Sequence[Tensor],
+        advantages: Tensor,
+        response_mask: Sequence[Tensor] | None = None,
+        *,
+        entropy: Sequence[Tensor] | None = None,
+        rollout_logprobs: Sequence[Tensor] | None = None,
+        ref_logprobs: Sequence[Tensor] | None = None,
+        group_ids: Tensor | None = None,
+    ) -> "StepBatch":
+        """A batch from per-sequence ``[T_i]`` tensors, right-padded once to ``T = max T_i``
+        (``torch.nn.utils.rnn.pad_sequence``): padding is 0 and outside the mask.
+
+        Args:
+            old_logprobs: B tensors ``[T_i]``.
+            advantages: ``[B]``.
+            response_mask: B bool/0-1 tensors ``[T_i]`` (e.g. a tool-use loss mask); None → every token valid.
+            entropy, rollout_logprobs, ref_logprobs: B tensors ``[T_i]`` each, or None.
+            group_ids: ``[B]`` integers, or None.
+
+        Raises:
+            DataError: if a row's length differs between the fields.
+        """
+        from torch.nn.utils.rnn import pad_sequence
+
+        lengths = [int(x.shape[0]) for x in old_logprobs]
+        if response_mask is None:
+            response_mask = [torch.ones(n, dtype=torch.bool, device=x.device) for n, x in zip(lengths, old_logprobs)]
+
+        def pad(rows: Sequence[Tensor] | None, name: str) -> Tensor | None:
+            if rows is None:
+                return None
+            got = [int(r.shape[0]) for r in rows]
+            if len(got) != len(lengths):
+                raise DataError(f"StepBatch.from_rows: {name} has {len(got)} rows, old_logprobs {len(lengths)}")
+            bad = next((i for i, (a, b) in enumerate(zip(got, lengths)) if a != b), None)
+            if bad is not None:
+                raise DataError(f"StepBatch.from_rows: row {bad} of {name} has {got[bad]} tokens, old_logprobs "
+                                f"{lengths[bad]} (row lengths must agree)")
+            if not rows:
+                return torch.zeros((0, 0))
+            return pad_sequence(list(rows), batch_first=True)
+
+        mask = pad([m != 0 for m in response_mask], "response_mask")
+        return cls(mask, advantages, pad(old_logprobs, "old_logprobs"), entropy=pad(entropy, "entropy"),
+                   rollout_logprobs=pad(rollout_logprobs, "rollout_logprobs"),
+                   ref_logprobs=pad(ref_logprobs, "ref_logprobs"), group_ids=group_ids)
+
     @property
     def shape(self) -> torch.Size:
         """``(B, T)``."""

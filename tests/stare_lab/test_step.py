@@ -286,3 +286,17 @@ def test_a_loss_registered_outside_the_package():
     torch.testing.assert_close(micro, full, rtol=0, atol=1e-6)
     torch.testing.assert_close(g_micro[0], g_full[0], rtol=0, atol=1e-7)
     _compare_to_one_process([_random_batch(6, 3, 5, False, False), _random_batch(7, 4, 4, False, False)], cfg)
+
+
+def test_from_rows_pads_once():
+    """Ragged rows [T_i] → [B, max T]: padding 0 and masked; a tool-use loss mask is kept; lengths must agree."""
+    lp = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5]), torch.tensor([-3.0, -1.5, -0.25])]
+    b = StepBatch.from_rows(lp, torch.tensor([1.0, 0.0, -1.0]), [torch.tensor([1, 0]), torch.tensor([1]),
+                                                                 torch.tensor([1, 1, 1])],
+                            entropy=[torch.ones(2), torch.ones(1), torch.ones(3)])
+    assert b.shape == (3, 3) and b.old_logprobs[1].tolist() == [-0.5, 0.0, 0.0]
+    assert b.response_mask.tolist() == [[True, False, False], [True, False, False], [True, True, True]]
+    assert prepare_step(b, LossConfig()).num_tokens == 5
+    assert StepBatch.from_rows(lp, torch.zeros(3)).response_mask.sum() == 6
+    with pytest.raises(DataError, match="row 1 of entropy has 2 tokens"):
+        StepBatch.from_rows(lp, torch.zeros(3), entropy=[torch.ones(2), torch.ones(2), torch.ones(3)])
