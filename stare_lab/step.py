@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from .collective import Collective, LocalCollective, reduce_named
 from .config import LossConfig, check_range
 from .errors import ConfigError, DataError
 from .global_select import distributed_top_k, key_to_float, ordered_keys, surprisal_keys
+from .global_stats import GLOBAL_STATS, STEP_FIELDS, StepGenerator, TokenMean, TopQuantile, register_global_stat
 from .loss_registry import LossNeeds, PolicyLossInputs, _as_config, loss_needs
 from .losses import forking_entropy_threshold  # also registers the built-in losses before their needs are read
 from .stare import STAREController, _num_selected, stare_token_weights
@@ -60,7 +61,6 @@ FIXED_POINT_BITS = 24
 _SCALE = float(1 << FIXED_POINT_BITS)
 #: Largest Σ|round(x·2²⁴)| over the step a fixed-point sum may hold (int64 headroom: 2⁶²; Σ|x| < 2³⁸).
 _FIXED_LIMIT = float(2**62)
-_FLOAT_FIELDS = ("old_logprobs", "entropy", "rollout_logprobs", "ref_logprobs")
 
 
 @dataclasses.dataclass
@@ -105,7 +105,7 @@ class StepBatch:
             if mask.is_complex():
                 raise DataError(f"StepBatch.response_mask must be bool or 0/1, got dtype {mask.dtype}")
             self.response_mask = mask != 0
-        for name in _FLOAT_FIELDS[1:]:
+        for name in STEP_FIELDS[1:]:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, Tensor) or value.shape != shape
                                       or not value.is_floating_point()):
@@ -181,65 +181,6 @@ class StepBatch:
         """The advantages broadcast to ``[B, T]`` (a view for ``[B]`` advantages)."""
         adv = self.advantages
         return adv.unsqueeze(-1).expand(self.shape) if adv.dim() == 1 else adv
-
-
-# ------------------------------------------------------------------------------------------------------------
-# global statistics a loss may declare
-# ------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenMean:
-    """The mean of a :class:`StepBatch` field over the valid tokens of the whole step (0.0 without valid tokens);
-    ``field`` is ``advantages``, ``old_logprobs``, ``entropy``, ``rollout_logprobs`` or ``ref_logprobs``."""
-
-    field: str
-
-
-@dataclasses.dataclass(frozen=True)
-class TopQuantile:
-    """The k-th largest value of a :class:`StepBatch` field over the valid tokens of the whole step,
-    k = max(1, ⌈q·N⌉) with q = ``quantile(config)`` ∈ (0, 1] and N the valid tokens (as
-    :func:`stare_lab.losses.forking_entropy_threshold`); +inf without valid tokens. A 0-dim float32 tensor."""
-
-    field: str
-    quantile: Callable[[LossConfig], float]
-
-
-@dataclasses.dataclass(frozen=True)
-class StepGenerator:
-    """A ``torch.Generator`` seeded from (seed, step, rank) (numpy ``SeedSequence``), on the batch's device: the
-    same numbers on a rerun, different streams on different ranks. Shared by every micro-batch of the step."""
-
-
-GlobalStat = TokenMean | TopQuantile | StepGenerator
-
-#: name → definition of the statistics a loss can declare in ``LossNeeds.global_stats``. Names that are also
-#: fields of :class:`~stare_lab.losses.PolicyLossInputs` fill that field; every one is in ``inputs.global_stats``.
-GLOBAL_STATS: dict[str, GlobalStat] = {
-    "logprob_mean": TokenMean("old_logprobs"),
-    "advantage_mean": TokenMean("advantages"),
-    "entropy_threshold": TopQuantile("entropy", lambda cfg: cfg.top_entropy_quantile),
-    "generator": StepGenerator(),
-}
-
-
-def register_global_stat(name: str, definition: GlobalStat) -> None:
-    """Add a statistic a loss can declare (e.g. ``register_global_stat("entropy_q90", TopQuantile("entropy",
-    lambda cfg: 0.1))``).
-
-    Raises:
-        ConfigError: if ``name`` is taken or ``definition`` is not a TokenMean / TopQuantile / StepGenerator.
-    """
-    if name in GLOBAL_STATS:
-        raise ConfigError(f"global statistic {name!r} is already registered")
-    if not isinstance(definition, (TokenMean, TopQuantile, StepGenerator)):
-        raise ConfigError(f"global statistic {name!r}: definition must be a TokenMean, TopQuantile or "
-                          f"StepGenerator, got {type(definition).__name__}")
-    if isinstance(definition, (TokenMean, TopQuantile)) and definition.field not in ("advantages", *_FLOAT_FIELDS):
-        raise ConfigError(f"global statistic {name!r}: field={definition.field!r} is not one of "
-                          f"{{'advantages', {', '.join(map(repr, _FLOAT_FIELDS))}}}")
-    GLOBAL_STATS[name] = definition
 
 
 # ------------------------------------------------------------------------------------------------------------
