@@ -77,7 +77,8 @@ class StepBatch:
         ref_logprobs: ``[B, T]`` log π_ref (for ``kl_coef > 0``), or None.
         group_ids: ``[B]`` int64 prompt-group index of each sequence, or None; a group lives on one rank.
 
-    Padding entries must be finite (they are never read as values, but the losses check every entry).
+    Padding entries must be finite (they are never read as values, but the losses check every entry). Across
+    ranks, every rank's batch sets the same optional fields (they decide which sums travel in the collective).
 
     Raises:
         DataError: on a shape or dtype mismatch (the message names the field).
@@ -434,12 +435,13 @@ def prepare_step(
                             "which is None")
         if isinstance(d, TokenMean):
             summed[f"sum/{d.field}"] = d.field
+    has_token = mask.any(-1)
     values: dict[str, Tensor] = {
         "num_tokens": torch.count_nonzero(mask).to(torch.int64),
-        "num_sequences": torch.count_nonzero(mask.any(-1)).to(torch.int64),
+        "num_sequences": torch.count_nonzero(has_token).to(torch.int64),
     }
     if batch.group_ids is not None:
-        values["num_groups"] = torch.tensor(torch.unique(batch.group_ids[mask.any(-1)]).numel(),
+        values["num_groups"] = torch.tensor(torch.unique(batch.group_ids[has_token]).numel(),
                                             dtype=torch.int64, device=device)
     abs_sums = []
     for key, field in summed.items():
