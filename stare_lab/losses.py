@@ -112,6 +112,9 @@ def grpo_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]
 
 
 def _stare_gate(inputs: PolicyLossInputs, cfg: LossConfig) -> bool:
+    """The gate this call applies: the step's decision passed in ``inputs.gate_on`` (made once per step by the
+    STAREController in :func:`stare_lab.step.prepare_step`), with the config's forced modes re-applied (the
+    controller applies the same ones, so the two never disagree); None (a direct call without a decision) → on."""
     gate = cfg.stare.gate
     if gate == "never":
         return False
