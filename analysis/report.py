@@ -5,8 +5,9 @@ One document model (:class:`Doc`: headings, paragraphs, lists, tables, images) r
 so the two always say the same thing; the sections put the numbers of their tables into ``report.json`` as they
 build them (unformatted: mean / 95% half-width / count for a seed aggregate, null where a cell is empty).
 ``report.json`` also lists every run with its summary statistics (:func:`analysis.stats.run_summary` with the
-run's own settings), which equal the statistics of the run's ``summary.json``. The report reads top to bottom: runs, entropy dynamics, predicted vs
-measured ΔH, the four quadrants, the per-method summary, then (when given) cross-source and paper comparisons.
+run's own settings), which equal the statistics of the run's ``summary.json``. The report reads top to bottom:
+runs, entropy dynamics, predicted vs measured ΔH, the four quadrants, the per-method summary, then (when given)
+cross-source and paper comparisons.
 No timestamps: the same runs give the same report.
 """
 

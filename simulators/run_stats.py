@@ -1,7 +1,8 @@
 """Per-run statistics for the simulators: a thin delegation to the core's one run summary
 (:func:`stare_lab.summary.run_summary`; the definitions are documented there), kept for its callers.
 
-:func:`run_stats` and :func:`fit_line` keep their signatures; :data:`STAT_KEYS` = :data:`stare_lab.summary.SUMMARY_KEYS`.
+:func:`run_stats` and :func:`fit_line` keep their signatures;
+:data:`STAT_KEYS` = :data:`stare_lab.summary.SUMMARY_KEYS`.
 """
 
 from __future__ import annotations

@@ -91,7 +91,9 @@ def main() -> int:
     print(f"batch {args.batch} x {args.length} ({n_tok} valid tokens), STARE O1 scope global, gate on")
 
     prep = lambda: prepare_step(batch, cfg, controller=STAREController(cfg.stare))  # noqa: E731
-    sel = lambda: stare_token_weights(batch.old_logprobs, batch.advantages, batch.response_mask, cfg.stare)  # noqa: E731
+    def sel():
+        return stare_token_weights(batch.old_logprobs, batch.advantages, batch.response_mask, cfg.stare)
+
     former = lambda: former_preparation(batch, cfg)  # noqa: E731
     prep(), sel(), former()  # warm up (the native kernel is built on first use)
     ratios, t_prep, t_sel, t_former = [], [], [], []
