@@ -1,6 +1,6 @@
 """Per-run statistics from metrics rows (any simulator kind): what ``summary.json`` and the end table report.
 
-Works on the run-directory format of design.md §4 only (``entropy``, ``reward``, ``gate_on``,
+Works on the run-directory format of docs/design.md §4 only (``entropy``, ``reward``, ``gate_on``,
 ``pred_entropy_change``, ``entropy_change``, ``time/step_s``), so the sweep can summarise tabular and transformer
 runs alike.
 """

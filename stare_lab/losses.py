@@ -1,4 +1,4 @@
-"""The policy-loss registry: pure functions of one inputs object and a :class:`LossConfig` (design.md §1).
+"""The policy-loss registry: pure functions of one inputs object and a :class:`LossConfig` (docs/design.md §1).
 
 A registered loss computes the per-token policy loss matrix ℓ ``[B, T]`` (plus its own metrics); the registry
 wraps it with what every loss shares, in this order:
@@ -12,7 +12,7 @@ wraps it with what every loss shares, in this order:
 6. metrics: floats under ``loss/…`` and ``stare/…`` converted with a single host transfer.
 
 With global normalisers (counts over the whole optimizer step), the sum of the losses of the micro-batches equals
-the loss of the whole batch, and so do the gradients (science.md §3).
+the loss of the whole batch, and so do the gradients (docs/theory.md §3).
 
 Method names used by simulators/trainer map onto the registry as: ``grpo`` → ``grpo``; ``grpo-ds`` → ``grpo``
 (+ dynamic sampling upstream); ``o1`` / ``c2`` / ``o1-adaptive`` → ``stare``; ``entropy_bonus`` → ``grpo`` with
@@ -51,7 +51,7 @@ LOG_RATIO_CLAMP = 20.0
 
 @dataclasses.dataclass
 class PolicyLossInputs:
-    """Everything a policy loss may read (design.md §1). Tensors are ``[B, T]`` unless noted.
+    """Everything a policy loss may read (docs/design.md §1). Tensors are ``[B, T]`` unless noted.
 
     Attributes:
         logprobs: log π_θ of the sampled tokens (nats), float, requires grad.
@@ -184,7 +184,7 @@ def compute_policy_loss(
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
-    """Per-token estimator of KL(π_θ ‖ π_ref) for tokens sampled from π_θ (science.md §3; Schulman's k1/k2/k3).
+    """Per-token estimator of KL(π_θ ‖ π_ref) for tokens sampled from π_θ (docs/theory.md §3; Schulman's k1/k2/k3).
 
     With d = log π_θ − log π_ref: k1 = d; k2 = ½ d²; k3 = exp(−d) − (−d) − 1 = exp(−d) + d − 1 ≥ 0. For k3, d is
     clamped to ±20 before exponentiating so the value stays finite.
@@ -211,7 +211,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
 
 
 def forking_entropy_threshold(entropy: Tensor, response_mask: Tensor, top_quantile: float) -> Tensor:
-    """Entropy threshold of the 80/20 forking-token rule ("Beyond the 80/20 rule", arXiv 2506.01939; science.md §3).
+    """Entropy threshold of the 80/20 forking-token rule ("Beyond the 80/20 rule", arXiv 2506.01939; docs/theory.md §3).
 
     The threshold is the k-th largest entropy among the valid tokens, k = max(1, ⌈q·N⌉): tokens with entropy ≥ it
     keep their gradient (ties at the threshold are all kept). Compute it over the whole optimizer batch and pass it
@@ -352,7 +352,7 @@ def _raise_non_finite(prep: _Prepared, sums: list[float]) -> None:
 
 
 def _grpo_matrix(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """Per-token PPO/GRPO clipped surrogate with clip-higher and dual clip (science.md §3).
+    """Per-token PPO/GRPO clipped surrogate with clip-higher and dual clip (docs/theory.md §3).
 
     ℓ = max(−Â ρ, −Â clip(ρ, 1 − ε_low, 1 + ε_high)); for Â < 0 additionally ℓ = min(ℓ, −Â c), c = clip_ratio_c.
     ρ = exp(clamp(log π − log π_old, ±20)).
@@ -454,7 +454,7 @@ def _to_floats(prep: _Prepared, metrics: dict[str, Any]) -> dict[str, float]:
 
 @register_policy_loss("grpo")
 def grpo_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """GRPO / PPO clipped surrogate (science.md §3; DAPO clip-higher, dual clip for Â < 0)."""
+    """GRPO / PPO clipped surrogate (docs/theory.md §3; DAPO clip-higher, dual clip for Â < 0)."""
     return _grpo_matrix(prep, cfg)
 
 
@@ -469,7 +469,7 @@ def _stare_gate(inputs: PolicyLossInputs, cfg: LossConfig) -> bool:
 
 @register_policy_loss("stare")
 def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """STARE: the GRPO surrogate times the token weights ω (science.md §4, step 5; ω is not renormalised).
+    """STARE: the GRPO surrogate times the token weights ω (docs/theory.md §4, step 5; ω is not renormalised).
 
     Gate (see :class:`PolicyLossInputs`): off ⇒ no multiplication at all, so the loss is bit-identical to
     ``grpo``. On ⇒ ω = ``inputs.token_weights`` when given (scope ``global``: computed once per step over the
@@ -506,7 +506,7 @@ def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
 
 
 def _covariance(prep: _Prepared) -> Tensor:
-    """Per-token Cov_i = (log π_i − mean log π)(Â_i − mean Â) (Cui et al. 2025, science.md §3), detached; means over
+    """Per-token Cov_i = (log π_i − mean log π)(Â_i − mean Â) (Cui et al. 2025, docs/theory.md §3), detached; means over
     the valid tokens of the whole step when given in the inputs, else of this call."""
     inputs = prep.inputs
     lp = prep.logprobs.detach()
@@ -527,7 +527,7 @@ def _count_for_ratio(ratio: float, n_valid: int) -> int:
 
 @register_policy_loss("clip_cov")
 def clip_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; science.md §3): the GRPO surrogate with the gradient detached on
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; docs/theory.md §3): the GRPO surrogate with the gradient detached on
     a random subset of k = max(1, ⌊r·N⌋) tokens (N = this call's valid tokens, r = ``clip_cov_ratio``) drawn from
     the valid tokens with ω_lo < Cov_i < ω_hi that the PPO clip does not already clip. The loss value is unchanged;
     only those tokens' gradients are removed. r = 0 ⇒ exactly ``grpo``. Random subset from ``inputs.generator``."""
@@ -559,7 +559,7 @@ def clip_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, A
 
 @register_policy_loss("kl_cov")
 def kl_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """KL-Cov (Cui et al. 2025; science.md §3): the GRPO surrogate plus β·|log ρ| (β = ``ppo_kl_coef``) on the
+    """KL-Cov (Cui et al. 2025; docs/theory.md §3): the GRPO surrogate plus β·|log ρ| (β = ``ppo_kl_coef``) on the
     k = max(1, ⌊r·N⌋) valid tokens with the largest Cov_i (r = ``kl_cov_ratio``, N = this call's valid tokens; ties
     by position). Unlike Cui et al.'s code the base surrogate keeps GRPO's clipping, so r = 0 ⇒ exactly ``grpo``."""
     loss, metrics = _grpo_matrix(prep, cfg)
@@ -582,7 +582,7 @@ def kl_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any
 
 @register_policy_loss("forking_tokens")
 def forking_tokens_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """80/20 forking tokens ("Beyond the 80/20 rule", arXiv 2506.01939; science.md §3): the GRPO surrogate kept only
+    """80/20 forking tokens ("Beyond the 80/20 rule", arXiv 2506.01939; docs/theory.md §3): the GRPO surrogate kept only
     on tokens whose entropy ≥ the threshold of the top ``top_entropy_quantile`` (``inputs.entropy_threshold`` for a
     global quantile, else this call's, see :func:`forking_entropy_threshold`); other tokens contribute 0. The
     normalisers are unchanged (the denominator still counts every valid token)."""

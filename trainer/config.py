@@ -56,10 +56,10 @@ __all__ = [
     "DEFAULT_PROMPT_TEMPLATE",
 ]
 
-#: Default user-message template for math prompts (the paper's instruction, science.md §4).
+#: Default user-message template for math prompts (the paper's instruction, docs/theory.md §4).
 DEFAULT_PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
-#: Method labels (design.md / analysis) and what they imply: the core's shared table.
+#: Method labels (docs/design.md / analysis) and what they imply: the core's shared table.
 METHODS = _METHODS
 
 
@@ -198,7 +198,7 @@ class RolloutConfig:
 
 @dataclasses.dataclass
 class AlgorithmConfig:
-    """Advantages, dynamic sampling, truncation handling (science.md §3).
+    """Advantages, dynamic sampling, truncation handling (docs/theory.md §3).
 
     Attributes:
         advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
@@ -350,7 +350,7 @@ class ScheduleConfig:
         wandb_project: log to Weights & Biases under this project (``None`` = off).
         progress_bar: tqdm progress bar on rank 0.
         measure_entropy_change: log the measured ``entropy_change`` = token-mean entropy (nats) on the step's batch
-            after the update minus before (same tokens, masks and temperature; design.md §4). Costs one extra
+            after the update minus before (same tokens, masks and temperature; docs/design.md §4). Costs one extra
             no-grad forward over the batch per step (about ``time/old_logprob_s``; logged as
             ``time/entropy_after_s``), run while the rollout engine sleeps. Off: ``entropy_change`` is null. The
             first-order prediction ``pred_entropy_change`` (∇θH̄·Δθ) stays null in the trainer either way.

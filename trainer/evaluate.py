@@ -213,7 +213,9 @@ class EvalConfig:
         max_tokens: max new tokens per response (paper: 3072 for Short CoT).
         max_prompt_length: prompt tokens; longer prompts are truncated on the left (logged).
         seed: sampling seed (same seed, engine and model ⇒ same samples).
-        data_dir: benchmark directory (``None`` = ``$STARE_LAB_BENCHMARK_DIR`` or ``../shared/data/benchmarks``).
+        data_dir: benchmark directory with ``<name>/<name>.jsonl`` or ``<name>.jsonl`` files (``None`` =
+            ``$STARE_LAB_BENCHMARK_DIR`` if set, else the copies bundled with the package,
+            :data:`trainer.benchmarks.BUNDLED_DIR`).
         limit: evaluate only the first ``limit`` problems of each benchmark (``None`` = all).
         files: benchmark → data source read instead of ``data_dir``: a JSONL or Parquet file, or ``hf:NAME:SPLIT``
             (a ``datasets`` dataset: local cache, or the hub when online).
@@ -419,7 +421,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help=f"default {d['seed']}")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
     parser.add_argument("--data-dir", default=None,
-                        help="benchmark directory (default: $STARE_LAB_BENCHMARK_DIR or ../shared/data/benchmarks)")
+                        help="directory with NAME/NAME.jsonl or NAME.jsonl files (default: $STARE_LAB_BENCHMARK_DIR if "
+                             "set, else the copies bundled with the package, trainer/assets/benchmarks)")
     parser.add_argument("--file", action="append", default=[], metavar="NAME=SOURCE",
                         help="read benchmark NAME from SOURCE (JSONL, Parquet or hf:DATASET:SPLIT); repeatable")
     parser.add_argument("--problem-key", default=None, help="record field of the problem (default problem)")

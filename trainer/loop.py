@@ -1,4 +1,4 @@
-"""The training loop (design.md §3): one SPMD program, the same at every scale.
+"""The training loop (docs/design.md §3): one SPMD program, the same at every scale.
 
 Per step: (1) take prompts from the deterministic cursor → (2) generate ``rollout.n`` responses per prompt →
 (3) rewards (``trainer.rewards``; math-verify on the last ``\\boxed{}``, in the main thread) → (4) dynamic sampling
@@ -154,7 +154,7 @@ def _fault(step: int, phase: str) -> None:
 
 
 class _Trainer:
-    """Holds the step's collaborators; :meth:`step` is design.md §3 steps 1–9."""
+    """Holds the step's collaborators; :meth:`step` is docs/design.md §3 steps 1–9."""
 
     def __init__(self, cfg: TrainerConfig) -> None:
         from transformers import AutoTokenizer

@@ -1,4 +1,4 @@
-"""Grader check on EVERY record of the six benchmarks (shared/data/benchmarks, 1,547 records):
+"""Grader check on EVERY record of the six bundled benchmarks (trainer/assets/benchmarks, 1,547 records):
 
 * a response boxing the gold answer (as stored, and re-written in a canonical numeric form where the gold is a
   number: ``025`` → ``25``, ``27.0`` → ``27``, ``4.5e33`` → ``4.5 \\times 10^{33}``) is graded correct — 100%;
@@ -6,14 +6,13 @@
   relative error: gold + max(1, 10%·|gold|)); other answers get their first digit bumped (``(2,\\infty)`` →
   ``(3,\\infty)``) and, separately, ``+1`` appended.
 
-Record counts are from shared/data/benchmarks/README.md (30 / 30 / 40 / 500 / 272 / 675)."""
+Record counts are from trainer/assets/README.md (30 / 30 / 40 / 500 / 272 / 675)."""
 
 from __future__ import annotations
 
 import os
 import re
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
@@ -24,16 +23,12 @@ except ImportError:  # pragma: no cover
         raise
     pytest.skip("math-verify is not installed (trainer extra)", allow_module_level=True)
 
-from trainer.benchmarks import BENCHMARKS, default_data_dir, load_benchmark
+from trainer.benchmarks import BENCHMARKS, BUNDLED_DIR, load_benchmark
 from trainer.rewards import grade_response, normalize_gold, parse_number
 
 EXPECTED_COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva_math": 272, "olympiadbench": 675}
 
-DATA_DIR = default_data_dir()
-if DATA_DIR is None or not Path(DATA_DIR).is_dir():  # pragma: no cover
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("benchmark data not found: set STARE_LAB_BENCHMARK_DIR or provide ../shared/data/benchmarks")
-    pytest.skip("benchmark data not found", allow_module_level=True)
+DATA_DIR = BUNDLED_DIR
 
 REASONING = (
     "We set up the problem carefully. First we collect the given quantities and write the relations between them; "
