@@ -1,9 +1,9 @@
 """The repository stands on its own: no tracked file points outside it.
 
-A clone must work with nothing beside it, so no tracked file may name a sibling ``shared`` folder (``../shared``,
-``REPO.parent / "shared"``, the notes files that lived there) or an absolute path under ``/work``. The patterns are
-assembled from pieces so that this file does not match itself; the last test checks that they do match the forms
-they are meant to catch.
+A clone must work with nothing beside it, so no tracked file may name the developers' notes folder that used to
+sit beside the repository (as a relative path, as a path component built in code, or through one of its files) or
+an absolute path under the machine's work directory. The patterns are assembled from pieces so that this file does
+not match itself; the last tests check that they catch the forms they target and leave ordinary text alone.
 """
 
 from __future__ import annotations
