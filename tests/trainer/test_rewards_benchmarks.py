@@ -2,9 +2,10 @@
 
 * a response boxing the gold answer (as stored, and re-written in a canonical numeric form where the gold is a
   number: ``025`` → ``25``, ``27.0`` → ``27``, ``4.5e33`` → ``4.5 \\times 10^{33}``) is graded correct — 100%;
-* a response boxing a wrong answer is graded wrong — 100%: numbers get gold + 1 (Minerva, whose grader accepts 1%
-  relative error: gold + max(1, 10%·|gold|)); other answers get their first digit bumped (``(2,\\infty)`` →
-  ``(3,\\infty)``) and, separately, ``+1`` appended.
+* a response boxing a wrong answer is graded wrong — 100%: numbers get gold + 1 and, where |gold| ≥ 1, also
+  gold × 1.001 (0.1 % off: integers and decimals are exact at 6 decimal places, on every benchmark — Minerva
+  included); other answers get their first digit bumped (``(2,\\infty)`` → ``(3,\\infty)``) and, separately,
+  ``+1`` appended.
 
 Record counts are from trainer/assets/README.md (30 / 30 / 40 / 500 / 272 / 675)."""
 
@@ -54,10 +55,8 @@ def _fmt(value: Fraction) -> str:
         f"-\\frac{{{-value.numerator}}}{{{value.denominator}}}"
 
 
-def _wrong_numbers(value: Fraction, benchmark: str) -> Fraction:
-    if benchmark == "minerva_math":
-        return value + max(Fraction(1), abs(value) / 10)
-    return value + 1
+def _wrong_numbers(value: Fraction) -> list[Fraction]:
+    return [value + 1] + ([value * Fraction(1001, 1000)] if abs(value) >= 1 else [])
 
 
 def _bump_first_digit(text: str) -> str | None:
@@ -107,7 +106,7 @@ def test_every_wrong_answer_is_graded_wrong(records):
             num = parse_number(gold)
             if num is not None:
                 n_numeric += 1
-                wrongs = [_fmt(_wrong_numbers(num[0], bench))]
+                wrongs = [_fmt(w) for w in _wrong_numbers(num[0])]
             else:
                 n_other += 1
                 wrongs = [w for w in (_bump_first_digit(gold), gold + "+1") if w is not None]
