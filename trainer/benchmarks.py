@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from stare_lab.errors import ConfigError, DataError
 
@@ -33,6 +34,7 @@ __all__ = [
     "ENV_DATA_DIR",
     "Problem",
     "default_data_dir",
+    "canonical_name",
     "resolve_benchmarks",
     "benchmark_file",
     "load_benchmark",
@@ -91,15 +93,33 @@ def default_data_dir() -> Path:
     return Path(env) if env else BUNDLED_DIR
 
 
-def resolve_benchmarks(names: str | Sequence[str]) -> list[str]:
+#: A benchmark name (built-in or custom): it becomes part of metric keys ``eval/<name>/avg@k``.
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+
+
+def canonical_name(name: str) -> str:
+    """Lower-cased ``name`` with the :data:`ALIASES` applied (``AIME2024`` → ``aime24``; custom names stay).
+
+    Raises:
+        ConfigError: a name that is empty or has characters other than letters, digits, ``_``, ``.``, ``-``.
+    """
+    key = str(name).strip().lower()
+    key = ALIASES.get(key, key)
+    if not _NAME_RE.fullmatch(key):
+        raise ConfigError(f"benchmark name {name!r} must be letters, digits, '_', '.' or '-' (it names metric keys)")
+    return key
+
+
+def resolve_benchmarks(names: str | Sequence[str], custom: Iterable[str] = ()) -> list[str]:
     """Canonical benchmark names from a comma-separated string or a list (``all`` = the six of Table 2).
 
-    Unknown names are kept when they look like files (``.jsonl``/``.parquet`` paths or ``hf:`` specs are handled by
-    :func:`load_benchmark` through ``path``); otherwise they raise.
+    Known names: the six of :data:`BENCHMARKS`, ``gsm8k`` and their :data:`ALIASES`. Names in ``custom`` (those a
+    data source is given for, ``--file NAME=SOURCE`` / ``EvalConfig.files``) are accepted as well.
 
     Raises:
         ConfigError: on an empty list, an unknown name (listing the known ones) or a duplicate.
     """
+    custom = {canonical_name(c) for c in custom}
     items = [s.strip() for s in names.split(",")] if isinstance(names, str) else [str(s).strip() for s in names]
     items = [s for s in items if s]
     if not items:
@@ -109,9 +129,10 @@ def resolve_benchmarks(names: str | Sequence[str]) -> list[str]:
         if item.lower() == "all":
             out.extend(b for b in BENCHMARKS if b not in out)
             continue
-        name = ALIASES.get(item.lower(), item.lower())
-        if name not in BENCHMARKS and name != "gsm8k":
-            raise ConfigError(f"benchmarks: unknown benchmark {item!r}; known: {', '.join(BENCHMARKS)}, gsm8k, all")
+        name = canonical_name(item)
+        if name not in BENCHMARKS and name != "gsm8k" and name not in custom:
+            raise ConfigError(f"benchmarks: unknown benchmark {item!r}; known: {', '.join(BENCHMARKS)}, gsm8k, all, "
+                              f"or a NAME given a data source with --file NAME=SOURCE")
         if name in out:
             raise ConfigError(f"benchmarks: {name!r} is listed twice")
         out.append(name)

@@ -5,8 +5,9 @@ config loader has no include mechanism, so the shared values live here once. Eve
 ``# paper`` (docs/theory.md §4, the paper's stated training defaults) or ``# our choice`` (not published; ours).
 Regenerate with ``python papers/stare_2606.19236/make_configs.py``; ``tests/trainer/test_evaluate_paper_configs.py``
 checks that the committed files equal this script's output and load with ``trainer.config.load_trainer_config``.
-Evaluation settings (Table 2 protocol) are in ``eval_short_cot.yaml`` / ``eval_long_cot.yaml``
-(``trainer.evaluate.EvalConfig``).
+Evaluation settings (Table 2 protocol) are in ``eval_short_cot.yaml`` / ``eval_long_cot.yaml`` /
+``eval_tool_use.yaml`` (``trainer.evaluate.EvalConfig``; the tool-use one carries the same ``tool`` section as the
+tool-use training configs, so the TIR setting is evaluated with tools).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "tool_use_qwen2.5-7b-retool": {
         "setting": "tool_use", "model": "Qwen2.5-7B-Base-TIR (ReTool-2K cold start)",
         "path": "models/Qwen2.5-7B-ReTool-2K-SFT", "large": False, "response": (8192, OURS), "tp": 1,
-        "eval": "eval_long_cot.yaml",
+        "eval": "eval_tool_use.yaml",
     },
 }
 
@@ -154,23 +155,45 @@ def build(setting_key: str, method_key: str) -> list[tuple[str, list[tuple[str, 
         sections.append(("loss.stare", stare))
     sections += [("optim", optim), ("deepspeed", deepspeed), ("schedule", schedule)]
     if s["setting"] == "tool_use":  # trainer.tool_rollout.ToolUseConfig: ReTool's tags (paper), limits (ours)
-        sections.append(("tool", [
-            ("code_open", "<code>", PAPER),
-            ("code_close", "</code>", PAPER),
-            ("interpreter_template", "<interpreter>\n{output}\n</interpreter>\n", PAPER),
-            ("max_tool_calls", 8, OURS),
-            ("max_rounds", 16, OURS),
-            ("max_output_chars", 1024, OURS),
-        ]))
-        sections.append(("tool.sandbox", [
-            ("timeout_s", 10.0, OURS),
-            ("memory_mb", 2048, OURS),
-            ("max_output_bytes", 8192, OURS),
-            ("workdir_mb", 64, OURS),
-            ("site_packages", True, OURS),
-            ("max_workers", 8, OURS),
-        ]))
+        sections += [("tool", TOOL), ("tool.sandbox", TOOL_SANDBOX)]
     return sections
+
+
+#: The ``tool`` section of the tool-use configs (training and evaluation): ReTool's tags (paper), limits (ours).
+TOOL = [
+    ("code_open", "<code>", PAPER),
+    ("code_close", "</code>", PAPER),
+    ("interpreter_template", "<interpreter>\n{output}\n</interpreter>\n", PAPER),
+    ("max_tool_calls", 8, OURS),
+    ("max_rounds", 16, OURS),
+    ("max_output_chars", 1024, OURS),
+]
+TOOL_SANDBOX = [
+    ("timeout_s", 10.0, OURS),
+    ("memory_mb", 2048, OURS),
+    ("max_output_bytes", 8192, OURS),
+    ("workdir_mb", 64, OURS),
+    ("site_packages", True, OURS),
+    ("max_workers", 8, OURS),
+]
+
+
+def _section_lines(sections: list[tuple[str, list[tuple[str, Any, str]]]]) -> list[str]:
+    """YAML lines of ``(section, [(key, value, note)])`` pairs (a nested ``a.b`` section directly after ``a``)."""
+    lines = []
+    for section, items in sections:
+        indent = ""
+        if section:
+            parts = section.split(".")
+            if len(parts) == 1:
+                lines.append(f"{section}:")
+                indent = "  "
+            else:
+                lines.append(f"  {parts[1]}:")
+                indent = "    "
+        for key, value, note in items:
+            lines.append(f"{indent}{key}: {_scalar(value)}  # {note}")
+    return lines
 
 
 def render(setting_key: str, method_key: str) -> str:
@@ -186,18 +209,7 @@ def render(setting_key: str, method_key: str) -> str:
         lines.append("# Tool use: multi-turn code-interpreter rollouts (trainer/tool_rollout.py, the `tool` section): code")
         lines.append("# in <code>…</code> runs in the bubblewrap sandbox, its output comes back as an <interpreter> turn")
         lines.append("# that is masked out of the loss, the entropy statistics and the STARE selection.")
-    for section, items in build(setting_key, method_key):
-        indent = ""
-        if section:
-            parts = section.split(".")
-            if len(parts) == 1:
-                lines.append(f"{section}:")
-                indent = "  "
-            else:  # a nested section directly after its parent
-                lines.append(f"  {parts[1]}:")
-                indent = "    "
-        for key, value, note in items:
-            lines.append(f"{indent}{key}: {_scalar(value)}  # {note}")
+    lines += _section_lines(build(setting_key, method_key))
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +228,7 @@ EVAL_FILES = {
         "timeout_s: 5.0  # our choice",
     ],
     "eval_long_cot.yaml": [
-        "# Table 2 evaluation protocol for Long CoT / tool use (max_tokens is our choice, as in the training configs).",
+        "# Table 2 evaluation protocol for Long CoT (max_tokens is our choice, as in the training configs).",
         'benchmarks: ["aime24", "aime25", "amc23", "math500", "minerva_math", "olympiadbench"]  # paper',
         "n: null  # paper",
         "temperature: 1.0  # paper",
@@ -227,6 +239,14 @@ EVAL_FILES = {
         "timeout_s: 5.0  # our choice",
     ],
 }
+
+
+EVAL_FILES["eval_tool_use.yaml"] = [
+    "# Table 2 evaluation protocol for tool use (TIR): as eval_long_cot.yaml, with multi-turn tool rollouts — the",
+    "# same `tool` section as the tool-use training configs (code in <code>…</code> runs in the sandbox).",
+    *EVAL_FILES["eval_long_cot.yaml"][1:],
+    *_section_lines([("tool", TOOL), ("tool.sandbox", TOOL_SANDBOX)]),
+]
 
 
 def all_files() -> dict[str, str]:

@@ -320,7 +320,7 @@ def test_config_from_args_precedence(tmp_path):
     """EvalConfig defaults < --config YAML < explicit options."""
     import argparse
 
-    from trainer.evaluate import add_arguments, config_from_args
+    from trainer.evaluate_cli import add_arguments, config_from_args
 
     yml = tmp_path / "e.yaml"
     yml.write_text("benchmarks: [aime24, amc23]\nn: 16\ntop_p: 0.8\nmax_tokens: 100\n")
@@ -344,7 +344,8 @@ def test_parquet_source_with_other_field_names(require, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainer.evaluate import add_arguments, config_from_args, load_problems
+    from trainer.evaluate import load_problems
+    from trainer.evaluate_cli import add_arguments, config_from_args
 
     path = tmp_path / "aime.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c"], "Problem": ["1+1?", "2+2?", "3+3?"], "Answer": ["2", "4", "6"]}),
