@@ -89,3 +89,45 @@ def test_one_tensor_parallel_group_of_two_evaluates_everything_once(single, tmp_
     assert ranks[0]["seen"] == ranks[1]["seen"] == single["seen"]
     assert _comparable(ranks[0]["result"]) == _comparable(single["result"]) == _comparable(ranks[1]["result"])
     assert all(m["n_problems"] in (7, 5) for m in ranks[0]["result"]["benchmarks"].values())
+
+
+@pytest.mark.slow
+def test_trainer_periodic_evaluation_under_torchrun(require, tiny_model, gsm8k_digits, tmp_path):
+    """The training loop's periodic evaluation with 2 data-parallel ranks (torchrun, HF engine, ZeRO-3, 1 step):
+    rank 0 writes one eval.json covering all 3 problems (each rank sampled its share) and the step's row has it."""
+    require("deepspeed", "math_verify", "transformers")
+    import yaml
+
+    ev = tmp_path / "eval.yaml"
+    ev.write_text(yaml.safe_dump({"benchmarks": ["math500"], "limit": 3, "n": 2, "max_tokens": 8,
+                                  "max_prompt_length": 200}))
+    out = tmp_path / "out"
+    cfg = {
+        "method": "c2", "seed": 1, "out_dir": str(out), "model": {"path": str(tiny_model)},
+        "data": {"train_files": [str(gsm8k_digits)], "max_prompt_length": 256},
+        "rollout": {"engine": "hf", "n": 2, "max_response_length": 8},
+        "reward": {"kind": "gsm8k-lenient"},
+        "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "gate": "always"}},
+        "optim": {"lr": 1e-3, "train_batch_size": 2, "micro_batch_max_tokens": 1024},
+        "deepspeed": {"zero_stage": 3, "precision": "fp32"},
+        "schedule": {"total_steps": 1, "save_freq": 0, "progress_bar": False, "eval_freq": 1,
+                     "eval_config": str(ev)},
+    }
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "STARE_LAB_FAULT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(29700 + os.getpid() % 1000), "-m", "trainer.cli", str(cfg_file)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads((out / "eval" / "step_1" / "eval.json").read_text())
+    assert res["settings"]["dp_size"] == 2 and res["benchmarks"]["math500"]["n_problems"] == 3
+    rows = [json.loads(x) for x in (out / "eval" / "step_1" / "samples.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["sample"]) for r in rows] == [(i, j) for i in [r["id"] for r in rows[::2]] for j in (0, 1)]
+    assert len(rows) == 6
+    (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["eval/failed"] == 0 and row["eval/accuracy"] == res["average"]
