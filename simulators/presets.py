@@ -21,8 +21,8 @@ explicit ``stare.target_entropy=X`` switches that fraction off (``simulators.tab
 Why ``collapse`` uses a noisy verifier (reward flipped with probability 0.1): with several correct tokens per
 position and an exact verifier, a solved prompt soon has zero reward variance, GRPO's advantages vanish and the
 entropy stalls at the within-correct-set level (≈ 10–20 % of its start in our runs, lr 2–8) instead of collapsing;
-a little verifier noise keeps the variance (and the noise-driven drift of docs/theory.md §2) alive, as hard prompts do in
-real training. The presets fix the task and step size only; nothing in them is tuned for a method to look good.
+a little verifier noise keeps the variance (and the noise-driven drift of docs/theory.md §2) alive, as hard prompts do
+in real training. The presets fix the task and step size only; nothing in them is tuned for a method to look good.
 """
 
 from __future__ import annotations
