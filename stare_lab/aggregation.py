@@ -58,8 +58,8 @@ def aggregate_loss(
     Padding entries are excluded with a select (not a product), so non-finite padding values cannot leak into the
     value. Python-number normalisers are checked here; a tensor normaliser is not read back (no host
     synchronisation) — a NaN or non-positive one gives 0 with zero gradient, and the policy losses reject it with a
-    :class:`DataError`. With ``token_weights`` ω (STARE, docs/theory.md §4 step 5) every sum runs over m·ω·ℓ instead,
-    computed as ℓ · where(m, ω, 0): one product in place of a select and a second product. ω is read on valid tokens only, but
+    :class:`DataError`. With ``token_weights`` ω (STARE, docs/theory.md §4 step 5) every sum runs over m·ω·ℓ instead, computed as
+    ℓ · where(m, ω, 0): one product in place of a select and a second product. ω is read on valid tokens only, but
     ``loss_mat`` must then be finite on padding too (0 · NaN = NaN); the policy losses guarantee that (every input
     is checked finite and ρ is clamped). Sequences without valid tokens contribute 0. Defaults: N = this call's valid tokens, S = this call's
     sequences with ≥ 1 valid token. A zero normaliser gives exactly 0 (zero gradient), never NaN. With global N, S
