@@ -6,7 +6,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -43,6 +42,7 @@ def test_counts_checksums_and_record_format(rel):
 
 
 def test_every_bundled_file_is_package_data():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     spec = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trainer"]
     files = [p.relative_to(ASSETS.parent).as_posix() for p in ASSETS.rglob("*") if p.is_file()]
     assert files and all(any(fnmatch.fnmatchcase(f, pat) for pat in spec) for f in files), (files, spec)
