@@ -372,8 +372,9 @@ def evaluate_engine(
     """Evaluate with an existing rollout engine (:class:`trainer.rollout.RolloutEngine`).
 
     With ``cfg.tool`` set, ``engine`` is wrapped in :class:`trainer.tool_rollout.ToolUseEngine` (unless it already
-    is one, as in tool-use training): multi-turn rollouts with code run in the sandbox, graded on the model's own
-    text. With several data-parallel groups (``dist.dp_size > 1``) each group samples and grades its share of every
+    is one, as in tool-use training, whose engine and tool settings are then used): multi-turn rollouts with code
+    run in the sandbox, graded on the model's own text. (A wrapper made here runs the code on every rank; with
+    tensor parallelism the training engine's wrapper, which broadcasts one rank's tool outputs, is the one to use.) With several data-parallel groups (``dist.dp_size > 1``) each group samples and grades its share of every
     benchmark's problems (:func:`share`); rank 0 gathers the rows, computes the metrics and writes the files, and
     every rank returns the same result.
 
