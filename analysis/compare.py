@@ -41,7 +41,7 @@ KNOWN_METHODS = (
     "forking_tokens",
 )
 
-#: The four quadrants of science.md §2 (advantage sign × surprisal above/below the critical value):
+#: The four quadrants of docs/theory.md §2 (advantage sign × surprisal above/below the critical value):
 #: (key infix, description, expected sign of the first-order ΔH).
 QUADRANTS = (
     ("pos_high", "Â>0, high surprisal", +1),
@@ -339,7 +339,7 @@ class Comparison:
     def quadrant_table(self) -> list[dict[str, Any]]:
         """Per group and quadrant: mean token count per step, share of the tokens of the four quadrants, mean ΔH
         contribution per step (nats) and its total over the run, each a mean over seeds; plus the expected sign
-        of the contribution (science.md §2: sign(ΔH) = sign(Â)·sign(s − s*))."""
+        of the contribution (docs/theory.md §2: sign(ΔH) = sign(Â)·sign(s − s*))."""
         rows = []
         for g in self.groups:
             runs = [r for r in g.runs if any(r.has(f"quadrant/{q}/count") for q, _, _ in QUADRANTS)]

@@ -251,7 +251,7 @@ def _quadrant_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None
         return
     doc.p(
         "Tokens split by the sign of their advantage and by surprisal above/below the critical value s* "
-        "(science.md §2: sign(ΔH) = sign(Â)·sign(s − s*)). Share = count / all four counts; ΔH = the quadrant's "
+        "(docs/theory.md §2: sign(ΔH) = sign(Â)·sign(s − s*)). Share = count / all four counts; ΔH = the quadrant's "
         "summed first-order contribution per step (nats); mean ± 95% band over seeds."
     )
     rows = []

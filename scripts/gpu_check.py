@@ -27,15 +27,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K_CANDIDATES = [REPO / "shared" / "data" / "gsm8k" / "train.jsonl", REPO.parent / "shared" / "data" / "gsm8k"
-                    / "train.jsonl", Path("/work/shared/data/gsm8k/train.jsonl")]
+GSM8K_CANDIDATES = [REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"]  # bundled (trainer/assets/README.md)
 
 
 def _gsm8k(tmp: Path) -> Path:
     for p in GSM8K_CANDIDATES:
         if p.is_file():
             return p
-    # no data copy on the device: a few synthetic GSM8K-style records (the check is about the machinery)
+    # data folder missing (a partial copy): a few synthetic GSM8K-style records (the check is about the machinery)
     out = tmp / "synthetic.jsonl"
     out.write_text("".join(json.dumps({"problem": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
                            for a in range(1, 9) for b in range(1, 9)))

@@ -1,6 +1,6 @@
 """Exact top-k selections over a batch split across data-parallel ranks, by reducing radix histograms.
 
-The STARE sets L± (science.md §4) and the forking-token entropy threshold (science.md §3) are quantiles of the
+The STARE sets L± (docs/theory.md §4) and the forking-token entropy threshold (docs/theory.md §3) are quantiles of the
 *whole* step's batch. Across ranks they are computed without gathering the tokens: every rank histograms its keys,
 the histograms are summed (:class:`~stare_lab.collective.Collective`), and every rank reads the same threshold off
 the sum — the two-pass radix select of :mod:`stare_lab.stare` (16 high bits, then the 16 low bits inside the

@@ -1,5 +1,5 @@
 """The policy-loss registry: the inputs object, registration (with each loss's declared needs), validation and the
-wrapper every registered loss shares (design.md §1). The losses themselves live in :mod:`stare_lab.losses`, which
+wrapper every registered loss shares (docs/design.md §1). The losses themselves live in :mod:`stare_lab.losses`, which
 re-exports the public names of this module; import :mod:`stare_lab.losses` (it registers the built-in losses).
 
 A registered loss computes the per-token policy loss matrix ℓ ``[B, T]`` (plus its own metrics); the registry
@@ -50,7 +50,7 @@ LOG_RATIO_CLAMP = 20.0
 
 @dataclasses.dataclass
 class PolicyLossInputs:
-    """Everything a policy loss may read (design.md §1). Tensors are ``[B, T]`` unless noted.
+    """Everything a policy loss may read (docs/design.md §1). Tensors are ``[B, T]`` unless noted.
 
     Attributes:
         logprobs: log π_θ of the sampled tokens (nats), float, requires grad.
@@ -257,7 +257,7 @@ def compute_policy_loss(
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
-    """Per-token estimator of KL(π_θ ‖ π_ref) for tokens sampled from π_θ (science.md §3; Schulman's k1/k2/k3).
+    """Per-token estimator of KL(π_θ ‖ π_ref) for tokens sampled from π_θ (docs/theory.md §3; Schulman's k1/k2/k3).
 
     With d = log π_θ − log π_ref: k1 = d; k2 = ½ d²; k3 = exp(−d) − (−d) − 1 = exp(−d) + d − 1 ≥ 0. For k3, d is
     clamped to ±20 before exponentiating so the value stays finite.

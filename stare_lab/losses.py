@@ -1,10 +1,10 @@
-"""The policy losses (design.md §1): pure functions of one inputs object and a :class:`LossConfig`.
+"""The policy losses (docs/design.md §1): pure functions of one inputs object and a :class:`LossConfig`.
 
 The registry (inputs object, validation, TIS, aggregation, add-ons, metrics) is :mod:`stare_lab.loss_registry`;
 this module defines the built-in losses, registers each with what it needs (:class:`LossNeeds`), and re-exports
 the registry's public names, so ``from stare_lab.losses import compute_policy_loss`` is the one import callers
 need. With global normalisers (counts over the whole optimizer step), the sum of the losses of the micro-batches
-equals the loss of the whole batch, and so do the gradients (science.md §3).
+equals the loss of the whole batch, and so do the gradients (docs/theory.md §3).
 
 Method names used by simulators/trainer map onto the registry as: ``grpo`` → ``grpo``; ``grpo-ds`` → ``grpo``
 (+ dynamic sampling upstream); ``o1`` / ``c2`` / ``o1-adaptive`` → ``stare``; ``entropy_bonus`` → ``grpo`` with
@@ -45,7 +45,7 @@ __all__ = [*loss_registry.__all__, "aggregate_loss", "masked_mean", "forking_ent
 
 
 def forking_entropy_threshold(entropy: Tensor, response_mask: Tensor, top_quantile: float) -> Tensor:
-    """Entropy threshold of the 80/20 forking-token rule ("Beyond the 80/20 rule", arXiv 2506.01939; science.md §3).
+    """Entropy threshold of the 80/20 forking-token rule ("Beyond the 80/20 rule", arXiv 2506.01939; docs/theory.md §3).
 
     The threshold is the k-th largest entropy among the valid tokens, k = max(1, ⌈q·N⌉): tokens with entropy ≥ it
     keep their gradient (ties at the threshold are all kept). Compute it over the whole optimizer batch and pass it
@@ -74,7 +74,7 @@ def forking_entropy_threshold(entropy: Tensor, response_mask: Tensor, top_quanti
 
 
 def _grpo_matrix(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """Per-token PPO/GRPO clipped surrogate with clip-higher and dual clip (science.md §3).
+    """Per-token PPO/GRPO clipped surrogate with clip-higher and dual clip (docs/theory.md §3).
 
     ℓ = max(−Â ρ, −Â clip(ρ, 1 − ε_low, 1 + ε_high)); for Â < 0 additionally ℓ = min(ℓ, −Â c), c = clip_ratio_c.
     ρ = exp(clamp(log π − log π_old, ±20)).
@@ -107,7 +107,7 @@ def _grpo_matrix(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, An
 
 @register_policy_loss("grpo")
 def grpo_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """GRPO / PPO clipped surrogate (science.md §3; DAPO clip-higher, dual clip for Â < 0)."""
+    """GRPO / PPO clipped surrogate (docs/theory.md §3; DAPO clip-higher, dual clip for Â < 0)."""
     return _grpo_matrix(prep, cfg)
 
 
@@ -130,7 +130,7 @@ def _stare_needs(cfg: LossConfig) -> LossNeeds:
 
 @register_policy_loss("stare", needs=_stare_needs)
 def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """STARE: the GRPO surrogate times the token weights ω (science.md §4, step 5; ω is not renormalised).
+    """STARE: the GRPO surrogate times the token weights ω (docs/theory.md §4, step 5; ω is not renormalised).
 
     Gate (see :class:`PolicyLossInputs`): off ⇒ no multiplication at all, so the loss is bit-identical to
     ``grpo``. On ⇒ ω = ``inputs.token_weights`` when given (scope ``global``: computed once per step over the
@@ -167,7 +167,7 @@ def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
 
 
 def _covariance(prep: _Prepared) -> Tensor:
-    """Per-token Cov_i = (log π_i − mean log π)(Â_i − mean Â) (Cui et al. 2025, science.md §3), detached; means over
+    """Per-token Cov_i = (log π_i − mean log π)(Â_i − mean Â) (Cui et al. 2025, docs/theory.md §3), detached; means over
     the valid tokens of the whole step when given in the inputs, else of this call."""
     inputs = prep.inputs
     lp = prep.logprobs.detach()
@@ -190,7 +190,7 @@ def _count_for_ratio(ratio: float, n_valid: int) -> int:
     "clip_cov", needs=LossNeeds(global_stats=("logprob_mean", "advantage_mean", "generator"))
 )
 def clip_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; science.md §3): the GRPO surrogate with the gradient detached on
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; docs/theory.md §3): the GRPO surrogate with the gradient detached on
     a random subset of k = max(1, ⌊r·N⌋) tokens (N = this call's valid tokens, r = ``clip_cov_ratio``) drawn from
     the valid tokens with ω_lo < Cov_i < ω_hi that the PPO clip does not already clip. The loss value is unchanged;
     only those tokens' gradients are removed. r = 0 ⇒ exactly ``grpo``. Random subset from ``inputs.generator``."""
@@ -222,7 +222,7 @@ def clip_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, A
 
 @register_policy_loss("kl_cov", needs=LossNeeds(global_stats=("logprob_mean", "advantage_mean")))
 def kl_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """KL-Cov (Cui et al. 2025; science.md §3): the GRPO surrogate plus β·|log ρ| (β = ``ppo_kl_coef``) on the
+    """KL-Cov (Cui et al. 2025; docs/theory.md §3): the GRPO surrogate plus β·|log ρ| (β = ``ppo_kl_coef``) on the
     k = max(1, ⌊r·N⌋) valid tokens with the largest Cov_i (r = ``kl_cov_ratio``, N = this call's valid tokens; ties
     by position). Unlike Cui et al.'s code the base surrogate keeps GRPO's clipping, so r = 0 ⇒ exactly ``grpo``."""
     loss, metrics = _grpo_matrix(prep, cfg)
@@ -247,7 +247,7 @@ def kl_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any
     "forking_tokens", needs=LossNeeds(entropy=True, global_stats=("entropy_threshold",))
 )
 def forking_tokens_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """80/20 forking tokens ("Beyond the 80/20 rule", arXiv 2506.01939; science.md §3): the GRPO surrogate kept only
+    """80/20 forking tokens ("Beyond the 80/20 rule", arXiv 2506.01939; docs/theory.md §3): the GRPO surrogate kept only
     on tokens whose entropy ≥ the threshold of the top ``top_entropy_quantile`` (``inputs.entropy_threshold`` for a
     global quantile, else this call's, see :func:`forking_entropy_threshold`); other tokens contribute 0. The
     normalisers are unchanged (the denominator still counts every valid token)."""

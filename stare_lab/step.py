@@ -6,9 +6,9 @@ rollouts — and calls :func:`prepare_step` once. Over the whole step (all ranks
 
 * the token and sequence counts (the loss normalisers ``global_num_tokens`` / ``global_num_sequences``) and the
   batch token-mean entropy H̄ — all the step's named sums in ONE collective;
-* the STARE gate and W/M, decided by the :class:`~stare_lab.stare.STAREController` (science.md §4 step 3) — the
+* the STARE gate and W/M, decided by the :class:`~stare_lab.stare.STAREController` (docs/theory.md §4 step 3) — the
   one place the gate is decided;
-* ω and its statistics for scope ``global`` (science.md §4 step 4), exact over all ranks
+* ω and its statistics for scope ``global`` (docs/theory.md §4 step 4), exact over all ranks
   (:mod:`stare_lab.global_select` reduces radix histograms; nothing is gathered);
 * each global statistic the loss declared at registration (:class:`~stare_lab.loss_registry.LossNeeds`,
   :data:`GLOBAL_STATS`): token-means (Clip-Cov / KL-Cov's covariance centres), top quantiles (the forking-token
@@ -65,7 +65,7 @@ _FIXED_LIMIT = float(2**62)
 
 @dataclasses.dataclass
 class StepBatch:
-    """One rank's share of a step's training tokens, padded to ``[B, T]`` (design.md §1).
+    """One rank's share of a step's training tokens, padded to ``[B, T]`` (docs/design.md §1).
 
     Attributes:
         response_mask: ``[B, T]`` bool or 0/1 (stored as bool); False marks padding and tokens left out of the loss.
@@ -226,7 +226,7 @@ class PreparedStep:
     num_groups: int | None = None
 
     def metrics(self) -> dict[str, Any]:
-        """The step's row entries (design.md §4 keys): ``entropy`` (H̄ or None), ``gate_on`` (0/1), ``stare_w``,
+        """The step's row entries (docs/design.md §4 keys): ``entropy`` (H̄ or None), ``gate_on`` (0/1), ``stare_w``,
         ``stare_m``, ``num_tokens``, ``num_sequences``, ``num_groups`` (with group ids) and, when ω was computed,
         ``stare/num_pos_selected`` … ``stare/frac_neg_selected`` as floats."""
         row: dict[str, Any] = {"entropy": self.entropy, "gate_on": int(self.gate_on), "stare_w": self.reweight_w,
@@ -378,7 +378,7 @@ def prepare_step(
     Order: (1) the named sums in one collective — valid tokens N, sequences S, Σ entropy, and the sums of each
     declared token-mean; (2) the gate and W/M: ``controller.update(H̄)`` when the loss uses STARE and there is a
     valid token (H̄ = ``batch_entropy`` if given, else the token-mean of ``batch.entropy``); (3) when the gate is on
-    and scope is ``global``: ω over all ranks (science.md §4: L± = the k = max(1, ⌈P·|T±|⌉) highest-surprisal
+    and scope is ``global``: ω over all ranks (docs/theory.md §4: L± = the k = max(1, ⌈P·|T±|⌉) highest-surprisal
     tokens of T±, surprisal from ``old_logprobs``, ties by global position); (4) declared top quantiles; (5) the
     seeded generator. Collectives (none on one rank): 1, plus 3 when (3) or (4) runs. On one rank ω and the
     quantiles come from :func:`stare_lab.stare.stare_token_weights` and

@@ -1,4 +1,4 @@
-"""The ONE definition of a run's summary statistics (design.md §4: ``summary.json`` is recomputable from
+"""The ONE definition of a run's summary statistics (docs/design.md §4: ``summary.json`` is recomputable from
 ``metrics.jsonl``), used by the simulators, the trainer and ``stare-lab analyze`` alike.
 
 :func:`run_summary` reads only the run-format keys of the metrics rows (``step``, ``entropy``, ``entropy_change``,
@@ -203,7 +203,7 @@ def run_summary(
     """A run's summary statistics from its metrics rows (definitions in the module docstring).
 
     Args:
-        rows: the metrics rows in step order (``metrics.jsonl``; design.md §4 keys).
+        rows: the metrics rows in step order (``metrics.jsonl``; docs/design.md §4 keys).
         target_entropy: H_tgt (nats); None, or a non-finite / negative value, → no band statistics (None).
         band: half-width (nats) of the band around H_tgt, ≥ 0.
         collapse_frac: the collapse threshold as a fraction of the initial entropy, in [0, 1].
@@ -242,7 +242,7 @@ def run_summary(
 
 
 def summary_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The summary settings of a run from its resolved config (``config.yaml`` as a dict, design.md §4):
+    """The summary settings of a run from its resolved config (``config.yaml`` as a dict, docs/design.md §4):
     ``target_entropy`` = ``loss.stare.target_entropy``; ``band`` and ``collapse_frac`` = the top-level keys of
     those names when the source has them (the tabular simulator), else :data:`DEFAULT_BAND` /
     :data:`DEFAULT_COLLAPSE_FRAC`. Pass the result to :func:`run_summary` as keywords."""

@@ -113,7 +113,7 @@ def test_library_api_accepts_loaded_runs(tmp_path):
 
 
 def test_analysis_imports_point_down_only():
-    """analysis reads run directories; it must not import simulators or trainer (design.md)."""
+    """analysis reads run directories; it must not import simulators or trainer (docs/design.md)."""
     root = Path(analysis.__file__).parent
     for f in root.glob("*.py"):
         tree = ast.parse(f.read_text())

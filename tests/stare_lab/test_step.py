@@ -212,7 +212,7 @@ INVARIANT = [
 @pytest.mark.parametrize("per_token", [False, True])
 def test_micro_batch_invariance_of_loss_and_gradient(name, cfg, per_token):
     """The sum over micro-batches (rows 0–2, 3–4, 5–7, each trimmed to its own width) of the losses built by
-    ``prepared.inputs`` equals the full-batch loss, and so do the gradients (global normalisers, science.md §3)."""
+    ``prepared.inputs`` equals the full-batch loss, and so do the gradients (global normalisers, docs/theory.md §3)."""
     batch = _random_batch(3, 8, 6, per_token, ties=False)
     batch.rollout_logprobs = batch.old_logprobs - 0.1
     batch.response_mask[:, -1] = False  # the last column is padding everywhere

@@ -19,9 +19,7 @@ from trainer.config import load_trainer_config
 from trainer.data import load_records
 from trainer.runlog import RunLogger, export_final_model, read_rows, summary_from_rows
 
-GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "train.jsonl"
-if not GSM8K.is_file():  # as in conftest.py: /work/shared is the documented location
-    GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+from trainer.benchmarks import GSM8K_TRAIN_SAMPLE as GSM8K  # bundled with the package (trainer/assets/)
 
 
 def _data(tmp_path: Path, lines: list[str]) -> Path:
