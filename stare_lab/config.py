@@ -220,6 +220,9 @@ class LossConfig:
         top_entropy_quantile: fraction of tokens (highest entropy, global quantile) that keep their gradient
             in ``forking_tokens`` (0.2 = the 80/20 rule).
         stare: the STARE settings (:class:`STAREConfig`).
+        params: hyperparameters of a loss registered outside the package (``register_policy_loss``), read by that
+            loss as ``config.params[name]``: a mapping from names to YAML scalars or lists (``loss.params.beta=0.5``
+            on the command line). The built-in losses never read it; it lands in ``config.yaml`` like every field.
     """
 
     loss_mode: str = "grpo"
@@ -239,6 +242,7 @@ class LossConfig:
     ppo_kl_coef: float = 1.0
     top_entropy_quantile: float = 0.2
     stare: STAREConfig = dataclasses.field(default_factory=STAREConfig)
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -273,6 +277,21 @@ class LossConfig:
         check_range(f"{p}top_entropy_quantile", self.top_entropy_quantile, 0, 1, lo_open=True)
         if isinstance(self.stare, STAREConfig):
             self.stare.validate(join_key(prefix, "stare"))
+        if not isinstance(self.params, Mapping):
+            raise ConfigError(f"{p}params={_fmt(self.params)} must be a mapping of names to values")
+        for name, value in self.params.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"{p}params has a key {name!r}: keys must be non-empty strings")
+            if not _is_plain_value(value):
+                raise ConfigError(f"{p}params.{name}={_fmt(value)} must be a number, string, boolean, null or a list "
+                                  "of those")
+
+
+def _is_plain_value(value: Any) -> bool:
+    """True for a YAML scalar (None, bool, int, finite or infinite float, str) or a list/tuple of them."""
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain_value(v) and not isinstance(v, (list, tuple)) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -4,18 +4,20 @@ A *method* (``grpo``, ``o1``, …) names a training recipe; :data:`METHODS` maps
 (:mod:`stare_lab.losses`) plus the two switches that live outside the loss: DAPO dynamic sampling
 (``dynamic_sampling``) and the entropy bonus (``entropy_bonus``: the method needs ``loss.entropy_coeff > 0``).
 Simulators build configs from it (:func:`method_overrides`); the trainer checks a config against it
-(:func:`check_method`).
+(:func:`check_method`). A loss registered outside the package (``stare_lab.losses.register_policy_loss``) becomes a
+method with :func:`register_method`; the wings read :data:`METHODS` when they validate, so nothing else is edited.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from .config import LossConfig, join_key
 from .errors import ConfigError
 
-__all__ = ["METHODS", "method_overrides", "check_method"]
+__all__ = ["METHODS", "method_overrides", "check_method", "register_method"]
 
 #: method name → ``{"loss": LossConfig fields (``stare`` a nested STAREConfig dict), "dynamic_sampling": bool}``
 #: plus ``"entropy_bonus": True`` for the method that needs ``loss.entropy_coeff > 0``.
@@ -33,6 +35,50 @@ METHODS: dict[str, dict[str, Any]] = {
     "entropy_bonus": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False, "entropy_bonus": True},
     "forking_tokens": {"loss": {"loss_mode": "forking_tokens"}, "dynamic_sampling": False},
 }
+
+
+def register_method(
+    name: str,
+    loss_mode: str,
+    *,
+    stare: dict[str, Any] | None = None,
+    dynamic_sampling: bool = False,
+    entropy_bonus: bool = False,
+) -> None:
+    """Add a method to :data:`METHODS` (e.g. for a loss registered outside the package).
+
+    Args:
+        name: the new method label (non-empty, not yet in :data:`METHODS`).
+        loss_mode: a registered policy-loss name (``stare_lab.losses.available_policy_losses()``).
+        stare: ``loss.stare`` settings the method fixes (``STAREConfig`` field names), for STARE-based methods.
+        dynamic_sampling: the method needs DAPO dynamic sampling.
+        entropy_bonus: the method needs ``loss.entropy_coeff > 0``.
+
+    Raises:
+        ConfigError: an empty or taken name, an unregistered ``loss_mode``, or an unknown ``stare`` key.
+    """
+    from .config import STAREConfig
+    from .losses import available_policy_losses  # registers the built-in losses
+
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"method name {name!r} must be a non-empty string")
+    if name in METHODS:
+        raise ConfigError(f"method {name!r} is already defined; choose another name")
+    if loss_mode not in available_policy_losses():
+        raise ConfigError(
+            f"method {name!r}: loss_mode={loss_mode!r} is not a registered loss (one of "
+            f"{{{', '.join(available_policy_losses())}}}); register it with register_policy_loss first"
+        )
+    fields = {f.name for f in dataclasses.fields(STAREConfig)}
+    unknown = sorted(set(stare or {}) - fields)
+    if unknown:
+        raise ConfigError(f"method {name!r}: unknown loss.stare key {unknown[0]!r}; allowed: {', '.join(sorted(fields))}")
+    spec: dict[str, Any] = {"loss": {"loss_mode": loss_mode}, "dynamic_sampling": bool(dynamic_sampling)}
+    if stare:
+        spec["loss"]["stare"] = dict(stare)
+    if entropy_bonus:
+        spec["entropy_bonus"] = True
+    METHODS[name] = spec
 
 
 def method_overrides(method: str) -> dict[str, Any]:
