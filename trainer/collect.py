@@ -233,7 +233,7 @@ class Collector:
                 break
             total_kept = self.comm.all_reduce([len(kept) * self.owner])[0]  # distinct groups: one rank per TP group
             if total_kept >= cfg.optim.train_batch_size or rnd >= cfg.algorithm.max_gen_rounds:
-                if total_kept < cfg.optim.train_batch_size:
+                if total_kept < cfg.optim.train_batch_size and self.dist.is_main:  # the same on every rank
                     logger.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds; continuing "
                                    "with what was kept", step, int(total_kept), cfg.optim.train_batch_size, rnd)
                 break
