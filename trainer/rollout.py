@@ -325,7 +325,8 @@ class VLLMEngine:
             enable_prefix_caching=False,
             max_num_seqs=max_num_seqs,
             logprobs_mode="processed_logprobs",
-            use_tqdm_on_load=logging.getLogger("vllm").getEffectiveLevel() <= logging.INFO,  # quiet with its logs
+            # vLLM's load progress bar only when its logs show INFO (VLLM_LOGGING_LEVEL, default INFO)
+            use_tqdm_on_load=os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() in ("DEBUG", "INFO"),
         )
         self.tokenizer = self.llm.get_tokenizer()
 

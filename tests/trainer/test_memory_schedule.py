@@ -1,0 +1,171 @@
+"""The memory order of a colocated step and the weight-version check (trainer.memory), on CPU with fakes.
+
+The real ``trainer.loop._Trainer.step`` runs with a fake rollout engine and a fake policy that record every call,
+so the order checked is the loop's own: generation → engine sleep → cache freed → [DeepSpeed states reloaded] →
+old log-probs → update → [states offloaded] → cache freed → wake weights → sync → wake KV cache → next generation;
+and an engine that missed a sync refuses to generate.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stare_lab.errors import RunError
+from trainer.collect import Collector
+from trainer.config import load_trainer_config
+from trainer.data import DataCursor, EncodedPrompt
+from trainer.launch import DistInfo
+from trainer.memory import ColocatedSchedule, PhaseMemory, WeightVersions
+from trainer.rollout import RolloutOutput
+
+
+class FakeEngine:
+    """Sample j of every prompt answers "j" (so groups have reward variance against gold "1"); log-probs −1."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def generate(self, prompt_token_ids, sampling):
+        self.events.append("generate")
+        return [[RolloutOutput(prompt_index=i, prompt_token_ids=list(p), token_ids=[5, 6], logprobs=[-1.0, -1.0],
+                               text=str(j), finish_reason="stop") for j in range(sampling.n)]
+                for i, p in enumerate(prompt_token_ids)]
+
+    def sleep(self):
+        self.events.append("sleep")
+
+    def wake_up(self, tags=None):
+        self.events.append(f"wake:{','.join(tags) if tags else 'all'}")
+
+    def sync_weights(self, named_tensors):
+        for _ in named_tensors:
+            pass
+        self.events.append("sync")
+
+
+class FakePolicy:
+    """One rank: identity collectives; log-probs equal to the engine's; an update that only records itself."""
+
+    device = "cpu"
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def all_reduce(self, values, op="sum"):
+        return [float(v) for v in values]
+
+    def all_gather_object(self, obj):
+        return [obj]
+
+    def compute_logprobs(self, batch):
+        self.events.append("old_logprob")
+        return ([torch.tensor(r, dtype=torch.float32) for r in batch.rollout_logprobs],
+                [torch.ones(len(r)) for r in batch.response_ids])
+
+    def update(self, batch, **kwargs):
+        self.events.append("update")
+        return {"loss/total": 0.0, "grad_norm": 0.0}
+
+    def iter_named_params(self, bucket_bytes, materialize=True):
+        self.events.append("gather")
+        yield "w", torch.zeros(1)
+
+    def offload_states(self):
+        self.events.append("offload")
+
+    def reload_states(self):
+        self.events.append("reload")
+
+
+class Encoder:
+    def encode(self, record, index):
+        return EncodedPrompt(token_ids=[1, 2, 3], answer=record["answer"], truncated=False, index=index)
+
+
+def _trainer(offload: bool):
+    from stare_lab.stare import STAREController
+    from trainer.loop import _Trainer
+
+    cfg = load_trainer_config({"method": "c2", "model": {"path": "unused"},
+                               "rollout": {"n": 4, "max_response_length": 2},
+                               "reward": {"kind": "gsm8k-lenient"},
+                               "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "gate": "always"}},
+                               "optim": {"train_batch_size": 2}})
+    events: list[str] = []
+    tr = _Trainer.__new__(_Trainer)
+    tr.cfg, tr.dist = cfg, DistInfo(rank=0, world_size=1, local_rank=0)
+    tr.engine, tr.policy = FakeEngine(events), FakePolicy(events)
+    tr.controller, tr.eos, tr.memory = STAREController(cfg.loss.stare), {0}, PhaseMemory()
+    tr.schedule = ColocatedSchedule(tr.engine, tr.policy, bucket_bytes=1.0, offload_during_rollout=offload,
+                                    offloaded=offload, free=lambda: events.append("free"))
+    records = [{"prompt": "p", "answer": "1", "id": i} for i in range(4)]
+    tr.collector = Collector(cfg, tr.dist, tr.engine, Encoder(), records, DataCursor(4, 0), tr.policy,
+                             check_fresh=tr.schedule.before_generation)
+    return tr, events
+
+
+STEP = ["generate", "sleep", "free", "old_logprob", "update", "free", "wake:weights", "gather", "sync",
+        "wake:kv_cache"]
+
+
+def test_step_order_without_offload():
+    tr, events = _trainer(offload=False)
+    rows = [tr.step(1), tr.step(2)]
+    assert events == STEP + STEP
+    assert all(r["skipped"] == 0 for r in rows)
+    assert tr.schedule.versions.policy == tr.schedule.versions.engine == 2
+
+
+def test_step_order_with_deepspeed_offload_during_rollout():
+    """The states were offloaded before the engine was built: reloaded right after the engine sleeps, offloaded
+    again after the update, before the engine wakes."""
+    tr, events = _trainer(offload=True)
+    tr.step(1)
+    tr.step(2)
+    step = ["generate", "sleep", "free", "reload", "old_logprob", "update", "offload", "free", "wake:weights",
+            "gather", "sync", "wake:kv_cache"]
+    assert events == step + step
+
+
+def test_engine_never_generates_from_stale_weights():
+    """An update without the sync that must follow it: the next generation round raises before sampling."""
+    tr, events = _trainer(offload=False)
+    tr.step(1)
+    tr.schedule.versions.updated()  # as if the optimizer stepped and the sync were skipped
+    n = len(events)
+    with pytest.raises(RunError, match="version 1 but the policy is at version 2"):
+        tr.step(2)
+    assert "generate" not in events[n:]
+
+
+def test_weight_versions_counter():
+    v = WeightVersions()
+    v.check_fresh()
+    v.updated()
+    with pytest.raises(RunError, match="stale"):
+        v.check_fresh()
+    v.synced()
+    v.check_fresh()
+    assert (v.policy, v.engine) == (1, 1)
+    resumed = WeightVersions(7)  # a resumed run: policy restored at step 7 and the engine synced to it
+    resumed.check_fresh()
+    assert resumed.policy == 7
+
+
+def test_skipped_update_wakes_the_engine_without_a_sync():
+    events: list[str] = []
+    sch = ColocatedSchedule(FakeEngine(events), FakePolicy(events), bucket_bytes=1.0, free=lambda: events.append("free"))
+    sch.after_generation()
+    sch.skipped_update()
+    sch.before_generation()  # versions unchanged: fresh
+    assert events == ["sleep", "free", "free", "wake:all"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
+def test_phase_memory_records_nothing_on_cpu():
+    """CPU rows carry no memory/… keys (the GPU check reads them on CUDA)."""
+    mem = PhaseMemory()
+    mem.start("update")
+    mem.stop("update")
+    assert mem.row() == {}
