@@ -27,12 +27,13 @@ the GPU) and ``stage_1_and_2.estimate_zero2_model_states_mem_needs`` (ZeRO-2); Z
 replicated, resp. 4·P + 14·P/N). They assume mixed precision with Adam (the paper configs' setting).
 
 Activations per token and decoder layer saved for backward (HF Qwen2/Qwen3 decoder layer with SDPA, worked out
-from the modules' autograd: each RMSNorm keeps its float32 input and its b-byte output; attention keeps q, the
-GQA-expanded k and v, the output and its o_proj copy plus a float32 log-sum-exp per head; the SwiGLU MLP keeps gate,
-SiLU output, up and their product):
-``2·(4h + b·h) + b·5·a·d + 4·a + 4·b·f`` (+ ``(4 + b)·(a + kv)·d`` for Qwen3's q/k norms). With gradient
+from the modules' autograd: each RMSNorm keeps its float32 input, its b-byte output and a float32 1/rms; attention
+keeps q, the GQA-expanded k and v, the output and its o_proj copy plus a float32 log-sum-exp per head; the SwiGLU MLP
+keeps gate, SiLU output, up and their product):
+``2·(4h + b·h + 4) + b·5·a·d + 4·a + 4·b·f`` (+ ``(4 + b)·(a + kv)·d + 4·(a + kv)`` for Qwen3's per-head q/k
+norms). It equals, byte for byte, what autograd saves for Qwen2 and Qwen3 layers in bf16 and fp32
+(tests/trainer/test_plan.py, measured with ``torch.autograd.graph.saved_tensors_hooks``). With gradient
 checkpointing only each layer's input ``b·h`` is kept, plus one layer's activations during its recompute.
-The formula is checked against the bytes autograd actually saves (tests/trainer/test_plan.py).
 
 Step time: FLOPs per token ``2·P_matmul + 4·L·a·d·c̄`` forward (c̄ = mean causal context), ×3 for an update (×4 with
 gradient checkpointing), every response at its maximum length (an upper bound), at a stated utilisation of the
@@ -199,9 +200,9 @@ def _deepspeed_cpu_bytes(cfg: Any, arch: Arch, cluster: Cluster) -> int:
 def layer_activation_bytes(arch: Arch, b: int) -> int:
     """Bytes per token one decoder layer saves for backward (module docstring formula)."""
     h, a, d, f = arch.hidden, arch.heads, arch.head_dim, arch.intermediate
-    out = 2 * (4 * h + b * h) + b * 5 * a * d + 4 * a + 4 * b * f
+    out = 2 * (4 * h + b * h + 4) + b * 5 * a * d + 4 * a + 4 * b * f
     if arch.qk_norm:
-        out += (4 + b) * (a + arch.kv_heads) * d
+        out += (4 + b) * (a + arch.kv_heads) * d + 4 * (a + arch.kv_heads)
     return out
 
 
