@@ -169,3 +169,16 @@ def test_phase_memory_records_nothing_on_cpu():
     mem.start("update")
     mem.stop("update")
     assert mem.row() == {}
+
+
+def test_offload_during_rollout_needs_zero3_and_deepspeeds_adam():
+    from stare_lab.errors import ConfigError
+    from trainer.preflight import check_training
+
+    with pytest.raises(ConfigError, match="offload_during_rollout=true needs deepspeed.zero_stage=3"):
+        load_trainer_config({"deepspeed": {"zero_stage": 2, "offload_during_rollout": True}})
+    cfg = load_trainer_config({"deepspeed": {"offload_during_rollout": True}})
+    with pytest.raises(ConfigError, match="needs optim.optimizer=deepspeed_adamw"):
+        check_training(cfg)
+    check_training(load_trainer_config({"deepspeed": {"offload_during_rollout": True},
+                                        "optim": {"optimizer": "deepspeed_adamw"}}))

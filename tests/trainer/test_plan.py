@@ -189,3 +189,17 @@ def test_docs_table_matches_the_plan():
         assert m.group(6) == p["limiting_phase"] and m.group(7) == ("yes" if p["fits"] else "no")
         assert float(m.group(8)) == round(p["model_states_gib"], 1)
         assert int(m.group(9)) == round(p["step_time_s"]["total"])
+
+
+def test_train_preflight_applies_the_plan_on_a_gpu(monkeypatch):
+    """stare-lab train's preflight (trainer.preflight.check_training) on a GPU job refuses a launch the plan says
+    cannot fit, naming the plan's line; STARE_LAB_SKIP_PLAN=1 launches anyway; on CPU the plan is not applied."""
+    from trainer import preflight
+
+    cfg = load_trainer_config(PAPER_CONFIGS[0])
+    preflight.check_training(cfg)  # CPU here: no GPU cluster, no plan
+    monkeypatch.setattr(preflight, "gpu_cluster", lambda: Cluster(nodes=1, gpus_per_node=1, gpu_memory_gib=24.0))
+    with pytest.raises(ConfigError, match=r"stare-lab plan: peak .* does NOT fit .*STARE_LAB_SKIP_PLAN=1"):
+        preflight.check_training(cfg)
+    monkeypatch.setenv("STARE_LAB_SKIP_PLAN", "1")
+    preflight.check_training(cfg)
