@@ -10,7 +10,8 @@ micro-batch of its own):
   start unless that much memory is free) + what DeepSpeed keeps on the GPU meanwhile (all its model states, or only
   the 16-bit partitions ``b·P/N`` with ``deepspeed.offload_during_rollout``) + the runtime (CUDA context, NCCL,
   cuBLAS workspaces: :data:`RUNTIME_GIB`). With ``rollout.engine=hf``: the engine's full model copy ``b_r·P``
-  + its KV cache for ``rollout.n`` sequences of the maximum length.
+  + its KV cache for ``rollout.n`` sequences of the maximum length + the float32 scores transformers' ``generate``
+  returns for every step, with the engine's stacked copy and log-softmax (``3·n·max_response·V·4``).
 - ``old_logprob`` (engine asleep): DeepSpeed's model states + a no-grad forward of one micro-batch: the logits of
   all positions and their gathered response rows (``2·b·T·V``), the chunk workspaces of the log-prob/entropy
   functions (3 × 128 MiB, ``stare_lab.entropy``) and one layer's working set.
@@ -260,8 +261,11 @@ def plan(cfg: Any, cluster: Cluster, arch: Arch, *, mfu: float = DEFAULT_MFU,
     else:
         weights = b_r * P
         kv = r.n * seq_len * kv_per_token
-        phases["rollout"] = {"hf_engine_weights": weights, "hf_kv_cache": kv, "deepspeed_resident": resident_rollout,
-                             "runtime": runtime}
+        # transformers' generate keeps float32 scores of every step (output_scores), and the engine stacks them and
+        # takes their log-softmax: three [n, max_response, V] float32 tensors per prompt
+        scores = 3 * r.n * r.max_response_length * V * 4
+        phases["rollout"] = {"hf_engine_weights": weights, "hf_kv_cache": kv, "hf_scores": scores,
+                             "deepspeed_resident": resident_rollout, "runtime": runtime}
         engine_awake_weights = weights
         kv_info = {"hf_kv_cache_gib": kv / GIB}
     layer_ws = T * b * (4 * h + 3 * arch.intermediate + 2 * arch.heads * arch.head_dim)

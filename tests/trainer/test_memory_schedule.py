@@ -182,3 +182,35 @@ def test_offload_during_rollout_needs_zero3_and_deepspeeds_adam():
         check_training(cfg)
     check_training(load_trainer_config({"deepspeed": {"offload_during_rollout": True},
                                         "optim": {"optimizer": "deepspeed_adamw"}}))
+
+
+def test_vllm_engine_sleep_levels_and_staged_wake_up():
+    """VLLMEngine's thin GPU path against a recording stand-in for ``vllm.LLM`` (sleep is GPU-only in vLLM): the
+    configured sleep level, weights woken before the sync and the KV cache after it, a sync into sleeping weights
+    refused, repeated calls no-ops."""
+    from trainer.rollout import VLLMEngine
+
+    calls = []
+
+    class LLM:
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+        def wake_up(self, tags=None):
+            calls.append(("wake_up", tuple(tags)))
+
+        def collective_rpc(self, method, kwargs):
+            calls.append((method, [n for n, _ in kwargs["weights_iterator"]]))
+
+    eng = VLLMEngine.__new__(VLLMEngine)
+    eng.llm, eng.enable_sleep_mode, eng.sleep_level, eng._asleep, eng.tied_embeddings = LLM(), True, 2, set(), True
+    eng.sleep()
+    eng.sleep()
+    with pytest.raises(RuntimeError, match="weights are asleep"):
+        eng.sync_weights(iter([("model.embed_tokens.weight", torch.zeros(1))]))
+    eng.wake_up(["weights"])
+    eng.sync_weights(iter([("model.embed_tokens.weight", torch.zeros(1))]))
+    eng.wake_up(["kv_cache"])
+    eng.wake_up(None)
+    assert calls == [("sleep", 2), ("wake_up", ("weights",)),
+                     ("reload_weights", ["model.embed_tokens.weight", "lm_head.weight"]), ("wake_up", ("kv_cache",))]
