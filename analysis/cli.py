@@ -77,6 +77,22 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+def _check_metrics(metrics: list[str], runs: list) -> None:
+    """Raise :class:`ConfigError` for a ``--metric`` key that no run logs as a number (a typo would otherwise give
+    an empty panel), naming the closest keys the runs do log."""
+    import difflib
+
+    logged = sorted({k for r in runs for k in r.columns})
+    for key in metrics:
+        if key not in logged:
+            close = difflib.get_close_matches(key, logged, n=3, cutoff=0.5)
+            if close:
+                hint = f"; did you mean {'one of ' if len(close) > 1 else ''}{', '.join(repr(c) for c in close)}?"
+            else:
+                hint = f"; they log {len(logged)} keys, e.g. {', '.join(logged[:6])}"
+            raise ConfigError(f"--metric {key!r} is not logged (as a number) by any of the {len(runs)} runs{hint}")
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     """Handler of ``stare-lab analyze``; prints where the report went and a one-line summary per group."""
     from .compare import compare
@@ -103,6 +119,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         threshold_frac=args.threshold_frac if args.threshold is None else 0.1,
         split=not args.merge,
     )
+    _check_metrics(args.metric, cmp.runs)
     files = write_report(
         cmp, out, fmt=args.fmt, metrics=args.metric, paper=args.paper, paper_setting=args.paper_setting,
         paper_model=args.paper_model, dpi=args.dpi, inputs=[str(p) for p in args.paths],

@@ -41,7 +41,7 @@ KNOWN_METHODS = (
     "forking_tokens",
 )
 
-#: The four quadrants of science.md §2 (advantage sign × surprisal above/below the critical value):
+#: The four quadrants of docs/theory.md §2 (advantage sign × surprisal above/below the critical value):
 #: (key infix, description, expected sign of the first-order ΔH).
 QUADRANTS = (
     ("pos_high", "Â>0, high surprisal", +1),
@@ -223,23 +223,25 @@ class Comparison:
     def run_summary(self, run: RunData, extra_keys: Sequence[str] = ()) -> dict[str, Any]:
         """Per-run numbers of the summary table (None where the run lacks the data).
 
-        Keys: ``n_steps``, ``initial_entropy``/``final_entropy`` (first/last finite, nats), ``threshold`` (nats),
-        ``steps_to_threshold`` (first step with entropy below it, None if never), ``frac_in_band``,
-        ``final_reward`` (mean over the last 10% of the steps, :func:`analysis.stats.tail_mean`, as in
-        ``stare-lab simulate``'s table), ``final/<key>`` (last finite value) for ``accuracy``, ``eval/accuracy``,
+        The entropy, band and reward numbers are the core's run summary (:func:`analysis.stats.run_summary`, the
+        definitions of every ``summary.json``) with this comparison's band and threshold fraction.
+        Keys: ``n_steps``, ``initial_entropy``/``final_entropy`` (first finite; last finite plus its measured
+        change, nats), ``threshold`` (nats), ``steps_to_threshold`` (first step with entropy below it, None if
+        never), ``frac_in_band`` (|H − H_tgt| ≤ band), ``final_reward`` (mean over the last 10% of the steps), ``final/<key>`` (last finite value) for ``accuracy``, ``eval/accuracy``,
         every ``pass@k`` key and ``extra_keys``, and ``wall_time_s`` (sum of ``time/step_s``, else a wall-time entry of summary.json).
         """
-        h = run.column("entropy")
-        h0 = stats.first_finite(h)
+        s = stats.run_summary(run, band=self.band_half_width, collapse_frac=self.threshold_frac)
+        h0 = s["initial_entropy"]
         thr = self.threshold if self.threshold is not None else (None if h0 is None else self.threshold_frac * h0)
         out: dict[str, Any] = {
             "n_steps": run.n_steps,
             "initial_entropy": h0,
-            "final_entropy": stats.last_finite(h),
+            "final_entropy": s["final_entropy"],
             "threshold": thr,
-            "steps_to_threshold": None if thr is None else stats.steps_to_threshold(run.steps, h, thr),
-            "frac_in_band": stats.fraction_in_band(h, run.target_entropy, self.band_half_width),
-            "final_reward": stats.tail_mean(run.column("reward"), 0.1),
+            "steps_to_threshold": (s["steps_to_collapse"] if self.threshold is None else
+                                   stats.steps_to_threshold(run.steps, run.column("entropy"), thr)),
+            "frac_in_band": s["time_in_band"],
+            "final_reward": s["final_reward"],
         }
         keys = ["accuracy", "eval/accuracy"] + sorted(k for k in run.columns if _PASS_RE.match(k)) + list(extra_keys)
         for k in dict.fromkeys(keys):
@@ -337,7 +339,7 @@ class Comparison:
     def quadrant_table(self) -> list[dict[str, Any]]:
         """Per group and quadrant: mean token count per step, share of the tokens of the four quadrants, mean ΔH
         contribution per step (nats) and its total over the run, each a mean over seeds; plus the expected sign
-        of the contribution (science.md §2: sign(ΔH) = sign(Â)·sign(s − s*))."""
+        of the contribution (docs/theory.md §2: sign(ΔH) = sign(Â)·sign(s − s*))."""
         rows = []
         for g in self.groups:
             runs = [r for r in g.runs if any(r.has(f"quadrant/{q}/count") for q, _, _ in QUADRANTS)]

@@ -1,4 +1,4 @@
-"""Reading run directories into numpy columns (design.md §4; conventions in :mod:`stare_lab.runs`).
+"""Reading run directories into numpy columns (docs/design.md §4; conventions in :mod:`stare_lab.runs`).
 
 Analysis reads run directories only: :func:`load_runs` finds them (recursively, via
 :func:`stare_lab.runs.find_runs`), reads each with :func:`stare_lab.runs.read_run` and turns ``metrics.jsonl`` into

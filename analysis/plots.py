@@ -234,7 +234,7 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
 
 
 def plot_quadrants(cmp: Comparison) -> Any:
-    """The four quadrants (advantage sign × surprisal above/below the critical value, science.md §2) over steps:
+    """The four quadrants (advantage sign × surprisal above/below the critical value, docs/theory.md §2) over steps:
     share of the tokens (top row) and summed first-order ΔH contribution in nats (bottom row), one column per
     quadrant, moving-averaged for readability (window in the titles). None if no run logs quadrants."""
     if not cmp.has_quadrants():

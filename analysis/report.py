@@ -1,8 +1,13 @@
-"""The analysis report: figures + ``report.md`` + a self-contained ``report.html`` (images base64-embedded).
+"""The analysis report: figures + ``report.md`` + a self-contained ``report.html`` (images base64-embedded) +
+``report.json`` (the numbers of the tables, machine-readable).
 
 One document model (:class:`Doc`: headings, paragraphs, lists, tables, images) renders to both Markdown and HTML,
-so the two always say the same thing. The report reads top to bottom: runs, entropy dynamics, predicted vs
-measured ΔH, the four quadrants, the per-method summary, then (when given) cross-source and paper comparisons.
+so the two always say the same thing; the sections put the numbers of their tables into ``report.json`` as they
+build them (unformatted: mean / 95% half-width / count for a seed aggregate, null where a cell is empty).
+``report.json`` also lists every run with its summary statistics (:func:`analysis.stats.run_summary` with the
+run's own settings), which equal the statistics of the run's ``summary.json``. The report reads top to bottom:
+runs, entropy dynamics, predicted vs measured ΔH, the four quadrants, the per-method summary, then (when given)
+cross-source and paper comparisons.
 No timestamps: the same runs give the same report.
 """
 
@@ -12,6 +17,7 @@ import base64
 import dataclasses
 import html
 import io
+import json
 import logging
 import math
 import os
@@ -22,13 +28,13 @@ from typing import Any, Sequence
 
 from stare_lab.errors import ConfigError, RunError
 
-from . import plots
+from . import plots, stats
 from .compare import Comparison
 from .paper import check_paper_filters, load_paper_table, paper_comparison
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Doc", "ReportFiles", "write_report", "FORMATS"]
+__all__ = ["Doc", "ReportFiles", "write_report", "report_data", "FORMATS"]
 
 FORMATS = ("png", "svg", "pdf")
 _MIME = {"png": "image/png", "svg": "image/svg+xml"}
@@ -57,6 +63,33 @@ def _mci(t: tuple[float, float, int] | None, digits: int = 3) -> str:
         return ""
     mean, hw, _ = t
     return _num(mean, digits) + (f" ± {_num(hw, 2)}" if math.isfinite(hw) else "")
+
+
+def _jnum(v: Any) -> Any:
+    """A number for report.json: None for None/NaN/±inf, ints as ints, other numbers as floats."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) or hasattr(v, "__float__"):
+        v = float(v)
+        return v if math.isfinite(v) else None
+    return v
+
+
+def _jmci(t: tuple[float, float, int] | None) -> dict[str, Any] | None:
+    """``(mean, halfwidth, n)`` → ``{"mean", "ci95", "n"}`` (None entries where undefined)."""
+    if t is None:
+        return None
+    return {"mean": _jnum(t[0]), "ci95": _jnum(t[1]), "n": int(t[2])}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return _jnum(value)
 
 
 class Doc:
@@ -155,30 +188,40 @@ class Doc:
 
 @dataclasses.dataclass
 class ReportFiles:
-    """What :func:`write_report` wrote: ``markdown`` and ``html`` paths and the figure paths by name."""
+    """What :func:`write_report` wrote: ``markdown``, ``html`` and ``json`` paths and the figure paths by name."""
 
     markdown: Path
     html: Path
     figures: dict[str, Path]
+    json: Path | None = None
 
 
-def _runs_section(doc: Doc, cmp: Comparison) -> None:
+def _runs_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
     doc.h(2, "Runs")
     rows = []
+    tables["runs"] = []
     for g in cmp.groups:
         n = [r.n_steps for r in g.runs]
         seeds = ", ".join("?" if s is None else str(s) for s in g.seeds)
         steps = f"{min(n)}" if min(n) == max(n) else f"{min(n)}–{max(n)}"
         rows.append([g.label, g.method, g.source, str(len(g.runs)), seeds, steps, g.target_entropy])
+        tables["runs"].append({"group": g.label, "method": g.method, "source": g.source, "runs": len(g.runs),
+                               "seeds": list(g.seeds), "steps_min": min(n), "steps_max": max(n),
+                               "target_entropy": g.target_entropy})
     doc.table(["group", "method", "source", "runs", "seeds", "steps", "target H (nats)"], rows)
     split = [n for n in cmp.notes if "separate groups" in n]
     if split:
         doc.p("Not averaged together: " + " ".join(s.rstrip(".") + "." for s in split))
 
 
-def _prediction_section(doc: Doc, cmp: Comparison) -> None:
+def _prediction_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
     doc.h(2, "2. Predicted vs measured one-step entropy change")
     fits = cmp.prediction_fits()
+    tables["prediction"] = [
+        {"group": f["label"], "predictor": f["predictor"], **{k: getattr(f["fit"], k) for k in (
+            "n", "slope", "intercept", "r2", "r2_identity", "rmse", "reason")}}
+        for f in (fits if cmp.has_measured_change() else [])
+    ]
     if not cmp.has_measured_change() or not fits:
         doc.p("No run logs both a first-order prediction and a measured `entropy_change`; nothing to compare.")
         return
@@ -200,51 +243,86 @@ def _prediction_section(doc: Doc, cmp: Comparison) -> None:
                "R² (pooled fit)", "R² (identity, pooled)", "RMSE (nats)", "note"], rows)
 
 
-def _quadrant_section(doc: Doc, cmp: Comparison) -> None:
+def _quadrant_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
     doc.h(2, "3. Four quadrants: advantage sign × surprisal")
+    tables["quadrants"] = []
     if not cmp.has_quadrants():
         doc.p("No run logs `quadrant/…` keys.")
         return
     doc.p(
         "Tokens split by the sign of their advantage and by surprisal above/below the critical value s* "
-        "(science.md §2: sign(ΔH) = sign(Â)·sign(s − s*)). Share = count / all four counts; ΔH = the quadrant's "
+        "(docs/theory.md §2: sign(ΔH) = sign(Â)·sign(s − s*)). Share = count / all four counts; ΔH = the quadrant's "
         "summed first-order contribution per step (nats); mean ± 95% band over seeds."
     )
     rows = []
     for r in cmp.quadrant_table():
         rows.append([r["label"], r["description"], "+" if r["expected_sign"] > 0 else "−", _mci(r["count"]),
                      _mci(r["share"]), _mci(r["dH_per_step"]), _mci(r["dH_total"])])
+        tables["quadrants"].append({"group": r["label"], "quadrant": r["quadrant"], "description": r["description"],
+                                    "expected_sign": r["expected_sign"],
+                                    **{k: _jmci(r[k]) for k in ("count", "share", "dH_per_step", "dH_total")}})
     doc.table(["group", "quadrant", "expected sign of ΔH", "tokens per step", "share", "ΔH per step (nats)",
                "ΔH total (nats)"], rows)
 
 
-def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str]) -> None:
+def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str], tables: dict[str, Any]) -> None:
     doc.h(2, "4. Summary per method")
     srows = cmp.summary_rows(extra)
     finals = list(dict.fromkeys(k for r in srows for k in r if k.startswith("final/")))
     thr = (f"{cmp.threshold:g} nats" if cmp.threshold is not None
            else f"{cmp.threshold_frac:g} × the run's initial entropy")
     doc.p(
-        f"Each cell: mean ± 95% band over the group's seeds of a per-run number. Initial/final H: the run's "
-        f"first/last logged entropy (nats). Steps to threshold: first step with entropy < {thr}, mean over the "
-        f"seeds that got there (count in brackets). In band: fraction of steps with |H − H_tgt| < "
-        f"{cmp.band_half_width:g} nats. Final reward: mean reward over the last 10% of the run's steps (the "
-        "definition of `stare-lab simulate`'s table). Other final values: last logged value. Wall time: sum of "
-        "`time/step_s` (else summary.json). `stare-lab simulate`'s own table differs in two columns: its H_end is "
-        "the last entropy plus that step's measured change, and its R2(dH) is a per-seed fit averaged over seeds "
-        "(section 2 here pools the seeds into one fit)."
+        f"Each cell: mean ± 95% band over the group's seeds of a per-run number, with the definitions of every "
+        f"run's `summary.json` (`stare_lab.summary`). Initial H: the run's first logged entropy; final H: its last "
+        f"logged entropy plus that step's measured change where logged (the entropy after the last update), nats. "
+        f"Steps to threshold: first step with entropy < {thr}, mean over the seeds that got there (count in "
+        f"brackets). In band: fraction of steps with |H − H_tgt| ≤ {cmp.band_half_width:g} nats. Final reward: "
+        "mean reward over the last 10% of the run's steps. Other final values: last logged value. Wall time: sum "
+        "of `time/step_s` (else summary.json). `stare-lab simulate`'s table reports the same H0, H_end, reward and "
+        "in-band numbers; its R2(dH) is a per-seed fit averaged over seeds (section 2 here pools the seeds)."
     )
-    header = ["group", "runs", "initial H (first logged, nats)", "final H (last logged, nats)",
+    header = ["group", "runs", "initial H (first logged, nats)", "final H (after the last update, nats)",
               "steps to threshold", "in band (fraction of steps)", "final reward (mean of last 10% of steps)",
               *[f"`{k[6:]}` (last logged)" for k in finals], "wall time (s)"]
     rows = []
+    tables["summary"] = []
     for r in srows:
         mean, crossed, total = r["steps_to_threshold"]
         stt = "never" if mean is None else f"{mean:.0f} ({crossed}/{total})"
         rows.append([r["label"], str(r["n_runs"]), _mci(r["initial_entropy"]), _mci(r["final_entropy"]), stt,
                      _mci(r["frac_in_band"]), _mci(r["final_reward"]), *[_mci(r.get(k)) for k in finals],
                      _mci(r["wall_time_s"])])
+        entry: dict[str, Any] = {"group": r["label"], "method": r["method"], "source": r["source"],
+                                 "n_runs": r["n_runs"], "target_entropy": r["target_entropy"],
+                                 "steps_to_threshold": {"mean": mean, "crossed": crossed, "runs": total}}
+        for k in ("initial_entropy", "final_entropy", "frac_in_band", "final_reward", *finals, "wall_time_s"):
+            entry[k] = _jmci(r.get(k))
+        tables["summary"].append(entry)
     doc.table(header, rows)
+
+
+def report_data(cmp: Comparison, tables: dict[str, Any], title: str, inputs: Sequence[str]) -> dict[str, Any]:
+    """The content of ``report.json``: ``title``, ``inputs``, ``settings`` (band, threshold, threshold fraction,
+    confidence, group-by keys), ``runs`` — one entry per run: ``path``, ``source``, ``method``, ``seed``, ``group``
+    and ``summary`` (:func:`analysis.stats.run_summary` with the run's own settings: the statistics of its
+    ``summary.json``) — ``tables`` (the numbers of the report's tables, by section) and ``notes`` / ``warnings``.
+    Non-finite numbers are null."""
+    runs = []
+    for g in cmp.groups:
+        for r in g.runs:
+            runs.append({"path": str(r.path), "source": r.source, "method": r.method, "seed": r.seed,
+                         "group": g.label, "summary": stats.run_summary(r)})
+    return _jsonable({
+        "title": title,
+        "inputs": list(inputs),
+        "settings": {"band_half_width": cmp.band_half_width, "threshold": cmp.threshold,
+                     "threshold_frac": cmp.threshold_frac, "confidence": cmp.confidence,
+                     "group_by": list(cmp.group_by)},
+        "runs": runs,
+        "tables": tables,
+        "notes": list(cmp.notes),
+        "warnings": list(dict.fromkeys(cmp.warnings)),
+    })
 
 
 def write_report(
@@ -259,7 +337,8 @@ def write_report(
     title: str = "stare_lab analysis report",
     inputs: Sequence[str] = (),
 ) -> ReportFiles:
-    """Write the figures, ``report.md`` and a self-contained ``report.html`` into ``out_dir``.
+    """Write the figures, ``report.md``, a self-contained ``report.html`` and ``report.json`` (:func:`report_data`)
+    into ``out_dir``.
 
     Args:
         cmp: the grouped runs (:func:`analysis.compare`).
@@ -329,7 +408,8 @@ def _write(
         f"(sources: {', '.join(cmp.sources)})" + (f", read from {', '.join(f'`{i}`' for i in inputs)}." if inputs else ".")
         + (f" Grouped by method and {', '.join(f'`{k}`' for k in cmp.group_by)}." if cmp.group_by else "")
     )
-    _runs_section(doc, cmp)
+    tables: dict[str, Any] = {}
+    _runs_section(doc, cmp, tables)
 
     doc.h(2, "1. Entropy dynamics")
     doc.p(
@@ -339,13 +419,13 @@ def _write(
     )
     add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
 
-    _prediction_section(doc, cmp)
+    _prediction_section(doc, cmp, tables)
     add_figure(doc, "prediction", plots.plot_prediction(cmp), "predicted vs measured one-step entropy change")
 
-    _quadrant_section(doc, cmp)
+    _quadrant_section(doc, cmp, tables)
     add_figure(doc, "quadrants", plots.plot_quadrants(cmp), "four quadrants over steps")
 
-    _summary_section(doc, cmp, metrics)
+    _summary_section(doc, cmp, metrics, tables)
 
     if len(cmp.sources) > 1:
         doc.h(2, "5. Across sources (normalised axes)")
@@ -363,10 +443,12 @@ def _write(
             agg = cmp.normalised_series(g).finite()
             rows.append([g.label, g.source, float(agg.mean[-1]) if agg.x.size else None])
         doc.table(["group", "source", "final H / initial H"], rows)
+        tables["cross_source"] = [{"group": r[0], "source": r[1], "final_over_initial": r[2]} for r in rows]
 
     if paper_rows is not None:
         doc.h(2, "6. Paper comparison")
         header, rows, notes = paper_comparison(paper_rows, cmp, paper_setting, paper_model)
+        tables["paper"] = {"header": list(header), "rows": [list(r) for r in rows], "notes": list(notes)}
         doc.p(f"Reported numbers from `{paper}` (percent) next to measured evaluation results; empty cells are "
               "empty in the source.")
         doc.ul(notes)
@@ -397,5 +479,8 @@ def _write(
     html_path = out / "report.html"
     md_path.write_text(doc.to_markdown(), encoding="utf-8")
     html_path.write_text(doc.to_html(images, title), encoding="utf-8")
+    json_path = out / "report.json"
+    json_path.write_text(json.dumps(report_data(cmp, tables, title, inputs), indent=1, allow_nan=False) + "\n",
+                         encoding="utf-8")
     logger.debug("wrote %s and %s (%d figures)", md_path, html_path, len(figures))
-    return ReportFiles(md_path, html_path, figures)
+    return ReportFiles(md_path, html_path, figures, json_path)

@@ -2,6 +2,11 @@
 
 Every function takes plain arrays, treats NaN as "missing" and returns a documented defined value (NaN or None)
 instead of raising when there is not enough data. Entropies are in nats.
+
+A run's summary statistics have ONE definition, in the core (:mod:`stare_lab.summary`, also used by the simulators
+and the trainer for ``summary.json``): :func:`run_summary` applies it to a loaded run, and the per-array helpers
+here (:func:`tail_mean`, :func:`steps_to_threshold`, :func:`fraction_in_band`, :func:`fit_prediction`) delegate
+to it, so the report's numbers and each run's ``summary.json`` agree.
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from stare_lab import summary as core
+
 __all__ = [
+    "run_summary",
+    "run_rows",
     "SeedAggregate",
     "aggregate_seeds",
     "t_halfwidth",
@@ -157,34 +166,20 @@ class PredictionFit:
 
 
 def fit_prediction(predicted: np.ndarray, measured: np.ndarray) -> PredictionFit:
-    """Least-squares fit of measured ΔH on predicted ΔH plus the identity-line R² (see :class:`PredictionFit`).
+    """Least-squares fit of measured ΔH on predicted ΔH plus the identity-line R² (see :class:`PredictionFit`):
+    :func:`stare_lab.summary.fit_prediction` with NaN for its undefined (None) values.
 
     Pairs with a non-finite value are dropped. With fewer than 3 pairs, or a constant prediction, the fit fields
     are NaN and ``reason`` says why (never raises).
 
     Source: R² = 1 − SS_res/SS_tot; slope/intercept/r by ordinary least squares from centred moments (equal to
-    ``scipy.stats.linregress``, which the tests check; computed here to avoid importing scipy.stats).
+    ``scipy.stats.linregress``, which the tests check).
     """
-    p = np.asarray(predicted, dtype=np.float64).ravel()
-    m = np.asarray(measured, dtype=np.float64).ravel()
-    ok = np.isfinite(p) & np.isfinite(m)
-    p, m = p[ok], m[ok]
-    n = int(p.size)
-    nan = math.nan
-    if n == 0:
-        return PredictionFit(0, nan, nan, nan, nan, nan, "no pairs with both values finite")
-    rmse = float(np.sqrt(np.mean((m - p) ** 2)))
-    ss_tot = float(((m - m.mean()) ** 2).sum())
-    r2_id = 1.0 - float(((m - p) ** 2).sum()) / ss_tot if ss_tot > 0 else nan
-    if n < 3:
-        return PredictionFit(n, nan, nan, nan, r2_id, rmse, f"only {n} finite pair(s); a fit needs 3")
-    if np.ptp(p) == 0:
-        return PredictionFit(n, nan, nan, nan, r2_id, rmse, "predicted values are constant")
-    dp, dm = p - p.mean(), m - m.mean()
-    sxx, syy, sxy = float(dp @ dp), float(dm @ dm), float(dp @ dm)
-    slope = sxy / sxx
-    r2 = sxy**2 / (sxx * syy) if syy > 0 else 0.0
-    return PredictionFit(n, slope, float(m.mean() - slope * p.mean()), min(r2, 1.0), r2_id, rmse)
+    f = core.fit_prediction(np.asarray(predicted, dtype=np.float64).ravel().tolist(),
+                            np.asarray(measured, dtype=np.float64).ravel().tolist())
+    nan = lambda v: math.nan if v is None else float(v)  # noqa: E731
+    return PredictionFit(f["n"], nan(f["slope"]), nan(f["intercept"]), nan(f["r2"]), nan(f["r2_identity"]),
+                         nan(f["rmse"]), f["reason"])
 
 
 def binned_fit(
@@ -243,39 +238,66 @@ def last_finite(values: np.ndarray) -> float | None:
     return float(v[idx[-1]]) if idx.size else None
 
 
-def tail_mean(values: np.ndarray, frac: float = 0.1) -> float | None:
+def tail_mean(values: np.ndarray, frac: float = core.FINAL_FRACTION) -> float | None:
     """Mean of the finite entries among the last ``max(1, floor(frac · n))`` of ``n`` values (None if none is
-    finite). With ``frac = 0.1`` this is the "final reward" of ``stare-lab simulate``'s table (mean reward over the
-    last 10 % of the rows), so the report and the simulator agree."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return None
-    tail = v[-max(1, int(v.size * frac + 1e-9)):]  # + 1e-9: 0.1·n is not exact in binary
-    tail = tail[np.isfinite(tail)]
-    return float(tail.mean()) if tail.size else None
+    finite): :func:`stare_lab.summary.tail_mean`, the definition of ``final_reward`` in every ``summary.json``."""
+    return core.tail_mean(np.asarray(values, dtype=np.float64).ravel().tolist(), frac)
 
 
 def steps_to_threshold(steps: np.ndarray, entropy: np.ndarray, threshold: float) -> int | None:
-    """The first step whose entropy (nats) is strictly below ``threshold``; None if it never is (NaN ignored)."""
-    e = np.asarray(entropy, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        idx = np.flatnonzero(np.isfinite(e) & (e < threshold))
-    return int(np.asarray(steps)[idx[0]]) if idx.size else None
+    """The first step whose entropy (nats) is strictly below ``threshold``; None if it never is (NaN ignored):
+    :func:`stare_lab.summary.first_step_below` (``steps_to_collapse`` with threshold = collapse_frac × initial)."""
+    step = core.first_step_below(np.asarray(steps).tolist(), np.asarray(entropy, dtype=np.float64).tolist(),
+                                 threshold)
+    return None if step is None else int(step)
 
 
-def fraction_in_band(entropy: np.ndarray, target: float | None, half_width: float = 0.05) -> float | None:
-    """Fraction of the steps with a finite entropy whose entropy is in the target band, |H − H_tgt| < half_width.
+def fraction_in_band(
+    entropy: np.ndarray, target: float | None, half_width: float = core.DEFAULT_BAND
+) -> float | None:
+    """Fraction of the steps with a finite entropy whose entropy is in the closed target band
+    |H − H_tgt| ≤ half_width: :func:`stare_lab.summary.fraction_in_band` (``time_in_band`` of ``summary.json``).
 
-    Returns None if there is no target or no finite entropy. (Band of the simulator issue: mean |H − H_tgt| < 0.05
-    nats.)
+    Returns None if there is no target or no finite entropy.
     """
-    if target is None:
-        return None
-    e = np.asarray(entropy, dtype=np.float64)
-    e = e[np.isfinite(e)]
-    if e.size == 0:
-        return None
-    return float(np.mean(np.abs(e - target) < half_width))
+    return core.fraction_in_band(np.asarray(entropy, dtype=np.float64).ravel().tolist(), target, half_width)
+
+
+def run_rows(run) -> list[dict]:
+    """The metrics rows of a loaded run (:class:`analysis.load.RunData`) as the core summary reads them: one dict
+    per step (sorted, one row per step) with ``step`` and every key the summary uses; NaN → None."""
+    keys = ("entropy", "entropy_change", "pred_entropy_change", "reward", "accuracy", "gate_on", "time/step_s")
+    cols = {k: run.columns[k].tolist() for k in keys if k in run.columns}
+    rows = []
+    for i, step in enumerate(run.steps.tolist()):
+        row = {"step": int(step)}
+        for k, col in cols.items():
+            row[k] = col[i] if math.isfinite(col[i]) else None
+        rows.append(row)
+    return rows
+
+
+def run_summary(run, band: float | None = None, collapse_frac: float | None = None) -> dict:
+    """The run's summary statistics, :func:`stare_lab.summary.run_summary` of its rows, with the run's own settings
+    (:func:`stare_lab.summary.summary_settings` of its config: H_tgt, band, collapse fraction) unless ``band`` /
+    ``collapse_frac`` are given. For a run written by any source this equals the statistics of its
+    ``summary.json``.
+
+    Args:
+        run: an :class:`analysis.load.RunData`.
+        band, collapse_frac: override the run's settings (None: the run's own).
+
+    Raises:
+        ConfigError: ``band`` / ``collapse_frac`` out of range.
+    """
+    settings = core.summary_settings(run.config)
+    if run.target_entropy is not None and settings["target_entropy"] is None:
+        settings["target_entropy"] = run.target_entropy
+    if band is not None:
+        settings["band"] = band
+    if collapse_frac is not None:
+        settings["collapse_frac"] = collapse_frac
+    return core.run_summary(run_rows(run), **settings)
 
 
 def normalised_curve(

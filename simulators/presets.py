@@ -13,7 +13,7 @@ maps it to the settings of the core's loss registry (``stare_lab.losses``) and t
 (dynamic sampling). :func:`method_overrides` returns those settings as config overrides, so both simulators resolve
 a method the same way.
 
-Paper defaults (science.md §4: W = 1.1, M = 0.9, P = 10 %, G = 8, 64 prompts) are the preset defaults. The paper's
+Paper defaults (docs/theory.md §4: W = 1.1, M = 0.9, P = 10 %, G = 8, 64 prompts) are the preset defaults. The paper's
 H_tgt = 0.3 nats belongs to a 7B LM whose entropy starts near 0.55 nats; the tabular presets scale it to the
 simulator with ``target_entropy_frac`` (H_tgt = frac × initial mean entropy, frac = 0.55 like 0.3 / 0.55). A user's
 explicit ``stare.target_entropy=X`` switches that fraction off (``simulators.tabular_config.resolve_target_entropy``).
@@ -21,8 +21,8 @@ explicit ``stare.target_entropy=X`` switches that fraction off (``simulators.tab
 Why ``collapse`` uses a noisy verifier (reward flipped with probability 0.1): with several correct tokens per
 position and an exact verifier, a solved prompt soon has zero reward variance, GRPO's advantages vanish and the
 entropy stalls at the within-correct-set level (≈ 10–20 % of its start in our runs, lr 2–8) instead of collapsing;
-a little verifier noise keeps the variance (and the noise-driven drift of science.md §2) alive, as hard prompts do in
-real training. The presets fix the task and step size only; nothing in them is tuned for a method to look good.
+a little verifier noise keeps the variance (and the noise-driven drift of docs/theory.md §2) alive, as hard prompts do
+in real training. The presets fix the task and step size only; nothing in them is tuned for a method to look good.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kind": "tabular",
         "description": (
             "rewards Bernoulli(0.5) independent of the tokens (64 prompts x 4 positions x 8 tokens); the expected "
-            "update is zero and GRPO still collapses the entropy through sampling noise (science.md §2)"
+            "update is zero and GRPO still collapses the entropy through sampling noise (docs/theory.md §2)"
         ),
         "overrides": {
             "task": "sequence",

@@ -1,63 +1,31 @@
-"""Per-run statistics from metrics rows (any simulator kind): what ``summary.json`` and the end table report.
+"""Per-run statistics for the simulators: a thin delegation to the core's one run summary
+(:func:`stare_lab.summary.run_summary`; the definitions are documented there), kept for its callers.
 
-Works on the run-directory format of design.md §4 only (``entropy``, ``reward``, ``gate_on``,
-``pred_entropy_change``, ``entropy_change``, ``time/step_s``), so the sweep can summarise tabular and transformer
-runs alike.
+:func:`run_stats` and :func:`fit_line` keep their signatures;
+:data:`STAT_KEYS` = :data:`stare_lab.summary.SUMMARY_KEYS`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
-import torch
+from stare_lab.summary import SUMMARY_KEYS, fit_prediction, run_summary
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["fit_line", "run_stats", "STAT_KEYS"]
 
 #: the keys :func:`run_stats` returns
-STAT_KEYS = (
-    "steps",
-    "initial_entropy",
-    "final_entropy",
-    "min_entropy",
-    "target_entropy",
-    "steps_to_collapse",
-    "final_reward",
-    "time_in_band",
-    "mean_abs_dev_second_half",
-    "gate_on_frac",
-    "pred_r2",
-    "pred_slope",
-    "pred_rel_err",
-    "wall_s",
-)
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+STAT_KEYS = SUMMARY_KEYS
 
 
 def fit_line(pred: list[float], meas: list[float]) -> dict[str, float | None]:
-    """Least-squares fit ``meas ≈ intercept + slope·pred`` → ``{"slope", "intercept", "r2", "rel_err"}``.
-
-    ``r2`` is the coefficient of determination of the fit; ``rel_err`` = ‖meas − pred‖ / ‖meas‖ (agreement with
-    the identity line). Values are ``None`` where undefined (fewer than 2 points, or no variance).
-    """
-    pts = [(p, m) for p, m in zip(pred, meas) if p is not None and m is not None]
-    if len(pts) < 2:
-        return {"slope": None, "intercept": None, "r2": None, "rel_err": None}
-    x = torch.tensor([p for p, _ in pts], dtype=torch.float64)
-    y = torch.tensor([m for _, m in pts], dtype=torch.float64)
-    xc, yc = x - x.mean(), y - y.mean()
-    sxx, syy = float((xc * xc).sum()), float((yc * yc).sum())
-    norm_y = float(y.norm())
-    rel = float((y - x).norm()) / norm_y if norm_y > 0 else None
-    if sxx == 0 or syy == 0:
-        return {"slope": None, "intercept": None, "r2": None, "rel_err": rel}
-    slope = float((xc * yc).sum()) / sxx
-    intercept = float(y.mean()) - slope * float(x.mean())
-    r2 = 1.0 - float(((yc - slope * xc) ** 2).sum()) / syy
-    return {"slope": slope, "intercept": intercept, "r2": r2, "rel_err": rel}
+    """``{"slope", "intercept", "r2", "rel_err"}`` of :func:`stare_lab.summary.fit_prediction` (measured on
+    predicted; the line needs 3 pairs, ``rel_err`` = ‖meas − pred‖ / ‖meas‖ from 1 pair; None where undefined)."""
+    fit = fit_prediction(pred, meas)
+    return {k: fit[k] for k in ("slope", "intercept", "r2", "rel_err")}
 
 
 def run_stats(
@@ -67,47 +35,16 @@ def run_stats(
     band: float = 0.05,
     final_entropy: float | None = None,
 ) -> dict[str, Any]:
-    """Statistics of one run's metrics rows (entropies in nats).
+    """:func:`stare_lab.summary.run_summary` of ``rows`` with these settings (a dict with :data:`STAT_KEYS`).
 
-    Returns a dict with :data:`STAT_KEYS`: ``initial_entropy`` (first row), ``final_entropy`` (``final_entropy`` if
-    given, else the last row's entropy plus its measured change when known), ``min_entropy``, ``target_entropy``,
-    ``steps_to_collapse`` (first step whose entropy is below collapse_frac × initial, else None),
-    ``final_reward`` (mean reward over the last 10 % of the rows), ``time_in_band`` (fraction of rows with
-    |H − H_tgt| ≤ band), ``mean_abs_dev_second_half`` (mean |H − H_tgt| over the second half of the rows),
-    ``gate_on_frac``, the fit of measured on predicted one-step ΔH (``pred_r2``, ``pred_slope``, ``pred_rel_err``;
-    :func:`fit_line`) and ``wall_s`` (sum of ``time/step_s``). Undefined values are None (no rows, no target).
+    ``final_entropy`` is only checked: the summary must be recomputable from the rows, so ``final_entropy`` is
+    the last entropy plus its measured change there; a given value that differs from it by more than rounding is
+    logged as a warning (it means the rows lack the last ``entropy_change``).
     """
-    out: dict[str, Any] = {k: None for k in STAT_KEYS}
-    out["steps"] = len(rows)
-    out["target_entropy"] = _num(target_entropy)
-    h = [_num(r.get("entropy")) for r in rows]
-    h = [x for x in h if x is not None]
-    if not rows or not h:
-        return out
-    last = rows[-1]
-    if final_entropy is None:
-        dh = _num(last.get("entropy_change"))
-        e = _num(last.get("entropy"))
-        final_entropy = e + dh if (e is not None and dh is not None) else e
-    out["initial_entropy"] = h[0]
-    out["final_entropy"] = final_entropy
-    out["min_entropy"] = min(h + ([final_entropy] if final_entropy is not None else []))
-    out["steps_to_collapse"] = next(
-        (r.get("step") for r in rows if _num(r.get("entropy")) is not None and r["entropy"] < collapse_frac * h[0]),
-        None,
-    )
-    tail = [_num(r.get("reward")) for r in rows[-max(1, len(rows) // 10) :]]
-    tail = [x for x in tail if x is not None]
-    out["final_reward"] = sum(tail) / len(tail) if tail else None
-    target = out["target_entropy"]
-    if target is not None:
-        out["time_in_band"] = sum(abs(x - target) <= band for x in h) / len(h)
-        half = [x for x in (_num(r.get("entropy")) for r in rows[len(rows) // 2 :]) if x is not None]
-        out["mean_abs_dev_second_half"] = sum(abs(x - target) for x in half) / len(half) if half else None
-    gates = [_num(r.get("gate_on")) for r in rows]
-    gates = [g for g in gates if g is not None]
-    out["gate_on_frac"] = sum(gates) / len(gates) if gates else None
-    fit = fit_line([_num(r.get("pred_entropy_change")) for r in rows], [_num(r.get("entropy_change")) for r in rows])
-    out["pred_r2"], out["pred_slope"], out["pred_rel_err"] = fit["r2"], fit["slope"], fit["rel_err"]
-    out["wall_s"] = sum(_num(r.get("time/step_s")) or 0.0 for r in rows)
+    out = run_summary(rows, target_entropy=target_entropy, band=band, collapse_frac=collapse_frac)
+    derived = out["final_entropy"]
+    if final_entropy is not None and not (derived is not None and math.isclose(final_entropy, derived,
+                                                                               rel_tol=1e-12, abs_tol=1e-15)):
+        logger.warning("final_entropy=%r given, the rows give %r (last entropy + entropy_change); the summary "
+                       "keeps the rows' value", final_entropy, derived)
     return out

@@ -417,7 +417,7 @@ def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
     meaningful once GRPO has collapsed far below the target (a 0.08 vs 0.095 nats difference is no real difference
     when the target is 0.96 nats).
 
-    science.md §6: at the paper's defaults (W = 1.1, M = 0.9) the push may be too weak for a given noise level, and
+    docs/theory.md §6: at the paper's defaults (W = 1.1, M = 0.9) the push may be too weak for a given noise level, and
     the toolkit must say so rather than tune it away. If those methods never opened the gate (entropy stayed above
     H_tgt), the note says that instead (raise the target or run longer), and if their gate was switched off
     (``stare.gate=never``: the STARE weights are never applied) it says that.
@@ -461,7 +461,7 @@ def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
     return (
         f"note: at these settings {names} barely {'differ' if len(close) > 1 else 'differs'} from GRPO (final "
         f"entropy within {_fmt(tol, '.2g')} nats: the push "
-        f"{push} is too weak for this noise level and step size — science.md §6); try {tip}"
+        f"{push} is too weak for this noise level and step size — docs/theory.md §6); try {tip}"
     )
 
 

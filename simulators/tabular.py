@@ -1,4 +1,4 @@
-"""Tabular softmax-policy simulator of GRPO / STARE entropy dynamics (science.md §2, §4, §6).
+"""Tabular softmax-policy simulator of GRPO / STARE entropy dynamics (docs/theory.md §2, §4, §6).
 
 The policy is a table of free logits ``z[S, L, V]``: S prompts, L positions per response, V tokens; the token at
 position l of a response to prompt p is drawn from softmax(z[p, l] / τ) independently of the other positions
@@ -13,12 +13,12 @@ Two modes:
   (``stare_lab.losses.compute_policy_loss``, the same code path as the trainer), backpropagates to the logits and
   takes one plain SGD step. **Learning-rate scaling**: the loss is a token-mean over the n·G·L tokens of the batch
   (n groups), so ∂loss/∂z[p, l] carries a factor 1/(n·G·L). The update is ``z ← z − lr · (n·L) · ∂loss/∂z``, which
-  for GRPO at ρ = 1 is exactly science.md §2's group update Δz = (lr/G) Σ_i Â_i ω_i (e_{a_i} − π) at every state:
+  for GRPO at ρ = 1 is exactly docs/theory.md §2's group update Δz = (lr/G) Σ_i Â_i ω_i (e_{a_i} − π) at every state:
   ``lr`` means the same for every S, G and L.
 * ``expected`` (:mod:`simulators.tabular_expected`): the mean-field limit G → ∞ of the same objective. Â → (r − p̄_p)/σ_p per prompt (p̄_p = P(r = 1),
   σ_p = sqrt(p̄_p(1 − p̄_p)), the G → ∞ limit of the unbiased group std), and the expected update at state (p, l) is
   Δz_k = (lr/τ) · π_k (B_k − Σ_j π_j B_j), B_k = E[ω Â | a_l = k] (Cui et al.'s expected PG; for GRPO B_k = A_k and
-  the first-order entropy change is the covariance law −lr·Cov_π(log π, π A), science.md §2). The conditional
+  the first-order entropy change is the covariance law −lr·Cov_π(log π, π A), docs/theory.md §2). The conditional
   reward law is exact (Poisson-binomial over the other positions). STARE's top-P selection becomes a threshold on
   surprisal: the fraction P of the probability mass of T+ (T−) with the highest surprisal gets W (M); the boundary
   token gets the fractional weight. Approximations, documented: finite-G effects (the sample std, all-equal groups
@@ -187,7 +187,7 @@ def _quadrants(
     n_states: int,
     count_weight: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """Quadrant statistics (science.md §2, STARE Fig. 2) over tokens with advantage ``adv`` (Â>0 / Â<0) × surprisal
+    """Quadrant statistics (docs/theory.md §2, STARE Fig. 2) over tokens with advantage ``adv`` (Â>0 / Â<0) × surprisal
     above / below s* (``high``): the token count (``count_weight`` summed: expected counts in expected mode) and
     the summed first-order ΔH contribution ``coef·Φ / n_states`` (nats, on the scale of ``entropy_change``).
     ``coef`` is each token's coefficient c in Δz = Σ c (e_a − π); all tensors share one shape."""
@@ -256,7 +256,7 @@ def sampled_step(
     need_entropy = config.loss.entropy_coeff > 0 or config.loss.loss_mode == "forking_tokens"
     ent_b = entropy_from_logits(zb, temperature=tau) if need_entropy else None
     weights, stats = None, {}
-    if config.is_stare:  # scope "global": ω once over the whole step's batch (design.md §1)
+    if config.is_stare:  # scope "global": ω once over the whole step's batch (docs/design.md §1)
         from stare_lab.stare import stare_token_weights
 
         weights, stats = stare_token_weights(
@@ -312,7 +312,7 @@ def check_update(config: TabularSimConfig, state: TabularState, delta: torch.Ten
 
 
 def _gate(state: TabularState, h_before: float) -> tuple[bool, float, float]:
-    """Controller update for this step (science.md §4 step 3) → (gate_on, W, M); (False, 1, 1) without STARE."""
+    """Controller update for this step (docs/theory.md §4 step 3) → (gate_on, W, M); (False, 1, 1) without STARE."""
     if state.controller is None:
         return False, 1.0, 1.0
     gate_on = bool(state.controller.update(h_before))

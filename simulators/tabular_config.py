@@ -163,7 +163,7 @@ class TabularSimConfig:
         self._apply_method(p)
 
     def _apply_method(self, prefix: str) -> None:
-        """Set what the method implies (science.md §3–4 via :data:`METHODS`) and re-validate the loss config."""
+        """Set what the method implies (docs/theory.md §3–4 via :data:`METHODS`) and re-validate the loss config."""
         spec = method_overrides(self.method)
         loss = spec["loss"]
         self.loss.loss_mode = loss["loss_mode"]

@@ -61,7 +61,7 @@ def success_given_token(
 def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float) -> torch.Tensor:
     """Mean-field top-P selection: the fraction of each entry's mass selected when the ``frac`` share of the total
     ``mass`` with the highest ``surprisal`` is selected (the boundary entry is selected fractionally). Returns a
-    tensor of ``surprisal``'s shape with values in [0, 1]; the G → ∞ limit of k = ⌈P·|T|⌉ (science.md §4 step 4)."""
+    tensor of ``surprisal``'s shape with values in [0, 1]; the G → ∞ limit of k = ⌈P·|T|⌉ (docs/theory.md §4 step 4)."""
     s, w = surprisal.reshape(-1), mass.reshape(-1)
     order = torch.argsort(s, descending=True, stable=True)
     w_sorted = w[order]
@@ -82,7 +82,7 @@ def expected_step(
     Δz_k = (lr/τ)·π_k (B_k − Σ_j π_j B_j), B_k = ω⁺_k A⁺_k + ω⁻_k A⁻_k with A⁺_k = E[Â·1(Â>0) | a_l = k] =
     P(r=1|k)(1 − p̄)/(σ + ε), A⁻_k = −P(r=0|k)·p̄/(σ + ε), σ = sqrt(p̄(1 − p̄)), ε = 1e-6 (the core's GRPO ε). For
     GRPO (ω ≡ 1) this is Cui et al.'s expected PG, Δz_k = lr·π_k A_k with E_π A = 0, whose first-order entropy
-    change is −lr·Cov_π(log π, π A) (science.md §2). Plus lr·β·∂H/∂z for the entropy bonus.
+    change is −lr·Cov_π(log π, π A) (docs/theory.md §2). Plus lr·β·∂H/∂z for the entropy bonus.
     """
     from stare_lab.entropy import entropy_from_logits, entropy_sensitivity, logprobs_from_logits
 

@@ -15,10 +15,10 @@ Tasks (``TaskConfig.name``):
 
 * ``pick`` — *several correct answers per prompt*: any ``answer_len`` digits taken from the prompt's digits (as a
   sub-multiset, in any order), then ``EOS``. With 5 distinct prompt digits and k = 4 there are 5·4·3·2 = 120
-  correct responses. This is the task on which token reweighting can act (science.md §6).
+  correct responses. This is the task on which token reweighting can act (docs/theory.md §6).
 * ``sort`` — *one correct answer per prompt*: the prompt's digits in ascending order, then ``EOS``
   (``answer_len`` must equal ``num_digits``). On a single-answer task every token of a rewarded response is already
-  the mode, so STARE's reweighting of high-surprisal tokens has nothing to act on (science.md §6); it is kept as the
+  the mode, so STARE's reweighting of high-surprisal tokens has nothing to act on (docs/theory.md §6); it is kept as the
   honest negative control.
 
 Prompts are generated from a seed (:func:`make_splits`): a pool of distinct prompts, split into a train set and a

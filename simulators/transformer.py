@@ -27,11 +27,11 @@ Reads top to bottom:
    positions, and the predictions:
 
    * ``pred_entropy_change`` = ``pred/grad_dot`` = ∇θH̄(θ_old) · Δθ with Δθ the actual parameter change of the step
-     (all its updates); exact to first order in Δθ for any model and optimizer (science.md §2, last line).
+     (all its updates); exact to first order in Δθ for any model and optimizer (docs/theory.md §2, last line).
    * ``pred/logit_first_order`` = token-mean over positions of Σ_k ∂H_t/∂z_{t,k} · Δz_{t,k} with Δz the actual
      change of the logits at each position (:func:`stare_lab.entropy.predicted_entropy_change`): exact to first
      order in the logit change; its gap to ``entropy_change`` is the second-order part.
-   * ``pred/phi_tokens`` = (1/N) Σ_t ω_t Â_t Φ_t — the token-level Φ decomposition (science.md §2): the sum over
+   * ``pred/phi_tokens`` = (1/N) Σ_t ω_t Â_t Φ_t — the token-level Φ decomposition (docs/theory.md §2): the sum over
      the N valid tokens of the first-order entropy change that token's *own* policy-gradient logit step
      Δz_t = η ω_t Â_t (e_{a_t} − π_t) would cause at its own position, as if positions were independent (free
      logits), with Φ_t = :func:`stare_lab.entropy.entropy_sensitivity` at the sampled token and η = 1 (a unit
@@ -39,7 +39,7 @@ Reads top to bottom:
      slope (= the effective per-token logit step), which ``summary.json`` reports.
 
    Quadrants (``quadrant/{pos,neg}_{high,low}/{count,dH}``): tokens by sign of Â and by surprisal above / below the
-   critical surprisal s* (equivalently Φ_t > 0 / ≤ 0, science.md §2), dH = their summed ``pred/phi_tokens`` term.
+   critical surprisal s* (equivalently Φ_t > 0 / ≤ 0, docs/theory.md §2), dH = their summed ``pred/phi_tokens`` term.
    Every ``eval_every`` steps (and at the last step) the held-out accuracy (mean over ``eval_samples`` samples per
    prompt, T = ``temperature``) and pass@k (k = ``eval_samples``) of the updated policy.
 
@@ -410,7 +410,7 @@ class _Simulation:
             logits_new = response_logits(self.model, prompts, responses)
             h_after = float(_masked_mean(entropy_from_logits(logits_new, temperature=tau), mask))
             logit_pred = predicted_entropy_change(logits_old, logits_new - logits_old, temperature=tau)
-        # ∇θH̄ at θ_old dotted with the actual Δθ of the step (all its updates): science.md §2, last line.
+        # ∇θH̄ at θ_old dotted with the actual Δθ of the step (all its updates): docs/theory.md §2, last line.
         names = list(theta_old)
         current = dict(self.model.named_parameters())
         deltas = [current[n].detach() - theta_old[n].detach() for n in names]
@@ -479,7 +479,7 @@ def summarize(rows: list[dict[str, Any]], warm_info: dict[str, float], config: T
 
 # ------------------------------------------------------------------------------------------------------- run
 def run(config: TransformerSimConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
-    """Run one method × one seed and write one run directory (design.md §4); returns the summary dict.
+    """Run one method × one seed and write one run directory (docs/design.md §4); returns the summary dict.
 
     ``run_dir/checkpoint/state.pt`` (model, optimizer, controller, RNG, data cursor, step) is written every
     ``checkpoint_every`` steps and at the end. With ``resume=True`` the run continues from it, bit-identical to an

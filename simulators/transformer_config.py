@@ -191,7 +191,7 @@ class TransformerSimConfig:
         check_range(join_key(p, "entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
         if not isinstance(self.dynamic_sampling, bool):
             raise ConfigError(f"{join_key(p, 'dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")
-        spec = METHODS[self.method]  # what the method implies (science.md §3–4), shared with the tabular simulator
+        spec = METHODS[self.method]  # what the method implies (docs/theory.md §3–4), shared with the tabular simulator
         self.loss.loss_mode = spec["loss"]["loss_mode"]
         for key, value in spec["loss"].get("stare", {}).items():
             setattr(self.loss.stare, key, value)
@@ -210,7 +210,7 @@ _STRONG_PUSH = {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_
 PRESETS: dict[str, dict[str, Any]] = {
     # GRPO, O1, C2 on one seed in ~75 s (2 cores). Task "pick" has several correct answers per prompt (here 4 prompt
     # digits, answers of 3: 24 correct answers when the digits are distinct): token reweighting needs room to act
-    # (science.md §6; see "transformer-sort" for the single-answer control). How the settings were chosen (GRPO,
+    # (docs/theory.md §6; see "transformer-sort" for the single-answer control). How the settings were chosen (GRPO,
     # R² = fit of the measured ΔH on ∇θH̄·Δθ over all RL steps; collapse = first step below 10 % of the
     # post-warm-start entropy; seeds 0/1/2):
     # * The old preset (5 digits, answers of 4, lr 1e-3, β1 0.9, 130 steps) gave R² 0.886 and collapse at

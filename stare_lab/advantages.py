@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO and baselines) and the dynamic-sampling keep mask (science.md §3).
+"""Group-relative advantages (GRPO and baselines) and the dynamic-sampling keep mask (docs/theory.md §3).
 
 Rollouts come in groups (the G responses to one prompt). A group is given either by ``group_size`` (the rewards
 are contiguous groups of G: ``rewards.reshape(-1, G)``) or by ``group_ids`` (any integer label per rollout; groups
@@ -104,7 +104,7 @@ def group_advantages(
     For a group with rewards r_1..r_G, mean r̄ and *unbiased* standard deviation
     σ = sqrt(Σ (r_i − r̄)² / (G − 1)) (torch's default ``correction=1``):
 
-    * ``grpo``:    Â_i = (r_i − r̄) / (σ + eps)                       (DeepSeekMath GRPO; science.md §3)
+    * ``grpo``:    Â_i = (r_i − r̄) / (σ + eps)                       (DeepSeekMath GRPO; docs/theory.md §3)
     * ``dr_grpo``: Â_i = r_i − r̄                                       (Dr. GRPO: no std division)
     * ``rloo``:    Â_i = r_i − mean_{j≠i} r_j = G/(G−1) · (r_i − r̄)    (leave-one-out baseline)
     * ``qae``:     Â_i = (r_i − Q_K) / (σ + eps)                       (QAE, arXiv 2509.22611: the group mean of GRPO
@@ -122,7 +122,7 @@ def group_advantages(
         group_size: G for contiguous groups (``N % G == 0``), or None when ``group_ids`` is given.
         group_ids: ``[N]`` integer group labels (any values and order; uneven groups allowed), or None.
         estimator: one of :data:`ESTIMATORS`.
-        eps: ε ≥ 0 added to σ (grpo, qae); default 1e-6 (science.md §3).
+        eps: ε ≥ 0 added to σ (grpo, qae); default 1e-6 (docs/theory.md §3).
         quantile_k: K ∈ [0, 1] for ``qae`` (paper default 0.4).
 
     Returns:
@@ -190,7 +190,7 @@ def filter_groups(
         DataError: non-finite rewards, bad shapes, ``N`` not divisible by ``group_size``.
         ConfigError: both/neither of group_size/group_ids, bad group_size.
 
-    Source: DAPO (arXiv 2503.14476) dynamic sampling; science.md §3–§4.
+    Source: DAPO (arXiv 2503.14476) dynamic sampling; docs/theory.md §3–§4.
     """
     device = rewards.device if isinstance(rewards, Tensor) else torch.device("cpu")
     r = _check_rewards(rewards).cpu()

@@ -1,4 +1,4 @@
-"""Aggregation of a per-token loss ``[B, T]`` to a scalar with global normalisers (science.md §3; verl's modes).
+"""Aggregation of a per-token loss ``[B, T]`` to a scalar with global normalisers (docs/theory.md §3; verl's modes).
 
 Used by every loss of :mod:`stare_lab.losses` (which re-exports :func:`aggregate_loss` and :func:`masked_mean`).
 With normalisers counted over the whole optimizer step (all micro-batches and ranks), the sum of the micro-batch
@@ -46,7 +46,7 @@ def aggregate_loss(
     loss_scale_factor: float | None = None,
     token_weights: Tensor | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss ``[B, T]`` to a scalar (verl's aggregation modes, science.md §3).
+    """Reduce a per-token loss ``[B, T]`` to a scalar (verl's aggregation modes, docs/theory.md §3).
 
     With n_b the valid tokens of sequence b, N = ``global_num_tokens`` and S = ``global_num_sequences``:
 
@@ -58,7 +58,7 @@ def aggregate_loss(
     Padding entries are excluded with a select (not a product), so non-finite padding values cannot leak into the
     value. Python-number normalisers are checked here; a tensor normaliser is not read back (no host
     synchronisation) — a NaN or non-positive one gives 0 with zero gradient, and the policy losses reject it with a
-    :class:`DataError`. With ``token_weights`` ω (STARE, science.md §4 step 5) every sum runs over m·ω·ℓ instead, computed as
+    :class:`DataError`. With ``token_weights`` ω (STARE, docs/theory.md §4 step 5) every sum runs over m·ω·ℓ instead, computed as
     ℓ · where(m, ω, 0): one product in place of a select and a second product. ω is read on valid tokens only, but
     ``loss_mat`` must then be finite on padding too (0 · NaN = NaN); the policy losses guarantee that (every input
     is checked finite and ρ is clamped). Sequences without valid tokens contribute 0. Defaults: N = this call's valid tokens, S = this call's

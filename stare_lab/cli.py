@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The sub-parser of ``command`` (``parser`` itself when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 error, 2 usage/unavailable).
 
@@ -84,8 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "=" in u and not u.startswith("-") for u in unknown
         ):
             args.extra_overrides = list(args.extra_overrides) + unknown
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        else:  # the usage of the subcommand the words were given to (argparse would print the top level's)
+            _command_parser(parser, getattr(args, "command", None)).error(
+                f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

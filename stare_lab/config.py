@@ -6,7 +6,7 @@ Every config in stare_lab (core, simulators, trainer) is a tree of dataclasses. 
   :func:`to_dict`, :func:`apply_overrides` (dotted ``a.b=value`` strings, values parsed as YAML scalars),
   :func:`load_config` (YAML file + overrides → dataclass) and the validation helpers used in
   ``__post_init__`` methods (:func:`check_range`, :func:`check_choice`, …);
-* the core's own configs: :class:`STAREConfig` (science.md §4) and :class:`LossConfig` (science.md §3).
+* the core's own configs: :class:`STAREConfig` (docs/theory.md §4) and :class:`LossConfig` (docs/theory.md §3).
 
 Every error is a :class:`~stare_lab.errors.ConfigError` whose message names the dotted key, the bad value and
 what is allowed, e.g. ``stare.top_p_ratio=1.5 is outside [0, 1]``.
@@ -132,7 +132,7 @@ def check_choice(key: str, value: Any, choices: Iterable[Any]) -> None:
 
 @dataclasses.dataclass
 class STAREConfig:
-    """STARE settings (science.md §4; key names follow the reference implementation hp-luo/STARE).
+    """STARE settings (docs/theory.md §4; key names follow the reference implementation hp-luo/STARE).
 
     Attributes:
         variant: ``"O1"`` (×W on the high-surprisal positive-advantage set L+) or ``"C2"`` (also ×M on L−).
@@ -196,7 +196,7 @@ class STAREConfig:
 
 @dataclasses.dataclass
 class LossConfig:
-    """Policy-loss settings shared by every loss in the registry (science.md §3, §4; verl key names).
+    """Policy-loss settings shared by every loss in the registry (docs/theory.md §3, §4; verl key names).
 
     Attributes:
         loss_mode: registry name of the policy loss (``grpo``, ``stare``, ``clip_cov``, ``kl_cov``,

@@ -1,4 +1,4 @@
-"""Log-probabilities, entropy and first-order entropy dynamics of softmax policies (science.md §1–§2).
+"""Log-probabilities, entropy and first-order entropy dynamics of softmax policies (docs/theory.md §1–§2).
 
 Every function reads logits ``z`` of shape ``[..., V]`` and works with the policy ``π = softmax(z / τ)`` where ``τ``
 is the sampling temperature, so log-probs and entropies always come from the same temperature-scaled logits that
@@ -279,7 +279,7 @@ def logprobs_from_logits(
         DataError: bad shapes/dtypes, token ids outside ``[0, V)``, a NaN/+inf logit, or a row of all ``-inf``.
         ConfigError: ``temperature`` ≤ 0 or non-finite, ``chunk_size`` < 1.
 
-    Source: log π_a = z_a/τ − logsumexp(z/τ) (science.md §1).
+    Source: log π_a = z_a/τ − logsumexp(z/τ) (docs/theory.md §1).
     """
     _check_logits(logits)
     _check_tokens(tokens, logits)
@@ -311,7 +311,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
         DataError: no vocabulary axis, non-float dtype, a NaN/+inf logit, or a row of all ``-inf``.
         ConfigError: ``temperature`` ≤ 0 or non-finite, ``chunk_size`` < 1.
 
-    Source: H = −Σ_k π_k log π_k (science.md §1).
+    Source: H = −Σ_k π_k log π_k (docs/theory.md §1).
     """
     _check_logits(logits)
     temperature = _check_temperature(temperature)
@@ -353,7 +353,7 @@ def _neg_cov_logp(p: Tensor, logp: Tensor, ent: Tensor, y: Tensor) -> Tensor:
 
 
 def _sensitivity_offset(p: Tensor, logp: Tensor, ent: Tensor) -> Tensor:
-    """C = Σ_k π_k² (s_k − H) per row (≤ 0; 0 iff π is uniform on its support), science.md §2."""
+    """C = Σ_k π_k² (s_k − H) per row (≤ 0; 0 iff π is uniform on its support), docs/theory.md §2."""
     return (p * p * (-logp - ent[:, None])).sum(-1)
 
 
@@ -379,7 +379,7 @@ def entropy_sensitivity(
     Raises:
         DataError / ConfigError: as :func:`logprobs_from_logits`.
 
-    Source: science.md §2 (*derived*: ΔH ≈ −Cov_π(log π, Δu) with Δu = ηA(e_a − π)).
+    Source: docs/theory.md §2 (*derived*: ΔH ≈ −Cov_π(log π, Δu) with Δu = ηA(e_a − π)).
     """
     _check_logits(logits)
     _check_tokens(tokens, logits)
@@ -414,7 +414,7 @@ def critical_surprisal(logits: Tensor, temperature: float = 1.0, chunk_size: int
     Raises:
         DataError / ConfigError: as :func:`entropy_from_logits`.
 
-    Source: science.md §2 (*derived* here; quadrants of STARE Fig. 2: sign ΔH = sign Â · sign(s − s*)).
+    Source: docs/theory.md §2 (*derived* here; quadrants of STARE Fig. 2: sign ΔH = sign Â · sign(s − s*)).
     """
     _check_logits(logits)
     temperature = _check_temperature(temperature)
@@ -454,7 +454,7 @@ def predicted_entropy_change(
         DataError: shape mismatch or non-finite ``delta_logits`` (plus the checks of :func:`entropy_from_logits`).
         ConfigError: bad ``temperature`` / ``chunk_size``.
 
-    Source: science.md §2, ∂H/∂z_k = −π_k(log π_k + H).
+    Source: docs/theory.md §2, ∂H/∂z_k = −π_k(log π_k + H).
     """
     _check_logits(logits)
     _check_logits(delta_logits, "delta_logits")
@@ -493,7 +493,7 @@ def pred_single_token_pg(
     """First-order ΔH of one vanilla policy-gradient step on a single sampled token: ``η · A · Φ(a)``.
 
     The step is ``Δu = η A (e_a − π)`` on the scaled logits ``u = z/τ`` (for a step on raw logits divide by τ²;
-    module docstring). Natural PG for one token would give ``η A (s_a − H)`` instead (science.md §2).
+    module docstring). Natural PG for one token would give ``η A (s_a − H)`` instead (docs/theory.md §2).
 
     Args:
         logits: ``[..., V]``; tokens: ``[...]`` integer ids; advantage: float or tensor broadcastable to ``[...]``;
@@ -505,7 +505,7 @@ def pred_single_token_pg(
     Raises:
         DataError: bad shapes, non-finite ``advantage``/``lr`` (plus the checks of :func:`entropy_sensitivity`).
 
-    Source: science.md §2 (vanilla PG, one sampled token).
+    Source: docs/theory.md §2 (vanilla PG, one sampled token).
     """
     phi = entropy_sensitivity(logits, tokens, temperature)
     adv = _check_scalar_or_shape(advantage, phi.shape, "advantage")
@@ -540,7 +540,7 @@ def pred_expected_pg(
     Raises:
         DataError: shape mismatch or non-finite advantages / lr (plus the checks of :func:`entropy_from_logits`).
 
-    Source: Cui et al. 2025 (arXiv 2505.22617), Thm. for softmax policies; science.md §2 (expected updates).
+    Source: Cui et al. 2025 (arXiv 2505.22617), Thm. for softmax policies; docs/theory.md §2 (expected updates).
     """
     _check_logits(logits)
     _check_logits(advantages_per_token, "advantages_per_token")
@@ -572,7 +572,7 @@ def pred_grpo_group(
     G responses sample tokens ``a_i`` with advantages ``Â_i``; the update is
     ``Δu = (η/G) Σ_i Â_i (e_{a_i} − π)``. Its exact first-order entropy change is
     ``ΔH = (η/G) Σ_i Â_i Φ(a_i) = (η/G) [Σ_i Â_i π_{a_i}(s_{a_i} − H) − C · Σ_i Â_i]`` with
-    ``C = Σ_k π_k²(s_k − H)``; when ``Σ_i Â_i = 0`` (GRPO's centred advantages) this is science.md's
+    ``C = Σ_k π_k²(s_k − H)``; when ``Σ_i Â_i = 0`` (GRPO's centred advantages) this is docs/theory.md's
     ``(η/G) Σ_i Â_i π_{a_i}(s_{a_i} − H)``.
 
     Args:
@@ -586,7 +586,7 @@ def pred_grpo_group(
     Raises:
         DataError: shape mismatch, ids outside ``[0, V)``, non-finite advantages or lr, G = 0.
 
-    Source: science.md §2 (GRPO group at one shared state; general-Â form *derived* as the sum of Φ terms).
+    Source: docs/theory.md §2 (GRPO group at one shared state; general-Â form *derived* as the sum of Φ terms).
     """
     _check_logits(logits)
     _check_tokens(tokens, logits, trailing=True)
@@ -614,7 +614,7 @@ def pred_grpo_group(
 def pred_param_update(entropy: Tensor, params: Sequence[Tensor], deltas: Sequence[Tensor]) -> Tensor:
     """Exact first-order entropy change of an arbitrary parameter update: ``ΔH ≈ Σ_j ⟨∂H/∂θ_j, Δθ_j⟩``.
 
-    Works for any model and optimizer (science.md §2, last point): pass the scalar entropy (e.g. the token-mean of
+    Works for any model and optimizer (docs/theory.md §2, last point): pass the scalar entropy (e.g. the token-mean of
     :func:`entropy_from_logits`, with its autograd graph), the parameters and the update the optimizer applied
     (``Δθ = θ_after − θ_before``). The graph is retained, so ``entropy`` can be back-propagated again.
 
@@ -630,7 +630,7 @@ def pred_param_update(entropy: Tensor, params: Sequence[Tensor], deltas: Sequenc
         DataError: ``entropy`` not a scalar with grad, ``params``/``deltas`` of different lengths or shapes,
             non-finite deltas.
 
-    Source: science.md §2 ("for any model and optimizer ΔH ≈ ∇_θH · Δθ").
+    Source: docs/theory.md §2 ("for any model and optimizer ΔH ≈ ∇_θH · Δθ").
     """
     if not isinstance(entropy, Tensor) or entropy.numel() != 1 or not entropy.requires_grad:
         raise DataError("entropy must be a scalar tensor that requires grad (keep its autograd graph)")

@@ -1,4 +1,4 @@
-"""Method names shared by simulators, trainer and analysis, and what each implies (science.md §3–4).
+"""Method names shared by simulators, trainer and analysis, and what each implies (docs/theory.md §3–4).
 
 A *method* (``grpo``, ``o1``, …) names a training recipe; :data:`METHODS` maps it onto the policy-loss registry
 (:mod:`stare_lab.losses`) plus the two switches that live outside the loss: DAPO dynamic sampling

@@ -1,4 +1,4 @@
-"""A fused CPU kernel for the STARE selection (science.md §4), compiled on first use.
+"""A fused CPU kernel for the STARE selection (docs/theory.md §4), compiled on first use.
 
 The tensor implementation in :mod:`stare_lab.stare` is exact, linear-time and free of host synchronisation, which is
 what an accelerator needs; on a CPU it still runs about sixteen separate tensor operations over the batch. This module

@@ -1,4 +1,4 @@
-"""The run directory: one format shared by simulators, trainer and analysis (design.md §4).
+"""The run directory: one format shared by simulators, trainer and analysis (docs/design.md §4).
 
 ```
 RUN/
@@ -21,7 +21,7 @@ Conventions every writer follows (analysis relies on them):
 * ``entropy`` is the batch token-mean entropy before the update (nats); ``entropy_change`` the measured one-step
   change on the same states (or null); ``pred_entropy_change`` the primary first-order prediction. Further
   predictors go under ``pred/<name>`` (e.g. ``pred/grad_dot`` = ∇θH·Δθ, ``pred/phi_tokens`` = token-level Φ sum).
-* Quadrants (science.md §2): ``quadrant/{pos,neg}_{high,low}/count`` (tokens with Â>0 / Â<0 and surprisal
+* Quadrants (docs/theory.md §2): ``quadrant/{pos,neg}_{high,low}/count`` (tokens with Â>0 / Â<0 and surprisal
   above / below the critical value) and ``quadrant/{pos,neg}_{high,low}/dH`` (their summed first-order ΔH
   contribution, nats).
 * STARE selection: ``stare/frac_pos_selected``, ``stare/frac_neg_selected`` (|L±| / valid tokens).
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["REQUIRED_KEYS", "RunWriter", "Run", "read_run", "is_run_dir", "find_runs", "versions"]
 
-#: Keys every metrics row must carry (design.md §4). ``entropy_change`` may be ``None`` where the source
+#: Keys every metrics row must carry (docs/design.md §4). ``entropy_change`` may be ``None`` where the source
 #: cannot measure it; ``pred_entropy_change`` may be ``None`` where no prediction is made.
 REQUIRED_KEYS = (
     "step",

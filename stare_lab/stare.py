@@ -1,4 +1,4 @@
-"""STARE: surprisal-quantile token weights, the entropy gate and the adaptive W/M controller (science.md §4).
+"""STARE: surprisal-quantile token weights, the entropy gate and the adaptive W/M controller (docs/theory.md §4).
 
 Two pieces, kept apart on purpose:
 
@@ -55,7 +55,7 @@ _K_RTOL = 1e-12
 
 
 def _num_selected(n: Tensor, top_p_ratio: float) -> Tensor:
-    """k = max(1, ⌈P·n⌉) for n ≥ 1, 0 for n = 0 or P = 0, as an int64 0-dim tensor (science.md §4).
+    """k = max(1, ⌈P·n⌉) for n ≥ 1, 0 for n = 0 or P = 0, as an int64 0-dim tensor (docs/theory.md §4).
 
     ``n`` is an int64 0-dim tensor; computed in float64 with a relative tolerance of 1e-12 below the product so
     that decimal P give the intended k (e.g. P = 0.1, n = 30 → 3). ``P = 0`` selects nothing, like the reference
@@ -80,7 +80,7 @@ def _threshold(hist: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
 def select_top_surprisal(
     logprobs: Tensor, candidates: Tensor, top_p_ratio: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The k = max(1, ⌈P·n⌉) candidate tokens with the highest surprisal s = −log π (science.md §4, sets L±).
+    """The k = max(1, ⌈P·n⌉) candidate tokens with the highest surprisal s = −log π (docs/theory.md §4, sets L±).
 
     Exact and linear-time: a two-pass radix select on the float32 bit patterns of s (a non-negative float32 orders
     like its bit pattern read as int32), 16 + 15 bits, with histograms accumulated by ``index_add_`` into
@@ -315,7 +315,7 @@ def stare_token_weights(
     reweight_m: float | None = None,
     check_inputs: bool = False,
 ) -> tuple[Tensor, dict[str, Any]]:
-    """STARE token weights ω over one rollout batch (science.md §4, step 4).
+    """STARE token weights ω over one rollout batch (docs/theory.md §4, step 4).
 
     T+ = valid tokens with Â > 0, T− = valid tokens with Â < 0 (Â = 0 and padding are never selected).
     L± = the k = max(1, ⌈P·|T±|⌉) tokens of T± with the highest surprisal s = −log π (none if T± is empty or
@@ -426,7 +426,7 @@ def _check_values(logprobs: Tensor, adv: Tensor, mask: Tensor) -> None:
 
 
 class STAREController:
-    """The per-step STARE state: entropy gate and adaptive W/M schedule (science.md §4, step 3).
+    """The per-step STARE state: entropy gate and adaptive W/M schedule (docs/theory.md §4, step 3).
 
     Call :meth:`update` once per training step, before the update, with the batch token-mean entropy H̄ (nats,
     all-reduced across ranks), then pass ``gate_on``, ``reweight_w`` and ``reweight_m`` to the weights / loss.

@@ -273,8 +273,10 @@ def _delegate(module: str, name: str):
                      "promote": "turn simulated STARE settings into a trainer config (trainer)"}[name]
         description = {
             "evaluate": "Sample k responses per problem of the math benchmarks (AIME24/25, AMC23, MATH-500, Minerva, "
-                        "OlympiadBench) with a local Hugging Face model, grade them with math-verify and report "
-                        "avg@k, pass@k and maj@k (STARE Table 2). Writes OUT/eval.json and OUT/samples.jsonl.",
+                        "OlympiadBench; bundled with the package) with a local Hugging Face model, grade them by "
+                        "math-verify's rules (as the STARE reference) and report avg@k, pass@k and maj@k (STARE "
+                        "Table 2). A --config with a `tool` section runs multi-turn tool rollouts in the sandbox. "
+                        "Writes OUT/eval.json and OUT/samples.jsonl (an OUT with results needs --overwrite).",
             "promote": "Carry the STARE settings (variant, P, W, M, adaptive schedule, scope) of simulator runs of "
                        "one method into a trainer base config, as a stare-lab YAML or verl (hp-luo/STARE) "
                        "overrides, with provenance. The target entropy is never copied from a simulation: it comes "
@@ -311,8 +313,8 @@ def register_plan(subparsers: Any) -> None:
     p.set_defaults(func=plan.main, extra_overrides=[])
 
 
-#: ``stare-lab evaluate`` → ``trainer.evaluate.add_arguments`` / ``main``.
-register_evaluate = _delegate("trainer.evaluate", "evaluate")
+#: ``stare-lab evaluate`` → ``trainer.evaluate_cli.add_arguments`` / ``main``.
+register_evaluate = _delegate("trainer.evaluate_cli", "evaluate")
 #: ``stare-lab promote`` → ``trainer.promote.add_arguments`` / ``main``.
 register_promote = _delegate("trainer.promote", "promote")
 

@@ -2,7 +2,7 @@
 
 One YAML file (plus dotted ``key=value`` overrides) builds a :class:`TrainerConfig`::
 
-    method: o1                  # label written to config.yaml (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, ...)
+    method: o1                  # optional: derived from loss/algorithm if omitted; a given label must match them
     seed: 0
     out_dir: runs/o1
     model:     {path: ..., dtype: bfloat16, gradient_checkpointing: true}
@@ -52,14 +52,15 @@ __all__ = [
     "ScheduleConfig",
     "TrainerConfig",
     "METHODS",
+    "derive_method",
     "load_trainer_config",
     "DEFAULT_PROMPT_TEMPLATE",
 ]
 
-#: Default user-message template for math prompts (the paper's instruction, science.md §4).
+#: Default user-message template for math prompts (the paper's instruction, docs/theory.md §4).
 DEFAULT_PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
-#: Method labels (design.md / analysis) and what they imply: the core's shared table.
+#: Method labels (docs/design.md / analysis) and what they imply: the core's shared table.
 METHODS = _METHODS
 
 
@@ -150,7 +151,8 @@ class RolloutConfig:
 
     Attributes:
         engine: ``vllm`` (colocated vLLM ``LLM`` per rank) or ``hf`` (transformers ``generate``, for debugging).
-        n: responses per prompt (the group size G).
+        n: responses per prompt (the group size G), at least 2: group-relative advantages compare a response with
+            the others of its group (a group of one gets advantage 0, so nothing would be learned).
         temperature: sampling temperature (> 0); the trainer's log-probs and entropies use the same value.
         top_p, top_k: nucleus / top-k filtering (top_k = -1 disables it).
         max_response_length: max new tokens per response.
@@ -188,6 +190,9 @@ class RolloutConfig:
         p = _p(config_prefix("rollout"))
         check_choice(f"{p}engine", self.engine, ["vllm", "hf"])
         check_positive(f"{p}n", self.n, integer=True)
+        if self.n < 2:
+            raise ConfigError(f"{p}n={self.n} is below 2: group-relative advantages need at least 2 responses per "
+                              f"prompt (a group of one gets advantage 0 and no gradient)")
         check_range(f"{p}temperature", self.temperature, 0, None, lo_open=True)
         check_range(f"{p}top_p", self.top_p, 0, 1, lo_open=True)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
@@ -203,7 +208,7 @@ class RolloutConfig:
 
 @dataclasses.dataclass
 class AlgorithmConfig:
-    """Advantages, dynamic sampling, truncation handling (science.md §3).
+    """Advantages, dynamic sampling, truncation handling (docs/theory.md §3).
 
     Attributes:
         advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
@@ -363,7 +368,7 @@ class ScheduleConfig:
         wandb_project: log to Weights & Biases under this project (``None`` = off).
         progress_bar: tqdm progress bar on rank 0.
         measure_entropy_change: log the measured ``entropy_change`` = token-mean entropy (nats) on the step's batch
-            after the update minus before (same tokens, masks and temperature; design.md §4). Costs one extra
+            after the update minus before (same tokens, masks and temperature; docs/design.md §4). Costs one extra
             no-grad forward over the batch per step (about ``time/old_logprob_s``; logged as
             ``time/entropy_after_s``), run while the rollout engine sleeps. Off: ``entropy_change`` is null. The
             first-order prediction ``pred_entropy_change`` (∇θH̄·Δθ) stays null in the trainer either way.
@@ -394,8 +399,11 @@ class TrainerConfig:
     """The whole trainer config (written resolved into the run's ``config.yaml``).
 
     Attributes:
-        method: label of the method (a key of :data:`METHODS`, or any other string for custom setups); for the
-            known labels the loss config must match (e.g. ``o1`` needs ``loss.loss_mode=stare``, variant O1).
+        method: label of the method, written into the run's ``config.yaml`` and used by every report. ``None``
+            (default): derived from the loss config and ``algorithm.dynamic_sampling`` (:func:`derive_method`). A
+            given label must be a key of :data:`METHODS` that the config matches (e.g. ``o1`` needs
+            ``loss.loss_mode=stare``, variant O1), so a typo cannot mislabel a run; ``custom:NAME`` is a free label
+            for a setup outside the table.
         seed: the run's seed: data order, sampling and initialisation of everything random derive from it.
         out_dir: run directory (``metrics.jsonl``, ``config.yaml``, ``checkpoint/``).
         source: always ``trainer`` (run-directory convention).
@@ -406,7 +414,7 @@ class TrainerConfig:
             the STARE selection; ``rollout.max_response_length`` is the budget of model + interpreter tokens.
     """
 
-    method: str = "grpo"
+    method: str | None = None
     seed: int = 0
     out_dir: str = "runs/train"
     source: str = "trainer"
@@ -431,6 +439,14 @@ class TrainerConfig:
         check_choice(f"{p}source", self.source, ["trainer"])
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"{p}seed={self.seed} must be a non-negative integer")
+        derived = derive_method(self.loss, self.algorithm.dynamic_sampling)
+        if self.method is None:
+            self.method = derived
+        elif not isinstance(self.method, str) or not (self.method in _METHODS or self.method.startswith("custom:")
+                                                        and len(self.method) > len("custom:")):
+            raise ConfigError(
+                f"{p}method={self.method!r} is not a known method ({', '.join(_METHODS)}); the loss settings amount to "
+                f"{derived!r}: omit {p}method to use that, or write custom:NAME for a setup of your own")
         check_method(self.method, self.loss, dynamic_sampling=self.algorithm.dynamic_sampling,
                      prefix=config_prefix(""))
 
@@ -454,6 +470,28 @@ class TrainerConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as plain dicts (what goes into ``config.yaml``)."""
         return to_dict(self)
+
+
+def derive_method(loss: LossConfig, dynamic_sampling: bool) -> str:
+    """The method label a loss config and the dynamic-sampling switch amount to: the most specific entry of
+    :data:`METHODS` they satisfy (``grpo`` + dynamic sampling → ``grpo-ds``; ``grpo`` with
+    ``entropy_coeff > 0`` → ``entropy_bonus``; ``stare`` O1 adaptive → ``o1-adaptive``), or ``custom:<loss_mode>`` for a
+    loss outside the table."""
+    best, best_score = None, -1
+    for name, spec in _METHODS.items():
+        want = spec["loss"]
+        if loss.loss_mode != want["loss_mode"]:
+            continue
+        if any(getattr(loss.stare, k) != v for k, v in want.get("stare", {}).items()):
+            continue
+        if spec["dynamic_sampling"] and not dynamic_sampling:
+            continue
+        if spec.get("entropy_bonus") and loss.entropy_coeff <= 0:
+            continue
+        score = len(want.get("stare", {})) + int(spec["dynamic_sampling"]) + int(bool(spec.get("entropy_bonus")))
+        if score > best_score:
+            best, best_score = name, score
+    return best if best is not None else f"custom:{loss.loss_mode}"
 
 
 def load_trainer_config(

@@ -1,41 +1,41 @@
 """Benchmark evaluation: sample k responses per problem, grade them, report avg@k / pass@k / maj@k (STARE Table 2).
 
-``stare-lab evaluate --model PATH --benchmarks aime24,aime25,amc23,math500,minerva_math,olympiadbench
-[--n 32] [--temperature 1.0] [--top-p 0.7] [--max-tokens N] [--out DIR] [--config EVAL.yaml] [--limit N]
-[--data-dir DIR] [--file NAME=SOURCE] [--engine vllm|hf]`` (wired by ``trainer/cli.py`` through
-:func:`add_arguments` and :func:`main`). Settings: :class:`EvalConfig` defaults < ``--config`` < options. The
-trainer's periodic evaluation can call :func:`evaluate_engine` with its own engine and log :func:`flat_metrics`.
+The library side of ``stare-lab evaluate`` (the command line is :mod:`trainer.evaluate_cli`): :class:`EvalConfig`,
+:func:`evaluate_engine` (any rollout engine; the trainer's periodic evaluation calls it with its own engine and
+logs :func:`flat_metrics`) and the metrics. By default the problems come from the benchmark copies bundled with the
+package (:data:`trainer.benchmarks.BUNDLED_DIR`); ``EvalConfig.files`` / ``data_dir`` read other sources.
 
 Outputs in ``DIR``:
 
 * ``eval.json`` — ``{"model", "settings", "benchmarks": {name: {"n_problems", "k", "avg@k", "pass@k", "maj@k",
-  "mean_response_tokens", "frac_no_boxed", "pass_at": {"1": …, "2": …, …}, "status": {…}}}, "average"}``.
-  Accuracies are fractions in [0, 1] (Table 2 shows percent). ``average`` is the unweighted mean of the
-  benchmarks' avg@k, as Table 2's "avg" column.
+  "mean_response_tokens", "frac_no_boxed", "pass_at": {"1": …, "2": …, …}, "status": {…}}}, "average"}``
+  (with tools also ``tool_calls_per_response``, ``tool_error_frac``). Accuracies are fractions in [0, 1] (Table 2
+  shows percent). ``average`` is the unweighted mean of the benchmarks' avg@k, as Table 2's "avg" column.
 * ``samples.jsonl`` — one row per sample: ``benchmark, id, sample, response, extracted, correct, status,
-  response_tokens, finish_reason`` (``response_tokens`` counts the engine's response tokens, including a final eos;
-  ``mean_response_tokens`` averages it).
+  response_tokens, finish_reason`` (``response_tokens`` counts the engine's response tokens, including a final eos —
+  with tools, interpreter tokens too; ``mean_response_tokens`` averages it), with tools also ``tool_calls,
+  tool_errors, num_turns``.
 
 Prompts: the paper's template (problem + "Please reason step by step, and put your final answer within
 \\boxed{}.", :data:`trainer.config.DEFAULT_PROMPT_TEMPLATE`) through the tokenizer's chat template when it has one.
+Grading: :func:`trainer.rewards.grade_batch` (math-verify's rules, as the STARE reference; ``rel_tol`` optional).
 """
-
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import math
+import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from stare_lab.config import check_positive, check_range, config_prefix, from_dict, load_yaml, to_dict
+from stare_lab.config import check_positive, check_range, config_prefix, from_dict, to_dict
 from stare_lab.errors import ConfigError, DataError
 
-from .benchmarks import DEFAULT_SAMPLES, Problem, load_benchmark, resolve_benchmarks
+from .benchmarks import DEFAULT_SAMPLES, Problem, canonical_name, load_benchmark, resolve_benchmarks
 from .config import DEFAULT_PROMPT_TEMPLATE
 from .rewards import grade_batch, normalize_answer, parse_number
 
@@ -51,9 +51,7 @@ __all__ = [
     "evaluate_engine",
     "flat_metrics",
     "load_problems",
-    "add_arguments",
-    "config_from_args",
-    "main",
+    "share",
 ]
 
 
@@ -171,6 +169,11 @@ def benchmark_metrics(samples: Sequence[dict[str, Any]], k: int) -> dict[str, An
     js = sorted({2**e for e in range(int(math.log2(k)) + 1)} | {k})
     pass_at = {str(j): sum(pass_at_k(k, sum(c), j) for c in correct) / len(correct) for j in js}
     status = Counter(s["status"] for s in samples)
+    tools = {}
+    if any("tool_calls" in s for s in samples):  # tool-integrated evaluation (EvalConfig.tool)
+        calls = sum(s.get("tool_calls", 0) for s in samples)
+        tools = {"tool_calls_per_response": calls / len(samples),
+                 "tool_error_frac": sum(s.get("tool_errors", 0) for s in samples) / calls if calls else 0.0}
     return {
         "n_problems": len(correct),
         "k": k,
@@ -181,6 +184,7 @@ def benchmark_metrics(samples: Sequence[dict[str, Any]], k: int) -> dict[str, An
         "frac_no_boxed": status.get("no_answer", 0) / len(samples),
         "pass_at": pass_at,
         "status": dict(sorted(status.items())),
+        **tools,
     }
 
 
@@ -207,21 +211,34 @@ class EvalConfig:
     """Evaluation settings (also readable from YAML with :func:`stare_lab.config.load_config`).
 
     Attributes:
-        benchmarks: names (see :func:`trainer.benchmarks.resolve_benchmarks`); default the six of Table 2.
+        benchmarks: names (see :func:`trainer.benchmarks.resolve_benchmarks`); default the six of Table 2. A name
+            other than the built-in ones needs a data source in ``files``.
         n: samples per problem for every benchmark; ``None`` = the paper's (32 for AIME24/25 and AMC23, 4 else).
         temperature, top_p, top_k: sampling (paper validation: T = 1.0, top-p 0.7).
-        max_tokens: max new tokens per response (paper: 3072 for Short CoT).
+        max_tokens: max new tokens per response (paper: 3072 for Short CoT); with ``tool``, model and interpreter
+            tokens together.
         max_prompt_length: prompt tokens; longer prompts are truncated on the left (logged).
-        seed: sampling seed (same seed, engine and model ⇒ same samples).
-        data_dir: benchmark directory (``None`` = ``$STARE_LAB_BENCHMARK_DIR`` or ``../shared/data/benchmarks``).
+        seed: sampling seed (same seed, engine, model and number of data-parallel groups ⇒ same samples).
+        data_dir: benchmark directory with ``<name>/<name>.jsonl`` or ``<name>.jsonl`` files (``None`` =
+            ``$STARE_LAB_BENCHMARK_DIR`` if set, else the copies bundled with the package,
+            :data:`trainer.benchmarks.BUNDLED_DIR`).
         limit: evaluate only the first ``limit`` problems of each benchmark (``None`` = all).
         files: benchmark → data source read instead of ``data_dir``: a JSONL or Parquet file, or ``hf:NAME:SPLIT``
-            (a ``datasets`` dataset: local cache, or the hub when online).
+            (a ``datasets`` dataset: local cache, or the hub when online). Any name: a name that is not built in
+            adds a custom benchmark (list it in ``benchmarks``).
         problem_key, answer_key: record fields of the statement and the gold answer.
         prompt_template: user-message template with ``{problem}``.
         use_chat_template: wrap the message with the tokenizer's chat template when it has one.
         timeout_s: grading time limit per response, seconds.
+        rel_tol: ``None`` (default): answers are judged by math-verify's rules, as the STARE reference grades
+            (:func:`trainer.rewards.numbers_equal`). A number in (0, 1): also accept numbers within this relative
+            distance (integers included) — a looser, explicit option (e.g. 1e-4, the Qwen2.5-Math harness's).
         batch_prompts: prompts per ``generate`` call.
+        tool: multi-turn tool use (a mapping of :class:`trainer.tool_rollout.ToolUseConfig` fields, e.g. the
+            ``tool`` section of a tool-use trainer config): responses are generated by
+            :class:`~trainer.tool_rollout.ToolUseEngine` — the engine of tool-use training — so code blocks run in
+            the sandbox and their output comes back as interpreter turns; the model's own text is graded.
+            ``None`` (default) = plain single-turn sampling.
     """
 
     benchmarks: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_SAMPLES))
@@ -240,12 +257,20 @@ class EvalConfig:
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     use_chat_template: bool = True
     timeout_s: float = 5.0
+    rel_tol: float | None = None
     batch_prompts: int = 256
+    # a ToolUseConfig or None; typed ``Any`` and converted in __post_init__ (as TrainerConfig.tool)
+    tool: Any = None
 
     def __post_init__(self) -> None:
-        p = config_prefix("eval")
-        p = p + "." if p else ""
-        self.benchmarks = resolve_benchmarks(self.benchmarks)
+        from .tool_rollout import ToolUseConfig
+
+        prefix = config_prefix("eval")
+        p = prefix + "." if prefix else ""
+        if not isinstance(self.files, dict):
+            raise ConfigError(f"{p}files={self.files!r} must be a mapping NAME: SOURCE")
+        self.files = {canonical_name(k): str(v) for k, v in self.files.items()}
+        self.benchmarks = resolve_benchmarks(self.benchmarks, custom=self.files)
         if self.n is not None:
             check_positive(f"{p}n", self.n, integer=True)
         check_range(f"{p}temperature", self.temperature, 0, None, lo_open=True)
@@ -259,13 +284,20 @@ class EvalConfig:
             check_positive(f"{p}limit", self.limit, integer=True)
         for name in self.files:
             if name not in self.benchmarks:
-                raise ConfigError(f"{p}files has {name!r}, which is not one of the benchmarks {self.benchmarks}")
+                raise ConfigError(f"{p}files has {name!r}, which is not one of the benchmarks {self.benchmarks}; "
+                                  f"add it to the benchmarks (--benchmarks ...,{name})")
         if "{problem}" not in self.prompt_template:
             raise ConfigError(f"{p}prompt_template={self.prompt_template!r} must contain {{problem}}")
         check_range(f"{p}timeout_s", self.timeout_s, 0, None, lo_open=True)
+        if self.rel_tol is not None:
+            check_range(f"{p}rel_tol", self.rel_tol, 0, 1, lo_open=True, hi_open=True)
         check_positive(f"{p}batch_prompts", self.batch_prompts, integer=True)
         if not isinstance(self.use_chat_template, bool):
             raise ConfigError(f"{p}use_chat_template={self.use_chat_template!r} must be true or false")
+        if isinstance(self.tool, Mapping):
+            self.tool = from_dict(ToolUseConfig, self.tool, prefix=f"{p}tool")
+        elif self.tool is not None and not isinstance(self.tool, ToolUseConfig):
+            raise ConfigError(f"{p}tool={self.tool!r} must be a mapping of ToolUseConfig fields or null")
 
     def samples_for(self, benchmark: str) -> int:
         """k for ``benchmark``: ``n`` if set, else the paper's default (4 for benchmarks not in Table 2)."""
@@ -282,15 +314,50 @@ def load_problems(cfg: EvalConfig, name: str) -> list[Problem]:
                           problem_key=cfg.problem_key, answer_key=cfg.answer_key)
 
 
-def _chunk_seed(seed: int, benchmark: str, chunk_index: int) -> int:
+def _chunk_seed(seed: int, benchmark: str, chunk_index: int, shard: tuple[int, int] = (0, 1)) -> int:
     """Sampling seed of one generate call: a function of the run seed, the benchmark NAME (so a benchmark's samples
-    do not depend on which other benchmarks run) and the chunk index; 31 bits."""
+    do not depend on which other benchmarks run), the chunk index and — with several data-parallel groups — the
+    share ``(dp_rank, dp_size)``; 31 bits."""
     import zlib
 
     import numpy as np
 
-    ss = np.random.SeedSequence([seed, zlib.crc32(benchmark.encode()), chunk_index])
+    key = [seed, zlib.crc32(benchmark.encode()), chunk_index] + ([*shard] if shard[1] > 1 else [])
+    ss = np.random.SeedSequence(key)
     return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def share(n: int, dp_rank: int, dp_size: int) -> tuple[int, int]:
+    """The contiguous slice ``[start, stop)`` of ``n`` problems that data-parallel group ``dp_rank`` of ``dp_size``
+    evaluates: sizes differ by at most one, the shares cover ``range(n)`` in order.
+
+    Raises:
+        DataError: unless ``0 <= dp_rank < dp_size``.
+    """
+    if not 0 <= dp_rank < dp_size:
+        raise DataError(f"dp_rank={dp_rank} is outside [0, dp_size={dp_size})")
+    return n * dp_rank // dp_size, n * (dp_rank + 1) // dp_size
+
+
+def _gather_rows(rows: list[dict[str, Any]], dist: Any) -> list[dict[str, Any]] | None:
+    """All data-parallel groups' rows on rank 0 (in share order; one rank per tensor-parallel group contributes),
+    ``None`` elsewhere. Collective over the default process group: every rank must call it."""
+    import torch.distributed as tdist
+
+    mine = rows if dist.tp_rank == 0 else []
+    gathered: list[Any] | None = [None] * dist.world_size if dist.rank == 0 else None
+    tdist.gather_object(mine, gathered, dst=0)
+    if gathered is None:
+        return None
+    return [r for part in gathered for r in part]
+
+
+def _broadcast(obj: Any, dist: Any) -> Any:
+    import torch.distributed as tdist
+
+    box = [obj if dist.rank == 0 else None]
+    tdist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def evaluate_engine(
@@ -300,16 +367,29 @@ def evaluate_engine(
     out_dir: str | Path | None = None,
     model_name: str = "",
     problems: dict[str, list[Problem]] | None = None,
+    dist: Any = None,
 ) -> dict[str, Any]:
     """Evaluate with an existing rollout engine (:class:`trainer.rollout.RolloutEngine`).
+
+    With ``cfg.tool`` set, ``engine`` is wrapped in :class:`trainer.tool_rollout.ToolUseEngine` (unless it already
+    is one, as in tool-use training, whose engine and tool settings are then used): multi-turn rollouts with code
+    run in the sandbox, graded on the model's own text. (A wrapper made here runs the code on every rank; with
+    tensor parallelism the training engine's wrapper, which broadcasts one rank's tool outputs, is the one to use.) With several data-parallel groups (``dist.dp_size > 1``) each group samples and grades its share of every
+    benchmark's problems (:func:`share`); rank 0 gathers the rows, computes the metrics and writes the files, and
+    every rank returns the same result.
 
     Args:
         engine: has ``generate(prompt_token_ids, SamplingConfig) -> [prompt][n] RolloutOutput``.
         tokenizer: the model's tokenizer (prompt encoding, chat template).
         cfg: the settings.
-        out_dir: write ``eval.json`` and ``samples.jsonl`` there (created); ``None`` = return only.
+        out_dir: write ``eval.json`` and ``samples.jsonl`` there (created; on rank 0 only). Files are written as
+            ``*.partial`` and renamed when the evaluation is complete, so an interrupted run leaves earlier results
+            in place. ``None`` = return only.
         model_name: recorded as ``model`` in the result.
-        problems: preloaded problems per benchmark (else loaded from ``cfg.data_dir``).
+        problems: preloaded problems per benchmark (else loaded per ``cfg``).
+        dist: the rank layout (:class:`trainer.launch.DistInfo`: ``rank``, ``world_size``, ``dp_rank``,
+            ``dp_size``, ``tp_rank``) of an initialised ``torch.distributed`` job; ``None`` = one process.
+            Collective: every rank must call with the same ``cfg``.
 
     Returns:
         the ``eval.json`` content (see the module docstring).
@@ -319,48 +399,63 @@ def evaluate_engine(
     """
     from .data import PromptEncoder
     from .rollout import SamplingConfig
+    from .tool_rollout import ToolRolloutOutput, ToolUseEngine
 
+    if cfg.tool is not None and not isinstance(engine, ToolUseEngine):
+        engine = ToolUseEngine(engine, tokenizer, cfg.tool)
+    multi = dist is not None and dist.world_size > 1
+    dp_rank, dp_size = (dist.dp_rank, dist.dp_size) if multi else (0, 1)
+    main_rank = not multi or dist.rank == 0
     encoder = PromptEncoder(tokenizer, cfg.prompt_template, cfg.use_chat_template, cfg.max_prompt_length, "left")
-    out = Path(out_dir) if out_dir is not None else None
+    out = Path(out_dir) if out_dir is not None and main_rank else None
     sample_fh = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        sample_fh = open(out / "samples.jsonl", "w", encoding="utf-8")
-    result: dict[str, Any] = {"model": model_name, "settings": _settings(cfg), "benchmarks": {}, "average": None}
+        sample_fh = open(out / "samples.jsonl.partial", "w", encoding="utf-8")
+    result: dict[str, Any] = {"model": model_name, "settings": _settings(cfg, dp_size), "benchmarks": {},
+                              "average": None}
     t0 = time.perf_counter()
     try:
         for name in cfg.benchmarks:
             probs = problems[name] if problems is not None and name in problems else load_problems(cfg, name)
             k = cfg.samples_for(name)
+            start, stop = share(len(probs), dp_rank, dp_size)
             rows: list[dict[str, Any]] = []
-            for c_idx, start in enumerate(range(0, len(probs), cfg.batch_prompts)):
-                chunk = probs[start : start + cfg.batch_prompts]
+            for c_idx, c_start in enumerate(range(start, stop, cfg.batch_prompts)):
+                chunk = probs[c_start : min(c_start + cfg.batch_prompts, stop)]
                 ids = [
-                    encoder.encode({"prompt": p.problem, "answer": p.answer, "id": p.id}, start + i).token_ids
+                    encoder.encode({"prompt": p.problem, "answer": p.answer, "id": p.id}, c_start + i).token_ids
                     for i, p in enumerate(chunk)
                 ]
                 sampling = SamplingConfig(
-                    n=k, max_tokens=cfg.max_tokens, seed=_chunk_seed(cfg.seed, name, c_idx),
+                    n=k, max_tokens=cfg.max_tokens, seed=_chunk_seed(cfg.seed, name, c_idx, (dp_rank, dp_size)),
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 )
                 outputs = engine.generate(ids, sampling)
                 if len(outputs) != len(chunk) or any(len(o) != k for o in outputs):
                     raise DataError(f"engine returned {[len(o) for o in outputs]} responses for {len(chunk)} prompts"
                                     f" × n={k}")
-                texts = [o.text for group in outputs for o in group]
+                # tool use: grade the model's own text (an answer printed by the interpreter does not count)
+                texts = [o.model_text if isinstance(o, ToolRolloutOutput) else o.text for g in outputs for o in g]
                 golds = [p.answer for p in chunk for _ in range(k)]
-                grades = grade_batch(texts, golds, name, cfg.timeout_s)
+                grades = grade_batch(texts, golds, name, cfg.timeout_s, cfg.rel_tol)
                 for i, (p, group) in enumerate(zip(chunk, outputs)):
                     for j, o in enumerate(group):
                         g = grades[i * k + j]
                         row = {"benchmark": name, "id": p.id, "sample": j, "response": o.text,
                                "extracted": g.extracted, "correct": g.correct, "status": g.status,
                                "response_tokens": len(o.token_ids), "finish_reason": o.finish_reason}
+                        if isinstance(o, ToolRolloutOutput):
+                            row.update(tool_calls=o.num_tool_calls, tool_errors=o.num_tool_errors,
+                                       num_turns=o.num_turns)
                         rows.append(row)
-                        if sample_fh is not None:
-                            sample_fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                if sample_fh is not None:
-                    sample_fh.flush()
+            if multi:
+                rows = _gather_rows(rows, dist)
+            if not main_rank:
+                continue
+            if sample_fh is not None:
+                sample_fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+                sample_fh.flush()
             metrics = benchmark_metrics(rows, k)
             result["benchmarks"][name] = metrics
             logger.info("%s: avg@%d %.4f  pass@%d %.4f  maj@%d %.4f  (%d problems, %.0f s)", name, k,
@@ -369,149 +464,20 @@ def evaluate_engine(
     finally:
         if sample_fh is not None:
             sample_fh.close()
-    avgs = [m["avg@k"] for m in result["benchmarks"].values()]
-    result["average"] = sum(avgs) / len(avgs) if avgs else None
-    result["settings"]["wall_s"] = round(time.perf_counter() - t0, 3)
-    if out is not None:
-        (out / "eval.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    return result
+    if main_rank:
+        avgs = [m["avg@k"] for m in result["benchmarks"].values()]
+        result["average"] = sum(avgs) / len(avgs) if avgs else None
+        result["settings"]["wall_s"] = round(time.perf_counter() - t0, 3)
+        if out is not None:
+            partial = out / "eval.json.partial"
+            partial.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+            os.replace(out / "samples.jsonl.partial", out / "samples.jsonl")
+            os.replace(partial, out / "eval.json")
+    return _broadcast(result, dist) if multi else result
 
 
-def _settings(cfg: EvalConfig) -> dict[str, Any]:
-    d = dataclasses.asdict(cfg)
+def _settings(cfg: EvalConfig, dp_size: int = 1) -> dict[str, Any]:
+    d = to_dict(cfg)
     d["k"] = {b: cfg.samples_for(b) for b in cfg.benchmarks}
+    d["dp_size"] = dp_size
     return d
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# CLI
-# ----------------------------------------------------------------------------------------------------------------
-
-
-#: CLI option → EvalConfig field, for options that default to the config's value.
-_CLI_FIELDS = {
-    "n": "n", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",
-    "max_prompt_length": "max_prompt_length", "seed": "seed", "limit": "limit", "data_dir": "data_dir",
-    "timeout_s": "timeout_s", "problem_key": "problem_key", "answer_key": "answer_key",
-}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``stare-lab evaluate`` options to ``parser``.
-
-    Settings come from the :class:`EvalConfig` defaults, then ``--config FILE.yaml`` (an EvalConfig mapping, e.g.
-    ``papers/stare_2606.19236/eval_short_cot.yaml``), then the options given on the command line.
-    """
-    d = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
-    parser.add_argument("--model", required=True, help="local Hugging Face model directory")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
-    parser.add_argument("--config", default=None, help="EvalConfig YAML (options below override it)")
-    parser.add_argument("--benchmarks", default=None,
-                        help="comma-separated: aime24,aime25,amc23,math500,minerva_math,olympiadbench (or all; "
-                             "default all)")
-    parser.add_argument("--n", type=int, default=None,
-                        help="samples per problem for every benchmark (default: 32 for AIME24/25, AMC23; 4 else)")
-    parser.add_argument("--temperature", type=float, default=None, help=f"default {d['temperature']}")
-    parser.add_argument("--top-p", type=float, default=None, help=f"default {d['top_p']}")
-    parser.add_argument("--top-k", type=int, default=None, help=f"default {d['top_k']} (off)")
-    parser.add_argument("--max-tokens", type=int, default=None, help=f"max new tokens (default {d['max_tokens']})")
-    parser.add_argument("--max-prompt-length", type=int, default=None, help=f"default {d['max_prompt_length']}")
-    parser.add_argument("--seed", type=int, default=None, help=f"default {d['seed']}")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
-    parser.add_argument("--data-dir", default=None,
-                        help="benchmark directory (default: $STARE_LAB_BENCHMARK_DIR or ../shared/data/benchmarks)")
-    parser.add_argument("--file", action="append", default=[], metavar="NAME=SOURCE",
-                        help="read benchmark NAME from SOURCE (JSONL, Parquet or hf:DATASET:SPLIT); repeatable")
-    parser.add_argument("--problem-key", default=None, help="record field of the problem (default problem)")
-    parser.add_argument("--answer-key", default=None, help="record field of the gold answer (default answer)")
-    parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="rollout engine (default vllm)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                        help="engine dtype (default: bfloat16 on GPU, float32 on CPU)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM tensor parallelism")
-    parser.add_argument("--timeout-s", type=float, default=None, help=f"grading limit per item (default "
-                                                                        f"{d['timeout_s']} s)")
-    parser.add_argument("--no-chat-template", action="store_true", help="plain prompts even if a template exists")
-    parser.add_argument("--out", default="runs/eval", help="output directory (eval.json, samples.jsonl)")
-
-
-def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """The :class:`EvalConfig` of a parsed command line (defaults < ``--config`` < explicit options).
-
-    Raises:
-        ConfigError: a bad config file or option value (naming the key).
-    """
-    data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
-    for opt, field in _CLI_FIELDS.items():
-        value = getattr(args, opt, None)
-        if value is not None:
-            data[field] = value
-    if getattr(args, "benchmarks", None):
-        data["benchmarks"] = resolve_benchmarks(args.benchmarks)
-    for item in getattr(args, "file", None) or []:
-        name, sep, source = item.partition("=")
-        if not sep or not source:
-            raise ConfigError(f"--file {item!r} must look like NAME=SOURCE (e.g. aime24=data/aime24.parquet)")
-        data.setdefault("files", {})[resolve_benchmarks(name)[0]] = source
-    if getattr(args, "no_chat_template", False):
-        data["use_chat_template"] = False
-    return from_dict(EvalConfig, to_dict(data), prefix="eval")
-
-
-def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
-    import torch
-
-    from .preflight import model_max_positions
-    from .rollout import HFEngine, VLLMEngine
-
-    if not Path(args.model).is_dir():
-        raise ConfigError(f"--model {args.model!r} is not a directory")
-    model_max = model_max_positions(args.model, option="--model")
-    tok = args.tokenizer or args.model
-    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
-    if args.engine == "hf":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        engine = HFEngine(args.model, tok, device=device, dtype=dtype)
-    else:
-        max_len = cfg.max_prompt_length + cfg.max_tokens
-        if model_max is not None and max_len > model_max:
-            raise ConfigError(
-                f"--max-prompt-length {cfg.max_prompt_length} + --max-tokens {cfg.max_tokens} = {max_len} exceeds the "
-                f"model's max_position_embeddings={model_max}; lower one of them"
-            )
-        engine = VLLMEngine(args.model, tok, dtype=dtype, seed=cfg.seed, tensor_parallel_size=args.tensor_parallel_size,
-                            max_model_len=max_len)
-    return engine, engine.tokenizer
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run ``stare-lab evaluate``; prints one line per benchmark and the average. Returns 0.
-
-    Raises:
-        ConfigError: bad options (naming the option and the allowed values), ``--model`` not a Hugging Face model
-            directory (no ``config.json``), lengths beyond the model's positions.
-        DataError: missing benchmark data.
-        RunError: ``--out`` exists as a file or cannot be created (checked before the model is loaded).
-    """
-    from .preflight import check_out_dir, make_out_dir
-
-    cfg = config_from_args(args)
-    check_out_dir(args.out, option="--out")  # a bad --out fails now, not after all the generation
-    problems = {b: load_problems(cfg, b) for b in cfg.benchmarks}  # fail on bad data before loading the model
-    created = not Path(args.out).exists()
-    make_out_dir(args.out, option="--out")  # before the model loads; removed again if the engine cannot be built
-    try:
-        engine, tokenizer = _make_engine(args, cfg)
-    except BaseException:
-        if created:
-            Path(args.out).rmdir()
-        raise
-    result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model), problems=problems)
-    for name, m in result["benchmarks"].items():
-        k = m["k"]
-        print(f"{name:14s} avg@{k} {100 * m['avg@k']:5.1f}  pass@{k} {100 * m['pass@k']:5.1f}  "
-              f"maj@{k} {100 * m['maj@k']:5.1f}  tokens {m['mean_response_tokens']:7.1f}  "
-              f"no-boxed {100 * m['frac_no_boxed']:5.1f}%  ({m['n_problems']} problems)")
-    if result["average"] is not None:
-        print(f"{'average':14s} {100 * result['average']:5.1f}")
-    print(f"wrote {Path(args.out) / 'eval.json'} and {Path(args.out) / 'samples.jsonl'}")
-    return 0

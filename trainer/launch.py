@@ -53,7 +53,7 @@ class DistInfo:
 
 
 def cpu_env_defaults() -> None:
-    """Set (``setdefault``) the environment the CPU path needs (shared/environment.md): one OpenMP thread,
+    """Set (``setdefault``) the environment the CPU path needs (the Makefile exports the same): one OpenMP thread,
     DeepSpeed's CPU accelerator, in-process vLLM with a 1 GiB KV cache, a fixed op-build cache, offline hub."""
     import torch
 

@@ -1,4 +1,4 @@
-"""The training loop (design.md §3): one SPMD program, the same at every scale.
+"""The training loop (docs/design.md §3): one SPMD program, the same at every scale.
 
 Per step: (1) take prompts from the deterministic cursor → (2) generate ``rollout.n`` responses per prompt →
 (3) rewards (``trainer.rewards``; math-verify on the last ``\\boxed{}``, in the main thread) → (4) dynamic sampling
@@ -69,7 +69,7 @@ def _fault(step: int, phase: str) -> None:
 
 
 class _Trainer:
-    """Holds the step's collaborators; :meth:`step` is design.md §3 steps 1–9."""
+    """Holds the step's collaborators; :meth:`step` is docs/design.md §3 steps 1–9."""
 
     def __init__(self, cfg: TrainerConfig, resume_from: Path | None = None) -> None:
         from transformers import AutoTokenizer
@@ -332,7 +332,8 @@ class _Trainer:
     def evaluate(self, step: int, out: Path, ecfg: Any) -> dict[str, float]:
         """Periodic evaluation with the (just synced) rollout engine: ``trainer.evaluate.evaluate_engine`` with
         ``ecfg`` (:func:`trainer.preflight.load_eval_config`); returns the ``eval/...`` metrics. Every rank runs it
-        (TP groups need all their ranks in ``generate``); rank 0 writes ``OUT/eval/step_<N>/``."""
+        (TP groups need all their ranks in ``generate``): each data-parallel group evaluates its share of the
+        problems, rank 0 gathers them and writes ``OUT/eval/step_<N>/``; every rank gets the same metrics."""
         from .evaluate import evaluate_engine, flat_metrics
 
         _fault(step, "eval")
@@ -341,7 +342,7 @@ class _Trainer:
         t0 = time.perf_counter()
         res = evaluate_engine(self.engine, self.tokenizer, ecfg,
                               out_dir=out / "eval" / f"step_{step}" if self.dist.is_main else None,
-                              model_name=self.cfg.model.path)
+                              model_name=self.cfg.model.path, dist=self.dist)
         return {**flat_metrics(res), "time/eval_s": time.perf_counter() - t0}
 
     def state(self, step: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ Micro-batches are padded blocks of whole sequences packed greedily by a token bu
 every forward, all ranks run the same number of forwards/backwards per phase: a rank with fewer micro-batches runs
 dummy ones whose loss is ``0 · Σ logits`` (zero gradient, every parameter touched so the gradient hooks match).
 
-Loss normalisation (science.md §3): each micro-batch loss is ``compute_policy_loss(...)`` with
+Loss normalisation (docs/theory.md §3): each micro-batch loss is ``compute_policy_loss(...)`` with
 ``global_num_tokens``/``global_num_sequences`` counted over the whole optimizer step (all micro-batches, all
 ranks), so summing the micro-batch gradients gives the gradient of the full-batch loss; DeepSpeed then *averages*
 gradients over the data-parallel ranks, which we undo by multiplying each loss by the world size. The update is

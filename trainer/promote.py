@@ -15,7 +15,7 @@ LLM). It comes from the base config (default), ``--target-entropy X``, or ``--ta
 entropy measured by a probe (``--probe``: a trainer run directory — its first metrics row — or a JSON file with
 ``initial_entropy`` or ``entropy``). The output says which.
 
-Model-size guidance (STARE paper, science.md §4): 14B/32B models use a milder push (W 1.05, M 0.95 instead of
+Model-size guidance (STARE paper, docs/theory.md §4): 14B/32B models use a milder push (W 1.05, M 0.95 instead of
 1.1 / 0.9). When the base config's model path names a size ≥ 14B and the user did not override ``reweight_w`` /
 ``reweight_m``, the promoted push |W − 1| and |1 − M| is halved (1.1 → 1.05, 0.9 → 0.95) and a notice is printed.
 

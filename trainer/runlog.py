@@ -67,14 +67,19 @@ def read_rows(out: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def summary_from_rows(rows: list[dict[str, Any]], total_steps: int, resumed_from: int) -> dict[str, Any]:
+def summary_from_rows(rows: list[dict[str, Any]], total_steps: int, resumed_from: int,
+                      config: dict[str, Any] | None = None) -> dict[str, Any]:
     """``summary.json`` of a trainer run from ALL its metrics rows (so a resumed or re-run command never drops
-    facts): ``steps``, ``resumed_from`` (the step the last invocation started from), ``final_reward`` /
-    ``final_entropy`` / ``final_accuracy`` (the last non-null value of each; null if none)."""
-    summary: dict[str, Any] = {"steps": total_steps, "resumed_from": resumed_from}
-    for k in ("reward", "entropy", "accuracy"):
-        vals = [r[k] for r in rows if r.get(k) is not None]
-        summary[f"final_{k}"] = vals[-1] if vals else None
+    facts): the core's run summary (:func:`stare_lab.summary.run_summary`, the same keys and definitions as every
+    other source; settings from ``config``, the resolved run config, via :func:`stare_lab.summary.summary_settings`:
+    without it there is no target entropy and the band statistics are null) plus ``resumed_from`` (the step the
+    last invocation started from). ``steps`` counts the rows; a count other than ``total_steps`` is logged."""
+    from stare_lab.summary import run_summary, summary_settings
+
+    summary = run_summary(rows, **summary_settings(config))
+    if summary["steps"] != total_steps:
+        logger.warning("metrics.jsonl holds %d rows for %d steps", summary["steps"], total_steps)
+    summary["resumed_from"] = resumed_from
     return summary
 
 

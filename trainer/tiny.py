@@ -1,7 +1,8 @@
 """A tiny random-init Qwen2-style model and byte-level BPE tokenizer, built locally (never downloaded).
 
 Used by the ``tiny-cpu`` preset, the CI tests and the benchmark. vLLM's CPU attention needs a head_dim in
-{32, 64, 80, …} (16 is rejected), hence ``hidden_size=64`` with 2 heads of 32 (shared/environment.md §3).
+{32, 64, 80, …} (16 is rejected: "Unsupported CPU attention configuration"), hence ``hidden_size=64`` with 2 heads
+of 32.
 """
 
 from __future__ import annotations

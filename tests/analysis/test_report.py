@@ -239,7 +239,7 @@ def test_same_runs_same_report(tmp_path, fmt):
         out = tmp_path / f"out{i}"
         assert main(["analyze", str(sw), "--out", str(out), "--format", fmt]) == 0
         outs.append({p.name: p.read_bytes() for p in out.iterdir()})
-    assert outs[0].keys() == {"dynamics." + fmt, "report.md", "report.html"}
+    assert outs[0].keys() == {"dynamics." + fmt, "report.md", "report.html", "report.json"}
     assert outs[0] == outs[1]
 
 

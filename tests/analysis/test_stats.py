@@ -135,8 +135,10 @@ def test_steps_to_threshold_and_band():
     # 10% of 0.6 = 0.06: first value strictly below is 0.05 at step 40 (NaN at 20 ignored)
     assert stats.steps_to_threshold(steps, h, 0.1 * 0.6) == 40
     assert stats.steps_to_threshold(steps, h, 0.04) is None  # 0.04 is not < 0.04
-    # band 0.3 ± 0.05: values 0.26, 0.34 in; 0.25 (|d| = 0.05, not < 0.05), 0.4 out → 2 / 4 (NaN ignored)
+    # band 0.3 ± 0.05: values 0.26, 0.34 in; 0.249, 0.4 out → 2 / 4 (NaN ignored)
     assert stats.fraction_in_band(np.array([0.26, 0.34, 0.249, 0.4, np.nan]), 0.3, 0.05) == 0.5
+    # the band is closed (stare_lab.summary): 0.75 and 0.25 lie exactly 0.25 from 0.5 (exact in binary) → in
+    assert stats.fraction_in_band(np.array([0.75, 0.25, 0.76]), 0.5, 0.25) == pytest.approx(2 / 3)
     assert stats.fraction_in_band(np.array([0.3]), None) is None
     assert stats.fraction_in_band(np.array([np.nan]), 0.3) is None
     assert stats.first_finite(np.array([np.nan, 2.0, 3.0])) == 2.0

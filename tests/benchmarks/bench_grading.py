@@ -3,7 +3,7 @@
 Run: ``python tests/benchmarks/bench_grading.py [--data-dir DIR] [--repeats 1]``. Prints PASS/FAIL.
 
 Responses: ~300 words of reasoning ending in ``\\boxed{answer}`` for every record of the six benchmarks
-(shared/data/benchmarks): one boxing the gold answer re-written (numbers in canonical form, so the string fast
+(trainer/assets/benchmarks): one boxing the gold answer re-written (numbers in canonical form, so the string fast
 path does not apply: ``025`` → ``25``) and one boxing a wrong answer (numbers: gold + 1; other answers: first digit
 bumped), i.e. half right, half wrong — the mix an RL batch sees. Reported: responses/s overall (the PASS/FAIL
 number), per benchmark, and for numeric vs symbolic (math-verify) answers; p50/p99 per-response latency — twice:
@@ -60,8 +60,7 @@ def build_items(data_dir, rng):
             gold = normalize_gold(p.answer, bench)
             num = parse_number(gold)
             if num is not None:
-                step = max(1, abs(num[0]) / 10) if bench == "minerva_math" else 1
-                right, wrong = fmt(num[0]), fmt(num[0] + step)
+                right, wrong = fmt(num[0]), fmt(num[0] + 1)  # numbers are exact (math-verify's rules) everywhere
             else:
                 m = re.search(r"\d", gold)
                 right = gold

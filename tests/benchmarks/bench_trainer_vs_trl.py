@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"  # the shared data folder beside the repo
+GSM8K = REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"  # bundled GSM8K sample (trainer/assets/README.md)
 PROMPTS, N, MAX_NEW = 8, 4, 32
 
 

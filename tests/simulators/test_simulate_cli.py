@@ -318,7 +318,7 @@ def test_note_when_stare_barely_differs_from_grpo():
 
     note = stare_note(summary({"grpo": 0.08, "o1": 0.09, "c2": 0.5}))
     assert note.startswith("note: at these settings O1 barely differs from GRPO") and "W=1.1, M=0.9" in note
-    assert "within 0.096 nats" in note and "science.md §6" in note and "or o1-adaptive" in note
+    assert "within 0.096 nats" in note and "docs/theory.md §6" in note and "or o1-adaptive" in note
     assert "C2" not in note
     both = stare_note(summary({"grpo": 0.08, "o1": 0.09, "c2": 0.1}))
     assert "O1/C2 barely differ" in both
@@ -341,7 +341,7 @@ def test_note_is_printed_after_the_table(tmp_path, capsys):
     out = tmp_path / "n"
     assert simulate("--seeds", "1", "--steps", "40", "--out", str(out), "--no-plots", *SMALL) == 0
     text = capsys.readouterr().out
-    assert "note: at these settings" in text and "science.md §6" in text
+    assert "note: at these settings" in text and "docs/theory.md §6" in text
 
 
 def test_explicit_target_entropy_replaces_the_presets_fraction(tmp_path):

@@ -108,7 +108,7 @@ def test_top_mass_fraction_by_hand():
 
 
 def test_sampled_grpo_update_is_the_group_formula():
-    """One sampled GRPO step: at every state Δz = (lr/G) Σ_i Â_i (e_{a_i} − π) (science.md §2 with the documented
+    """One sampled GRPO step: at every state Δz = (lr/G) Σ_i Â_i (e_{a_i} − π) (docs/theory.md §2 with the documented
     lr scaling), rebuilt by hand from the same rollouts and the grpo advantage convention (unbiased std, ε=1e-6)."""
     cfg = tiny(lr=0.7)
     st = init_state(cfg)
@@ -139,7 +139,7 @@ def test_sampled_grpo_update_is_the_group_formula():
 
 
 def test_expected_grpo_is_the_covariance_law():
-    """Expected-mode GRPO: the first-order ΔH of its update equals −lr·Cov_π(log π, π A) per state (science.md §2,
+    """Expected-mode GRPO: the first-order ΔH of its update equals −lr·Cov_π(log π, π A) per state (docs/theory.md §2,
     Cui et al. PG law), with A_k = (P(r=1|k) − p̄)/(σ + ε) computed here by enumeration; and the measured ΔH of a
     tiny step agrees with it to first order (finite difference)."""
     cfg = tiny(mode="expected", lr=1e-4, num_prompts=3, seq_len=2, vocab_size=4, threshold=1)
@@ -170,7 +170,7 @@ def test_expected_grpo_is_the_covariance_law():
 
 
 def test_expected_random_reward_grpo_does_not_move():
-    """Random rewards: B ≡ 0, the mean-field GRPO update is exactly zero (near-criticality, science.md §2)."""
+    """Random rewards: B ≡ 0, the mean-field GRPO update is exactly zero (near-criticality, docs/theory.md §2)."""
     cfg = tiny(mode="expected", reward="random")
     delta, row = expected_step(cfg, init_state(cfg))
     assert float(delta.abs().max()) == 0.0 and row["pred_entropy_change"] == 0.0
@@ -254,7 +254,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path):
 @pytest.mark.parametrize("mode", ["sampled", "expected"])
 def test_gate_off_is_grpo_bit_for_bit(tmp_path, mode):
     """Target 0 nats (given directly: target_entropy_frac must be > 0) is below every entropy → the gate never opens → o1 and c2 reproduce grpo exactly (same seed):
-    same logits at the end and the same trajectory columns (science.md §6)."""
+    same logits at the end and the same trajectory columns (docs/theory.md §6)."""
     keys = ("entropy", "reward", "entropy_change", "pred_entropy_change", "pred/phi_tokens", "accuracy")
     out = {}
     for method in ("grpo", "o1", "c2"):
@@ -272,7 +272,7 @@ def test_gate_off_is_grpo_bit_for_bit(tmp_path, mode):
 
 def test_c2_pushes_harder_than_o1_expected_mode(tmp_path):
     """Random rewards, gate forced on, |W−1| = |1−M| = 0.3: the mean-field update of C2 raises the entropy more than
-    O1's (C2 also softens the entropy-lowering Â<0 high-surprisal tokens, science.md §2 quadrants); GRPO is 0."""
+    O1's (C2 also softens the entropy-lowering Â<0 high-surprisal tokens, docs/theory.md §2 quadrants); GRPO is 0."""
     h = {}
     for method in ("o1", "c2"):
         cfg = tiny(

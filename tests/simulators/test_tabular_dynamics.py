@@ -1,5 +1,5 @@
 """Tabular simulator: the dynamics the issue asks to show (collapse, first-order agreement, mean field vs sampled,
-control by a strong enough push). Expected numbers come from the theory of science.md §2/§6 and the issue's
+control by a strong enough push). Expected numbers come from the theory of docs/theory.md §2/§6 and the issue's
 thresholds; none are tuned into the presets for a method to pass (the presets only fix the task and step size).
 """
 
@@ -32,7 +32,7 @@ def entropies(run_dir):
 @pytest.mark.parametrize("preset", ["collapse", "random-reward"])
 def test_grpo_collapses(tmp_path, preset):
     """Issue: under grpo, mean entropy (over seeds 0–2) ends below 10 % of its start — with a verifiable reward and
-    with rewards independent of the tokens (noise-driven collapse, science.md §2 near-criticality)."""
+    with rewards independent of the tokens (noise-driven collapse, docs/theory.md §2 near-criticality)."""
     start, end = [], []
     for seed in range(3):
         s = run(preset_config(preset, method="grpo", seed=seed), tmp_path / f"s{seed}")
@@ -86,7 +86,7 @@ def entropies_of_run(run_dir, data):
 
 @pytest.mark.slow
 def test_strong_gated_push_holds_the_target_in_random_reward(tmp_path):
-    """Control (science.md §6): in `random-reward`, gated C2 with W = 1.5, M = 0.5 (a push much stronger than the
+    """Control (docs/theory.md §6): in `random-reward`, gated C2 with W = 1.5, M = 0.5 (a push much stronger than the
     paper's 1.1 / 0.9) holds mean |H − H_tgt| < 0.05 nats over the second half of the run, for each of seeds 0–2,
     while GRPO (same seeds) ends far below the target."""
     for seed in range(3):

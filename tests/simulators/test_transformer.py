@@ -184,7 +184,7 @@ def test_run_is_deterministic_and_warm_start_cache_is_transparent(tmp_path):
 
 
 def test_gate_off_stare_equals_grpo_bit_for_bit(tmp_path):
-    """science.md §6: with the gate off every step (H_tgt = 0 < H̄), STARE's trajectory equals GRPO's."""
+    """docs/theory.md §6: with the gate off every step (H_tgt = 0 < H̄), STARE's trajectory equals GRPO's."""
     T.run(_cfg(tmp_path, method="grpo"), tmp_path / "g")
     T.run(_cfg(tmp_path, "loss.stare.target_entropy=0.0", method="c2"), tmp_path / "s")
     keys = ("entropy", "entropy_change", "pred_entropy_change", "reward", "eval/accuracy")

@@ -1,4 +1,4 @@
-"""Tests of stare_lab.advantages against hand-computed group statistics (science.md §3)."""
+"""Tests of stare_lab.advantages against hand-computed group statistics (docs/theory.md §3)."""
 
 from __future__ import annotations
 

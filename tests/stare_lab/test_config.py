@@ -19,7 +19,7 @@ from stare_lab.errors import ConfigError, StareLabError
 
 
 def test_defaults_match_paper():
-    """Defaults are the paper's 7B settings (science.md §4) and DAPO clip-higher (science.md §3)."""
+    """Defaults are the paper's 7B settings (docs/theory.md §4) and DAPO clip-higher (docs/theory.md §3)."""
     s = STAREConfig()
     assert (s.variant, s.top_p_ratio, s.reweight_w, s.reweight_m, s.target_entropy) == ("O1", 0.1, 1.1, 0.9, 0.3)
     assert (s.adaptive, s.alpha, s.w_max, s.m_min, s.scope) == (False, 0.01, 1.5, 0.5, "global")

@@ -1,4 +1,4 @@
-"""Tests of stare_lab.entropy: closed forms, finite differences and the identities of science.md §2.
+"""Tests of stare_lab.entropy: closed forms, finite differences and the identities of docs/theory.md §2.
 
 Reference values come from (a) closed forms (uniform → ln V, two-token softmax → binary entropy / log-sigmoid,
 Lambert-W for the critical surprisal), (b) an independent float64 entropy written directly in this file
@@ -202,7 +202,7 @@ def test_default_chunk_rows():
 
 
 def test_phi_matches_finite_differences():
-    """ΔH of the step Δu = h(e_a − π) on u = z/τ, divided by h, → Φ(a) with error ∝ h (science.md §2)."""
+    """ΔH of the step Δu = h(e_a − π) on u = z/τ, divided by h, → Φ(a) with error ∝ h (docs/theory.md §2)."""
     z = _logits(6, 12)
     tok = torch.randint(0, 12, (6,), generator=torch.Generator().manual_seed(3))
     for tau in (1.0, 0.6):
@@ -221,7 +221,7 @@ def test_phi_matches_finite_differences():
 
 
 def test_phi_has_zero_mean_under_pi():
-    """E_{a∼π}[Φ(a)] = 0 identically (science.md §2): Σ_a π_a Φ(a) over every token a of the vocabulary."""
+    """E_{a∼π}[Φ(a)] = 0 identically (docs/theory.md §2): Σ_a π_a Φ(a) over every token a of the vocabulary."""
     z = _logits(5, 20, scale=3.0)
     vocab = 20
     all_tok = torch.arange(vocab).expand(5, vocab)
@@ -296,7 +296,7 @@ def test_pred_expected_pg_and_npg():
 
 def test_pred_grpo_group():
     """GRPO group update Δu = (η/G) Σ Â_i (e_{a_i} − π): finite differences for general Â; for Σ Â = 0 it equals
-    science.md's (η/G) Σ Â_i π_{a_i}(s_{a_i} − H), evaluated by hand below."""
+    docs/theory.md's (η/G) Σ Â_i π_{a_i}(s_{a_i} − H), evaluated by hand below."""
     vocab, group = 11, 6
     z = _logits(vocab, seed=6)
     tok = torch.tensor([0, 3, 3, 7, 10, 1])
@@ -317,7 +317,7 @@ def test_pred_grpo_group():
 
 
 def test_pred_param_update_tiny_mlp():
-    """∇θH·Δθ for a tiny softmax MLP vs (H(θ + hΔθ) − H(θ))/h, error ∝ h (science.md §2, any model)."""
+    """∇θH·Δθ for a tiny softmax MLP vs (H(θ + hΔθ) − H(θ))/h, error ∝ h (docs/theory.md §2, any model)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6)).double()
     x = _logits(5, 4, scale=1.0, seed=7)

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of the invariances the core promises (design.md §5, science.md §3–4):
+"""Property tests (hypothesis) of the invariances the core promises (docs/design.md §5, docs/theory.md §3–4):
 
 * micro-batch split with global normalisers: loss and gradient unchanged (1e-6), for every aggregation mode;
 * STARE scope ``global``: weights computed once over the batch give the same loss however it is split;
@@ -34,7 +34,7 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=N
 
 
 def reference_selection(logprobs: torch.Tensor, candidates: torch.Tensor, p: float) -> torch.Tensor:
-    """Sort-based reference of science.md §4: candidates sorted by (surprisal desc, flat position asc), first k,
+    """Sort-based reference of docs/theory.md §4: candidates sorted by (surprisal desc, flat position asc), first k,
     k = max(1, ⌈P·n⌉) with exact decimal P (0 if n = 0 or P = 0). −0.0 and +0.0 are the same surprisal."""
     lp = [abs(x) for x in logprobs.flatten().tolist()]  # s = −log π = |log π| for log π ≤ 0
     cand = candidates.flatten().tolist()

@@ -1,6 +1,6 @@
 """Tests of stare_lab.losses on small hand-computed cases.
 
-Every expected number is worked out in the comment next to it from the formulas of science.md §3–4 (clipped
+Every expected number is worked out in the comment next to it from the formulas of docs/theory.md §3–4 (clipped
 surrogate, dual clip, aggregation modes, KL estimators, Cov of Cui et al.), or checked by finite differences.
 """
 

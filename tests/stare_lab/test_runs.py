@@ -1,4 +1,4 @@
-"""Run directory format (design.md §4): config.yaml, append-only flushed metrics.jsonl, summary.json."""
+"""Run directory format (docs/design.md §4): config.yaml, append-only flushed metrics.jsonl, summary.json."""
 
 from __future__ import annotations
 

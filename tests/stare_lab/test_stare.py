@@ -1,4 +1,4 @@
-"""Tests of stare_lab.stare: the L± selection (science.md §4), the token weights and the controller.
+"""Tests of stare_lab.stare: the L± selection (docs/theory.md §4), the token weights and the controller.
 
 Expected selections are worked out by hand in the comments, or come from an independent sort-based reference
 (`reference_selection`: a plain Python sort by (surprisal descending, flat position ascending), k computed with

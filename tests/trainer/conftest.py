@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "train.jsonl"
-if not GSM8K.is_file():  # the repo may sit elsewhere; /work/shared is the documented location
-    GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+from trainer.benchmarks import GSM8K_TRAIN_SAMPLE as GSM8K  # bundled with the package (trainer/assets/)
 
 
 def _require(*modules: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stare_lab.errors import ConfigError, DataError
-from trainer.benchmarks import Problem, default_data_dir, load_benchmark, resolve_benchmarks
+from trainer.benchmarks import BUNDLED_DIR, Problem, load_benchmark, resolve_benchmarks
 from trainer.evaluate import (
     EvalConfig,
     avg_at_k,
@@ -28,7 +28,7 @@ from trainer.evaluate import (
     pass_at_k,
 )
 
-DATA_DIR = default_data_dir()
+DATA_DIR = BUNDLED_DIR  # the benchmark copies bundled with the package
 
 # ---------------------------------------------------------------------------------------------------------------
 # pass@k / avg@k / maj@k
@@ -157,7 +157,6 @@ def test_load_benchmark_errors(tmp_path):
         load_benchmark("aime24", path=str(empty))
 
 
-@pytest.mark.skipif(DATA_DIR is None and os.environ.get("CI") != "true", reason="benchmark data not found")
 def test_load_benchmark_subset():
     probs = load_benchmark("aime24", DATA_DIR, limit=10)
     assert len(probs) == 10
@@ -277,7 +276,6 @@ def _check_outputs(out: Path, n_problems: int, k: int) -> dict:
     return res
 
 
-@pytest.mark.skipif(DATA_DIR is None and os.environ.get("CI") != "true", reason="benchmark data not found")
 def test_cli_end_to_end_hf_engine(require, tiny_model, tmp_path):
     require("transformers", "math_verify")
     from stare_lab.cli import main
@@ -293,7 +291,6 @@ def test_cli_end_to_end_hf_engine(require, tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(DATA_DIR is None and os.environ.get("CI") != "true", reason="benchmark data not found")
 def test_cli_end_to_end_vllm_engine(require, tiny_model, tmp_path):
     require("vllm", "transformers", "math_verify")
     env = dict(os.environ)
@@ -323,7 +320,7 @@ def test_config_from_args_precedence(tmp_path):
     """EvalConfig defaults < --config YAML < explicit options."""
     import argparse
 
-    from trainer.evaluate import add_arguments, config_from_args
+    from trainer.evaluate_cli import add_arguments, config_from_args
 
     yml = tmp_path / "e.yaml"
     yml.write_text("benchmarks: [aime24, amc23]\nn: 16\ntop_p: 0.8\nmax_tokens: 100\n")
@@ -347,7 +344,8 @@ def test_parquet_source_with_other_field_names(require, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainer.evaluate import add_arguments, config_from_args, load_problems
+    from trainer.evaluate import load_problems
+    from trainer.evaluate_cli import add_arguments, config_from_args
 
     path = tmp_path / "aime.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c"], "Problem": ["1+1?", "2+2?", "3+3?"], "Answer": ["2", "4", "6"]}),

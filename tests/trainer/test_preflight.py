@@ -19,9 +19,7 @@ from trainer.config import load_trainer_config
 from trainer.data import load_records
 from trainer.runlog import RunLogger, export_final_model, read_rows, summary_from_rows
 
-GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "train.jsonl"
-if not GSM8K.is_file():  # as in conftest.py: /work/shared is the documented location
-    GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+from trainer.benchmarks import GSM8K_TRAIN_SAMPLE as GSM8K  # bundled with the package (trainer/assets/)
 
 
 def _data(tmp_path: Path, lines: list[str]) -> Path:
@@ -178,10 +176,16 @@ ROW = dict(entropy=1.0, reward=0.5, gate_on=1, stare_w=1.1, stare_m=0.9, pred_en
 
 
 def test_summary_is_recomputed_from_all_rows():
-    """Review item 8: the summary of a re-run / resumed command keeps the final values (last non-null of each)."""
+    """Review item 8: the summary of a re-run / resumed command is computed from all rows, with the core's
+    definitions (stare_lab.summary): final entropy = the last finite one (no measured change here); final reward /
+    accuracy = mean over the last max(1, ⌊0.1·2⌋) = 1 row; gate on in 1 of 1 finite rows; the target from the
+    config: |1.0 − 0.98| ≤ 0.05 → in band."""
     rows = [dict(ROW, step=1, accuracy=0.25), dict(ROW, step=2, entropy=None, reward=0.75, accuracy=0.5)]
-    assert summary_from_rows(rows, 2, 2) == {"steps": 2, "resumed_from": 2, "final_reward": 0.75,
-                                             "final_entropy": 1.0, "final_accuracy": 0.5}
+    s = summary_from_rows(rows, 2, 2, config={"loss": {"stare": {"target_entropy": 0.98}}})
+    assert {k: s[k] for k in ("steps", "resumed_from", "final_reward", "final_entropy", "final_accuracy",
+                              "initial_entropy", "gate_on_frac", "time_in_band", "pred_r2")} == {
+        "steps": 2, "resumed_from": 2, "final_reward": 0.75, "final_entropy": 1.0, "final_accuracy": 0.5,
+        "initial_entropy": 1.0, "gate_on_frac": 1.0, "time_in_band": 1.0, "pred_r2": None}
     assert summary_from_rows([], 3, 3)["final_reward"] is None
 
 

@@ -15,22 +15,19 @@ from pathlib import Path
 
 import pytest
 
+from trainer.benchmarks import GSM8K_TRAIN_SAMPLE
+
 pytestmark = [pytest.mark.slow, pytest.mark.trainer]
 REPO = Path(__file__).resolve().parents[2]
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
-if not GSM8K.is_file():
-    GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+GSM8K = GSM8K_TRAIN_SAMPLE  # bundled with the package (trainer/assets/)
 
 
 def _env() -> dict:
-    from trainer.benchmarks import default_data_dir
-
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    if default_data_dir() is not None:
-        env.setdefault("STARE_LAB_BENCHMARK_DIR", str(default_data_dir()))
+    env.pop("STARE_LAB_BENCHMARK_DIR", None)  # the evaluation reads the bundled benchmarks
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "STARE_LAB_FAULT"):
         env.pop(k, None)
     return env

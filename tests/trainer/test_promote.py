@@ -2,7 +2,7 @@
 
 Expected values come from the synthetic source runs written here (their loss.stare settings) and from the base
 config (target entropy); the size guidance halves the push |W-1|, |1-M| as the paper does for 14B/32B
-(1.1 → 1.05, 0.9 → 0.95; science.md §4).
+(1.1 → 1.05, 0.9 → 0.95; docs/theory.md §4).
 """
 
 from __future__ import annotations

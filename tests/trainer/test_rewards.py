@@ -75,12 +75,12 @@ def test_extract_boxed_non_string():
         ("1,000,000", Fraction(10**6), "int"),  # thousands separators
         ("10,\\!080", Fraction(10080), "int"),  # MATH-500 style separator
         (".0000672", Fraction(672, 10**7), "decimal"),
-        ("4.5e33", Fraction(45 * 10**32), "other"),  # Minerva scientific notation
-        ("4.5 \\times 10^{33}", Fraction(45 * 10**32), "other"),
-        ("10^{-5}", Fraction(1, 10**5), "other"),
-        ("\\frac{3}{4}", Fraction(3, 4), "other"),
-        ("\\dfrac34", Fraction(3, 4), "other"),
-        ("-1./3", Fraction(-1, 3), "other"),  # a Minerva gold
+        ("4.5e33", Fraction(45 * 10**32), "sci"),  # Minerva scientific notation
+        ("4.5 \\times 10^{33}", Fraction(45 * 10**32), "sci"),
+        ("10^{-5}", Fraction(1, 10**5), "sci"),
+        ("\\frac{3}{4}", Fraction(3, 4), "frac"),
+        ("\\dfrac34", Fraction(3, 4), "frac"),
+        ("-1./3", Fraction(-1, 3), "decimal"),  # a Minerva gold (a fraction with a decimal part)
         ("5 \\text{ cm}", Fraction(5), "int"),  # unit tail
         ("\\text{5 cm}", Fraction(5), "int"),  # text-wrapped answer
         ("55^\\circ", Fraction(55), "int"),
@@ -107,7 +107,7 @@ TRICKY = [
     ("\\boxed{\\frac{1}{2}}", "\\frac12", None, True),  # same fraction, different brace style
     ("\\boxed{\\dfrac{2}{4}}", "\\frac{1}{2}", "math500", True),  # equivalent fractions
     ("\\boxed{0.5}", "\\frac{1}{2}", "math500", True),  # decimal = fraction exactly
-    ("\\boxed{0.333333}", "\\frac{1}{3}", None, True),  # within 1e-5 relative of a fraction gold
+    ("\\boxed{0.333333}", "\\frac{1}{3}", None, True),  # equal at math-verify's 6 decimal places
     ("\\boxed{0.33}", "\\frac{1}{3}", None, False),  # 1% off
     ("first \\boxed{3} then \\boxed{4}", "4", None, True),  # several boxes: the last counts
     ("first \\boxed{3} then \\boxed{4}", "3", None, False),
@@ -117,13 +117,14 @@ TRICKY = [
     ("\\boxed{1,000,000}", "1000000", None, True),  # thousands separators
     ("\\boxed{1000001}", "1000000", None, False),  # huge-number near miss: integers compare exactly
     ("\\boxed{1000000.5}", "1000000", None, False),  # an integer gold is never matched within a float tolerance
-    ("\\boxed{123456.8}", "123456.7", None, False),  # nor is a decimal gold
+    ("\\boxed{123456.8}", "123456.7", None, False),  # decimals differ at 6 decimal places
     ("\\boxed{10^{6}}", "1000000", None, True),
     ("\\boxed{25}", "025", "aime24", True),  # AIME leading zeros
     ("\\boxed{24}", "025", "aime24", False),
     ("\\boxed{27}", "27.0", "amc23", True),  # AMC float gold
     ("\\boxed{4.5\\times 10^{33}}", "4.5e33", "minerva_math", True),  # scientific notation
-    ("\\boxed{4.52 \\times 10^{33} \\mathrm{~erg}}", "4.5e33", "minerva_math", True),  # 0.4% off: within 1%
+    ("\\boxed{4.50 \\times 10^{33} \\mathrm{~erg}}", "4.5e33", "minerva_math", True),  # same value, a unit
+    ("\\boxed{4.52 \\times 10^{33} \\mathrm{~erg}}", "4.5e33", "minerva_math", False),  # 0.4% off: wrong
     ("\\boxed{5.0\\times 10^{33}}", "4.5e33", "minerva_math", False),  # 11% off
     ("\\boxed{-1/3}", "-1./3", "minerva_math", True),
     ("\\boxed{\\frac{-1}{3}}", "-1./3", "minerva_math", True),  # sign inside the numerator
@@ -331,3 +332,93 @@ def test_units_exponents_and_numeric_golds(response, gold, benchmark, expected):
 )
 def test_complex_answers(response, gold, expected):
     assert grade(response, gold, "math500") is expected
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# protocol parity with the STARE reference's grader (math-verify at its defaults)
+# ---------------------------------------------------------------------------------------------------------------
+
+#: (gold, prediction) pairs whose expected grade is math-verify's own verdict, computed below with
+#: ``math_verify.verify(parse("\\boxed{gold}"), parse("\\boxed{pred}"))`` — the oracle is the library itself.
+PARITY_PAIRS = [
+    ("27", "27.0"), ("27.0", "27"), ("27", "27.0000004"), ("2.0000004", "2"), ("400000", "400000.0"),
+    ("400000", "400001"), ("400000", "400000.0000004"), ("1538", "1539"), ("100", "101"), ("1,000", "1000"),
+    ("025", "25"), ("0.25", "0.2500004"), ("0.25", "0.2500006"), ("\\frac{1}{3}", "0.333333"),
+    ("\\frac{1}{3}", "0.33333"), ("\\frac{2}{3}", "0.666667"), ("\\frac{2}{3}", "0.666666"),
+    ("0.0000001", "0.0000002"), ("1.5", "1.5000015"), ("1.5\\times10^{3}", "1500"),
+    ("1.5\\times10^{3}", "1500.0000004"), ("1.5\\times10^{-7}", "0.0000002"), ("10^{-5}", "0.00001"),
+    ("\\frac{1}{8}", "0.125"), ("-0.5", "-\\frac{1}{2}"), ("3", "\\frac{6}{2}"),
+    ("\\frac{\\sqrt{2}}{4}", "0.353553"), ("\\frac{\\sqrt{2}}{4}", "0.353554"), ("\\pi", "3.141593"),
+    ("\\pi", "3.1416"), ("\\sqrt{8}", "2\\sqrt{2}"), ("\\frac{1}{100!}", "\\frac{101}{101!}"),
+]
+
+
+@pytest.mark.parametrize("gold, pred", PARITY_PAIRS)
+def test_grades_agree_with_math_verify(gold, pred):
+    from math_verify import parse, verify
+
+    expected = bool(verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{pred}}}")))
+    assert grade(f"so \\boxed{{{pred}}}", gold) is expected
+
+
+@pytest.mark.parametrize("benchmark", [None, "aime24", "math500", "minerva_math", "olympiadbench", "gsm8k"])
+@pytest.mark.parametrize("pred, gold", [("400001", "400000"), ("1539", "1538"), ("101", "100"),
+                                        ("1,000,001", "1000000")])
+def test_integers_are_exact_on_every_benchmark(pred, gold, benchmark):
+    """Integers compare exactly everywhere (math-verify); Minerva no longer accepts 1 % (1539 for 1538)."""
+    assert grade(f"\\boxed{{{pred}}}", gold, benchmark) is False
+    assert grade(f"\\boxed{{{gold}}}", gold, benchmark) is True
+
+
+@pytest.mark.parametrize("pred, gold, expected", [
+    ("0.2500004", "0.25", True),  # 0.250000 = 0.250000 at 6 decimal places
+    ("0.2500006", "0.25", False),  # 0.250001 ≠ 0.250000
+    ("1.5000005", "1.5", True),  # a tie rounds to even: 1.500000
+    ("1.5000015", "1.5", False),  # 1.500002 ≠ 1.500000
+    ("0.333333", "\\frac{1}{3}", True),
+    ("0.3333", "\\frac{1}{3}", False),
+    ("1.4142136", "\\sqrt{2}", True),  # decimal vs an exact irrational: math-verify's rounding, through sympy
+])
+def test_decimals_compare_at_six_places(pred, gold, expected):
+    assert grade(f"\\boxed{{{pred}}}", gold, "minerva_math") is expected
+
+
+def test_numbers_equal_rules_by_hand():
+    """The rules of numbers_equal on exact values (expected by hand)."""
+    from trainer.rewards import numbers_equal
+
+    assert numbers_equal((Fraction(27), "decimal"), (Fraction(27), "int"))  # equal values
+    assert not numbers_equal((Fraction(270000001, 10**7), "decimal"), (Fraction(27), "int"))  # an integer: exact
+    assert numbers_equal((Fraction(1, 3), "frac"), (Fraction(333333, 10**6), "decimal"))  # 6 places
+    assert not numbers_equal((Fraction(1, 3), "frac"), (Fraction(3333333, 10**7), "frac"))  # fractions: exact
+    assert not numbers_equal((Fraction(45 * 10**32), "sci"), (Fraction(452 * 10**31), "sci"))  # sci: exact
+
+
+def test_relative_tolerance_is_an_explicit_option():
+    assert grade_response("\\boxed{1539}", "1538", "minerva_math").correct is False
+    assert grade_response("\\boxed{1539}", "1538", "minerva_math", rel_tol=1e-2).correct is True
+    assert grade_response("\\boxed{1560}", "1538", "minerva_math", rel_tol=1e-2).correct is False  # 1.4 % off
+    assert grade_response("\\boxed{4.52\\times10^{33}}", "4.5e33", rel_tol=1e-2).correct is True
+    assert grade_response("\\boxed{4.52\\times10^{33}}", "4.5e33").correct is False
+    for bad in (0, 1, -0.1, 2.0, True, "0.01"):
+        with pytest.raises(DataError, match="rel_tol"):
+            grade_response("\\boxed{1}", "1", rel_tol=bad)
+
+
+@pytest.mark.parametrize("pred, gold, expected", [
+    # two different exact answers, both below 1e-15 in size: math-verify's evalf(chop=True) calls them equal
+    ("\\frac{1}{100!}", "\\frac{1}{101!}", False),
+    ("\\frac{1}{101!}", "\\frac{1}{100!}", False),
+    ("\\frac{1}{1000!}", "\\frac{1}{999!}", False),
+    ("\\frac{1}{2^{2000}}", "\\frac{1}{2^{2001}}", False),
+    ("e^{-1000}", "e^{-1001}", False),
+    ("\\frac{1}{100!}", "1.0\\times10^{-158}", False),  # 1/100! = 9.33e-159
+    # ... while equal exact answers stay equal
+    ("\\frac{101}{101!}", "\\frac{1}{100!}", True),
+    ("\\frac{1}{e^{1000}}", "e^{-1000}", True),
+    ("\\frac{1}{2^{2000}}", "\\frac{1}{4^{1000}}", True),
+    ("\\frac{\\sqrt{3}}{2}", "\\cos(\\pi/6)", True),
+    ("\\sqrt{8}", "2\\sqrt{2}", True),
+])
+def test_exact_answers_never_compare_through_an_underflowing_float(pred, gold, expected):
+    assert grade(f"\\boxed{{{pred}}}", gold) is expected

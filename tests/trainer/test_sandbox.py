@@ -125,7 +125,7 @@ def test_cannot_read_host_files(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("top secret")
     repo_file = Path(__file__).resolve()
-    for path in (str(secret), str(repo_file), "/etc/passwd", "/root/.bashrc", "/work/shared/design.md"):
+    for path in (str(secret), str(repo_file), "/etc/passwd", "/root/.bashrc", str(Path.home() / ".bashrc")):
         r = run_python(f"print(open({path!r}).read())", timeout_s=OK_TIMEOUT)
         assert not r.ok and "FileNotFoundError" in r.error, (path, r)
         assert "top secret" not in r.stdout

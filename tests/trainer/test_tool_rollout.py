@@ -200,7 +200,7 @@ def test_two_turn_trajectory_positions_by_hand(tiny):
 def test_interpreter_tokens_never_selected_by_stare():
     """STARE selection on a hand-built two-turn trajectory: the interpreter tokens get the *highest* surprisal of
     the batch and a positive advantage, yet with ``response_mask`` = loss_mask they are never in L+ (nor L−).
-    Expected: L+ = the k = ⌈P·|T+|⌉ highest-surprisal *model* tokens (science.md §4), here hand-picked."""
+    Expected: L+ = the k = ⌈P·|T+|⌉ highest-surprisal *model* tokens (docs/theory.md §4), here hand-picked."""
     from stare_lab.stare import stare_token_weights  # here, so a missing core fails only this test
     from stare_lab.config import STAREConfig
 
@@ -468,7 +468,7 @@ def test_real_vllm_engine_multi_turn(tiny, tmp_path):
     ("grpo-ds", "grpo-ds", "grpo", None), ("stare-o1", "o1", "stare", "O1"), ("stare-c2", "c2", "stare", "C2")])
 def test_paper_tool_use_configs_load(name, method, loss_mode, variant):
     """papers/stare_2606.19236/configs/tool_use_qwen2.5-7b-retool_*.yaml load as a TrainerConfig *with* its ``tool`` section (a
-    ToolUseConfig, so the trainer wraps its engine for tool calls); method settings as in science.md §4 (P 0.1,
+    ToolUseConfig, so the trainer wraps its engine for tool calls); method settings as in docs/theory.md §4 (P 0.1,
     W 1.1, M 0.9, H_tgt 0.3, dynamic sampling, n 8) and the ReTool format (<code>…</code>, <interpreter>…)."""
     from pathlib import Path
 

@@ -282,7 +282,7 @@ def _expected_layout(tok, plan: str) -> tuple[list[int], list[int], int]:
 def test_tool_training_masks_interpreter_tokens(tool_run, tiny_model):
     """In the batch the loss saw: response = A ‖ interpreter turn ‖ B with response_mask 1 on A and B and 0 on the
     interpreter span; STARE (gate forced on) never weights an interpreter position, and its candidate counts are
-    the *model* tokens only (|T+| = 2·(|j0| + |j3|), |T−| = 2·(|j1| + |j2|), k = ⌈P·|T±|⌉, science.md §4); the
+    the *model* tokens only (|T+| = 2·(|j0| + |j3|), |T−| = 2·(|j1| + |j2|), k = ⌈P·|T±|⌉, docs/theory.md §4); the
     logged entropy is the token-mean over model tokens only; the trainer's log-probs at model positions equal the
     engine's (interleaved sequence aligned)."""
     from transformers import AutoTokenizer

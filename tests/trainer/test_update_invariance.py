@@ -1,4 +1,4 @@
-"""The update is invariant to the micro-batch size and to the number of ranks (science.md §3: normalisers are global
+"""The update is invariant to the micro-batch size and to the number of ranks (docs/theory.md §3: normalisers are global
 over the optimizer step; DeepSpeed's rank-averaging of gradients is undone in PolicyEngine.update).
 
 Reference: the same fixed batch of 8 sequences updated (a) in one process with one micro-batch per sequence, (b) in

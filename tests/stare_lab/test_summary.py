@@ -1,0 +1,86 @@
+"""stare_lab.summary: the one run-summary definition, on rows whose every statistic is worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stare_lab.errors import ConfigError
+from stare_lab.summary import (
+    SUMMARY_KEYS,
+    fit_prediction,
+    fraction_in_band,
+    run_summary,
+    summary_settings,
+    tail_mean,
+)
+
+
+def _rows():
+    """10 rows, steps 1..10. Entropies (nats): 1.0, 0.75, None, 0.5, 0.25, 0.125, 0.0625, 0.09375, 0.5, 0.5 with a
+    measured change only on the last row (−0.25). Rewards 0..9 (row i: i), accuracy 0.1·i, gate on (True) on the
+    last 5 rows, time/step_s 0.5 each, predictions p = 0.1·i with measured 2p + 0.01 on rows 0, 1, 2, 3."""
+    ents = [1.0, 0.75, None, 0.5, 0.25, 0.125, 0.0625, 0.09375, 0.5, 0.5]
+    rows = []
+    for i, h in enumerate(ents):
+        rows.append({"step": i + 1, "entropy": h, "reward": float(i), "accuracy": 0.1 * i, "gate_on": i >= 5,
+                     "time/step_s": 0.5, "pred_entropy_change": 0.1 * i if i < 4 else None,
+                     "entropy_change": (2 * 0.1 * i + 0.01) if i < 4 else (-0.25 if i == 9 else None)})
+    return rows
+
+
+def test_every_statistic_by_hand():
+    s = run_summary(_rows(), target_entropy=0.5, band=0.25, collapse_frac=0.1)
+    assert tuple(s) == SUMMARY_KEYS
+    assert s["steps"] == 10 and s["initial_entropy"] == 1.0
+    # final: last row's 0.5 plus its measured −0.25 → 0.25; min over entropies and the final: 0.0625
+    assert s["final_entropy"] == 0.25 and s["min_entropy"] == 0.0625
+    # first entropy < 0.1 × 1.0 (strictly): 0.0625 at step 7
+    assert s["steps_to_collapse"] == 7
+    # last max(1, ⌊0.1·10⌋) = 1 row: reward 9, accuracy 0.9
+    assert s["final_reward"] == 9.0 and s["final_accuracy"] == pytest.approx(0.9)
+    # closed band 0.5 ± 0.25 over the 9 finite entropies: 0.75, 0.5, 0.25 (edges included), 0.5, 0.5 → 5/9
+    assert s["time_in_band"] == pytest.approx(5 / 9)
+    # second half (rows 5..9): |0.125−0.5| + |0.0625−0.5| + |0.09375−0.5| + 0 + 0 = 1.21875 over 5
+    assert s["mean_abs_dev_second_half"] == pytest.approx(1.21875 / 5)
+    assert s["gate_on_frac"] == 0.5 and s["wall_s"] == 5.0
+    # measured = 2·pred + 0.01 exactly on 4 pairs: slope 2, intercept 0.01, R² 1
+    assert s["pred_n"] == 4 and s["pred_slope"] == pytest.approx(2.0) and s["pred_intercept"] == pytest.approx(0.01)
+    assert s["pred_r2"] == pytest.approx(1.0)
+    # ‖m − p‖/‖m‖ with p = 0, .1, .2, .3 and m = .01, .21, .41, .61: ‖(.01,.11,.21,.31)‖ / ‖m‖
+    num = math.sqrt(0.01**2 + 0.11**2 + 0.21**2 + 0.31**2)
+    assert s["pred_rel_err"] == pytest.approx(num / math.sqrt(0.01**2 + 0.21**2 + 0.41**2 + 0.61**2))
+    assert (s["target_entropy"], s["band"], s["collapse_frac"]) == (0.5, 0.25, 0.1)
+
+
+def test_tail_of_thirty_rows_and_the_fit_needs_three_pairs():
+    # 30 rows: the last ⌊0.1·30⌋ = 3 (0.1·30 is 3.0000000000000004 in binary; the allowance keeps it 3)
+    assert tail_mean(list(range(30))) == 28.0
+    assert tail_mean([1.0, None, float("nan")]) is None and tail_mean([]) is None
+    two = fit_prediction([0.0, 1.0], [1.0, 3.0])  # a line through 2 points says nothing
+    assert two["n"] == 2 and two["slope"] is None and two["r2"] is None and "3" in two["reason"]
+    assert two["rmse"] == pytest.approx(math.sqrt((1 + 4) / 2))  # identity-line numbers exist from 1 pair
+    flat = fit_prediction([0.0, 1.0, 2.0], [0.5, 0.5, 0.5])  # constant measurement: r² = 0 (linregress)
+    assert flat["slope"] == 0.0 and flat["r2"] == 0.0 and flat["r2_identity"] is None
+    const = fit_prediction([1.0, 1.0, 1.0], [0.0, 1.0, 2.0])
+    assert const["slope"] is None and "constant" in const["reason"]
+
+
+def test_undefined_values_are_none_not_nan():
+    s = run_summary([{"step": 0, "entropy": None, "reward": None}], target_entropy=None)
+    assert s["steps"] == 1 and all(s[k] is None for k in SUMMARY_KEYS
+                                   if k not in ("steps", "band", "collapse_frac", "pred_n"))
+    assert run_summary([], target_entropy=float("inf"))["target_entropy"] is None  # no band at an infinite target
+    assert fraction_in_band([0.3], None) is None and fraction_in_band([None], 0.3) is None
+
+
+def test_settings_from_a_run_config_and_bad_settings():
+    cfg = {"loss": {"stare": {"target_entropy": 0.4}}, "band": 0.1, "collapse_frac": 0.2}
+    assert summary_settings(cfg) == {"target_entropy": 0.4, "band": 0.1, "collapse_frac": 0.2}
+    assert summary_settings({"loss": {"stare": {}}}) == {"target_entropy": None, "band": 0.05, "collapse_frac": 0.1}
+    assert summary_settings(None)["band"] == 0.05
+    with pytest.raises(ConfigError, match="band"):
+        run_summary([], band=-1)
+    with pytest.raises(ConfigError, match="collapse_frac"):
+        run_summary([], collapse_frac=2)

@@ -1,0 +1,61 @@
+"""Trainer config errors a new user hits: a group of one response, a method label that does not match the loss
+config. Each is tried through the front door with its one-line message (exit code 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stare_lab.cli import main
+from stare_lab.errors import ConfigError
+from trainer.config import derive_method, load_trainer_config
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_group_of_one_is_refused(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rollout:\n  n: 1\n")
+    assert main(["train", str(cfg)]) == 1
+    assert _one_line(capsys) == ("stare-lab train: error: rollout.n=1 is below 2: group-relative advantages need at "
+                                 "least 2 responses per prompt (a group of one gets advantage 0 and no gradient)")
+    assert load_trainer_config(None, ["rollout.n=2"]).rollout.n == 2
+
+
+def test_a_mistyped_method_label_is_refused(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("method: o2\nloss:\n  loss_mode: stare\n  stare: {variant: C2}\n")
+    assert main(["train", str(cfg)]) == 1
+    assert _one_line(capsys) == (
+        "stare-lab train: error: method='o2' is not a known method (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, "
+        "kl_cov, entropy_bonus, forking_tokens); the loss settings amount to 'c2': omit method to use that, or write "
+        "custom:NAME for a setup of your own")
+    # a known label that contradicts the loss config: named with the key to change
+    cfg.write_text("method: o1\nloss:\n  loss_mode: stare\n  stare: {variant: C2}\n")
+    assert main(["train", str(cfg)]) == 1
+    assert _one_line(capsys) == "stare-lab train: error: method='o1' needs loss.stare.variant='O1', got 'C2'"
+
+
+@pytest.mark.parametrize("overrides, label", [
+    ([], "grpo"),
+    (["algorithm.dynamic_sampling=true"], "grpo-ds"),
+    (["loss.entropy_coeff=0.01"], "entropy_bonus"),
+    (["loss.loss_mode=stare"], "o1"),
+    (["loss.loss_mode=stare", "loss.stare.adaptive=true"], "o1-adaptive"),
+    (["loss.loss_mode=stare", "loss.stare.variant=C2", "algorithm.dynamic_sampling=true"], "c2"),
+    (["loss.loss_mode=clip_cov"], "clip_cov"),
+    (["loss.loss_mode=forking_tokens"], "forking_tokens"),
+])
+def test_an_omitted_label_is_derived_from_the_loss_config(overrides, label):
+    cfg = load_trainer_config(None, overrides)
+    assert cfg.method == label and cfg.to_dict()["method"] == label  # what config.yaml records
+    assert derive_method(cfg.loss, cfg.algorithm.dynamic_sampling) == label
+
+
+def test_custom_labels_are_explicit():
+    assert load_trainer_config(None, ["method=custom:my-ablation"]).method == "custom:my-ablation"
+    with pytest.raises(ConfigError, match="not a known method"):
+        load_trainer_config(None, ["method=my-ablation"])

@@ -1,0 +1,128 @@
+"""``stare-lab evaluate`` errors and options a new user hits (fast: the errors come before any model is loaded).
+
+Each error is tried through the front door, with its one-line message and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from stare_lab.cli import main as cli_main
+from stare_lab.errors import ConfigError
+from trainer.benchmarks import BENCHMARKS
+from trainer.evaluate import EvalConfig, evaluate_engine, load_problems
+from trainer.evaluate_cli import add_arguments, config_from_args
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    return err
+
+
+def test_existing_results_are_refused_without_overwrite_and_left_untouched(tmp_path, capsys):
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "eval.json").write_text('{"old": true}\n')
+    (out / "samples.jsonl").write_text("old\n")
+    before = {f: ((out / f).read_bytes(), os.stat(out / f).st_mtime_ns) for f in ("eval.json", "samples.jsonl")}
+    rc = cli_main(["evaluate", "--model", str(tmp_path / "no_model"), "--benchmarks", "aime24", "--out", str(out)])
+    assert rc == 1
+    assert _one_line_error(capsys) == (
+        f"stare-lab evaluate: error: --out {str(out)!r} already holds evaluation results (eval.json, samples.jsonl); "
+        "pass --overwrite to replace them, or choose another --out")
+    after = {f: ((out / f).read_bytes(), os.stat(out / f).st_mtime_ns) for f in ("eval.json", "samples.jsonl")}
+    assert after == before and sorted(p.name for p in out.iterdir()) == ["eval.json", "samples.jsonl"]
+    # with --overwrite the check passes: the next error is the (missing) model, and the old results are still there
+    rc = cli_main(["evaluate", "--model", str(tmp_path / "no_model"), "--benchmarks", "aime24", "--out", str(out),
+                   "--overwrite"])
+    assert rc == 1
+    assert "is not a directory" in _one_line_error(capsys)
+    assert (out / "eval.json").read_text() == '{"old": true}\n'
+
+
+def test_an_empty_existing_out_is_fine(tmp_path, capsys):
+    rc = cli_main(["evaluate", "--model", str(tmp_path / "no_model"), "--benchmarks", "aime24", "--out", str(tmp_path)])
+    assert rc == 1 and "is not a directory" in _one_line_error(capsys)
+
+
+def test_file_works_for_any_name(tmp_path):
+    """--file NAME=SOURCE with a name that is not built in adds a custom benchmark (listed in --benchmarks)."""
+    src = tmp_path / "mine.jsonl"
+    src.write_text("".join(json.dumps({"id": str(i), "problem": f"{i}+{i}?", "answer": str(2 * i)}) + "\n"
+                           for i in range(3)))
+    cfg = config_from_args(_parser().parse_args(["--model", "m", "--benchmarks", "my-set,aime24",
+                                                 "--file", f"my-set={src}"]))
+    assert cfg.benchmarks == ["my-set", "aime24"] and cfg.files == {"my-set": str(src)}
+    assert [(p.id, p.answer) for p in load_problems(cfg, "my-set")] == [("0", "0"), ("1", "2"), ("2", "4")]
+    assert cfg.samples_for("my-set") == 4  # not a Table-2 benchmark: avg@4 unless --n
+    # a custom name must be listed in --benchmarks (the default is the six of Table 2)
+    with pytest.raises(ConfigError, match=r"eval.files has 'my-set', which is not one of the benchmarks .*add it"):
+        config_from_args(_parser().parse_args(["--model", "m", "--file", f"my-set={src}"]))
+    # an unknown name without a source is still an error
+    with pytest.raises(ConfigError, match=r"unknown benchmark 'my-set'; known: aime24, .*gsm8k, all, or a NAME"):
+        config_from_args(_parser().parse_args(["--model", "m", "--benchmarks", "my-set"]))
+    with pytest.raises(ConfigError, match="must be letters, digits"):
+        config_from_args(_parser().parse_args(["--model", "m", "--benchmarks", "a b", "--file", f"a b={src}"]))
+
+
+def test_custom_benchmark_evaluates_end_to_end(tmp_path):
+    """A custom --file benchmark through evaluate_engine (a scripted engine answers i+i right for even i)."""
+    from trainer.rollout import RolloutOutput
+
+    src = tmp_path / "mine.jsonl"
+    src.write_text("".join(json.dumps({"id": str(i), "problem": f"{i}+{i}?", "answer": str(2 * i)}) + "\n"
+                           for i in range(4)))
+
+    class Tok:  # characters as token ids
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
+    class Engine:
+        def generate(self, prompts, sampling):
+            outs = []
+            for pi, ids in enumerate(prompts):
+                i = int("".join(map(chr, ids)).split("+")[0])
+                text = f"\\boxed{{{2 * i if i % 2 == 0 else 2 * i + 1}}}"
+                outs.append([RolloutOutput(pi, ids, [1] * 3, [0.0] * 3, text, "stop") for _ in range(sampling.n)])
+            return outs
+
+    cfg = EvalConfig(benchmarks=["mine"], files={"mine": str(src)}, n=2, use_chat_template=False,
+                     prompt_template="{problem}")
+    res = evaluate_engine(Engine(), Tok(), cfg, out_dir=tmp_path / "o")
+    assert res["benchmarks"]["mine"]["avg@k"] == 0.5 and res["average"] == 0.5  # i = 0, 2 right; 1, 3 wrong
+    assert json.loads((tmp_path / "o" / "eval.json").read_text())["benchmarks"]["mine"]["n_problems"] == 4
+    assert not list((tmp_path / "o").glob("*.partial"))
+
+
+def test_benchmarks_help_lists_every_builtin_name(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["evaluate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in (*BENCHMARKS, "gsm8k"):
+        assert name in text
+    assert "--file NAME=SOURCE" in text and "--overwrite" in text and "--rel-tol" in text
+
+
+def test_gsm8k_and_all_resolve_to_bundled_data():
+    cfg = config_from_args(_parser().parse_args(["--model", "m", "--benchmarks", "gsm8k,all"]))
+    assert cfg.benchmarks == ["gsm8k", *BENCHMARKS]
+    assert len(load_problems(cfg, "gsm8k")) == 1319  # the bundled GSM8K test split (trainer/assets/README.md)
+
+
+@pytest.mark.parametrize("value", ["0", "1", "-0.5"])
+def test_rel_tol_is_validated(value, capsys):
+    rc = cli_main(["evaluate", "--model", "m", "--benchmarks", "aime24", "--rel-tol", value])
+    assert rc == 1 and "eval.rel_tol=" in _one_line_error(capsys)
