@@ -1,4 +1,4 @@
-"""Steps 1–4 of a training step (design.md §3): prompts from the cursor, generation, rewards, dynamic sampling.
+"""Steps 1–4 of a training step (docs/design.md §3): prompts from the cursor, generation, rewards, dynamic sampling.
 
 :class:`Collector` runs rounds of generation until the batch is full or ``algorithm.max_gen_rounds`` rounds were
 used. Data parallelism: the ``train_batch_size`` prompts of a round are split over data-parallel groups

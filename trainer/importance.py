@@ -1,4 +1,4 @@
-"""Importance correction between the rollout engine and the trainer (design.md §3; docs/trainer.md).
+"""Importance correction between the rollout engine and the trainer (docs/design.md §3; docs/trainer.md).
 
 The engine returns the log-probs of the distribution it actually sampled from (vLLM
 ``logprobs_mode="processed_logprobs"``; the HF engine the same): the temperature-scaled distribution, and, with

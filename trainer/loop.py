@@ -244,7 +244,7 @@ class _Trainer:
         return self.policy.all_reduce([total])[0] / g_tok
 
     def _row(self, step: int, batch, old_lp, old_ent, n_trunc: int, info: dict[str, float]) -> dict[str, Any]:
-        """The step's metrics row before the update (design.md §4 keys, rollout and engine-vs-trainer statistics;
+        """The step's metrics row before the update (docs/design.md §4 keys, rollout and engine-vs-trainer statistics;
         every rank-summed count taken once per TP group). Collective. ``entropy`` is filled in by the caller."""
         from .importance import rollout_diagnostics
 

@@ -155,7 +155,8 @@ def test_weight_versions_counter():
 
 def test_skipped_update_wakes_the_engine_without_a_sync():
     events: list[str] = []
-    sch = ColocatedSchedule(FakeEngine(events), FakePolicy(events), bucket_bytes=1.0, free=lambda: events.append("free"))
+    sch = ColocatedSchedule(FakeEngine(events), FakePolicy(events), bucket_bytes=1.0,
+                            free=lambda: events.append("free"))
     sch.after_generation()
     sch.skipped_update()
     sch.before_generation()  # versions unchanged: fresh

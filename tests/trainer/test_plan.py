@@ -61,8 +61,8 @@ def test_activation_formula_equals_what_autograd_saves(require, tmp_path, model_
     import torch
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**SMALL, "model_type": model_type,
-                                "architectures": ["Qwen3ForCausalLM" if model_type == "qwen3" else "Qwen2ForCausalLM"]}))
+    arch_name = "Qwen3ForCausalLM" if model_type == "qwen3" else "Qwen2ForCausalLM"
+    path.write_text(json.dumps({**SMALL, "model_type": model_type, "architectures": [arch_name]}))
     arch = load_arch("unused", str(path))
     assert arch.qk_norm == (model_type == "qwen3")
     b = 2 if dtype_name == "bfloat16" else 4
