@@ -1,15 +1,43 @@
 #!/usr/bin/env bash
-# One short GPU check of the trainer (see scripts/gpu_check.py): 2 colocated steps, vLLM (CUDA) + DeepSpeed ZeRO-3
-# bf16, sync check, tokens/s. Installs nothing: run it in an environment with CUDA torch, the CUDA `vllm` build,
-# deepspeed, transformers and math-verify (e.g. `pip install -e ".[trainer,gpu]"` done beforehand).
-# Usage: bash scripts/gpu_check.sh [--model DIR] [--steps N] [--out DIR]
+# The trainer's GPU check (scripts/gpu_check.py), sized for one GPU machine call: one H200, <= 8 minutes, no
+# network. The machine's image has torch (CUDA), transformers, accelerate, safetensors, tokenizers, pyarrow, but no
+# DeepSpeed and no vLLM: DeepSpeed and the packages it imports come from wheels/ (prepared on a machine with a
+# registry by `bash scripts/prepare_gpu_wheels.sh`, ~6 MiB, git-ignored, carried along with the check); a wheel is
+# unpacked onto the path only when the image lacks that package or has an older version. vLLM's CUDA build
+# (hundreds of MB) cannot travel, so the check trains with the HF rollout engine (docs/trainer.md).
+# Usage: bash scripts/gpu_check.sh [--dry-run] [--out DIR]     (--dry-run: the same check, small, on CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-export VLLM_ENABLE_V1_MULTIPROCESSING=0   # in-process engine: the trainer syncs weights into it directly
-PY=${PYTHON:-python}
-[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
-"$PY" -c "import torch, vllm, deepspeed, transformers; assert torch.cuda.is_available(), 'no CUDA device'; \
-print('torch', torch.__version__, 'vllm', vllm.__version__, 'deepspeed', deepspeed.__version__, \
-torch.cuda.get_device_name(0))"
-exec timeout 540 "$PY" scripts/gpu_check.py "$@"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python  # here; the GPU image has no .venv
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 DS_BUILD_OPS=0
+SITE=$(mktemp -d)/site
+if [ -d wheels ]; then
+  "$PY" - "$SITE" wheels <<'PYEOF'
+import sys, zipfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from packaging.version import Version
+
+site, wheels = Path(sys.argv[1]), Path(sys.argv[2])
+site.mkdir(parents=True, exist_ok=True)
+for whl in sorted(wheels.glob("*.whl")):
+    name, ver = whl.name.split("-")[:2]
+    try:
+        have = version(name.replace("_", "-"))
+    except PackageNotFoundError:
+        have = None
+    if have is not None and Version(have) >= Version(ver):
+        print(f"wheels: {name} {have} already installed (wheel {ver} not used)")
+        continue
+    zipfile.ZipFile(whl).extractall(site)
+    print(f"wheels: {name} {ver} unpacked" + (f" (image has {have})" if have else ""))
+PYEOF
+fi
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$PY" = .venv/bin/python ]; then  # the dry run here: reuse the venv's op builds (DeepSpeed's shm op, ~60 s)
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
+else
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$(dirname "$SITE")/torch_extensions}
+fi
+exec timeout 480 "$PY" scripts/gpu_check.py "$@"

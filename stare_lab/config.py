@@ -212,6 +212,9 @@ class LossConfig:
         kl_coef: coefficient ≥ 0 of the KL penalty to the reference policy (needs ``ref_logprobs``).
         kl_estimator: ``k1``, ``k2`` or ``k3`` (Schulman's estimators of KL(π_θ ‖ π_ref)).
         tis_cap: cap C of truncated importance sampling min(π_old/π_rollout, C); ``None`` disables it.
+        tis_level: ``token`` (one ratio per token) or ``sequence`` (one ratio per sequence: the product of its
+            token ratios) for the importance correction.
+        tis_mode: ``truncate`` (w = min(ρ, C)) or ``mask`` (w = ρ inside [1/C, C], else 0).
         clip_cov_ratio: r of Clip-Cov (fraction of tokens whose gradient is detached).
         clip_cov_lb: ω_lo of Clip-Cov.
         clip_cov_ub: ω_hi of Clip-Cov.
@@ -235,6 +238,8 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     tis_cap: float | None = None
+    tis_level: str = "token"
+    tis_mode: str = "truncate"
     clip_cov_ratio: float = 2e-4
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
@@ -265,6 +270,10 @@ class LossConfig:
         check_choice(f"{p}kl_estimator", self.kl_estimator, ["k1", "k2", "k3"])
         if self.tis_cap is not None:
             check_range(f"{p}tis_cap", self.tis_cap, 0, None, lo_open=True)
+        check_choice(f"{p}tis_level", self.tis_level, ["token", "sequence"])
+        check_choice(f"{p}tis_mode", self.tis_mode, ["truncate", "mask"])
+        if self.tis_mode == "mask" and self.tis_cap is not None and self.tis_cap < 1:
+            raise ConfigError(f"{p}tis_cap={self.tis_cap} must be >= 1 with {p}tis_mode=mask (kept range [1/C, C])")
         check_range(f"{p}clip_cov_ratio", self.clip_cov_ratio, 0, 1)
         check_finite(f"{p}clip_cov_lb", self.clip_cov_lb)
         check_finite(f"{p}clip_cov_ub", self.clip_cov_ub)

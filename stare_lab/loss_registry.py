@@ -7,7 +7,8 @@ wraps it with what every loss shares, in this order:
 
 1. validation of the inputs (shapes, dtypes, finite values — :class:`~stare_lab.errors.DataError`);
 2. ℓ itself (``grpo``, ``stare``, ``clip_cov``, ``kl_cov``, ``forking_tokens``, or any loss registered later);
-3. truncated importance sampling (``tis_cap``): ℓ ← ℓ · min(exp(old − rollout), C), detached;
+3. truncated importance sampling (``tis_cap``): ℓ ← ℓ · min(exp(old − rollout), C), detached (per token, or per
+   sequence with ``tis_level="sequence"``; ``tis_mode="mask"`` zeroes out-of-range ratios instead of capping);
 4. aggregation (:func:`~stare_lab.aggregation.aggregate_loss`) with the global normalisers of the inputs;
 5. add-ons: L ← L − β·agg(entropy) (``entropy_coeff``) + λ·agg(KL to the reference) (``kl_coef``), aggregated
    with the same mode and normalisers;
@@ -397,17 +398,39 @@ def _raise_non_finite(prep: _Prepared, sums: list[float]) -> None:
             )
 
 
+def _tis_weights(prep: _Prepared, rollout_logprobs: Tensor, cfg: LossConfig) -> Tensor:
+    """Importance weights of the rollout correction (detached), ``[B, T]`` float32.
+
+    ``log ρ = old − rollout`` per token (clamped to ±:data:`LOG_RATIO_CLAMP`); with ``tis_level="sequence"`` one
+    ratio per sequence, ``log ρ = Σ_t log ρ_t`` over its valid tokens (clamped again), shared by its tokens.
+    ``tis_mode="truncate"``: w = min(ρ, C) (truncated IS, Yao et al. 2025); ``"mask"``: w = ρ where
+    1/C ≤ ρ ≤ C and 0 elsewhere (masked IS: out-of-range tokens or sequences leave the loss numerator; the
+    normalisers stay the step's global counts). C = ``tis_cap``.
+    """
+    log_rho = (prep.old_logprobs - rollout_logprobs.detach().float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if cfg.tis_level == "sequence":
+        log_rho = torch.where(prep.mask, log_rho, torch.zeros_like(log_rho)).sum(-1, keepdim=True)
+        log_rho = log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    rho = torch.exp(log_rho)
+    if cfg.tis_mode == "mask":
+        keep = (rho <= cfg.tis_cap) & (rho >= 1.0 / cfg.tis_cap)
+        rho = torch.where(keep, rho, torch.zeros_like(rho))
+    else:
+        rho = rho.clamp_max(cfg.tis_cap)
+    return rho.expand_as(prep.old_logprobs)
+
+
 def _run(core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, float]]:
     prep = _prepare(inputs)
     pg_mat, core_metrics = core(prep, cfg)
     if cfg.tis_cap is not None:
         if inputs.rollout_logprobs is None:
             raise DataError("tis_cap is set but rollout_logprobs is missing")
-        tis = torch.exp(
-            (prep.old_logprobs - inputs.rollout_logprobs.detach().float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        ).clamp_max(cfg.tis_cap)
+        tis = _tis_weights(prep, inputs.rollout_logprobs, cfg)
         pg_mat = pg_mat * tis
         core_metrics["loss/tis_weight_mean"] = masked_mean(tis, prep.mask)
+        if cfg.tis_mode == "mask":
+            core_metrics["loss/tis_masked_frac"] = masked_mean(tis == 0, prep.mask)
     agg = dict(
         mask=prep.mask,
         mode=cfg.loss_agg_mode,

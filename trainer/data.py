@@ -1,5 +1,18 @@
 """Training prompts: reading JSONL/Parquet records, prompt templating + chat templates, truncation, and a
 deterministic, resumable data cursor.
+
+Two record layouts load with no extra option, detected from the columns of each file:
+
+- flat records (``problem`` / ``answer``, or the fields ``data.prompt_key`` / ``data.answer_key`` name);
+- verl's RL dataset format (as written by verl's ``examples/data_preprocess`` scripts, e.g. DAPO-Math-17k):
+  ``prompt`` is a chat list ``[{"role": "user", "content": ...}, ...]``, the gold answer is
+  ``reward_model.ground_truth``, plus ``data_source``, ``ability`` and ``extra_info``. With the default keys such a
+  file is read with ``prompt`` and ``reward_model.ground_truth``; ``data_source`` and ``extra_info`` are kept in the
+  record.
+
+Keys may be dotted paths into nested fields (``data.answer_key=reward_model.ground_truth``); a column whose name
+itself contains the dots (a flattened table) is found first. A chat-list prompt is used as the conversation as is
+(it carries its own instruction, as verl feeds it): ``data.prompt_template`` applies to string prompts only.
 """
 
 from __future__ import annotations
@@ -16,7 +29,7 @@ from stare_lab.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_records", "PromptEncoder", "DataCursor", "EncodedPrompt"]
+__all__ = ["load_records", "PromptEncoder", "DataCursor", "EncodedPrompt", "get_field", "detect_keys", "is_chat"]
 
 
 def _read_file(path: str) -> list[dict]:
@@ -52,19 +65,65 @@ def _read_file(path: str) -> list[dict]:
     return records
 
 
+#: The default ``data.prompt_key`` / ``data.answer_key`` (flat records), and verl's RL-format fields.
+DEFAULT_KEYS = ("problem", "answer")
+VERL_KEYS = ("prompt", "reward_model.ground_truth")
+_MISSING = object()
+
+
+def get_field(record: dict[str, Any], key: str) -> Any:
+    """``record[key]``, or the nested value at the dotted path ``key`` (``"reward_model.ground_truth"``); a
+    literal key holding the dots wins. Returns a sentinel (``_MISSING``) when absent or ``None``."""
+    if key in record:
+        return _MISSING if record[key] is None else record[key]
+    node: Any = record
+    for part in key.split("."):
+        if not isinstance(node, dict) or node.get(part) is None:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def is_chat(value: Any) -> bool:
+    """A chat list: a non-empty list of ``{"role": str, "content": str}`` mappings."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in value))
+
+
+def detect_keys(record: dict[str, Any], prompt_key: str, answer_key: str) -> tuple[str, str, str]:
+    """The (prompt key, answer key, layout) to read a file whose first record is ``record``: the configured keys,
+    except that a verl-format record (chat-list ``prompt`` and ``reward_model.ground_truth``) read with the
+    default keys uses verl's (``layout`` is ``"verl"`` then, else ``"flat"``)."""
+    verl = is_chat(record.get("prompt")) and get_field(record, "reward_model.ground_truth") is not _MISSING
+    if verl and (prompt_key, answer_key) == DEFAULT_KEYS and get_field(record, prompt_key) is _MISSING:
+        return (*VERL_KEYS, "verl")
+    return prompt_key, answer_key, "verl" if verl else "flat"
+
+
+def _answer_text(value: Any) -> str:
+    """The gold answer as a string (a one-element list, as some verl datasets store it, gives its element)."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return str(value)
+
+
 def load_records(
     files: Sequence[str], prompt_key: str, answer_key: str, max_samples: int | None = None,
     answer_pattern: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Read the records of ``files`` (JSONL, ``.parquet``, or ``hf:NAME:SPLIT``) as ``{"prompt", "answer", ...}``.
+    """Read the records of ``files`` (JSONL, ``.parquet``, or ``hf:NAME:SPLIT``) as ``{"prompt", "answer", "id",
+    ...}``: ``prompt`` a string or a chat list (verl format), ``answer`` a string; ``data_source`` and
+    ``extra_info`` are carried over when present. Keys may be dotted paths; verl's format is detected per file
+    (module docstring).
 
     ``answer_pattern`` (a regular expression, ``data.answer_pattern``) keeps only records whose stripped answer
     fully matches it; ``max_samples`` counts the kept records.
 
     Raises:
         DataError: no files, a missing/unreadable file, a line that is not valid JSON or not an object (naming
-            file:line), a record lacking ``prompt_key`` or ``answer_key`` (naming file:line and the fields it has),
-            or no (matching) records at all.
+            file:line), a record lacking the prompt or answer field (naming file:line and the fields it has), a
+            prompt that is neither a string nor a chat list, or no (matching) records at all.
     """
     import re
 
@@ -74,16 +133,32 @@ def load_records(
     out: list[dict[str, Any]] = []
     n_read = 0
     for f in files:
+        keys = None
         for i, rec in enumerate(_read_file(f)):
             where = rec.pop("_where", f"{f}[{i}]")
-            for key in (prompt_key, answer_key):
-                if key not in rec or rec[key] is None:
+            if keys is None:
+                keys = detect_keys(rec, prompt_key, answer_key)
+                if keys[2] == "verl":
+                    logger.info("%s: verl RL format (prompt key %r, answer key %r)", f, keys[0], keys[1])
+            values = []
+            for key in keys[:2]:
+                v = get_field(rec, key)
+                if v is _MISSING:
                     fields = ", ".join(sorted(rec)) or "none"
                     raise DataError(f"{where}: record has no field {key!r} (fields: {fields})")
+                values.append(v)
+            prompt, answer = values[0], _answer_text(values[1])
+            if not isinstance(prompt, str) and not is_chat(prompt):
+                raise DataError(f"{where}: field {keys[0]!r} must be a string or a chat list of "
+                                f"{{role, content}} messages, got {type(prompt).__name__}")
             n_read += 1
-            if pattern is not None and not pattern.fullmatch(str(rec[answer_key]).strip()):
+            if pattern is not None and not pattern.fullmatch(answer.strip()):
                 continue
-            out.append({"prompt": str(rec[prompt_key]), "answer": str(rec[answer_key]), "id": rec.get("id", where)})
+            item = {"prompt": prompt, "answer": answer, "id": rec.get("id", where)}
+            for extra in ("data_source", "extra_info"):
+                if rec.get(extra) is not None:
+                    item[extra] = rec[extra]
+            out.append(item)
             if max_samples is not None and len(out) >= max_samples:
                 return out
     if not out:
@@ -105,9 +180,12 @@ class EncodedPrompt:
 
 
 class PromptEncoder:
-    """Record → prompt token ids: ``prompt_template.format(problem=...)``, then the tokenizer's chat template (as
-    one user message with the generation prompt) if ``use_chat_template``, then truncation to
-    ``max_prompt_length`` (``left`` keeps the end, ``right`` the start; ``error`` raises).
+    """Record → prompt token ids. A string prompt becomes the user message ``prompt_template.format(problem=...)``;
+    a chat-list prompt (verl format) is the conversation as is. Then the tokenizer's chat template (with the
+    generation prompt) if ``use_chat_template`` — without one, the messages' contents joined by newlines are the
+    plain-text prompt — then truncation to ``max_prompt_length`` (``left`` keeps the end, ``right`` the start;
+    ``error`` raises). Truncations are counted in :attr:`n_truncated` (the trainer logs them per step as
+    ``prompts_truncated``) and logged once at WARNING, then at DEBUG.
 
     Raises (from :meth:`encode`):
         DataError: a prompt longer than ``max_prompt_length`` with ``truncation="error"``, or an empty prompt.
@@ -124,14 +202,20 @@ class PromptEncoder:
         self.truncation = truncation
         self.n_truncated = 0
 
+    def messages(self, record: dict[str, Any]) -> list[dict[str, str]]:
+        """The conversation of ``record`` (see the class docstring)."""
+        prompt = record["prompt"]
+        if isinstance(prompt, list):
+            return [{"role": m["role"], "content": m["content"]} for m in prompt]
+        return [{"role": "user", "content": self.template.format(problem=prompt)}]
+
     def encode(self, record: dict[str, Any], index: int) -> EncodedPrompt:
-        text = self.template.format(problem=record["prompt"])
+        msgs = self.messages(record)
         if self.use_chat_template:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False)
         else:
-            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+            ids = self.tokenizer("\n".join(m["content"] for m in msgs), add_special_tokens=True)["input_ids"]
         ids = list(ids)
         if not ids:
             raise DataError(f"record {record.get('id')!r}: empty prompt after tokenization")
@@ -143,8 +227,10 @@ class PromptEncoder:
                     f"{self.max_len} (data.truncation=error; use left or right to truncate)"
                 )
             self.n_truncated += 1
-            logger.warning("record %r: prompt of %d tokens truncated (%s) to %d", record.get("id"), len(ids),
-                           self.truncation, self.max_len)
+            logger.log(logging.WARNING if self.n_truncated == 1 else logging.DEBUG,
+                       "record %r: prompt of %d tokens truncated (%s) to data.max_prompt_length=%d%s",
+                       record.get("id"), len(ids), self.truncation, self.max_len,
+                       " (further truncations are counted in prompts_truncated)" if self.n_truncated == 1 else "")
             ids = ids[-self.max_len:] if self.truncation == "left" else ids[: self.max_len]
         return EncodedPrompt(token_ids=ids, answer=record["answer"], truncated=truncated, index=index)
 

@@ -13,9 +13,13 @@ recorded and never loses the step). Steps are numbered from 1 (row N = the N-th 
 number from 0. Timing and throughput are under ``time/`` (``time/<phase>_s``, ``time/rollout_tokens_per_s``), so
 every other key is reproducible across a resume.
 
-Data parallelism: the ``train_batch_size`` prompts of a round are split over data-parallel groups (``dp_rank``);
-with tensor-parallel vLLM (``tp > 1``) the ranks of a TP group generate the same prompts with the same seed and
-then each keeps a disjoint share of the groups for the update.
+Steps 1–4 are :class:`trainer.collect.Collector`'s. Data parallelism: the ``train_batch_size`` prompts of a round
+are split over data-parallel groups (``dp_rank``); with tensor-parallel vLLM (``tp > 1``) the ranks of a TP group
+generate the same prompts with the same seed, rewards are graded once per TP group and broadcast, every count is
+taken once per TP group, and each rank then keeps a disjoint share of the groups for the update. The memory
+transitions around the rollout engine (sleep right after generation, staged wake-up, optional DeepSpeed offload,
+the weight-version check) are :class:`trainer.memory.ColocatedSchedule`'s; the engine's log-probs are checked and
+compared with the trainer's by :mod:`trainer.importance`.
 
 Tool use (``cfg.tool`` set): the engine is wrapped in :class:`trainer.tool_rollout.ToolUseEngine`; each response's
 ``response_mask`` is multiplied by its ``loss_mask``, so interpreter tokens are left out of the loss, the entropy
@@ -32,118 +36,29 @@ prediction ``pred_entropy_change`` (∇θH̄·Δθ) is null in the trainer: unde
 outside DeepSpeed's gradient buffers and a copy of the pre-update parameters.
 
 Test hooks: ``STARE_LAB_FAULT=STEP:PHASE`` (PHASE ∈ rollout, update, logged, eval) makes the process exit with code
-137 at that point, as a kill would (``STEP:eval_error`` makes the periodic evaluation of STEP raise instead); ``STARE_LAB_DUMP_PARAMS=PREFIX`` makes every rank save its gathered final parameters to
-``PREFIX.rank<R>.pt``.
+137 at that point, as a kill would (``STEP:eval_error`` makes the periodic evaluation of STEP raise instead);
+``STARE_LAB_DUMP_PARAMS=PREFIX`` makes every rank save its gathered final parameters to ``PREFIX.rank<R>.pt``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from stare_lab.errors import ConfigError, DataError
 
+from .collect import Collector, compute_rewards, group_runner, step_seed  # noqa: F401 - re-exported
 from .config import TrainerConfig
-from .rollout import RolloutOutput, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["train", "compute_rewards", "step_seed", "group_runner"]
-
-
-def step_seed(seed: int, step: int, round_: int, dp_rank: int) -> int:
-    """The sampling seed of one generation round (a function of the run seed, step, round and DP rank only, so a
-    resumed run samples exactly what the uninterrupted one did)."""
-    return int(np.random.SeedSequence([seed, step, round_, dp_rank]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
-#: ``trainer.rewards.math_reward`` status → metrics key (a count of responses per step, all rounds and ranks).
-_GRADE_STATUS_KEYS = {"timeout": "reward/timeout", "no_answer": "reward/no_answer", "error": "reward/grade_error",
-                      "rejected": "reward/rejected"}
-#: Statistics of a generation round that are counts (summed); every other one is a per-response mean.
-_COUNT_KEYS = ("reward/errors", *_GRADE_STATUS_KEYS.values())
-#: Tool metrics that are fractions of executed calls (weighted by calls, not by responses, when rounds and ranks
-#: are combined); the other ``tool/…`` metrics are per-response means.
-_PER_CALL_KEYS = ("tool/error_frac", "tool/timeout_frac")
-
-
-def _reward_fn(kind: str) -> Callable[..., list[float]]:
-    from . import rewards
-
-    return rewards.math_reward if kind == "math" else rewards.gsm8k_lenient_reward
-
-
-def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
-                    fn: Callable[..., list[float]] | None = None) -> tuple[list[float], dict[str, float]]:
-    """Rewards of ``responses`` against ``golds`` per :class:`trainer.config.RewardConfig` (the one place the
-    trainer calls the reward code). Returns ``(rewards, stats)``: ``stats["reward/errors"]`` counts batches where
-    the reward function raised; ``accuracy`` (and ``reward/format_rate`` when ``format_reward > 0``) are means over
-    ``responses``; with ``kind="math"`` the grader's per-response outcomes are counted in
-    ``reward/timeout`` (grading timed out), ``reward/no_answer`` (no ``\\boxed{}`` answer), ``reward/grade_error``
-    (the grader raised on that item) and ``reward/rejected`` (answer too large to evaluate safely) — all graded 0.
-
-    Raises:
-        DataError: the reward function raised and ``on_error="raise"``, or it returned a wrong number of values or
-            a non-finite value.
-    """
-    from . import rewards as rw
-
-    fn = fn or _reward_fn(cfg.kind)
-    stats: dict[str, float] = {"reward/errors": 0.0}
-    grade: dict[str, int] = {}
-    try:
-        if cfg.kind == "math":
-            base = fn(responses, golds, timeout_s=cfg.timeout_s, on_error=cfg.on_error, stats=grade)
-        else:
-            base = fn(responses, golds, timeout_s=cfg.timeout_s)
-    except DataError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a broken reward function is a defined, logged behaviour
-        if cfg.on_error == "raise":
-            raise DataError(f"reward function {getattr(fn, '__name__', fn)!r} raised {type(err).__name__}: {err}") \
-                from err
-        logger.error("reward function raised %s: %s; this batch gets reward 0", type(err).__name__, err)
-        base = [0.0] * len(responses)
-        stats["reward/errors"] = 1.0
-    base = [float(b) for b in base]
-    if len(base) != len(responses) or not all(math.isfinite(b) for b in base):
-        raise DataError(f"reward function returned {len(base)} values for {len(responses)} responses "
-                        "(or a non-finite value)")
-    if cfg.kind == "math":
-        for status, key in _GRADE_STATUS_KEYS.items():
-            stats[key] = float(grade.get(status, 0))
-    stats["accuracy"] = float(np.mean(base)) if base else 0.0
-    if cfg.format_reward > 0:
-        fmt = rw.format_reward(responses)
-        base = [b + cfg.format_reward * f for b, f in zip(base, fmt)]
-        stats["reward/format_rate"] = float(np.mean(fmt)) if fmt else 0.0
-    return base, stats
-
-
-def group_runner(run: Callable[[list[str]], list[Any]], group: Any, src: int) -> Callable[[list[str]], list[Any]]:
-    """A tool runner for the ranks of one tensor-parallel group: global rank ``src`` executes the code with ``run``
-    and broadcasts the results (``broadcast_object_list`` over ``group``); the other ranks never execute it.
-
-    Why: the ranks of a TP group must feed vLLM identical contexts in every round. Executing the code on each rank
-    could give different outputs (a timeout on one rank only, randomness, the clock) and the group would diverge
-    or hang. Collective over ``group``: its ranks call the runner the same number of times (they do, as their
-    contexts are identical).
-    """
-    import torch.distributed as tdist
-
-    def runner(codes: list[str]) -> list[Any]:
-        box = [run(codes) if tdist.get_rank() == src else None]
-        tdist.broadcast_object_list(box, src=src, group=group)
-        return box[0]
-
-    return runner
 
 
 def _fault(step: int, phase: str) -> None:
@@ -156,13 +71,15 @@ def _fault(step: int, phase: str) -> None:
 class _Trainer:
     """Holds the step's collaborators; :meth:`step` is docs/design.md §3 steps 1–9."""
 
-    def __init__(self, cfg: TrainerConfig) -> None:
+    def __init__(self, cfg: TrainerConfig, resume_from: Path | None = None) -> None:
         from transformers import AutoTokenizer
 
         from stare_lab.stare import STAREController
 
+        from .checkpoint import load_checkpoint, load_rng
         from .data import DataCursor, PromptEncoder, load_records
         from .launch import init_distributed
+        from .memory import ColocatedSchedule, PhaseMemory
         from .policy import PolicyEngine
         from .rollout import make_engine
 
@@ -183,106 +100,56 @@ class _Trainer:
                                      d.truncation)
         self.cursor = DataCursor(len(self.records), cfg.seed, d.shuffle)
         self.policy = PolicyEngine(cfg, cfg.model.path, self.dist)
+        # resume before anything else claims memory: DeepSpeed loads into its own (resident) states
+        self.resume_state = load_checkpoint(resume_from, self.policy) if resume_from is not None else None
+        offload = cfg.deepspeed.offload_during_rollout and torch.cuda.is_available()
+        if offload:  # off the GPU before vLLM sizes its pool to the free memory
+            self.policy.offload_states()
         self.engine = make_engine(cfg, cfg.model.path, world_size=self.dist.world_size)
+        self.tp_group = self._tp_group()
         if cfg.tool is not None:  # multi-turn tool use: interpreter turns come back with loss_mask 0
             from .tool_rollout import ToolUseEngine
 
             self.engine = ToolUseEngine(self.engine, self.tokenizer, cfg.tool, runner=self._tool_runner())
         self.controller = STAREController(cfg.loss.stare)
         self.eos = {self.tokenizer.eos_token_id}
+        self.schedule = ColocatedSchedule(self.engine, self.policy, bucket_bytes=cfg.rollout.sync_bucket_mb * 2**20,
+                                          offload_during_rollout=offload, offloaded=offload)
+        self.collector = Collector(cfg, self.dist, self.engine, self.encoder, self.records, self.cursor, self.policy,
+                                   tp_group=self.tp_group, check_fresh=self.schedule.before_generation)
+        self.memory = PhaseMemory()
+        if resume_from is not None:  # building the engines may draw from (or reseed) the RNGs: restore them last
+            load_rng(resume_from, self.dist.rank)
 
-    def _tool_runner(self) -> Callable[[list[str]], list[Any]] | None:
-        """The sandbox runner of the tool-use engine: the default (``None``) on one rank per TP group; with
-        tensor-parallel vLLM, :func:`group_runner` so that the ranks of a TP group see identical tool outputs.
-        Collective when ``tp > 1`` (every rank creates every TP group, as ``new_group`` requires)."""
+    def _tp_group(self) -> Any:
+        """This rank's tensor-parallel process group (``None`` when ``tp == 1``). Collective when ``tp > 1``: every
+        rank creates every TP group, as ``new_group`` requires."""
         dist = self.dist
         if dist.tp == 1:
             return None
         import torch.distributed as tdist
 
+        groups = [tdist.new_group(list(range(g * dist.tp, (g + 1) * dist.tp))) for g in range(dist.dp_size)]
+        return groups[dist.dp_rank]
+
+    def _tool_runner(self) -> Callable[[list[str]], list[Any]] | None:
+        """The sandbox runner of the tool-use engine: the default (``None``) on one rank per TP group; with
+        tensor-parallel vLLM, :func:`group_runner` so that the ranks of a TP group see identical tool outputs."""
+        if self.dist.tp == 1:
+            return None
         from .sandbox import run_many
 
-        groups = [tdist.new_group(list(range(g * dist.tp, (g + 1) * dist.tp))) for g in range(dist.dp_size)]
         sandbox_cfg = self.cfg.tool.sandbox
-        return group_runner(lambda codes: run_many(codes, sandbox_cfg), groups[dist.dp_rank], dist.dp_rank * dist.tp)
+        return group_runner(lambda codes: run_many(codes, sandbox_cfg), self.tp_group, self.dist.dp_rank * self.dist.tp)
 
     # -- phases ---------------------------------------------------------------------------------------------------
 
-    def _generate_round(self, step: int, rnd: int) -> list[dict[str, Any]]:
-        """Generate + reward one round; returns this DP group's groups (dicts with outputs, rewards)."""
-        cfg, dist = self.cfg, self.dist
-        per_dp = cfg.optim.train_batch_size // dist.dp_size
-        idx = self.cursor.take(cfg.optim.train_batch_size)[dist.dp_rank * per_dp:(dist.dp_rank + 1) * per_dp]
-        prompts = [self.encoder.encode(self.records[i], i) for i in idx]
-        r = cfg.rollout
-        sampling = SamplingConfig(n=r.n, max_tokens=r.max_response_length, seed=step_seed(cfg.seed, step, rnd,
-                                  dist.dp_rank), temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                  stop=list(r.stop))
-        t0 = time.perf_counter()
-        outs = self.engine.generate([p.token_ids for p in prompts], sampling)
-        self.t["rollout"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        flat: list[RolloutOutput] = [o for g in outs for o in g]
-        golds = [prompts[o.prompt_index].answer for o in flat]
-        # tool use: grade the model's own text (an answer printed by the interpreter does not count)
-        rewards, stats = compute_rewards(cfg.reward, [getattr(o, "model_text", o.text) for o in flat], golds)
-        if cfg.tool is not None and flat:
-            from .tool_rollout import tool_metrics
-
-            for k, v in tool_metrics(flat).items():  # per-response means; re-weighted by count below
-                stats[k] = v
-        a = cfg.algorithm
-        if a.overlong_buffer_len > 0 and a.overlong_penalty_factor > 0:  # DAPO soft overlong penalty
-            start = r.max_response_length - a.overlong_buffer_len
-            rewards = [rw - a.overlong_penalty_factor * min(1.0, max(0.0, (len(o.token_ids) - start)
-                                                                    / a.overlong_buffer_len))
-                       for rw, o in zip(rewards, flat)]
-        self.t["reward"] += time.perf_counter() - t0
-        self._accumulate(stats, len(flat))
-        self.acc["n_gen"] = self.acc.get("n_gen", 0) + len(flat)
-        self.acc["prompts_truncated"] = self.acc.get("prompts_truncated", 0) + sum(p.truncated for p in prompts)
-        groups = []
-        for gi, g in enumerate(outs):
-            groups.append({"outputs": g, "rewards": rewards[gi * r.n:(gi + 1) * r.n]})
-        return groups
-
-    def _collect(self, step: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """Steps 1–4: rounds of generation with dynamic sampling; returns the kept groups of this DP group."""
-        from stare_lab.advantages import filter_groups
-
-        cfg = self.cfg
-        quota = cfg.optim.train_batch_size // self.dist.dp_size
-        kept: list[dict[str, Any]] = []
-        all_rewards: list[float] = []
-        n_groups = 0
-        rnd = 0
-        while True:
-            rnd += 1
-            groups = self._generate_round(step, rnd)
-            n_groups += len(groups)
-            for g in groups:
-                all_rewards.extend(g["rewards"])
-            if cfg.algorithm.dynamic_sampling:
-                flat = [rw for g in groups for rw in g["rewards"]]
-                keep = filter_groups(torch.tensor(flat, dtype=torch.float32), group_size=cfg.rollout.n).tolist()
-                groups = [g for gi, g in enumerate(groups) if keep[gi * cfg.rollout.n]]
-            kept.extend(groups[: max(0, quota - len(kept))])
-            if not cfg.algorithm.dynamic_sampling:
-                break
-            total_kept = self.policy.all_reduce([len(kept)])[0]
-            if total_kept >= cfg.optim.train_batch_size or rnd >= cfg.algorithm.max_gen_rounds:
-                if total_kept < cfg.optim.train_batch_size:
-                    logger.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds; continuing "
-                                   "with what was kept", step, int(total_kept), cfg.optim.train_batch_size, rnd)
-                break
-        red = self.policy.all_reduce([len(kept), n_groups, sum(all_rewards), len(all_rewards)])
-        info = {"gen_rounds": rnd, "kept_group_fraction": red[0] / max(red[1], 1), "reward": red[2] / max(red[3], 1)}
-        return kept, info
-
-    def _batch(self, kept: list[dict[str, Any]]):
-        """Step 5: advantages per group (core), overlong masking, this rank's TrainBatch."""
+    def _batch(self, kept: list[dict[str, Any]], step: int):
+        """Step 5: advantages per group (core), overlong masking, this rank's TrainBatch (its share of the TP
+        group's groups). Raises DataError when the engine returned no (or bad) log-probs for a response."""
         from stare_lab.advantages import group_advantages
 
+        from .importance import engine_logprobs
         from .policy import TrainBatch
 
         cfg, dist = self.cfg, self.dist
@@ -290,11 +157,12 @@ class _Trainer:
             kept = kept[dist.tp_rank::dist.tp]
         prompt_ids, resp, mask, advs, rlp = [], [], [], [], []
         n_trunc = 0
-        for g in kept:
+        for gi, g in enumerate(kept):
             adv = group_advantages(torch.tensor(g["rewards"], dtype=torch.float32), group_size=cfg.rollout.n,
                                    estimator=cfg.algorithm.advantage_estimator, eps=cfg.algorithm.adv_eps,
                                    quantile_k=cfg.algorithm.quantile_k).tolist()
-            for o, a in zip(g["outputs"], adv):
+            for j, (o, a) in enumerate(zip(g["outputs"], adv)):
+                lps = engine_logprobs(o, f"step {step}, group {gi}, sample {j}")
                 ids = list(o.token_ids) or [next(iter(self.eos))]
                 truncated = o.finish_reason == "length"
                 n_trunc += truncated
@@ -310,7 +178,7 @@ class _Trainer:
                     row_mask = [m * float(x) for x in loss_mask]
                 mask.append(row_mask)
                 advs.append(float(a))
-                rlp.append(list(o.logprobs) if o.logprobs is not None else [0.0] * len(ids))
+                rlp.append(lps or [0.0])  # an empty response trains on one masked eos token (mask 0)
         return TrainBatch(prompt_ids, resp, mask, advs, rlp), n_trunc
 
     def _stare_weights(self, batch, old_lp) -> tuple[list[torch.Tensor] | None, dict[str, float]]:
@@ -375,98 +243,90 @@ class _Trainer:
         self.t["entropy_after"] = time.perf_counter() - t0
         return self.policy.all_reduce([total])[0] / g_tok
 
-    def _accumulate(self, stats: dict[str, float], n: int) -> None:
-        """Add one generation round's ``stats`` (over ``n`` responses) to the step's accumulators: counts add up;
-        means are weighted by their number of responses (per-call fractions by their number of calls)."""
-        for k, v in stats.items():
-            if k in _COUNT_KEYS:
-                self.acc[k] = self.acc.get(k, 0.0) + v
-                continue
-            w = round(stats["tool/calls_per_response"] * n) if k in _PER_CALL_KEYS else n
-            self.acc[k] = self.acc.get(k, 0.0) + v * w
-            self.acc[f"weight:{k}"] = self.acc.get(f"weight:{k}", 0.0) + w
+    def _row(self, step: int, batch, old_lp, old_ent, n_trunc: int, info: dict[str, float]) -> dict[str, Any]:
+        """The step's metrics row before the update (docs/design.md §4 keys, rollout and engine-vs-trainer statistics;
+        every rank-summed count taken once per TP group). Collective. ``entropy`` is filled in by the caller."""
+        from .importance import rollout_diagnostics
 
-    def _round_stats(self) -> dict[str, float]:
-        """The step's reward / tool statistics beyond the fixed ones (grader outcome counts ``reward/…``, format
-        rate, ``tool/…`` metrics), combined over generation rounds and ranks: counts summed, means weighted by
-        their number of responses (per-call fractions by their number of calls; 0.0 when there was none)."""
-        fixed = {"accuracy", "reward/errors", "n_gen", "prompts_truncated"}
-        mine = sorted(k for k in self.acc if k not in fixed and not k.startswith("weight:"))
-        keys = sorted(set().union(*self.policy.all_gather_object(mine)))
-        red = self.policy.all_reduce([self.acc.get(k, 0.0) for k in keys]
-                                     + [self.acc.get(f"weight:{k}", 0.0) for k in keys])
-        out = {}
-        for k, total, weight in zip(keys, red[: len(keys)], red[len(keys):]):
-            out[k] = total if k in _COUNT_KEYS else (total / weight if weight > 0 else 0.0)
-        return out
-
-    def step(self, step: int) -> dict[str, Any]:
-        cfg = self.cfg
-        self.t = {k: 0.0 for k in ("rollout", "reward", "old_logprob", "update", "sync")}
-        self.acc: dict[str, float] = {}
-        t_step = time.perf_counter()
-        kept, info = self._collect(step)
-        _fault(step, "rollout")
-        batch, n_trunc = self._batch(kept)
-        t0 = time.perf_counter()
-        old_lp, old_ent = self.policy.compute_logprobs(batch)
-        self.t["old_logprob"] = time.perf_counter() - t0
         ent_sum = sum(float((e * torch.tensor(m)).sum()) for e, m in zip(old_ent, batch.response_mask))
-        diffs = [float((lp - torch.tensor(r)).abs().mul(torch.tensor(m)).max()) if len(r) else 0.0
-                 for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask)]
-        diff_sum = sum(float((lp - torch.tensor(r)).abs().mul(torch.tensor(m)).sum())
-                       for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask))
-        ratios = [float(torch.exp(lp - torch.tensor(r))[torch.tensor(m) > 0].mean())
-                  for lp, r, m in zip(old_lp, batch.rollout_logprobs, batch.response_mask) if sum(m) > 0]
+        diag = rollout_diagnostics(old_lp, batch.rollout_logprobs, batch.response_mask)
         n_tok = sum(sum(m) for m in batch.response_mask)
         lengths = [len(r) for r in batch.response_ids]
-        red = self.policy.all_reduce([ent_sum, n_tok, len(batch), n_trunc, sum(lengths), sum(ratios), len(ratios),
-                                      self.acc.get("n_gen", 0), self.acc.get("accuracy", 0.0),
-                                      self.acc.get("reward/errors", 0.0), self.acc.get("prompts_truncated", 0),
-                                      diff_sum])
-        mx = self.policy.all_reduce([max(diffs, default=0.0), max(lengths, default=0)], op="max")
-        g_tok, g_seq = red[1], red[2]
+        shared = self.collector.shared_totals()
+        red = self.policy.all_reduce([ent_sum, n_tok, len(batch), n_trunc, sum(lengths), diag["ratio_sum"],
+                                      diag["n_ratio"], diag["diff_sum"]])
+        mx = self.policy.all_reduce([diag["diff_max"], max(lengths, default=0)], op="max")
+        n_seq = red[2]
+        self.sums = {"ent": red[0], "tok": red[1], "seq": n_seq, "gen_tokens": red[4]}
         row: dict[str, Any] = {"step": step, "entropy": None, "reward": info["reward"], "gate_on": int(
             self.controller.gate_on), "stare_w": self.controller.reweight_w, "stare_m": self.controller.reweight_m,
             "pred_entropy_change": None, "entropy_change": None}
-        row.update({"accuracy": red[8] / max(red[7], 1), "reward/errors": red[9], "gen_rounds": info["gen_rounds"],
-                    "kept_group_fraction": info["kept_group_fraction"], "num_sequences": g_seq,
-                    "num_tokens": g_tok, "truncation_rate": red[3] / max(red[2], 1),
-                    "response_length/mean": red[4] / max(red[2], 1), "response_length/max": mx[1],
-                    "rollout/logprob_diff_max": mx[0], "rollout/logprob_diff_mean": red[11] / max(red[1], 1),
-                    "rollout/ratio_mean": red[5] / max(red[6], 1),
-                    "prompts_truncated": red[10]})
-        row.update(self._round_stats())
+        row.update({"accuracy": shared["accuracy"] / max(shared["n_gen"], 1), "reward/errors": shared["reward/errors"],
+                    "gen_rounds": info["gen_rounds"], "kept_group_fraction": info["kept_group_fraction"],
+                    "num_generated": info["num_generated"], "num_sequences": n_seq, "num_tokens": red[1],
+                    "truncation_rate": red[3] / max(n_seq, 1), "response_length/mean": red[4] / max(n_seq, 1),
+                    "response_length/max": mx[1], "rollout/logprob_diff_max": mx[0],
+                    "rollout/logprob_diff_mean": red[7] / max(red[1], 1), "rollout/ratio_mean": red[5] / max(red[6], 1),
+                    "prompts_truncated": shared["prompts_truncated"]})
+        row.update(self.collector.round_stats())
+        return row
+
+    def step(self, step: int) -> dict[str, Any]:
+        """One optimizer step (collective); returns its metrics row. The memory transitions around the engine are
+        :class:`trainer.memory.ColocatedSchedule`'s (sleep right after generation, wake the weights, sync, wake
+        the KV cache); ``memory/<phase>_peak_gib`` are logged on a GPU."""
+        cfg, sch, mem = self.cfg, self.schedule, self.memory
+        self.t = {k: 0.0 for k in ("rollout", "reward", "old_logprob", "update", "sync")}
+        t_step = time.perf_counter()
+        mem.start("rollout")
+        kept, info = self.collector.collect(step)
+        mem.stop("rollout")
+        self.t.update(self.collector.timers)
+        sch.after_generation()
+        _fault(step, "rollout")
+        batch, n_trunc = self._batch(kept, step)
+        mem.start("old_logprob")
+        t0 = time.perf_counter()
+        old_lp, old_ent = self.policy.compute_logprobs(batch)
+        self.t["old_logprob"] = time.perf_counter() - t0
+        mem.stop("old_logprob")
+        row = self._row(step, batch, old_lp, old_ent, n_trunc, info)
+        g_tok, g_seq = self.sums["tok"], self.sums["seq"]
         if g_tok <= 0:
             logger.warning("step %d: no trainable tokens (all groups filtered or all responses masked); "
                            "skipping the update", step)
             row["skipped"] = 1
+            sch.skipped_update()
         else:
-            h_bar = red[0] / g_tok
+            h_bar = self.sums["ent"] / g_tok
             row["entropy"] = h_bar
             gate = self.controller.update(h_bar) if cfg.loss.loss_mode == "stare" else False
             row.update(gate_on=int(gate), stare_w=self.controller.reweight_w, stare_m=self.controller.reweight_m)
             weights, wstats = self._stare_weights(batch, old_lp)
             row.update(wstats)
             _fault(step, "update")
-            self.engine.sleep()
+            mem.start("update")
             t0 = time.perf_counter()
             extras = self._global_loss_stats(step, batch, old_lp, old_ent, gate)
             row.update(self.policy.update(batch, old_logprobs=old_lp, old_entropy=old_ent, token_weights=weights,
                                           loss_config=cfg.loss, global_num_tokens=g_tok, global_num_sequences=g_seq,
                                           loss_extras=extras))
             self.t["update"] = time.perf_counter() - t0
+            mem.stop("update")
+            sch.after_update()
             if cfg.schedule.measure_entropy_change:
                 row["entropy_change"] = self._entropy_after(batch, g_tok) - h_bar
-            self.engine.wake_up()
+            mem.start("sync")
             t0 = time.perf_counter()
-            self.engine.sync_weights(self.policy.iter_named_params(cfg.rollout.sync_bucket_mb * 2**20))
+            sch.sync()
             self.t["sync"] = time.perf_counter() - t0
+            mem.stop("sync")
             row["skipped"] = 0
+        row.update(mem.row())
         for k, v in self.t.items():
             row[f"time/{k}_s"] = v
         row["time/step_s"] = time.perf_counter() - t_step
-        row["time/rollout_tokens_per_s"] = red[4] / max(self.t["rollout"], 1e-9)  # generated tokens / rollout s
+        row["time/rollout_tokens_per_s"] = self.sums["gen_tokens"] / max(self.t["rollout"], 1e-9)
         return row
 
     def evaluate(self, step: int, out: Path, ecfg: Any) -> dict[str, float]:
@@ -531,8 +391,9 @@ def train(cfg: TrainerConfig) -> Path:
     from stare_lab.errors import RunError
 
     from . import preflight
-    from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from .checkpoint import latest_checkpoint, save_checkpoint
     from .launch import cpu_env_defaults
+    from .memory import WeightVersions
     from .runlog import RunLogger, export_final_model, read_rows, summary_from_rows
 
     cpu_env_defaults()
@@ -541,6 +402,7 @@ def train(cfg: TrainerConfig) -> Path:
     preflight.check_out_dir(out)
     ecfg = preflight.load_eval_config(cfg)
     preflight.check_lengths(cfg, preflight.model_max_positions(cfg.model.path), ecfg)
+    preflight.check_training(cfg)
     ckpt_root = out / "checkpoint"
     latest = latest_checkpoint(ckpt_root)
     s = cfg.schedule
@@ -566,10 +428,10 @@ def train(cfg: TrainerConfig) -> Path:
             logger.info("%s already holds the finished run (%d steps); nothing to do", out, done)
             return out
     preflight.make_out_dir(out)
-    tr = _Trainer(cfg)
+    tr = _Trainer(cfg, resume_from=latest)
     start = 0
     if latest is not None:
-        state = load_checkpoint(latest, tr.policy)
+        state = tr.resume_state
         start = int(state["step"])
         if state.get("n_records") not in (None, len(tr.records)):
             raise ConfigError(f"{str(out)!r} was trained on {state['n_records']} records, data.train_files now "
@@ -577,6 +439,7 @@ def train(cfg: TrainerConfig) -> Path:
         tr.cursor.load_state_dict(state["cursor"])
         tr.controller.load_state_dict(state["controller"])
         tr.engine.sync_weights(tr.policy.iter_named_params(cfg.rollout.sync_bucket_mb * 2**20))
+        tr.schedule.versions = WeightVersions(start)  # the policy restored at version `start`, the engine synced
         logger.info("resumed from %s (step %d)", latest, start)
     log = RunLogger(cfg, out, start, tr.dist.is_main)
     ckpt = latest
@@ -592,7 +455,8 @@ def train(cfg: TrainerConfig) -> Path:
     if dump:
         torch.save(tr.policy.full_state_dict(), f"{dump}.rank{tr.dist.rank}.pt")
     if tr.dist.is_main:
-        log.close(summary_from_rows(read_rows(out), s.total_steps, start))
+        summary = summary_from_rows(read_rows(out), s.total_steps, start)
+        log.close(summary)
         path = export_final_model(ckpt, out)
         logger.info("final model: %s", path)
     return out

@@ -299,10 +299,14 @@ class PolicyEngine:
     # parameters for the sync / export
     # ------------------------------------------------------------------------------------------------------------
 
-    def iter_named_params(self, bucket_bytes: float) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_named_params(self, bucket_bytes: float, materialize: bool = True
+                          ) -> Iterator[tuple[str, torch.Tensor | None]]:
         """Yield ``(name, full tensor)`` for every parameter (HF names), gathering ZeRO-3 partitions bucket by
-        bucket (``deepspeed.zero.GatheredParameters``, ≤ ``bucket_bytes`` per gather). Collective under ZeRO-3:
-        every rank must consume the whole iterator in the same order. Yielded tensors are detached copies."""
+        bucket (``deepspeed.zero.GatheredParameters``, ≤ ``bucket_bytes`` per gather, or one parameter if it is
+        larger). Collective under ZeRO-3: every rank must consume the whole iterator in the same order. Yielded
+        tensors are detached copies (on the parameters' device, in their dtype); with ``materialize=False`` no copy
+        is made and ``None`` is yielded in place of each tensor (a rank that only takes part in the gathers, e.g.
+        every rank but 0 in :meth:`save_hf`)."""
         import deepspeed
 
         bucket: list[tuple[str, torch.nn.Parameter]] = []
@@ -312,9 +316,9 @@ class PolicyEngine:
             params = [p for _, p in bucket]
             if self.zero3:
                 with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                    out = [(n, p.data.detach().clone()) for n, p in bucket]
+                    out = [(n, p.data.detach().clone() if materialize else None) for n, p in bucket]
             else:
-                out = [(n, p.data.detach().clone()) for n, p in bucket]
+                out = [(n, p.data.detach().clone() if materialize else None) for n, p in bucket]
             return out
 
         for name, p in self.engine.module.named_parameters():
@@ -328,16 +332,64 @@ class PolicyEngine:
             yield from flush()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """All parameters as full CPU tensors (collective under ZeRO-3)."""
+        """All parameters as full CPU tensors, on every rank (collective under ZeRO-3; tests only — the export
+        uses :meth:`save_hf`, which holds one shard on rank 0 at a time)."""
         return {n: t.cpu() for n, t in self.iter_named_params(256 * 2**20)}
 
-    def save_hf(self, out_dir: str | Path, tokenizer: Any | None = None) -> None:
-        """Export an HF checkpoint (``save_pretrained``) to ``out_dir`` on rank 0 (collective gather)."""
-        sd = self.full_state_dict()
-        if self.dist.is_main:
-            self.engine.module.save_pretrained(str(out_dir), state_dict=sd, safe_serialization=True)
+    def save_hf(self, out_dir: str | Path, tokenizer: Any | None = None, max_shard_bytes: int = 5 * 2**30) -> None:
+        """Export an HF checkpoint to ``out_dir``, consolidated on rank 0 only (collective).
+
+        Every rank takes part in the ZeRO-3 gathers bucket by bucket (16-bit parameters under bf16/fp16
+        training); only rank 0 copies each gathered tensor to host memory and streams it into safetensors shards
+        of at most ``max_shard_bytes`` (:func:`trainer.checkpoint.write_hf_shards`), so no rank ever holds the
+        full state dict. Rank 0 also writes ``config.json`` (its ``dtype`` = the exported tensors' dtype), the
+        generation config and the tokenizer.
+        """
+        from .checkpoint import write_hf_shards
+
+        main = self.dist.is_main
+        named = ((n, t.cpu() if t is not None else None)
+                 for n, t in self.iter_named_params(self.cfg.rollout.sync_bucket_mb * 2**20, materialize=main))
+        dtype = write_hf_shards(named, out_dir, max_shard_bytes=max_shard_bytes, write=main)
+        if main:
+            module = self.engine.module
+            module.config.save_pretrained(str(out_dir))
+            _set_config_dtype(Path(out_dir) / "config.json", dtype)
+            if getattr(module, "generation_config", None) is not None:
+                module.generation_config.save_pretrained(str(out_dir))
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(out_dir))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # memory during the rollout (trainer.memory.ColocatedSchedule)
+    # ------------------------------------------------------------------------------------------------------------
+
+    def offload_states(self) -> None:
+        """Move DeepSpeed's optimizer states, fp32 master partitions and gradient buffers to pinned host memory
+        (``DeepSpeedEngine.offload_states``; ZeRO-3 with DeepSpeed's FusedAdam, ``optim.optimizer=deepspeed_adamw``).
+        The 16-bit parameter partitions stay: the weight sync gathers them."""
+        from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+        self.engine.offload_states(include=[S.optim_states, S.hp_params, S.lp_grads, S.contiguous_grad_buffer],
+                                   pin_memory=True)
+
+    def reload_states(self) -> None:
+        """Undo :meth:`offload_states` (``DeepSpeedEngine.reload_states``)."""
+        self.engine.reload_states()
+
+
+def _set_config_dtype(path: Path, dtype: torch.dtype | None) -> None:
+    """Write the exported tensors' dtype into ``config.json`` (``dtype`` and the older ``torch_dtype`` key)."""
+    import json
+
+    if dtype is None:
+        return
+    data = json.loads(path.read_text())
+    name = str(dtype).removeprefix("torch.")
+    for key in ("dtype", "torch_dtype"):
+        if key in data or key == "dtype":
+            data[key] = name
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _lr_scheduler(optimizer: torch.optim.Optimizer, cfg: Any) -> torch.optim.lr_scheduler.LambdaLR:

@@ -14,7 +14,7 @@ from typing import Any
 from stare_lab.errors import ConfigError, RunError
 
 __all__ = ["check_out_dir", "make_out_dir", "model_max_positions", "check_lengths", "load_eval_config",
-           "check_resume_compatible", "RESUME_KEYS"]
+           "check_resume_compatible", "check_training", "gpu_cluster", "RESUME_KEYS"]
 
 #: Config keys (dotted) that must not change when a run directory is resumed: the data order, the sampled groups
 #: and the loss would otherwise silently mix two experiments in one metrics.jsonl. ``schedule.*`` (e.g. a larger
@@ -188,3 +188,43 @@ def _first_diff(key: str, a: Any, b: Any) -> tuple[str, Any, Any] | None:
                 return d
         return None
     return None if a == b else (key, a, b)
+
+
+def gpu_cluster() -> Any:
+    """The :class:`trainer.plan.Cluster` this process runs in (GPU only): nodes and GPUs per node from the
+    launcher's ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE`` (1 process: one GPU), memory from the device. ``None`` on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from .plan import Cluster
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(min(world, torch.cuda.device_count()))))
+    mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+    return Cluster(nodes=max(1, world // max(local, 1)), gpus_per_node=max(local, 1), gpu_memory_gib=mem)
+
+
+def check_training(cfg: Any) -> None:
+    """Settings that cannot work together, checked before anything is built; on a GPU also the memory plan.
+
+    - TIS with a filtered sampling support (:func:`trainer.importance.check_importance_config`);
+    - ``deepspeed.offload_during_rollout`` needs DeepSpeed's FusedAdam (``optim.optimizer=deepspeed_adamw``):
+      DeepSpeed offloads the optimizer states of that optimizer only;
+    - on a GPU, :func:`trainer.plan.check_fits` for the job's cluster (skipped with ``STARE_LAB_SKIP_PLAN=1``);
+      on CPU the plan (a GPU model) is not applied.
+
+    Raises:
+        ConfigError: one of the above, with the plan's line for a run that cannot fit.
+    """
+    from .importance import check_importance_config
+
+    check_importance_config(cfg)
+    if cfg.deepspeed.offload_during_rollout and cfg.optim.optimizer != "deepspeed_adamw":
+        raise ConfigError("deepspeed.offload_during_rollout=true needs optim.optimizer=deepspeed_adamw (DeepSpeed "
+                          f"offloads the states of its FusedAdam only), got optim.optimizer={cfg.optim.optimizer}")
+    cluster = gpu_cluster()
+    if cluster is not None and os.environ.get("STARE_LAB_SKIP_PLAN") != "1":
+        from .plan import check_fits
+
+        check_fits(cfg, cluster)

@@ -104,10 +104,11 @@ class RolloutEngine(Protocol):
         """Load new weights (HF parameter names, full unsharded tensors) into the engine."""
 
     def sleep(self) -> None:
-        """Free the engine's memory during the update (no-op where unsupported)."""
+        """Free the engine's GPU memory (weights and KV cache) between generation and the next sync (no-op where
+        unsupported); see :mod:`trainer.memory` for the order."""
 
-    def wake_up(self) -> None:
-        """Undo :meth:`sleep`."""
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo :meth:`sleep` for ``tags`` (``"weights"``, ``"kv_cache"``; ``None`` = everything)."""
 
 
 def with_tied_lm_head(
@@ -239,10 +240,15 @@ class HFEngine:
             params[name].copy_(t.to(params[name].device, params[name].dtype))
 
     def sleep(self) -> None:
-        """No-op (the HF engine holds no cache between calls)."""
+        """On a GPU, move the model's weights to host memory (the HF engine keeps no KV cache between calls);
+        no-op on CPU."""
+        if torch.device(self.device).type == "cuda":
+            self.model.to("cpu")
 
-    def wake_up(self) -> None:
-        """No-op."""
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Move the weights back to the GPU when ``tags`` is ``None`` or holds ``"weights"``."""
+        if torch.device(self.device).type == "cuda" and (tags is None or "weights" in tags):
+            self.model.to(self.device)
 
 
 class VLLMEngine:
@@ -260,6 +266,8 @@ class VLLMEngine:
         gpu_memory_utilization: GPU memory fraction (ignored on CPU).
         enforce_eager: no CUDA graphs / torch.compile (forced on CPU).
         enable_sleep_mode: allow :meth:`sleep` / :meth:`wake_up` (GPU only; ignored on CPU).
+        sleep_level: vLLM's sleep level: 1 backs the weights up in host memory, 2 drops them (the weight sync
+            reloads them; saves ``weights / tp`` of pinned host memory per rank).
         max_num_seqs: max concurrent sequences.
         tied_embeddings: append ``lm_head.weight`` at sync (see :func:`with_tied_lm_head`); ``None`` = read from the
             model's ``config.json``.
@@ -284,6 +292,7 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         max_num_seqs: int = 256,
         tied_embeddings: bool | None = None,
+        sleep_level: int = 1,
     ) -> None:
         import json
         import os
@@ -300,7 +309,8 @@ class VLLMEngine:
             tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
         self.tied_embeddings = tied_embeddings
         self.enable_sleep_mode = enable_sleep_mode and self.on_gpu
-        self._asleep = False
+        self.sleep_level = sleep_level
+        self._asleep: set[str] = set()  # the memory tags that are asleep
         self.llm = LLM(
             model=str(model_path),
             tokenizer=str(tokenizer or model_path),
@@ -315,6 +325,8 @@ class VLLMEngine:
             enable_prefix_caching=False,
             max_num_seqs=max_num_seqs,
             logprobs_mode="processed_logprobs",
+            # vLLM's load progress bar only when its logs show INFO (VLLM_LOGGING_LEVEL, default INFO)
+            use_tqdm_on_load=os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() in ("DEBUG", "INFO"),
         )
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -365,23 +377,33 @@ class VLLMEngine:
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Reload weights in place with vLLM's ``reload_weights`` (one call; ``named_tensors`` may be a lazy
-        generator that gathers ZeRO-3 buckets as it goes). Adds ``lm_head.weight`` for tied embeddings."""
+        generator that gathers ZeRO-3 buckets as it goes). Adds ``lm_head.weight`` for tied embeddings.
+
+        vLLM logs "RotaryEmbedding: Failed to load weights" at every reload: the rotary cos/sin cache is computed
+        from the config, not a checkpoint tensor, so the reload finds nothing to load for it and keeps the cache it
+        has (harmless: the engine's log-probs equal the trainer's after every sync, tests/trainer/test_pipeline.py).
+        ``stare-lab train`` filters that one message (:func:`trainer.cli.configure_output`).
+
+        Raises:
+            RuntimeError: the engine's weights are asleep (:meth:`wake_up` with ``["weights"]`` first).
+        """
+        if "weights" in self._asleep:
+            raise RuntimeError("VLLMEngine.sync_weights: the weights are asleep; wake_up(['weights']) first")
         it = with_tied_lm_head(named_tensors, self.tied_embeddings)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": it})
-        if self.enable_sleep_mode:
-            pass  # prefix caching is off; nothing cached to reset
 
     def sleep(self) -> None:
-        """Free weights and KV cache (level 1) during the update; GPU only."""
+        """Free weights and KV cache (``LLM.sleep(level=sleep_level)``); GPU with sleep mode only."""
         if self.enable_sleep_mode and not self._asleep:
-            self.llm.sleep(level=1)
-            self._asleep = True
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
-        """Re-allocate after :meth:`sleep`."""
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate the memory of ``tags`` after :meth:`sleep` (``LLM.wake_up(tags)``; ``None`` = all)."""
+        want = set(self._asleep) if tags is None else self._asleep & set(tags)
+        if want:
+            self.llm.wake_up(tags=sorted(want))
+            self._asleep -= want
 
 
 def make_engine(cfg: Any, model_dir: str | Path, *, world_size: int = 1, max_model_len: int | None = None) -> Any:
@@ -412,4 +434,5 @@ def make_engine(cfg: Any, model_dir: str | Path, *, world_size: int = 1, max_mod
         enforce_eager=r.enforce_eager,
         enable_sleep_mode=r.enable_sleep_mode,
         max_num_seqs=r.max_num_seqs,
+        sleep_level=r.sleep_level,
     )

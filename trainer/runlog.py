@@ -1,6 +1,7 @@
 """The trainer's run-directory side (rank 0 only): metrics rows, amending a row with evaluation results, the
-summary recomputed from ``metrics.jsonl``, the stable export ``OUT/final_model``; optional TensorBoard / W&B and a
-progress bar.
+summary recomputed from ``metrics.jsonl``, the stable export ``OUT/final_model``; optional TensorBoard / W&B; and
+the progress people read: one line per step (:func:`step_line`, logged at INFO on the ``trainer.progress`` logger)
+or, with ``schedule.progress_bar`` on a terminal, a tqdm bar carrying the same numbers.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,38 @@ from stare_lab.errors import ConfigError, RunError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunLogger", "summary_from_rows", "read_rows", "export_final_model", "FINAL_MODEL"]
+__all__ = ["RunLogger", "summary_from_rows", "read_rows", "export_final_model", "FINAL_MODEL", "step_line",
+           "PROGRESS_LOGGER"]
 
 #: ``OUT/final_model``: the trained model at the end of a run (HF format with the tokenizer).
 FINAL_MODEL = "final_model"
+#: The logger of the per-step lines (``stare-lab train`` prints its records as they are, without a prefix).
+PROGRESS_LOGGER = "trainer.progress"
+progress = logging.getLogger(PROGRESS_LOGGER)
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(max(seconds, 0.0)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def step_line(row: dict[str, Any], total_steps: int, eta_s: float | None) -> str:
+    """The one-line progress of a metrics row: ``step N/total``, reward, accuracy, entropy (nats), the gate and
+    W/M, rollout tokens/s, seconds per step and the ETA (``eta_s`` seconds; ``None`` = unknown)."""
+    def num(key: str, fmt: str) -> str:
+        v = row.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+    parts = [f"step {row['step']}/{total_steps}", f"reward {num('reward', '.3f')}", f"acc {num('accuracy', '.3f')}",
+             f"entropy {num('entropy', '.3f')}",
+             f"gate {'on' if row.get('gate_on') else 'off'} W {num('stare_w', '.3f')} M {num('stare_m', '.3f')}",
+             f"{num('time/rollout_tokens_per_s', '.0f')} tok/s", f"{num('time/step_s', '.1f')} s/step"]
+    if row.get("gen_rounds", 1) > 1 or row.get("kept_group_fraction", 1.0) < 1.0:
+        parts.append(f"kept {num('kept_group_fraction', '.2f')} in {row.get('gen_rounds')} rounds")
+    if row.get("skipped"):
+        parts.append("update skipped")
+    parts.append(f"ETA {_hms(eta_s) if eta_s is not None else '-'}")
+    return " | ".join(parts)
 
 
 def read_rows(out: str | Path) -> list[dict[str, Any]]:
@@ -117,7 +147,8 @@ class RunLogger:
             except ImportError as err:
                 raise ConfigError("schedule.wandb_project is set but wandb is not installed") from err
             self.wandb = wandb.init(project=s.wandb_project, config=cfg.to_dict(), dir=str(out))
-        if s.progress_bar:
+        self.total_steps, self.step_times = s.total_steps, []
+        if s.progress_bar and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=s.total_steps, initial=resume_step, desc="train", dynamic_ncols=True)
@@ -136,9 +167,15 @@ class RunLogger:
             return
         self.writer.log(row)
         self._scalars(row, row["step"])
+        if isinstance(row.get("time/step_s"), (int, float)):
+            self.step_times.append(float(row["time/step_s"]))
+        left = self.total_steps - int(row["step"])
+        eta = left * sum(self.step_times) / len(self.step_times) if self.step_times else None
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(reward=f"{row['reward']:.3f}", H=f"{row['entropy'] or float('nan'):.3f}")
+            self.bar.set_postfix_str(step_line(row, self.total_steps, eta).split(" | ", 1)[1])
+        else:
+            progress.info(step_line(row, self.total_steps, eta))
 
     def amend(self, step: int, extra: dict[str, Any]) -> None:
         """Add ``extra`` (e.g. the ``eval/…`` metrics computed after the row was written) to the row of ``step``.

@@ -32,10 +32,12 @@ def _corpus(gsm8k_file: str | Path | None, max_records: int) -> list[str]:
         "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) $ . , ?",
     ]
     if gsm8k_file is not None and Path(gsm8k_file).is_file():
-        from .data import _read_file  # the trainer's JSONL/Parquet reader (file:line errors)
+        from .data import DEFAULT_KEYS, load_records  # the trainer's reader: flat or verl records, file:line errors
 
-        for rec in _read_file(str(gsm8k_file))[:max_records]:
-            texts.append(str(rec.get("problem", "")) + " " + str(rec.get("answer", "")))
+        for rec in load_records([str(gsm8k_file)], *DEFAULT_KEYS, max_samples=max_records):
+            prompt = rec["prompt"]
+            text = prompt if isinstance(prompt, str) else " ".join(m["content"] for m in prompt)
+            texts.append(text + " " + rec["answer"])
     return texts
 
 
@@ -50,25 +52,29 @@ def build_tiny_model(
     corpus_file: str | Path | None = None,
     corpus_records: int = 500,
     max_position_embeddings: int = 1024,
+    num_kv_heads: int = 1,
 ) -> Path:
     """Build and save a random-init ``Qwen2ForCausalLM`` + ``PreTrainedTokenizerFast`` in ``out_dir``.
 
     The tokenizer is a byte-level BPE trained (deterministically) on a few fixed strings plus, if given, the first
     ``corpus_records`` records of a GSM8K-style JSONL (``problem``/``answer``); eos ``<|endoftext|>``, pad
     ``<pad>``, chat template :data:`TINY_CHAT_TEMPLATE`. Model: ``hidden_size`` with ``hidden_size // head_dim``
-    query heads, 1 KV head, tied embeddings, float32, weights from ``torch.manual_seed(seed)``.
+    query heads, ``num_kv_heads`` KV heads, tied embeddings, float32, weights from ``torch.manual_seed(seed)``.
+    Tensor-parallel vLLM needs the query and KV heads divisible by the TP size (``num_kv_heads=2`` for TP 2).
 
     Args:
         out_dir: directory to write (created; existing files are overwritten).
         seed: initialisation seed (same seed ⇒ identical weights).
         vocab_size: target BPE vocabulary size (the trained tokenizer may be smaller; the model uses its length).
         head_dim: 32 or more for vLLM-CPU.
+        num_kv_heads: KV heads (divides the query heads).
 
     Returns:
         ``Path(out_dir)``.
 
     Raises:
-        ValueError: if ``hidden_size`` is not a multiple of ``head_dim``.
+        ValueError: if ``hidden_size`` is not a multiple of ``head_dim``, or ``num_kv_heads`` does not divide the
+            query heads.
         DataError: a line of ``corpus_file`` among the first ``corpus_records`` is not a JSON object.
     """
     import torch
@@ -77,6 +83,8 @@ def build_tiny_model(
 
     if hidden_size % head_dim:
         raise ValueError(f"hidden_size={hidden_size} must be a multiple of head_dim={head_dim}")
+    if (hidden_size // head_dim) % num_kv_heads:
+        raise ValueError(f"num_kv_heads={num_kv_heads} must divide the {hidden_size // head_dim} query heads")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -103,7 +111,7 @@ def build_tiny_model(
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=hidden_size // head_dim,
-        num_key_value_heads=1,
+        num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,

@@ -416,9 +416,9 @@ class ToolUseEngine:
         """Delegate to the wrapped engine."""
         self.engine.sleep()
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
         """Delegate to the wrapped engine."""
-        self.engine.wake_up()
+        self.engine.wake_up(tags)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,9 @@ CONFIG_DIR = HERE / "configs"
 PAPER = "paper"
 OURS = "our choice"
 
-#: setting key → (setting, model label, local model directory, size class, max response tokens + note, TP size)
+#: setting key → setting, model label, local model directory (its architecture for ``stare-lab plan``: ``models/``
+#: here holds the public config.json of each), size class, max response tokens + note, TP size, and the memory
+#: settings a setting needs to fit its cluster (``offload_during_rollout``, ``micro_batch_max_tokens``)
 SETTINGS: dict[str, dict[str, Any]] = {
     "short_cot_qwen2.5-math-7b": {
         "setting": "short_cot", "model": "Qwen2.5-Math-7B", "path": "models/Qwen2.5-Math-7B", "large": False,
@@ -36,6 +38,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "short_cot_qwen2.5-32b": {
         "setting": "short_cot", "model": "Qwen2.5-32B-Base", "path": "models/Qwen2.5-32B", "large": True,
         "response": (3072, PAPER), "tp": 4, "eval": "eval_short_cot.yaml",
+        # stare-lab plan on 2 nodes x 8 x 80 GB: without these the rollout phase peaks at 78.7 GiB (DeepSpeed's
+        # 37 GiB of model states next to vLLM's 40 GiB pool) and the update at 73.7 GiB; see docs/trainer.md
+        "offload_during_rollout": True, "micro_batch_max_tokens": 8192,
     },
     "long_cot_r1-distill-qwen-1.5b": {
         "setting": "long_cot", "model": "DeepSeek-R1-Distill-Qwen-1.5B",
@@ -88,8 +93,8 @@ def build(setting_key: str, method_key: str) -> list[tuple[str, list[tuple[str, 
     ]
     data = [
         ("train_files", ["data/dapo-math-17k.parquet"], OURS),  # training set: not stated in the paper
-        ("prompt_key", "problem", OURS),
-        ("answer_key", "answer", OURS),
+        ("prompt_key", "prompt", OURS),  # verl's RL format: a chat list ...
+        ("answer_key", "reward_model.ground_truth", OURS),  # ... and the nested gold answer
         ("use_chat_template", True, OURS),
         ("max_prompt_length", 1024, PAPER),
         ("truncation", "left", OURS),
@@ -140,9 +145,12 @@ def build(setting_key: str, method_key: str) -> list[tuple[str, list[tuple[str, 
         ("weight_decay", 0.0, OURS),
         ("grad_clip", 1.0, PAPER),
         ("train_batch_size", 64, PAPER),
-        ("micro_batch_max_tokens", 16384, OURS),
+        ("micro_batch_max_tokens", s.get("micro_batch_max_tokens", 16384), OURS),
     ]
     deepspeed = [("zero_stage", 3, OURS), ("precision", "bf16", OURS)]
+    if s.get("offload_during_rollout"):  # DeepSpeed offloads the states of its FusedAdam only
+        optim.append(("optimizer", "deepspeed_adamw", OURS))
+        deepspeed.append(("offload_during_rollout", True, OURS))
     schedule = [
         ("total_steps", 1000, OURS),
         ("save_freq", 50, OURS),

@@ -107,7 +107,7 @@ class ScriptedEngine:
     def sleep(self):
         pass
 
-    def wake_up(self):
+    def wake_up(self, tags=None):
         pass
 
 

@@ -58,7 +58,7 @@ def test_compute_rewards_passes_stats_to_the_grader():
 
 
 class _OneRank:
-    """The two collectives ``_round_stats`` uses, on one rank."""
+    """The two collectives ``Collector.round_stats`` uses, on one rank."""
 
     @staticmethod
     def all_gather_object(obj):
@@ -73,15 +73,16 @@ def test_round_stats_combine_rounds_by_responses_and_calls():
     """Two generation rounds (4 and 2 responses). By hand: counts add (no_answer 1 + 3 = 4); per-response means are
     weighted by responses (calls/response (0.5·4 + 1.5·2)/6 = 5/6); error_frac by calls: round 1 made 2 calls
     (1 failed), round 2 made 3 (3 failed) → 4/5, not the response-weighted (0.5·4 + 1·2)/6 = 2/3."""
-    from trainer.loop import _Trainer
+    from trainer.collect import Collector
+    from trainer.launch import DistInfo
 
-    tr = _Trainer.__new__(_Trainer)  # only the accumulators and the collectives are needed
-    tr.policy, tr.acc = _OneRank(), {}
-    tr._accumulate({"reward/no_answer": 1.0, "reward/errors": 0.0, "accuracy": 0.25,
+    tr = Collector.__new__(Collector)  # only the accumulators and the collectives are needed
+    tr.comm, tr.acc, tr.dist = _OneRank(), {}, DistInfo(rank=0, world_size=1, local_rank=0)
+    tr.accumulate({"reward/no_answer": 1.0, "reward/errors": 0.0, "accuracy": 0.25,
                     "tool/calls_per_response": 0.5, "tool/error_frac": 0.5, "tool/timeout_frac": 0.0}, 4)
-    tr._accumulate({"reward/no_answer": 3.0, "reward/errors": 1.0, "accuracy": 0.5,
+    tr.accumulate({"reward/no_answer": 3.0, "reward/errors": 1.0, "accuracy": 0.5,
                     "tool/calls_per_response": 1.5, "tool/error_frac": 1.0, "tool/timeout_frac": 0.0}, 2)
-    out = tr._round_stats()
+    out = tr.round_stats()
     assert set(out) == {"reward/no_answer", "tool/calls_per_response", "tool/error_frac", "tool/timeout_frac"}
     assert out["reward/no_answer"] == 4.0
     assert out["tool/calls_per_response"] == pytest.approx(5 / 6)
@@ -194,7 +195,7 @@ class ScriptedEngine:
     def sleep(self):
         pass
 
-    def wake_up(self):
+    def wake_up(self, tags=None):
         pass
 
 

@@ -1,0 +1,67 @@
+"""Every command in docs/ exists: ``stare-lab`` subcommands are registered, scripts and config files named are in
+the repository, ``-m`` modules import. (Placeholders in capitals such as ``GSM8K_TRAIN.jsonl``, ``$N`` or
+``/shared/...`` paths of a user's cluster are arguments, not commands.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = sorted((REPO / "docs").glob("*.md"))
+REPO_DIRS = ("papers/", "scripts/", "tests/", "trainer/", "docs/", "stare_lab/", "simulators/", "analysis/")
+
+
+def _commands(path: Path) -> list[str]:
+    """Shell commands of the ```bash blocks (continuation lines joined, comments dropped)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.S):
+        text = re.sub(r"\\\n\s*", " ", block)
+        out += [ln.split(" #")[0].strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return out
+
+
+def _subcommands() -> set[str]:
+    from stare_lab.cli import build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return set(action.choices)
+
+
+CASES = [(p.name, c) for p in DOCS for c in _commands(p)]
+
+
+def test_docs_have_commands():
+    assert any(name == "trainer.md" for name, _ in CASES)
+
+
+@pytest.mark.parametrize("doc,cmd", CASES, ids=[f"{d}:{c[:40]}" for d, c in CASES])
+def test_command_exists(doc, cmd):
+    words = shlex.split(cmd)
+    if words[0] in ("pip", "python3", "export", "cd", "."):
+        if words[0] == "python3" and words[1:2] == ["-m"] and words[2] != "venv":
+            assert importlib.util.find_spec(words[2]) is not None, cmd
+        return
+    for w in words:  # every repository path a command names exists
+        if w.startswith(REPO_DIRS):
+            assert (REPO / w).exists(), f"{doc}: {w} does not exist ({cmd})"
+    if words[0] == "stare-lab":
+        sub = next(w for w in words[1:] if not w.startswith("-"))
+        assert sub in _subcommands(), f"{doc}: stare-lab {sub} is not a subcommand"
+    elif words[0] in ("python", "bash"):
+        if words[1] == "-m":
+            assert importlib.util.find_spec(words[2]) is not None, cmd
+        else:
+            assert (REPO / words[1]).is_file(), cmd
+    elif words[0] in ("torchrun", "deepspeed"):
+        mod = words[words.index("-m") + 1] if "-m" in words else words[words.index("--module") + 1]
+        assert importlib.util.find_spec(mod) is not None, cmd
+    elif words[0] in ("pytest",):
+        assert (REPO / words[1]).exists(), cmd
+    else:
+        pytest.fail(f"{doc}: unknown command {words[0]!r} in {cmd!r}")

@@ -1,0 +1,217 @@
+"""The memory order of a colocated step and the weight-version check (trainer.memory), on CPU with fakes.
+
+The real ``trainer.loop._Trainer.step`` runs with a fake rollout engine and a fake policy that record every call,
+so the order checked is the loop's own: generation → engine sleep → cache freed → [DeepSpeed states reloaded] →
+old log-probs → update → [states offloaded] → cache freed → wake weights → sync → wake KV cache → next generation;
+and an engine that missed a sync refuses to generate.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stare_lab.errors import RunError
+from trainer.collect import Collector
+from trainer.config import load_trainer_config
+from trainer.data import DataCursor, EncodedPrompt
+from trainer.launch import DistInfo
+from trainer.memory import ColocatedSchedule, PhaseMemory, WeightVersions
+from trainer.rollout import RolloutOutput
+
+
+class FakeEngine:
+    """Sample j of every prompt answers "j" (so groups have reward variance against gold "1"); log-probs −1."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def generate(self, prompt_token_ids, sampling):
+        self.events.append("generate")
+        return [[RolloutOutput(prompt_index=i, prompt_token_ids=list(p), token_ids=[5, 6], logprobs=[-1.0, -1.0],
+                               text=str(j), finish_reason="stop") for j in range(sampling.n)]
+                for i, p in enumerate(prompt_token_ids)]
+
+    def sleep(self):
+        self.events.append("sleep")
+
+    def wake_up(self, tags=None):
+        self.events.append(f"wake:{','.join(tags) if tags else 'all'}")
+
+    def sync_weights(self, named_tensors):
+        for _ in named_tensors:
+            pass
+        self.events.append("sync")
+
+
+class FakePolicy:
+    """One rank: identity collectives; log-probs equal to the engine's; an update that only records itself."""
+
+    device = "cpu"
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def all_reduce(self, values, op="sum"):
+        return [float(v) for v in values]
+
+    def all_gather_object(self, obj):
+        return [obj]
+
+    def compute_logprobs(self, batch):
+        self.events.append("old_logprob")
+        return ([torch.tensor(r, dtype=torch.float32) for r in batch.rollout_logprobs],
+                [torch.ones(len(r)) for r in batch.response_ids])
+
+    def update(self, batch, **kwargs):
+        self.events.append("update")
+        return {"loss/total": 0.0, "grad_norm": 0.0}
+
+    def iter_named_params(self, bucket_bytes, materialize=True):
+        self.events.append("gather")
+        yield "w", torch.zeros(1)
+
+    def offload_states(self):
+        self.events.append("offload")
+
+    def reload_states(self):
+        self.events.append("reload")
+
+
+class Encoder:
+    def encode(self, record, index):
+        return EncodedPrompt(token_ids=[1, 2, 3], answer=record["answer"], truncated=False, index=index)
+
+
+def _trainer(offload: bool):
+    from stare_lab.stare import STAREController
+    from trainer.loop import _Trainer
+
+    cfg = load_trainer_config({"method": "c2", "model": {"path": "unused"},
+                               "rollout": {"n": 4, "max_response_length": 2},
+                               "reward": {"kind": "gsm8k-lenient"},
+                               "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "gate": "always"}},
+                               "optim": {"train_batch_size": 2}})
+    events: list[str] = []
+    tr = _Trainer.__new__(_Trainer)
+    tr.cfg, tr.dist = cfg, DistInfo(rank=0, world_size=1, local_rank=0)
+    tr.engine, tr.policy = FakeEngine(events), FakePolicy(events)
+    tr.controller, tr.eos, tr.memory = STAREController(cfg.loss.stare), {0}, PhaseMemory()
+    tr.schedule = ColocatedSchedule(tr.engine, tr.policy, bucket_bytes=1.0, offload_during_rollout=offload,
+                                    offloaded=offload, free=lambda: events.append("free"))
+    records = [{"prompt": "p", "answer": "1", "id": i} for i in range(4)]
+    tr.collector = Collector(cfg, tr.dist, tr.engine, Encoder(), records, DataCursor(4, 0), tr.policy,
+                             check_fresh=tr.schedule.before_generation)
+    return tr, events
+
+
+STEP = ["generate", "sleep", "free", "old_logprob", "update", "free", "wake:weights", "gather", "sync",
+        "wake:kv_cache"]
+
+
+def test_step_order_without_offload():
+    tr, events = _trainer(offload=False)
+    rows = [tr.step(1), tr.step(2)]
+    assert events == STEP + STEP
+    assert all(r["skipped"] == 0 for r in rows)
+    assert tr.schedule.versions.policy == tr.schedule.versions.engine == 2
+
+
+def test_step_order_with_deepspeed_offload_during_rollout():
+    """The states were offloaded before the engine was built: reloaded right after the engine sleeps, offloaded
+    again after the update, before the engine wakes."""
+    tr, events = _trainer(offload=True)
+    tr.step(1)
+    tr.step(2)
+    step = ["generate", "sleep", "free", "reload", "old_logprob", "update", "offload", "free", "wake:weights",
+            "gather", "sync", "wake:kv_cache"]
+    assert events == step + step
+
+
+def test_engine_never_generates_from_stale_weights():
+    """An update without the sync that must follow it: the next generation round raises before sampling."""
+    tr, events = _trainer(offload=False)
+    tr.step(1)
+    tr.schedule.versions.updated()  # as if the optimizer stepped and the sync were skipped
+    n = len(events)
+    with pytest.raises(RunError, match="version 1 but the policy is at version 2"):
+        tr.step(2)
+    assert "generate" not in events[n:]
+
+
+def test_weight_versions_counter():
+    v = WeightVersions()
+    v.check_fresh()
+    v.updated()
+    with pytest.raises(RunError, match="stale"):
+        v.check_fresh()
+    v.synced()
+    v.check_fresh()
+    assert (v.policy, v.engine) == (1, 1)
+    resumed = WeightVersions(7)  # a resumed run: policy restored at step 7 and the engine synced to it
+    resumed.check_fresh()
+    assert resumed.policy == 7
+
+
+def test_skipped_update_wakes_the_engine_without_a_sync():
+    events: list[str] = []
+    sch = ColocatedSchedule(FakeEngine(events), FakePolicy(events), bucket_bytes=1.0,
+                            free=lambda: events.append("free"))
+    sch.after_generation()
+    sch.skipped_update()
+    sch.before_generation()  # versions unchanged: fresh
+    assert events == ["sleep", "free", "free", "wake:all"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
+def test_phase_memory_records_nothing_on_cpu():
+    """CPU rows carry no memory/… keys (the GPU check reads them on CUDA)."""
+    mem = PhaseMemory()
+    mem.start("update")
+    mem.stop("update")
+    assert mem.row() == {}
+
+
+def test_offload_during_rollout_needs_zero3_and_deepspeeds_adam():
+    from stare_lab.errors import ConfigError
+    from trainer.preflight import check_training
+
+    with pytest.raises(ConfigError, match="offload_during_rollout=true needs deepspeed.zero_stage=3"):
+        load_trainer_config({"deepspeed": {"zero_stage": 2, "offload_during_rollout": True}})
+    cfg = load_trainer_config({"deepspeed": {"offload_during_rollout": True}})
+    with pytest.raises(ConfigError, match="needs optim.optimizer=deepspeed_adamw"):
+        check_training(cfg)
+    check_training(load_trainer_config({"deepspeed": {"offload_during_rollout": True},
+                                        "optim": {"optimizer": "deepspeed_adamw"}}))
+
+
+def test_vllm_engine_sleep_levels_and_staged_wake_up():
+    """VLLMEngine's thin GPU path against a recording stand-in for ``vllm.LLM`` (sleep is GPU-only in vLLM): the
+    configured sleep level, weights woken before the sync and the KV cache after it, a sync into sleeping weights
+    refused, repeated calls no-ops."""
+    from trainer.rollout import VLLMEngine
+
+    calls = []
+
+    class LLM:
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+        def wake_up(self, tags=None):
+            calls.append(("wake_up", tuple(tags)))
+
+        def collective_rpc(self, method, kwargs):
+            calls.append((method, [n for n, _ in kwargs["weights_iterator"]]))
+
+    eng = VLLMEngine.__new__(VLLMEngine)
+    eng.llm, eng.enable_sleep_mode, eng.sleep_level, eng._asleep, eng.tied_embeddings = LLM(), True, 2, set(), True
+    eng.sleep()
+    eng.sleep()
+    with pytest.raises(RuntimeError, match="weights are asleep"):
+        eng.sync_weights(iter([("model.embed_tokens.weight", torch.zeros(1))]))
+    eng.wake_up(["weights"])
+    eng.sync_weights(iter([("model.embed_tokens.weight", torch.zeros(1))]))
+    eng.wake_up(["kv_cache"])
+    eng.wake_up(None)
+    assert calls == [("sleep", 2), ("wake_up", ("weights",)),
+                     ("reload_weights", ["model.embed_tokens.weight", "lm_head.weight"]), ("wake_up", ("kv_cache",))]

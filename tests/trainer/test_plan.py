@@ -1,0 +1,205 @@
+"""``stare-lab plan`` (trainer.plan): the activation formula against what autograd saves, every phase of a small
+config against numbers computed here by hand, the 18 paper configs on their documented cluster, the CLI's JSON,
+the preflight refusal, and the docs table."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from stare_lab.errors import ConfigError
+from trainer.config import load_trainer_config
+from trainer.plan import (CHUNK_WORKSPACE_BYTES, GIB, RUNTIME_GIB, Arch, Cluster, check_fits, layer_activation_bytes,
+                          load_arch, plan)
+
+REPO = Path(__file__).resolve().parents[2]
+PAPER_CONFIGS = sorted((REPO / "papers" / "stare_2606.19236" / "configs").glob("*.yaml"))
+PAPER_CLUSTER = Cluster(nodes=2, gpus_per_node=8, gpu_memory_gib=80.0)
+
+SMALL = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 704,
+         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+         "vocab_size": 1000, "tie_word_embeddings": False, "max_position_embeddings": 4096}
+
+
+def _saved_bytes_per_token_layer(model_type: str, dtype, tokens: int = 128, batch: int = 2) -> float:
+    """Bytes autograd saves per token and decoder layer (parameters excluded; storages counted once), from the
+    difference between a 4-layer and a 2-layer model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def saved(layers: int) -> int:
+        fields = {k: v for k, v in SMALL.items() if k not in ("model_type", "architectures")}
+        cfg = AutoConfig.for_model(model_type, **{**fields, "num_hidden_layers": layers})
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).to(dtype)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        ids = torch.randint(0, SMALL["vocab_size"], (batch, tokens))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        return sum(seen.values())
+
+    return (saved(4) - saved(2)) / 2 / (batch * tokens)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+def test_activation_formula_equals_what_autograd_saves(require, tmp_path, model_type, dtype_name):
+    require("transformers")
+    import torch
+
+    path = tmp_path / "config.json"
+    arch_name = "Qwen3ForCausalLM" if model_type == "qwen3" else "Qwen2ForCausalLM"
+    path.write_text(json.dumps({**SMALL, "model_type": model_type, "architectures": [arch_name]}))
+    arch = load_arch("unused", str(path))
+    assert arch.qk_norm == (model_type == "qwen3")
+    b = 2 if dtype_name == "bfloat16" else 4
+    measured = _saved_bytes_per_token_layer(model_type, getattr(torch, dtype_name))
+    assert layer_activation_bytes(arch, b) == measured
+
+
+@pytest.fixture()
+def small(tmp_path):
+    path = tmp_path / "model" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(SMALL))
+    cfg = load_trainer_config({
+        "method": "grpo", "model": {"path": str(path.parent), "gradient_checkpointing": True},
+        "data": {"max_prompt_length": 256}, "rollout": {"n": 4, "max_response_length": 256, "sync_bucket_mb": 1.0,
+                                                        "gpu_memory_utilization": 0.5},
+        "optim": {"train_batch_size": 8, "micro_batch_max_tokens": 1024},
+        "deepspeed": {"zero_stage": 3, "precision": "bf16"}})
+    return cfg, load_arch(cfg.model.path)
+
+
+def test_small_config_by_hand(small):
+    """Every component of every phase for 1 node x 2 GPUs x 8 GiB, typed in from the formulas by hand."""
+    cfg, arch = small
+    # parameters: embed + lm_head 2·1000·256, final norm 256; per layer q 256·256+256, k and v 256·128+128,
+    # o 256·256, MLP 3·256·704, two norms 2·256
+    per_layer = (256 * 256 + 256) + 2 * (256 * 128 + 128) + 256 * 256 + 3 * 256 * 704 + 2 * 256
+    assert per_layer == 738304
+    assert arch.params == 2 * 1000 * 256 + 256 + 4 * per_layer == 3465472
+    assert arch.largest_layer_params == 256000 and arch.largest_param == 256000
+    p = plan(cfg, Cluster(nodes=1, gpus_per_node=2, gpu_memory_gib=8.0, gpu_tflops=100.0), arch)
+    runtime = 1.5 * GIB
+    states = 4 * 256000 + 18 * 3465472 // 2  # DeepSpeed ZeRO-3: 4·largest layer + 18·P/N
+    assert p["model_states_gib"] * GIB == pytest.approx(states, rel=1e-12)
+    ph = {k: v["gib"] * GIB for k, v in p["phases"].items()}
+    assert ph["rollout"] == pytest.approx(0.5 * 8 * GIB + states + runtime, rel=1e-12)
+    T = 1024  # max(micro_batch_max_tokens 1024, 256 + 256)
+    layer_ws = T * 2 * (4 * 256 + 3 * 704 + 2 * 4 * 64)
+    assert ph["old_logprob"] == pytest.approx(states + 2 * 2 * T * 1000 + CHUNK_WORKSPACE_BYTES + layer_ws + runtime,
+                                              rel=1e-12)
+    per_layer_act = 2 * (4 * 256 + 2 * 256 + 4) + 2 * 5 * 4 * 64 + 4 * 4 + 4 * 2 * 704  # = 11288 B/token
+    assert per_layer_act == 11288
+    final_norm = 4 * 256 + 2 * 256
+    act_gc = T * (4 * 2 * 256 + per_layer_act + final_norm)
+    act_full = T * (4 * per_layer_act + final_norm)
+    assert p["activations_gib"]["with_checkpointing"] * GIB == pytest.approx(act_gc, rel=1e-12)
+    assert p["activations_gib"]["without_checkpointing"] * GIB == pytest.approx(act_full, rel=1e-12)
+    assert ph["update"] == pytest.approx(states + act_gc + 3 * 2 * T * 1000 + T * per_layer_act
+                                         + CHUNK_WORKSPACE_BYTES + runtime, rel=1e-12)
+    assert ph["wake_sync"] == pytest.approx(states + 2 * 3465472 + 2 * 2**20 + runtime, rel=1e-12)
+    assert p["limiting_phase"] == "rollout" and p["fits"] is True
+    assert p["peak_gib"] == pytest.approx(ph["rollout"] / GIB) and p["headroom_gib"] == pytest.approx(8 - p["peak_gib"])
+    # step time: 2 DP ranks, 16 sequences per GPU; forward FLOPs per token 2·(P − V·h) + 4·L·a·d·context
+    fwd = lambda tokens, ctx: tokens * (2 * (3465472 - 256000) + 4 * 4 * 4 * 64 * ctx)  # noqa: E731
+    st = p["step_time_s"]
+    assert st["rollout"] == pytest.approx(16 * (fwd(256, 128) + fwd(256, 256 + 128)) / (100e12 * 0.10), rel=1e-12)
+    assert st["old_logprob"] == pytest.approx(16 * fwd(512, 256) / (100e12 * 0.35), rel=1e-12)
+    assert st["update"] == pytest.approx(4 * 16 * fwd(512, 256) / (100e12 * 0.35), rel=1e-12)  # ×4: checkpointing
+
+
+def test_offload_and_the_fit_verdict(small):
+    cfg, arch = small
+    cfg.deepspeed.offload_during_rollout = True
+    p = plan(cfg, Cluster(1, 2, 8.0), arch)
+    assert p["phases"]["rollout"]["components"]["deepspeed_resident"] * GIB == pytest.approx(2 * 3465472 // 2)
+    # 3 GiB GPUs: vLLM's pool (half of it) + the 1.5 GiB runtime + the 16-bit partitions exceed it
+    tight = plan(cfg, Cluster(1, 2, 3.0), arch)
+    assert tight["fits"] is False and tight["limiting_phase"] == "rollout"
+    assert tight["peak_gib"] * GIB == pytest.approx(1.5 * GIB + 1.5 * GIB + 3465472)
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
+def test_paper_configs_fit_two_nodes_of_eight_80gb_gpus(path):
+    """The documented cluster of every paper config: 2 nodes x 8 x 80 GB, with at least 10 % headroom."""
+    cfg = load_trainer_config(path)
+    p = plan(cfg, PAPER_CLUSTER, load_arch(cfg.model.path))
+    assert p["fits"] and p["headroom_gib"] >= 8.0, (p["limiting_phase"], p["peak_gib"])
+    assert p["rollout"]["kv_cache_gib"] > 0
+
+
+def test_plan_cli_json_and_exit_code(capsys):
+    from stare_lab.cli import main
+
+    cfg = str(PAPER_CONFIGS[0])
+    assert main(["plan", cfg, "--nodes", "2", "--gpus-per-node", "8", "--gpu-memory-gib", "80", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert {"phases", "peak_gib", "fits", "model_states_gib"} <= set(p)
+    assert set(p["phases"]) == {"rollout", "old_logprob", "update", "wake_sync"} and p["fits"] is True
+    assert main(["plan", cfg, "--nodes", "1", "--gpus-per-node", "1", "--gpu-memory-gib", "40"]) == 1
+    text = capsys.readouterr().out
+    assert "does NOT fit" in text.splitlines()[-1]
+    assert main(["plan", cfg, "optim.micro_batch_max_tokens=4096", "--gpu-memory-gib", "80", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layout"]["micro_batch_tokens"] == 9216  # one 1024 + 8192 sequence
+    assert main(["plan", cfg, "--nodes", "0"]) == 1
+    assert "--nodes=0 must be >= 1" in capsys.readouterr().err
+
+
+def test_preflight_refuses_a_launch_that_cannot_fit():
+    cfg = load_trainer_config(PAPER_CONFIGS[0])
+    with pytest.raises(ConfigError, match=r"stare-lab plan: peak .* GiB/GPU in phase \w+ on 1 x 1 GPUs of 24 GiB: "
+                                          r"does NOT fit"):
+        check_fits(cfg, Cluster(nodes=1, gpus_per_node=1, gpu_memory_gib=24.0))
+
+
+def test_unknown_architecture_is_a_clear_error():
+    cfg = load_trainer_config({"model": {"path": "models/NoSuchModel-3B"}})
+    with pytest.raises(ConfigError, match="no architecture of that name is shipped in papers/"):
+        check_fits(cfg, PAPER_CLUSTER)
+
+
+def test_docs_table_matches_the_plan():
+    """docs/trainer.md's table of `stare-lab plan` on the 18 paper configs equals the planner's numbers."""
+    text = (REPO / "docs" / "trainer.md").read_text()
+    rows = {m.group(1): m for m in re.finditer(r"^\| `(\S+)\.yaml` \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
+                                                r"(\w+) \| (yes|no) \| ([\d.]+) \| (\d+) \|$", text, re.M)}
+    assert set(rows) == {p.stem for p in PAPER_CONFIGS}
+    for path in PAPER_CONFIGS:
+        cfg = load_trainer_config(path)
+        p = plan(cfg, PAPER_CLUSTER, load_arch(cfg.model.path))
+        m = rows[path.stem]
+        got = [float(m.group(i)) for i in (2, 3, 4, 5)]
+        want = [round(p["phases"][k]["gib"], 1) for k in ("rollout", "old_logprob", "update", "wake_sync")]
+        assert got == want, path.stem
+        assert m.group(6) == p["limiting_phase"] and m.group(7) == ("yes" if p["fits"] else "no")
+        assert float(m.group(8)) == round(p["model_states_gib"], 1)
+        assert int(m.group(9)) == round(p["step_time_s"]["total"])
+
+
+def test_train_preflight_applies_the_plan_on_a_gpu(monkeypatch):
+    """stare-lab train's preflight (trainer.preflight.check_training) on a GPU job refuses a launch the plan says
+    cannot fit, naming the plan's line; STARE_LAB_SKIP_PLAN=1 launches anyway; on CPU the plan is not applied."""
+    from trainer import preflight
+
+    cfg = load_trainer_config(PAPER_CONFIGS[0])
+    preflight.check_training(cfg)  # CPU here: no GPU cluster, no plan
+    monkeypatch.setattr(preflight, "gpu_cluster", lambda: Cluster(nodes=1, gpus_per_node=1, gpu_memory_gib=24.0))
+    with pytest.raises(ConfigError, match=r"stare-lab plan: peak .* does NOT fit .*STARE_LAB_SKIP_PLAN=1"):
+        preflight.check_training(cfg)
+    monkeypatch.setenv("STARE_LAB_SKIP_PLAN", "1")
+    preflight.check_training(cfg)

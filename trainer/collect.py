@@ -1,0 +1,278 @@
+"""Steps 1–4 of a training step (docs/design.md §3): prompts from the cursor, generation, rewards, dynamic sampling.
+
+:class:`Collector` runs rounds of generation until the batch is full or ``algorithm.max_gen_rounds`` rounds were
+used. Data parallelism: the ``train_batch_size`` prompts of a round are split over data-parallel groups
+(``dp_rank``); with tensor-parallel vLLM (``tp > 1``) the ranks of a TP group generate the same prompts with the
+same seed, so they hold the same groups.
+
+Tensor parallelism, counted once (issue 15). Everything a TP group holds in common — its kept groups, the number
+of responses it generated, the grader's outcome counts, the truncated prompts — is contributed to the global sums
+by the group's first rank only (:attr:`Collector.owner`), so no count is multiplied by ``tp`` and dynamic sampling
+stops when the *distinct* kept groups fill the batch. Rewards are graded once per TP group, on its first rank, and
+broadcast to the others (:func:`on_group_source`, as the tool outputs are by :func:`group_runner`): a timeout or a
+grader error on one rank can never split a group's data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from stare_lab.errors import DataError
+
+from .rollout import RolloutOutput, SamplingConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Collector", "compute_rewards", "step_seed", "group_runner", "on_group_source", "COUNT_KEYS"]
+
+#: ``trainer.rewards.math_reward`` status → metrics key (a count of responses per step, all rounds and ranks).
+_GRADE_STATUS_KEYS = {"timeout": "reward/timeout", "no_answer": "reward/no_answer", "error": "reward/grade_error",
+                      "rejected": "reward/rejected"}
+#: Statistics of a generation round that are counts (summed); every other one is a per-response mean.
+COUNT_KEYS = ("reward/errors", *_GRADE_STATUS_KEYS.values())
+#: Tool metrics that are fractions of executed calls (weighted by calls, not by responses, when rounds and ranks
+#: are combined); the other ``tool/…`` metrics are per-response means.
+_PER_CALL_KEYS = ("tool/error_frac", "tool/timeout_frac")
+
+
+def step_seed(seed: int, step: int, round_: int, dp_rank: int) -> int:
+    """The sampling seed of one generation round (a function of the run seed, step, round and DP rank only, so a
+    resumed run samples exactly what the uninterrupted one did)."""
+    return int(np.random.SeedSequence([seed, step, round_, dp_rank]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def _reward_fn(kind: str) -> Callable[..., list[float]]:
+    from . import rewards
+
+    return rewards.math_reward if kind == "math" else rewards.gsm8k_lenient_reward
+
+
+def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
+                    fn: Callable[..., list[float]] | None = None) -> tuple[list[float], dict[str, float]]:
+    """Rewards of ``responses`` against ``golds`` per :class:`trainer.config.RewardConfig` (the one place the
+    trainer calls the reward code). Returns ``(rewards, stats)``: ``stats["reward/errors"]`` counts batches where
+    the reward function raised; ``accuracy`` (and ``reward/format_rate`` when ``format_reward > 0``) are means over
+    ``responses``; with ``kind="math"`` the grader's per-response outcomes are counted in
+    ``reward/timeout`` (grading timed out), ``reward/no_answer`` (no ``\\boxed{}`` answer), ``reward/grade_error``
+    (the grader raised on that item) and ``reward/rejected`` (answer too large to evaluate safely) — all graded 0.
+
+    Raises:
+        DataError: the reward function raised and ``on_error="raise"``, or it returned a wrong number of values or
+            a non-finite value.
+    """
+    from . import rewards as rw
+
+    fn = fn or _reward_fn(cfg.kind)
+    stats: dict[str, float] = {"reward/errors": 0.0}
+    grade: dict[str, int] = {}
+    try:
+        if cfg.kind == "math":
+            base = fn(responses, golds, timeout_s=cfg.timeout_s, on_error=cfg.on_error, stats=grade)
+        else:
+            base = fn(responses, golds, timeout_s=cfg.timeout_s)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a broken reward function is a defined, logged behaviour
+        if cfg.on_error == "raise":
+            raise DataError(f"reward function {getattr(fn, '__name__', fn)!r} raised {type(err).__name__}: {err}") \
+                from err
+        logger.error("reward function raised %s: %s; this batch gets reward 0", type(err).__name__, err)
+        base = [0.0] * len(responses)
+        stats["reward/errors"] = 1.0
+    base = [float(b) for b in base]
+    if len(base) != len(responses) or not all(math.isfinite(b) for b in base):
+        raise DataError(f"reward function returned {len(base)} values for {len(responses)} responses "
+                        "(or a non-finite value)")
+    if cfg.kind == "math":
+        for status, key in _GRADE_STATUS_KEYS.items():
+            stats[key] = float(grade.get(status, 0))
+    stats["accuracy"] = float(np.mean(base)) if base else 0.0
+    if cfg.format_reward > 0:
+        fmt = rw.format_reward(responses)
+        base = [b + cfg.format_reward * f for b, f in zip(base, fmt)]
+        stats["reward/format_rate"] = float(np.mean(fmt)) if fmt else 0.0
+    return base, stats
+
+
+def on_group_source(fn: Callable[[], Any], group: Any, src: int) -> Any:
+    """Run ``fn()`` on global rank ``src`` only and broadcast its (picklable) result to every rank of ``group``
+    (``broadcast_object_list``). Collective over ``group``: each of its ranks must call it, in the same order.
+    An exception raised by ``fn`` on ``src`` propagates there only (the other ranks then wait; the launcher
+    stops the job when ``src`` exits)."""
+    import torch.distributed as tdist
+
+    box = [fn() if tdist.get_rank() == src else None]
+    tdist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+def group_runner(run: Callable[[list[str]], list[Any]], group: Any, src: int) -> Callable[[list[str]], list[Any]]:
+    """A tool runner for the ranks of one tensor-parallel group: global rank ``src`` executes the code with ``run``
+    and broadcasts the results (:func:`on_group_source`); the other ranks never execute it.
+
+    Why: the ranks of a TP group must feed vLLM identical contexts in every round. Executing the code on each rank
+    could give different outputs (a timeout on one rank only, randomness, the clock) and the group would diverge
+    or hang. Collective over ``group``: its ranks call the runner the same number of times (they do, as their
+    contexts are identical).
+    """
+    def runner(codes: list[str]) -> list[Any]:
+        return on_group_source(lambda: run(codes), group, src)
+
+    return runner
+
+
+class Collector:
+    """Steps 1–4: rounds of generation + rewards + dynamic sampling, for one rank.
+
+    Args:
+        cfg: the :class:`trainer.config.TrainerConfig`.
+        dist: the :class:`trainer.launch.DistInfo`.
+        engine: the rollout engine (``generate``).
+        encoder, records, cursor: the prompt encoder, the training records and the data cursor.
+        comm: an object with ``all_reduce(values, op)`` and ``all_gather_object(obj)`` over all ranks (the policy).
+        tp_group: this rank's tensor-parallel process group (``None`` when ``tp == 1``).
+        check_fresh: called before every generation round (the weight-version check of
+            :class:`trainer.memory.WeightVersions`); ``None`` = no check.
+
+    After :meth:`collect`, :attr:`acc` holds the step's per-rank accumulators (see :meth:`accumulate`) and
+    :attr:`timers` the seconds spent in ``rollout`` and ``reward``.
+    """
+
+    def __init__(self, cfg: Any, dist: Any, engine: Any, encoder: Any, records: list[dict[str, Any]], cursor: Any,
+                 comm: Any, tp_group: Any = None, check_fresh: Callable[[], None] | None = None) -> None:
+        self.cfg, self.dist, self.engine = cfg, dist, engine
+        self.encoder, self.records, self.cursor, self.comm = encoder, records, cursor, comm
+        self.tp_group = tp_group
+        self.check_fresh = check_fresh
+        self.acc: dict[str, float] = {}
+        self.timers: dict[str, float] = {"rollout": 0.0, "reward": 0.0}
+
+    @property
+    def owner(self) -> float:
+        """1.0 on the first rank of a TP group (which contributes the group's shared counts), else 0.0."""
+        return 1.0 if self.dist.tp_rank == 0 else 0.0
+
+    def _grade(self, prompts: list[Any], flat: list[RolloutOutput]) -> tuple[list[float], dict[str, float]]:
+        """Rewards (+ DAPO's soft overlong penalty) and the round's reward / tool statistics of ``flat``."""
+        cfg, r = self.cfg, self.cfg.rollout
+        golds = [prompts[o.prompt_index].answer for o in flat]
+        # tool use: grade the model's own text (an answer printed by the interpreter does not count)
+        rewards, stats = compute_rewards(cfg.reward, [getattr(o, "model_text", o.text) for o in flat], golds)
+        if cfg.tool is not None and flat:
+            from .tool_rollout import tool_metrics
+
+            stats.update(tool_metrics(flat))  # per-response means; re-weighted by count in accumulate()
+        a = cfg.algorithm
+        if a.overlong_buffer_len > 0 and a.overlong_penalty_factor > 0:  # DAPO soft overlong penalty
+            start = r.max_response_length - a.overlong_buffer_len
+            rewards = [rw - a.overlong_penalty_factor * min(1.0, max(0.0, (len(o.token_ids) - start)
+                                                                    / a.overlong_buffer_len))
+                       for rw, o in zip(rewards, flat)]
+        return rewards, stats
+
+    def generate_round(self, step: int, rnd: int) -> list[dict[str, Any]]:
+        """Generate + reward one round; returns this DP group's groups (dicts with ``outputs``, ``rewards``).
+        Rewards are graded on the TP group's first rank and broadcast (collective over the TP group)."""
+        cfg, dist = self.cfg, self.dist
+        per_dp = cfg.optim.train_batch_size // dist.dp_size
+        idx = self.cursor.take(cfg.optim.train_batch_size)[dist.dp_rank * per_dp:(dist.dp_rank + 1) * per_dp]
+        prompts = [self.encoder.encode(self.records[i], i) for i in idx]
+        r = cfg.rollout
+        sampling = SamplingConfig(n=r.n, max_tokens=r.max_response_length, seed=step_seed(cfg.seed, step, rnd,
+                                  dist.dp_rank), temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                  stop=list(r.stop))
+        if self.check_fresh is not None:
+            self.check_fresh()
+        t0 = time.perf_counter()
+        outs = self.engine.generate([p.token_ids for p in prompts], sampling)
+        self.timers["rollout"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        flat: list[RolloutOutput] = [o for g in outs for o in g]
+        if dist.tp > 1:
+            rewards, stats = on_group_source(lambda: self._grade(prompts, flat), self.tp_group,
+                                             dist.dp_rank * dist.tp)
+        else:
+            rewards, stats = self._grade(prompts, flat)
+        self.timers["reward"] += time.perf_counter() - t0
+        self.accumulate(stats, len(flat))
+        self.acc["n_gen"] = self.acc.get("n_gen", 0) + len(flat)
+        self.acc["prompts_truncated"] = self.acc.get("prompts_truncated", 0) + sum(p.truncated for p in prompts)
+        return [{"outputs": g, "rewards": rewards[gi * r.n:(gi + 1) * r.n]} for gi, g in enumerate(outs)]
+
+    def collect(self, step: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Rounds of generation with dynamic sampling; returns the kept groups of this DP group and
+        ``{"gen_rounds", "kept_group_fraction", "reward", "num_generated"}`` (global; each TP group counted once).
+        Collective."""
+        from stare_lab.advantages import filter_groups
+
+        cfg = self.cfg
+        self.acc, self.timers = {}, {"rollout": 0.0, "reward": 0.0}
+        quota = cfg.optim.train_batch_size // self.dist.dp_size
+        kept: list[dict[str, Any]] = []
+        all_rewards: list[float] = []
+        n_groups = 0
+        rnd = 0
+        while True:
+            rnd += 1
+            groups = self.generate_round(step, rnd)
+            n_groups += len(groups)
+            for g in groups:
+                all_rewards.extend(g["rewards"])
+            if cfg.algorithm.dynamic_sampling:
+                flat = [rw for g in groups for rw in g["rewards"]]
+                keep = filter_groups(torch.tensor(flat, dtype=torch.float32), group_size=cfg.rollout.n).tolist()
+                groups = [g for gi, g in enumerate(groups) if keep[gi * cfg.rollout.n]]
+            kept.extend(groups[: max(0, quota - len(kept))])
+            if not cfg.algorithm.dynamic_sampling:
+                break
+            total_kept = self.comm.all_reduce([len(kept) * self.owner])[0]  # distinct groups: one rank per TP group
+            if total_kept >= cfg.optim.train_batch_size or rnd >= cfg.algorithm.max_gen_rounds:
+                if total_kept < cfg.optim.train_batch_size and self.dist.is_main:  # the same on every rank
+                    logger.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds; continuing "
+                                   "with what was kept", step, int(total_kept), cfg.optim.train_batch_size, rnd)
+                break
+        w = self.owner
+        red = self.comm.all_reduce([len(kept) * w, n_groups * w, sum(all_rewards) * w, len(all_rewards) * w])
+        info = {"gen_rounds": rnd, "kept_group_fraction": red[0] / max(red[1], 1), "reward": red[2] / max(red[3], 1),
+                "num_generated": red[3]}
+        return kept, info
+
+    def accumulate(self, stats: dict[str, float], n: int) -> None:
+        """Add one generation round's ``stats`` (over ``n`` responses) to the step's accumulators: counts add up;
+        means are weighted by their number of responses (per-call fractions by their number of calls)."""
+        for k, v in stats.items():
+            if k in COUNT_KEYS:
+                self.acc[k] = self.acc.get(k, 0.0) + v
+                continue
+            w = round(stats["tool/calls_per_response"] * n) if k in _PER_CALL_KEYS else n
+            self.acc[k] = self.acc.get(k, 0.0) + v * w
+            self.acc[f"weight:{k}"] = self.acc.get(f"weight:{k}", 0.0) + w
+
+    def shared_totals(self) -> dict[str, float]:
+        """The step's fixed per-TP-group totals summed over ranks, each TP group once: ``n_gen``, ``accuracy``
+        (sum over responses), ``reward/errors``, ``prompts_truncated``. Collective."""
+        keys = ("n_gen", "accuracy", "reward/errors", "prompts_truncated")
+        red = self.comm.all_reduce([self.acc.get(k, 0.0) * self.owner for k in keys])
+        return dict(zip(keys, red))
+
+    def round_stats(self) -> dict[str, float]:
+        """The step's reward / tool statistics beyond the fixed ones (grader outcome counts ``reward/…``, format
+        rate, ``tool/…`` metrics), combined over generation rounds and ranks (each TP group once): counts summed,
+        means weighted by their number of responses (per-call fractions by their number of calls; 0.0 when there
+        was none). Collective."""
+        fixed = {"accuracy", "reward/errors", "n_gen", "prompts_truncated"}
+        mine = sorted(k for k in self.acc if k not in fixed and not k.startswith("weight:"))
+        keys = sorted(set().union(*self.comm.all_gather_object(mine)))
+        w = self.owner
+        red = self.comm.all_reduce([self.acc.get(k, 0.0) * w for k in keys]
+                                   + [self.acc.get(f"weight:{k}", 0.0) * w for k in keys])
+        out = {}
+        for k, total, weight in zip(keys, red[: len(keys)], red[len(keys):]):
+            out[k] = total if k in COUNT_KEYS else (total / weight if weight > 0 else 0.0)
+        return out

@@ -1,0 +1,115 @@
+"""Importance correction between the rollout engine and the trainer (docs/design.md §3; docs/trainer.md).
+
+The engine returns the log-probs of the distribution it actually sampled from (vLLM
+``logprobs_mode="processed_logprobs"``; the HF engine the same): the temperature-scaled distribution, and, with
+``rollout.top_p < 1`` or ``rollout.top_k``, that distribution restricted to the nucleus / top-k set and
+renormalised. The trainer's log-probs (``trainer.policy``) are those of the temperature-scaled distribution over
+the whole vocabulary — the policy the loss differentiates.
+
+Choice: truncated importance sampling (``loss.tis_cap``) with ``top_p < 1`` or ``top_k`` is **refused**
+(:func:`check_importance_config`), rather than computing the trainer's log-probs over the engine's support. Why:
+
+- with a filtered support the ratio π_old/π_rollout on a sampled token is, up to the numeric mismatch TIS exists
+  to correct, the probability mass Z < 1 of the kept set (measured 0.76–0.81 at top-p 0.7/0.9): TIS would scale
+  every token down by Z and call it a correction;
+- renormalising the trainer's distribution over "the same" support needs the engine's exact support, which the
+  trainer can only recompute from its own logits: a token at the nucleus edge can fall outside it by one rounding
+  step (ratio 0 or ∞), and the recomputation costs a full-vocabulary sort per token in the old-log-prob pass;
+- the paper trains at ``top_p = 1`` (only its evaluation uses top-p 0.7), where both sides share the support.
+
+The diagnostics ``rollout/logprob_diff_{max,mean}`` and ``rollout/ratio_mean`` are logged in every run; with
+``top_p < 1`` / ``top_k`` they include the support effect above (documented), but are always finite: every ratio is
+``exp`` of a log-ratio clamped to ±:data:`stare_lab.losses.LOG_RATIO_CLAMP` nats.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from stare_lab.errors import ConfigError, DataError
+from stare_lab.losses import LOG_RATIO_CLAMP
+
+__all__ = ["check_importance_config", "engine_logprobs", "rollout_diagnostics"]
+
+
+def check_importance_config(cfg: Any) -> None:
+    """Refuse TIS when the engine samples from a filtered support (see the module docstring).
+
+    Raises:
+        ConfigError: ``loss.tis_cap`` is set and ``rollout.top_p < 1`` or ``rollout.top_k > 0``.
+    """
+    r, loss = cfg.rollout, cfg.loss
+    if loss.tis_cap is None:
+        return
+    if r.top_p < 1.0 or r.top_k > 0:
+        raise ConfigError(
+            f"loss.tis_cap={loss.tis_cap} with rollout.top_p={r.top_p}, rollout.top_k={r.top_k}: the engine's "
+            "log-probs are renormalised over the top-p/top-k set and the trainer's are not, so the importance ratio "
+            "would measure that set's probability mass, not the engine/trainer mismatch; use rollout.top_p=1.0 and "
+            "rollout.top_k=-1 with TIS, or turn TIS off (loss.tis_cap=null)")
+
+
+def engine_logprobs(output: Any, where: str) -> list[float]:
+    """The engine's per-token log-probs of one response, checked.
+
+    Args:
+        output: a :class:`trainer.rollout.RolloutOutput` (``token_ids``, ``logprobs``).
+        where: what to name in an error (e.g. ``"step 3, prompt 5, sample 2"``).
+
+    Returns:
+        ``output.logprobs`` as floats (``len == len(output.token_ids)``).
+
+    Raises:
+        DataError: the engine returned no log-probs, a wrong number of them, or a non-finite one (a sampled token
+            has a positive probability, so its log-prob is finite).
+    """
+    lps = output.logprobs
+    n = len(output.token_ids)
+    if lps is None:
+        raise DataError(f"{where}: the rollout engine returned no log-probs for a response of {n} tokens (the "
+                        "trainer needs them for the importance ratio and the sync check; vLLM must be called with "
+                        "logprobs=0)")
+    if len(lps) != n:
+        raise DataError(f"{where}: the rollout engine returned {len(lps)} log-probs for {n} response tokens")
+    out = [float(v) for v in lps]
+    bad = [i for i, v in enumerate(out) if not math.isfinite(v)]
+    if bad:
+        raise DataError(f"{where}: the rollout engine's log-prob of token {bad[0]} is {out[bad[0]]} (not a "
+                        "log-probability)")
+    return out
+
+
+def rollout_diagnostics(old_logprobs: Sequence[torch.Tensor], rollout_logprobs: Sequence[Sequence[float]],
+                        masks: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Sums for the engine-vs-trainer metrics of one rank (reduced over ranks by the caller).
+
+    Args:
+        old_logprobs: per-sequence ``[T_i]`` trainer log-probs (nats).
+        rollout_logprobs: per-sequence engine log-probs, same lengths.
+        masks: per-sequence loss masks (0/1), same lengths.
+
+    Returns:
+        ``diff_sum`` (Σ |Δ log p| over masked-in tokens), ``diff_max`` (max |Δ log p|, clamped to
+        ``LOG_RATIO_CLAMP``), ``ratio_sum`` (Σ over sequences with ≥ 1 token of the token-mean of
+        ``exp(clamp(old − rollout, ±LOG_RATIO_CLAMP))``) and ``n_ratio`` (that number of sequences). Every value
+        is finite (a non-finite gap counts as ``LOG_RATIO_CLAMP`` nats; :func:`engine_logprobs` rejects such
+        engine log-probs before this point).
+    """
+    diff_sum = diff_max = ratio_sum = 0.0
+    n_ratio = 0
+    for lp, r, m in zip(old_logprobs, rollout_logprobs, masks):
+        if not len(r):
+            continue
+        m_t = torch.tensor(m, dtype=torch.float32) > 0
+        log_ratio = (lp.float() - torch.tensor(r, dtype=torch.float32)).nan_to_num(
+            nan=0.0, posinf=LOG_RATIO_CLAMP, neginf=-LOG_RATIO_CLAMP).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        gaps = log_ratio.abs()[m_t]
+        if gaps.numel():
+            diff_sum += float(gaps.sum())
+            diff_max = max(diff_max, float(gaps.max()))
+            ratio_sum += float(torch.exp(log_ratio[m_t]).mean())
+            n_ratio += 1
+    return {"diff_sum": diff_sum, "diff_max": diff_max, "ratio_sum": ratio_sum, "n_ratio": float(n_ratio)}
