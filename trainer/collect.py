@@ -29,7 +29,8 @@ from .rollout import RolloutOutput, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Collector", "compute_rewards", "step_seed", "group_runner", "on_group_source", "COUNT_KEYS"]
+__all__ = ["Collector", "compute_rewards", "step_seed", "group_runner", "on_group_source", "COUNT_KEYS",
+           "round_stat_keys"]
 
 #: ``trainer.rewards.math_reward`` status → metrics key (a count of responses per step, all rounds and ranks).
 _GRADE_STATUS_KEYS = {"timeout": "reward/timeout", "no_answer": "reward/no_answer", "error": "reward/grade_error",
@@ -127,6 +128,27 @@ def group_runner(run: Callable[[list[str]], list[Any]], group: Any, src: int) ->
     return runner
 
 
+def round_stat_keys(cfg: Any) -> tuple[str, ...]:
+    """The reward / tool statistics a generation round reports beyond the fixed ones, known from the config alone
+    (so every rank reduces the same names without exchanging them): the grader's outcome counts with
+    ``reward.kind=math``, ``reward/format_rate`` with ``reward.format_reward > 0``, the ``tool/…`` metrics with
+    ``tool`` set (:data:`trainer.tool_rollout.TOOL_METRIC_KEYS`)."""
+    keys: list[str] = []
+    if cfg.reward.kind == "math":
+        keys += list(_GRADE_STATUS_KEYS.values())
+    if cfg.reward.format_reward > 0:
+        keys.append("reward/format_rate")
+    if cfg.tool is not None:
+        from .tool_rollout import TOOL_METRIC_KEYS
+
+        keys += list(TOOL_METRIC_KEYS)
+    return tuple(keys)
+
+
+#: Per-step totals every round adds to (besides :func:`round_stat_keys`).
+_FIXED = ("n_gen", "accuracy", "reward/errors", "prompts_truncated", "reward_sum", "groups")
+
+
 class Collector:
     """Steps 1–4: rounds of generation + rewards + dynamic sampling, for one rank.
 
@@ -135,13 +157,14 @@ class Collector:
         dist: the :class:`trainer.launch.DistInfo`.
         engine: the rollout engine (``generate``).
         encoder, records, cursor: the prompt encoder, the training records and the data cursor.
-        comm: an object with ``all_reduce(values, op)`` and ``all_gather_object(obj)`` over all ranks (the policy).
+        comm: the :class:`trainer.comm.Comm` (named reductions over all ranks).
         tp_group: this rank's tensor-parallel process group (``None`` when ``tp == 1``).
         check_fresh: called before every generation round (the weight-version check of
             :class:`trainer.memory.WeightVersions`); ``None`` = no check.
 
-    After :meth:`collect`, :attr:`acc` holds the step's per-rank accumulators (see :meth:`accumulate`) and
-    :attr:`timers` the seconds spent in ``rollout`` and ``reward``.
+    After :meth:`collect`, :attr:`acc` holds the step's per-rank accumulators (see :meth:`accumulate`),
+    :attr:`timers` the seconds spent in ``rollout`` and ``reward``; :meth:`local_sums` and :meth:`row` turn them
+    into the step's row entries (the caller reduces the sums together with its own, in one collective).
     """
 
     def __init__(self, cfg: Any, dist: Any, engine: Any, encoder: Any, records: list[dict[str, Any]], cursor: Any,
@@ -150,7 +173,9 @@ class Collector:
         self.encoder, self.records, self.cursor, self.comm = encoder, records, cursor, comm
         self.tp_group = tp_group
         self.check_fresh = check_fresh
+        self.stat_keys = round_stat_keys(cfg)
         self.acc: dict[str, float] = {}
+        self.rounds = 0
         self.timers: dict[str, float] = {"rollout": 0.0, "reward": 0.0}
 
     @property
@@ -201,29 +226,28 @@ class Collector:
             rewards, stats = self._grade(prompts, flat)
         self.timers["reward"] += time.perf_counter() - t0
         self.accumulate(stats, len(flat))
-        self.acc["n_gen"] = self.acc.get("n_gen", 0) + len(flat)
-        self.acc["prompts_truncated"] = self.acc.get("prompts_truncated", 0) + sum(p.truncated for p in prompts)
+        self._add("n_gen", len(flat))
+        self._add("reward_sum", sum(rewards))
+        self._add("groups", len(outs))
+        self._add("prompts_truncated", sum(p.truncated for p in prompts))
         return [{"outputs": g, "rewards": rewards[gi * r.n:(gi + 1) * r.n]} for gi, g in enumerate(outs)]
 
-    def collect(self, step: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """Rounds of generation with dynamic sampling; returns the kept groups of this DP group and
-        ``{"gen_rounds", "kept_group_fraction", "reward", "num_generated"}`` (global; each TP group counted once).
-        Collective."""
+    def _add(self, key: str, value: float) -> None:
+        self.acc[key] = self.acc.get(key, 0.0) + float(value)
+
+    def collect(self, step: int) -> list[dict[str, Any]]:
+        """Rounds of generation with dynamic sampling; returns the kept groups of this DP group. Collective (one
+        named reduction per round under dynamic sampling)."""
         from stare_lab.advantages import filter_groups
 
         cfg = self.cfg
         self.acc, self.timers = {}, {"rollout": 0.0, "reward": 0.0}
         quota = cfg.optim.train_batch_size // self.dist.dp_size
         kept: list[dict[str, Any]] = []
-        all_rewards: list[float] = []
-        n_groups = 0
         rnd = 0
         while True:
             rnd += 1
             groups = self.generate_round(step, rnd)
-            n_groups += len(groups)
-            for g in groups:
-                all_rewards.extend(g["rewards"])
             if cfg.algorithm.dynamic_sampling:
                 flat = [rw for g in groups for rw in g["rewards"]]
                 keep = filter_groups(torch.tensor(flat, dtype=torch.float32), group_size=cfg.rollout.n).tolist()
@@ -231,48 +255,62 @@ class Collector:
             kept.extend(groups[: max(0, quota - len(kept))])
             if not cfg.algorithm.dynamic_sampling:
                 break
-            total_kept = self.comm.all_reduce([len(kept) * self.owner])[0]  # distinct groups: one rank per TP group
+            # distinct groups: one rank per TP group
+            total_kept = self.comm.sum({"kept_groups": len(kept) * self.owner})["kept_groups"]
             if total_kept >= cfg.optim.train_batch_size or rnd >= cfg.algorithm.max_gen_rounds:
                 if total_kept < cfg.optim.train_batch_size and self.dist.is_main:  # the same on every rank
                     logger.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds; continuing "
                                    "with what was kept", step, int(total_kept), cfg.optim.train_batch_size, rnd)
                 break
-        w = self.owner
-        red = self.comm.all_reduce([len(kept) * w, n_groups * w, sum(all_rewards) * w, len(all_rewards) * w])
-        info = {"gen_rounds": rnd, "kept_group_fraction": red[0] / max(red[1], 1), "reward": red[2] / max(red[3], 1),
-                "num_generated": red[3]}
-        return kept, info
+        self.rounds = rnd
+        self.acc["kept_groups"] = float(len(kept))
+        return kept
 
     def accumulate(self, stats: dict[str, float], n: int) -> None:
         """Add one generation round's ``stats`` (over ``n`` responses) to the step's accumulators: counts add up;
         means are weighted by their number of responses (per-call fractions by their number of calls)."""
         for k, v in stats.items():
             if k in COUNT_KEYS:
-                self.acc[k] = self.acc.get(k, 0.0) + v
+                self._add(k, v)
                 continue
             w = round(stats["tool/calls_per_response"] * n) if k in _PER_CALL_KEYS else n
-            self.acc[k] = self.acc.get(k, 0.0) + v * w
-            self.acc[f"weight:{k}"] = self.acc.get(f"weight:{k}", 0.0) + w
+            self._add(k, v * w)
+            self._add(f"weight:{k}", w)
 
-    def shared_totals(self) -> dict[str, float]:
-        """The step's fixed per-TP-group totals summed over ranks, each TP group once: ``n_gen``, ``accuracy``
-        (sum over responses), ``reward/errors``, ``prompts_truncated``. Collective."""
-        keys = ("n_gen", "accuracy", "reward/errors", "prompts_truncated")
-        red = self.comm.all_reduce([self.acc.get(k, 0.0) * self.owner for k in keys])
-        return dict(zip(keys, red))
+    def local_sums(self) -> dict[str, float]:
+        """This rank's contributions to the step's collected totals, keyed ``collect/<name>`` (each TP group counted
+        once: only its first rank contributes). Reduce them with :meth:`trainer.comm.Comm.sum` (with any other
+        sums of the step) and pass the result to :meth:`row`.
 
-    def round_stats(self) -> dict[str, float]:
-        """The step's reward / tool statistics beyond the fixed ones (grader outcome counts ``reward/…``, format
-        rate, ``tool/…`` metrics), combined over generation rounds and ranks (each TP group once): counts summed,
-        means weighted by their number of responses (per-call fractions by their number of calls; 0.0 when there
-        was none). Collective."""
-        fixed = {"accuracy", "reward/errors", "n_gen", "prompts_truncated"}
-        mine = sorted(k for k in self.acc if k not in fixed and not k.startswith("weight:"))
-        keys = sorted(set().union(*self.comm.all_gather_object(mine)))
+        Raises:
+            RunError: an accumulated statistic is not one :func:`round_stat_keys` announced (the names must be
+                known from the config on every rank).
+        """
+        from stare_lab.errors import RunError
+
+        extra = sorted(k for k in self.acc if not k.startswith("weight:") and k not in _FIXED
+                       and k not in ("kept_groups",) and k not in self.stat_keys)
+        if extra:
+            raise RunError(f"round statistics {extra} are not in round_stat_keys(cfg) {list(self.stat_keys)}")
         w = self.owner
-        red = self.comm.all_reduce([self.acc.get(k, 0.0) * w for k in keys]
-                                   + [self.acc.get(f"weight:{k}", 0.0) * w for k in keys])
-        out = {}
-        for k, total, weight in zip(keys, red[: len(keys)], red[len(keys):]):
+        out = {f"collect/{k}": self.acc.get(k, 0.0) * w for k in (*_FIXED, "kept_groups")}
+        for k in self.stat_keys:
+            out[f"collect/{k}"] = self.acc.get(k, 0.0) * w
+            out[f"collect/weight:{k}"] = self.acc.get(f"weight:{k}", 0.0) * w
+        return out
+
+    def row(self, red: dict[str, float]) -> dict[str, float]:
+        """The step's row entries from the reduced :meth:`local_sums`: ``gen_rounds``, ``kept_group_fraction``,
+        ``reward`` (mean over every generated response, filtered ones included), ``num_generated``, ``accuracy``,
+        ``reward/errors``, ``prompts_truncated`` and the round statistics (counts summed, means weighted by their
+        number of responses — per-call fractions by their number of calls; 0.0 when there was none)."""
+        g = lambda k: red[f"collect/{k}"]  # noqa: E731
+        n_gen = g("n_gen")
+        out = {"gen_rounds": self.rounds, "kept_group_fraction": g("kept_groups") / max(g("groups"), 1),
+               "reward": g("reward_sum") / max(n_gen, 1), "num_generated": n_gen,
+               "accuracy": g("accuracy") / max(n_gen, 1), "reward/errors": g("reward/errors"),
+               "prompts_truncated": g("prompts_truncated")}
+        for k in self.stat_keys:
+            total, weight = g(k), g(f"weight:{k}")
             out[k] = total if k in COUNT_KEYS else (total / weight if weight > 0 else 0.0)
         return out

@@ -320,6 +320,10 @@ class DeepSpeedConfig:
 
     Attributes:
         zero_stage: 0, 1, 2 or 3.
+        single_process_stage: the ZeRO stage used instead of ``zero_stage`` when the run has ONE process (world
+            size 1), no offload is set and no ``config_file`` is given (:func:`trainer.launch.effective_zero_stage`):
+            ZeRO over one rank partitions nothing — the memory is the same — while ZeRO-3's parameter hooks cost
+            time in every forward and backward (BENCHMARKS.md, trainer step). ``null``: always ``zero_stage``.
         precision: ``bf16``, ``fp16`` or ``fp32``.
         offload_optimizer, offload_param: ZeRO-Offload of optimizer states / parameters (ZeRO-3) to CPU.
         offload_during_rollout: GPU only: move the optimizer states, fp32 master weights and gradient buffers to
@@ -333,6 +337,7 @@ class DeepSpeedConfig:
     """
 
     zero_stage: int = 3
+    single_process_stage: int | None = 0
     precision: str = "bf16"
     offload_optimizer: bool = False
     offload_param: bool = False
@@ -343,6 +348,8 @@ class DeepSpeedConfig:
     def __post_init__(self) -> None:
         p = _p(config_prefix("deepspeed"))
         check_choice(f"{p}zero_stage", self.zero_stage, [0, 1, 2, 3])
+        if self.single_process_stage is not None:
+            check_choice(f"{p}single_process_stage", self.single_process_stage, [0, 1, 2, 3])
         check_choice(f"{p}precision", self.precision, ["bf16", "fp16", "fp32"])
         if self.offload_param and self.zero_stage != 3:
             raise ConfigError(f"{p}offload_param=true needs {p}zero_stage=3, got {self.zero_stage}")

@@ -24,8 +24,7 @@ The diagnostics ``rollout/logprob_diff_{max,mean}`` and ``rollout/ratio_mean`` a
 
 from __future__ import annotations
 
-import math
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -52,15 +51,16 @@ def check_importance_config(cfg: Any) -> None:
             "rollout.top_k=-1 with TIS, or turn TIS off (loss.tis_cap=null)")
 
 
-def engine_logprobs(output: Any, where: str) -> list[float]:
-    """The engine's per-token log-probs of one response, checked.
+def engine_logprobs(output: Any, where: str) -> torch.Tensor:
+    """The engine's per-token log-probs of one response, checked, as a ``[T]`` float32 tensor (the one conversion
+    from the engine's list).
 
     Args:
         output: a :class:`trainer.rollout.RolloutOutput` (``token_ids``, ``logprobs``).
         where: what to name in an error (e.g. ``"step 3, prompt 5, sample 2"``).
 
     Returns:
-        ``output.logprobs`` as floats (``len == len(output.token_ids)``).
+        ``output.logprobs`` as float32 (``len == len(output.token_ids)``).
 
     Raises:
         DataError: the engine returned no log-probs, a wrong number of them, or a non-finite one (a sampled token
@@ -74,42 +74,38 @@ def engine_logprobs(output: Any, where: str) -> list[float]:
                         "logprobs=0)")
     if len(lps) != n:
         raise DataError(f"{where}: the rollout engine returned {len(lps)} log-probs for {n} response tokens")
-    out = [float(v) for v in lps]
-    bad = [i for i, v in enumerate(out) if not math.isfinite(v)]
-    if bad:
-        raise DataError(f"{where}: the rollout engine's log-prob of token {bad[0]} is {out[bad[0]]} (not a "
+    out = torch.tensor([float(v) for v in lps], dtype=torch.float32)
+    bad = (~torch.isfinite(out)).nonzero()
+    if bad.numel():
+        i = int(bad[0])
+        raise DataError(f"{where}: the rollout engine's log-prob of token {i} is {float(out[i])} (not a "
                         "log-probability)")
     return out
 
 
-def rollout_diagnostics(old_logprobs: Sequence[torch.Tensor], rollout_logprobs: Sequence[Sequence[float]],
-                        masks: Sequence[Sequence[float]]) -> dict[str, float]:
+def rollout_diagnostics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
+                        mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """Sums for the engine-vs-trainer metrics of one rank (reduced over ranks by the caller).
 
     Args:
-        old_logprobs: per-sequence ``[T_i]`` trainer log-probs (nats).
-        rollout_logprobs: per-sequence engine log-probs, same lengths.
-        masks: per-sequence loss masks (0/1), same lengths.
+        old_logprobs: ``[B, T]`` trainer log-probs (nats).
+        rollout_logprobs: ``[B, T]`` engine log-probs.
+        mask: ``[B, T]`` bool loss mask (padding False).
 
     Returns:
-        ``diff_sum`` (Σ |Δ log p| over masked-in tokens), ``diff_max`` (max |Δ log p|, clamped to
-        ``LOG_RATIO_CLAMP``), ``ratio_sum`` (Σ over sequences with ≥ 1 token of the token-mean of
-        ``exp(clamp(old − rollout, ±LOG_RATIO_CLAMP))``) and ``n_ratio`` (that number of sequences). Every value
-        is finite (a non-finite gap counts as ``LOG_RATIO_CLAMP`` nats; :func:`engine_logprobs` rejects such
-        engine log-probs before this point).
+        0-dim float64 tensors: ``diff_sum`` (Σ |Δ log p| over masked-in tokens), ``diff_max`` (max |Δ log p|,
+        clamped to ``LOG_RATIO_CLAMP``; 0 without a token), ``ratio_sum`` (Σ over sequences with ≥ 1 token of the
+        token-mean of ``exp(clamp(old − rollout, ±LOG_RATIO_CLAMP))``) and ``n_ratio`` (that number of sequences).
+        Every value is finite (a non-finite gap counts as ``LOG_RATIO_CLAMP`` nats; :func:`engine_logprobs` rejects
+        such engine log-probs before this point).
     """
-    diff_sum = diff_max = ratio_sum = 0.0
-    n_ratio = 0
-    for lp, r, m in zip(old_logprobs, rollout_logprobs, masks):
-        if not len(r):
-            continue
-        m_t = torch.tensor(m, dtype=torch.float32) > 0
-        log_ratio = (lp.float() - torch.tensor(r, dtype=torch.float32)).nan_to_num(
-            nan=0.0, posinf=LOG_RATIO_CLAMP, neginf=-LOG_RATIO_CLAMP).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        gaps = log_ratio.abs()[m_t]
-        if gaps.numel():
-            diff_sum += float(gaps.sum())
-            diff_max = max(diff_max, float(gaps.max()))
-            ratio_sum += float(torch.exp(log_ratio[m_t]).mean())
-            n_ratio += 1
-    return {"diff_sum": diff_sum, "diff_max": diff_max, "ratio_sum": ratio_sum, "n_ratio": float(n_ratio)}
+    m = mask.bool()
+    log_ratio = (old_logprobs.double() - rollout_logprobs.double()).nan_to_num(
+        nan=0.0, posinf=LOG_RATIO_CLAMP, neginf=-LOG_RATIO_CLAMP).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    zero = torch.zeros((), dtype=torch.float64)
+    gaps = torch.where(m, log_ratio.abs(), zero)
+    n_tok = m.sum(-1)
+    has = n_tok > 0
+    ratio_rows = torch.where(m, torch.exp(log_ratio), zero).sum(-1) / n_tok.clamp_min(1)
+    return {"diff_sum": gaps.sum(), "diff_max": gaps.max() if gaps.numel() else zero,
+            "ratio_sum": torch.where(has, ratio_rows, zero).sum(), "n_ratio": has.sum().double()}

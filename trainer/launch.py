@@ -22,7 +22,7 @@ from stare_lab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DistInfo", "cpu_env_defaults", "init_distributed", "deepspeed_json"]
+__all__ = ["DistInfo", "cpu_env_defaults", "init_distributed", "deepspeed_json", "effective_zero_stage"]
 
 
 @dataclasses.dataclass
@@ -110,6 +110,15 @@ def _merge(base: dict, over: dict) -> dict:
     return base
 
 
+def effective_zero_stage(ds: Any, world_size: int) -> int:
+    """The ZeRO stage a run uses: ``ds.single_process_stage`` on one process without offload (ZeRO over one rank
+    partitions nothing; see :class:`trainer.config.DeepSpeedConfig`), else ``ds.zero_stage``."""
+    offload = ds.offload_optimizer or ds.offload_param or ds.offload_during_rollout
+    if world_size == 1 and ds.single_process_stage is not None and not offload:
+        return int(ds.single_process_stage)
+    return int(ds.zero_stage)
+
+
 def deepspeed_json(cfg: Any, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config for a :class:`trainer.config.TrainerConfig`.
 
@@ -131,8 +140,12 @@ def deepspeed_json(cfg: Any, world_size: int) -> dict[str, Any]:
         except json.JSONDecodeError as err:
             raise ConfigError(f"deepspeed.config_file={ds.config_file!r} is not valid JSON: {err}") from None
     else:
-        zero: dict[str, Any] = {"stage": ds.zero_stage}
-        if ds.zero_stage == 3:
+        stage = effective_zero_stage(ds, world_size)
+        if stage != ds.zero_stage:
+            logger.info("one process: ZeRO stage %d instead of deepspeed.zero_stage=%d (deepspeed.single_process_stage)",
+                        stage, ds.zero_stage)
+        zero: dict[str, Any] = {"stage": stage}
+        if stage == 3:
             zero.update(
                 stage3_gather_16bit_weights_on_model_save=True,
                 stage3_param_persistence_threshold=0,

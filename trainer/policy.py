@@ -1,55 +1,43 @@
-"""The policy engine: a DeepSpeed-wrapped Hugging Face causal LM with the trainer's three jobs —
-per-token log-probs and entropies (the core's chunked, temperature-scaled functions), the update with global
-normalisers, and a bucketed parameter iterator for the weight sync.
+"""The policy engine: a DeepSpeed-wrapped Hugging Face causal LM with the trainer's jobs — per-token log-probs and
+entropies (the core's chunked, temperature-scaled functions), the update with the step's global normalisers,
+gradients of other objectives for the first-order predictions (:mod:`trainer.prediction`), and a bucketed
+parameter iterator for the weight sync.
 
-Micro-batches are padded blocks of whole sequences packed greedily by a token budget
-(``rows × longest sequence ≤ optim.micro_batch_max_tokens``). Because ZeRO-3 gathers parameters with collectives in
-every forward, all ranks run the same number of forwards/backwards per phase: a rank with fewer micro-batches runs
-dummy ones whose loss is ``0 · Σ logits`` (zero gradient, every parameter touched so the gradient hooks match).
+Micro-batches are row slices of the step's padded :class:`trainer.batch.RolloutBatch`, packed greedily by a token
+budget (``rows × longest sequence ≤ optim.micro_batch_max_tokens``); each is cut to its own longest sequence.
+Because ZeRO-3 gathers parameters with collectives in every forward, all ranks run the same number of
+forwards/backwards per pass: a rank with fewer micro-batches runs dummy ones whose loss is ``0 · Σ logits`` (zero
+gradient, every parameter touched so the gradient hooks match). Gradients accumulate over the micro-batches of a
+pass; the last backward of a pass is DeepSpeed's gradient-accumulation boundary
+(``set_gradient_accumulation_boundary``), so the reduction over ranks happens once, for every ZeRO stage. (Without
+it, ZeRO-1/2 with one accumulation step per backward keep only the last micro-batch's gradient — measured here.)
 
-Loss normalisation (docs/theory.md §3): each micro-batch loss is ``compute_policy_loss(...)`` with
-``global_num_tokens``/``global_num_sequences`` counted over the whole optimizer step (all micro-batches, all
-ranks), so summing the micro-batch gradients gives the gradient of the full-batch loss; DeepSpeed then *averages*
-gradients over the data-parallel ranks, which we undo by multiplying each loss by the world size. The update is
-therefore independent of the micro-batch size and of the number of ranks (tested in tests/trainer).
+Loss normalisation (docs/theory.md §3): each micro-batch loss is ``compute_policy_loss(...)`` with the inputs of
+:meth:`stare_lab.step.PreparedStep.inputs` — ``global_num_tokens``/``global_num_sequences`` counted over the whole
+optimizer step (all micro-batches, all ranks) — so summing the micro-batch gradients gives the gradient of the
+full-batch loss; DeepSpeed then *averages* gradients over the data-parallel ranks, which we undo by multiplying each
+loss by the world size. The update is therefore independent of the micro-batch size and of the number of ranks
+(tested in tests/trainer).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch import Tensor
 
 from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainBatch", "PolicyEngine", "pack_micro_batches", "pad_2d"]
+__all__ = ["PolicyEngine", "pack_micro_batches", "LossFn"]
 
-
-@dataclasses.dataclass
-class TrainBatch:
-    """One rank's share of the step's training sequences (python lists; tensors are built per micro-batch).
-
-    Attributes:
-        prompt_ids: ``[B][Lp_i]`` prompt tokens.
-        response_ids: ``[B][T_i]`` response tokens (eos included when the response stopped on it).
-        response_mask: ``[B][T_i]`` 1.0 for tokens in the loss (0 for a masked overlong response).
-        advantages: ``[B]`` per-sequence advantages.
-        rollout_logprobs: ``[B][T_i]`` engine log-probs (for TIS), or ``None``.
-    """
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    response_mask: list[list[float]]
-    advantages: list[float]
-    rollout_logprobs: list[list[float]] | None = None
-
-    def __len__(self) -> int:
-        return len(self.response_ids)
+#: ``loss_fn(micro_batch, logprobs [b, t], entropy [b, t] | None) -> 0-dim loss``: the micro-batch's part of a
+#: step objective (already divided by the step's global normaliser).
+LossFn = Callable[[Any, Tensor, "Tensor | None"], Tensor]
 
 
 def pack_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -71,16 +59,6 @@ def pack_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
         cur_max = new_max
     if cur:
         out.append(cur)
-    return out
-
-
-def pad_2d(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, width: int | None = None) -> torch.Tensor:
-    """Right-pad ragged rows into a ``[len(rows), width]`` tensor."""
-    width = max((len(r) for r in rows), default=0) if width is None else width
-    out = torch.full((len(rows), max(width, 1)), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
     return out
 
 
@@ -135,165 +113,213 @@ class PolicyEngine:
         self.max_tokens = o.micro_batch_max_tokens
 
     # ------------------------------------------------------------------------------------------------------------
-    # collectives
-    # ------------------------------------------------------------------------------------------------------------
-
-    def all_reduce(self, values: Sequence[float], op: str = "sum") -> list[float]:
-        """All-reduce a few float64 scalars over all ranks (``sum`` or ``max``); identity on one rank."""
-        import torch.distributed as dist
-
-        t = torch.tensor(list(values), dtype=torch.float64, device=self._comm_device())
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-        return t.tolist()
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` (in rank order)."""
-        import torch.distributed as dist
-
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return [obj]
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
-        return out
-
-    def _comm_device(self) -> torch.device:
-        return torch.device(self.device) if torch.cuda.is_available() else torch.device("cpu")
-
-    # ------------------------------------------------------------------------------------------------------------
     # forward
     # ------------------------------------------------------------------------------------------------------------
 
-    def _micro_plan(self, batch: TrainBatch) -> list[list[int]]:
-        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
-        plan = pack_micro_batches(lengths, self.max_tokens)
-        n_max = int(self.all_reduce([len(plan)], op="max")[0])
-        return plan + [[] for _ in range(n_max - len(plan))]  # [] = dummy micro-batch
+    def micro_plan(self, batch: Any, comm: Any) -> list[Tensor]:
+        """The step's micro-batches: ``[b]`` int64 row tensors of ``batch``, padded with empty ones (dummies) to the
+        largest count over the ranks (one collective). The same plan serves every pass of the step."""
+        plan = [torch.tensor(mb, dtype=torch.long)
+                for mb in pack_micro_batches(batch.seq_lens.tolist(), self.max_tokens)]
+        n_max = int(comm.max({"micro_batches": len(plan)})["micro_batches"])
+        return plan + [torch.zeros(0, dtype=torch.long) for _ in range(n_max - len(plan))]
 
-    def _forward(self, batch: TrainBatch, idx: list[int], *, need_entropy: bool, entropy_grad: bool):
-        """Forward on one micro-batch. Returns ``(logits_sum_for_dummy, logprobs [b,T], entropy [b,T] | None,
-        mask [b,T])``; for a dummy micro-batch (``idx == []``) only the first is set."""
-        if not idx:
-            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
-            out = self.engine(input_ids=ids, attention_mask=torch.ones_like(ids))
-            return out.logits.float().sum(), None, None, None
-        seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in idx]
-        input_ids = pad_2d(seqs, 0, torch.long).to(self.device)
-        attn = pad_2d([[1] * len(s) for s in seqs], 0, torch.long).to(self.device)
-        logits = self.engine(input_ids=input_ids, attention_mask=attn).logits  # [b, L, V]
-        t_max = max(len(batch.response_ids[i]) for i in idx)
-        # position of the logit that predicts response token j of row r: len(prompt_r) - 1 + j
-        pos = torch.zeros((len(idx), t_max), dtype=torch.long)
-        for r, i in enumerate(idx):
-            lp = len(batch.prompt_ids[i])
-            n = len(batch.response_ids[i])
-            pos[r, :n] = torch.arange(lp - 1, lp - 1 + n)
-            pos[r, n:] = lp - 1
-        pos = pos.to(self.device)
-        resp_logits = torch.gather(logits, 1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        tokens = pad_2d([batch.response_ids[i] for i in idx], 0, torch.long, t_max).to(self.device)
-        mask = pad_2d([batch.response_mask[i] for i in idx], 0.0, torch.float32, t_max).to(self.device)
-        logprobs = logprobs_from_logits(resp_logits, tokens, self.temperature)
+    def _dummy_forward(self) -> Tensor:
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        return self.engine(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().sum()
+
+    def _forward(self, mb: Any, *, need_entropy: bool, entropy_grad: bool,
+                 params: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+        """Log-probs ``[b, t]`` of the micro-batch's response tokens (with their graph) and, if asked, their
+        entropies (with the graph iff ``entropy_grad``), at the rollout temperature, nats. ``params``: run the
+        module with these tensors in place of its parameters (``torch.func.functional_call``), outside DeepSpeed."""
+        if params is None:
+            logits = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [b, L, V]
+        else:
+            logits = torch.func.functional_call(self.engine.module, params, (mb.input_ids,),
+                                                {"attention_mask": mb.attention_mask}).logits
+        resp_logits = torch.gather(logits, 1, mb.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        logprobs = logprobs_from_logits(resp_logits, mb.tokens, self.temperature)
         entropy = None
         if need_entropy:
-            src = resp_logits if entropy_grad else resp_logits.detach()
-            entropy = entropy_from_logits(src, self.temperature)
-        return None, logprobs, entropy, mask
+            entropy = entropy_from_logits(resp_logits if entropy_grad else resp_logits.detach(), self.temperature)
+        return logprobs, entropy
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrainBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-sequence log-probs and entropies (nats) of the response tokens under the current policy at the
-        rollout temperature: two lists of ``[T_i]`` float32 CPU tensors. Collective: every rank must call it."""
+    def compute_logprobs(self, batch: Any, plan: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropies (nats) of ``batch``'s response tokens under the current policy at the rollout
+        temperature: two ``[B, T]`` float32 CPU tensors, 0 on padding. Collective: every rank must call it."""
         self.engine.eval()
-        lps: list[torch.Tensor | None] = [None] * len(batch)
-        ents: list[torch.Tensor | None] = [None] * len(batch)
-        for idx in self._micro_plan(batch):
-            _, lp, ent, _ = self._forward(batch, idx, need_entropy=True, entropy_grad=False)
-            for r, i in enumerate(idx):
-                n = len(batch.response_ids[i])
-                lps[i] = lp[r, :n].float().cpu()
-                ents[i] = ent[r, :n].float().cpu()
-        return lps, ents  # type: ignore[return-value]
+        shape = batch.response_ids.shape
+        lps, ents = torch.zeros(shape), torch.zeros(shape)
+        for rows in plan:
+            if not rows.numel():
+                self._dummy_forward()
+                continue
+            mb = batch.micro_batch(rows, self.device)
+            lp, ent = self._forward(mb, need_entropy=True, entropy_grad=False)
+            t = lp.shape[1]
+            zero = torch.zeros((), device=lp.device)
+            lps[rows, :t] = torch.where(mb.valid, lp.float(), zero).cpu()
+            ents[rows, :t] = torch.where(mb.valid, ent.float(), zero).cpu()
+        return lps, ents
 
     # ------------------------------------------------------------------------------------------------------------
-    # update
+    # gradients and the update
     # ------------------------------------------------------------------------------------------------------------
 
-    def update(
-        self,
-        batch: TrainBatch,
-        *,
-        old_logprobs: Sequence[torch.Tensor],
-        old_entropy: Sequence[torch.Tensor],
-        token_weights: Sequence[torch.Tensor] | None,
-        loss_config: Any,
-        global_num_tokens: float,
-        global_num_sequences: float,
-        loss_extras: dict[str, Any] | None = None,
-    ) -> dict[str, float]:
-        """One optimizer step over ``batch`` (collective).
-
-        Args:
-            old_logprobs, old_entropy: per-sequence ``[T_i]`` tensors from :meth:`compute_logprobs`.
-            token_weights: per-sequence STARE ω ``[T_i]`` (computed once per step over the global batch), or None.
-            loss_config: :class:`stare_lab.config.LossConfig`; ``loss_mode`` picks the registry loss.
-            global_num_tokens, global_num_sequences: loss-mask token / sequence counts over all ranks.
-            loss_extras: extra :class:`~stare_lab.losses.PolicyLossInputs` fields (e.g. gate state for
-                ``stare.scope=microbatch``, a generator for Clip-Cov).
-
-        Returns:
-            token-weighted means of the loss metrics over all ranks (``loss/...``), ``loss/total`` and
-            ``grad_norm``.
-        """
-        from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-
+    def backward(self, batch: Any, plan: Sequence[Tensor], loss_fn: LossFn, *, need_entropy: bool = False,
+                 entropy_grad: bool = False) -> None:
+        """Accumulate the gradient of a step objective: for every micro-batch of ``plan``, forward, ``loss_fn`` and
+        ``engine.backward(loss × world size)`` (accumulated; reduced over ranks by the next ``step()``, or per
+        backward into ZeRO-2/3 partitions). Collective."""
         self.engine.train()
         world = self.dist.world_size
-        need_grad_entropy = loss_config.entropy_coeff > 0
-        sums: dict[str, float] = {}
-        loss_total = 0.0
-        n_local_tok = 0.0
-        for idx in self._micro_plan(batch):
-            dummy, lp, ent, mask = self._forward(batch, idx, need_entropy=need_grad_entropy,
-                                                 entropy_grad=need_grad_entropy)
-            if dummy is not None:
-                self.engine.backward(dummy * 0.0, scale_wrt_gas=False)
+        for rows in plan:
+            if not rows.numel():
+                self.engine.backward(self._dummy_forward() * 0.0, scale_wrt_gas=False)
                 continue
-            t_max = lp.shape[1]
-            rows = lambda seq: pad_2d([seq[i].tolist() for i in idx], 0.0, torch.float32, t_max).to(self.device)  # noqa: E731
-            kwargs: dict[str, Any] = dict(
-                logprobs=lp,
-                old_logprobs=rows(old_logprobs),
-                advantages=torch.tensor([batch.advantages[i] for i in idx], dtype=torch.float32, device=self.device),
-                response_mask=mask,
-                entropy=ent if need_grad_entropy else rows(old_entropy),
-                token_weights=rows(token_weights) if token_weights is not None else None,
-                global_num_tokens=global_num_tokens,
-                global_num_sequences=global_num_sequences,
-            )
-            if batch.rollout_logprobs is not None:
-                kwargs["rollout_logprobs"] = pad_2d(
-                    [batch.rollout_logprobs[i] for i in idx], 0.0, torch.float32, t_max).to(self.device)
-            kwargs.update(loss_extras or {})
-            loss, metrics = compute_policy_loss(loss_config.loss_mode, PolicyLossInputs(**kwargs), loss_config)
+            mb = batch.micro_batch(rows, self.device)
+            lp, ent = self._forward(mb, need_entropy=need_entropy, entropy_grad=entropy_grad)
             # DeepSpeed averages gradients over ranks; × world size makes the sum over ranks of Σ_tokens / N_global
-            self.engine.backward(loss * world, scale_wrt_gas=False)
-            ntok = float(mask.sum())
-            n_local_tok += ntok
-            loss_total += float(loss.detach())
+            self.engine.backward(loss_fn(mb, lp, ent) * world, scale_wrt_gas=False)
+
+    def update(self, batch: Any, plan: Sequence[Tensor], prep: Any, comm: Any) -> dict[str, float]:
+        """One optimizer step of the loss ``prep.config.loss_mode`` over ``batch`` (collective).
+
+        Args:
+            batch: this rank's :class:`trainer.batch.RolloutBatch`.
+            plan: :meth:`micro_plan`.
+            prep: the step's :class:`stare_lab.step.PreparedStep` (gate, W/M, ω, normalisers, global statistics).
+            comm: the :class:`trainer.comm.Comm`.
+
+        Returns:
+            token-weighted means of the loss metrics over all ranks (``loss/...``), ``loss/total`` (the step loss,
+            summed over micro-batches and ranks), ``grad_norm`` and ``lr``.
+        """
+        from stare_lab.losses import compute_policy_loss
+
+        cfg, needs = prep.config, prep.needs
+        probe = torch.zeros((0, 1))  # the metric names depend on the config only: those of a call on no rows
+        names = compute_policy_loss(cfg.loss_mode, prep.inputs(probe, probe.long()[:, 0],
+                                                                entropy=probe if needs.entropy_grad else None),
+                                    cfg)[1]
+        sums = {k: 0.0 for k in names if k != "loss/total"}
+        sums.update({"__tokens": 0.0, "loss/total": 0.0})
+
+        def loss_fn(mb: Any, lp: Tensor, ent: Tensor | None) -> Tensor:
+            inputs = prep.inputs(lp, mb.rows, entropy=ent if needs.entropy_grad else None)
+            loss, metrics = compute_policy_loss(cfg.loss_mode, inputs, cfg)
+            ntok = float(inputs.response_mask.sum())
+            sums["__tokens"] += ntok
+            sums["loss/total"] += float(loss.detach())
             for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    sums[k] = sums.get(k, 0.0) + float(v) * ntok
+                if k in sums and k != "loss/total":
+                    sums[k] += float(v) * ntok
+            return loss
+
+        self.backward(batch, plan, loss_fn, need_entropy=needs.entropy_grad, entropy_grad=needs.entropy_grad)
+        plain_norm = None if self.engine.zero_optimization() else self._grad_norm(comm)
         self.engine.step()
-        keys = sorted(set().union(*self.all_gather_object(sorted(sums))))
-        red = self.all_reduce([sums.get(k, 0.0) for k in keys] + [n_local_tok, loss_total])
-        n_tok = max(red[-2], 1.0)
-        out = {(k if k.startswith("loss/") else f"loss/{k}"): v / n_tok for k, v in zip(keys, red[:-2])}
-        out["loss/total"] = red[-1]
-        gn = self.engine.get_global_grad_norm()
+        red = comm.sum(sums)
+        n_tok = max(red.pop("__tokens"), 1.0)
+        out = {(k if k.startswith("loss/") else f"loss/{k}"): (v if k == "loss/total" else v / n_tok)
+               for k, v in red.items()}
+        gn = self.engine.get_global_grad_norm() if plain_norm is None else plain_norm
         out["grad_norm"] = float(gn) if gn is not None else None
         out["lr"] = float(self.engine.get_lr()[0])
         return out
+
+    def _grad_norm(self, comm: Any) -> float:
+        """‖g‖₂ of the accumulated rank-averaged gradient before the step, without a ZeRO optimizer (ZeRO stage 0,
+        where DeepSpeed does not keep the norm it clips with): the ranks' ``p.grad`` are not reduced before
+        ``step()``, so the norm is taken of their mean (one all-reduce of the flattened gradient)."""
+        grads = [p.grad.reshape(-1).float() for p in self.engine.module.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        flat = torch.cat(grads)
+        if comm.world_size > 1:
+            import torch.distributed as tdist
+
+            tdist.all_reduce(flat)
+            flat /= comm.world_size
+        return float(flat.double().norm())
+
+    def gradient(self, batch: Any, plan: Sequence[Tensor], loss_fn: LossFn, *, need_entropy: bool = False,
+                 entropy_grad: bool = False) -> list[Tensor]:
+        """The gradient of a step objective (summed over ranks), one float32 tensor per parameter: this rank's
+        partition under ZeRO-3 (as :meth:`local_view`), the full tensor otherwise. It never changes what the next
+        :meth:`update` computes (tested). Collective.
+
+        ZeRO-3: :meth:`backward`, a copy of the reduced partitions (``safe_get_local_grad``), then the accumulated
+        gradients are cleared (``optimizer.zero_grad``: the next backward overwrites instead of accumulating).
+        ZeRO 0–2: ``torch.autograd.grad`` through the module called with detached leaves of its parameters
+        (``torch.func.functional_call``), so DeepSpeed's gradient hooks and buffers are never touched; then one
+        all-reduce of the flattened gradient."""
+        if self.zero3:
+            self.backward(batch, plan, loss_fn, need_entropy=need_entropy, entropy_grad=entropy_grad)
+            grads = [g.detach().float().clone() for g in self.local_view("grad")]
+            self.engine.optimizer.zero_grad()
+            self.engine.zero_grad()
+            return grads
+        self.engine.train()
+        module = self.engine.module
+        leaves = {n: p.detach().requires_grad_(True) for n, p in module.named_parameters()}
+        grads = [torch.zeros_like(p, dtype=torch.float32) for p in leaves.values()]
+        for rows in plan:
+            if not rows.numel():  # no parameter gathers outside ZeRO-3: a missing micro-batch needs no dummy
+                continue
+            mb = batch.micro_batch(rows, self.device)
+            lp, ent = self._forward(mb, need_entropy=need_entropy, entropy_grad=entropy_grad, params=leaves)
+            got = torch.autograd.grad(loss_fn(mb, lp, ent), list(leaves.values()), allow_unused=True)
+            for acc, g in zip(grads, got):
+                if g is not None:
+                    acc += g.float()
+        if self.dist.world_size > 1:
+            import torch.distributed as tdist
+
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            tdist.all_reduce(flat)
+            grads = [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)]
+        return grads
+
+    def local_view(self, kind: str) -> list[Tensor]:
+        """Per parameter, the part this rank holds of: ``"param"`` (fp32 master weights), ``"grad"`` (ZeRO-3 only:
+        the accumulated, rank-averaged gradient partition, between a pass and the step) or ``"exp_avg_sq"``
+        (Adam's second moment; after a step). ZeRO-3: the rank's flat partition (:attr:`partitioned`: sums over
+        these must be all-reduced); ZeRO 0–2: the full tensor, the same on every rank."""
+        from deepspeed import utils as dsu
+
+        if self.zero3:
+            get = {"param": dsu.safe_get_local_fp32_param, "grad": dsu.safe_get_local_grad,
+                   "exp_avg_sq": lambda p: dsu.safe_get_local_optimizer_state(p, "exp_avg_sq")}[kind]
+            return [get(p) for p in self.engine.module.parameters()]
+        full = {"param": dsu.safe_get_full_fp32_param, "grad": dsu.safe_get_full_grad,
+                "exp_avg_sq": lambda p: dsu.safe_get_full_optimizer_state(p, "exp_avg_sq")}[kind]
+        opt = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+        plain = {"param": lambda p: p.data, "grad": lambda p: p.grad,
+                 "exp_avg_sq": lambda p: opt.state[p]["exp_avg_sq"]}[kind]
+        out = []
+        for p in self.engine.module.parameters():
+            t = full(p)  # None without a ZeRO optimizer (stage 0 in fp32): the parameter itself holds it
+            out.append(plain(p) if t is None else t)
+        return out
+
+    @property
+    def partitioned(self) -> bool:
+        """True when :meth:`local_view` returns partitions (ZeRO-3), so per-rank sums must be all-reduced."""
+        return self.zero3
+
+    def adam_settings(self) -> dict[str, float]:
+        """The AdamW settings of the coming step: ``lr`` (after the schedule), ``beta1``, ``beta2``, ``eps``,
+        ``weight_decay`` and ``step`` (the number of optimizer steps taken so far)."""
+        opt = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+        group = opt.param_groups[0]
+        state = next((s for s in opt.state.values() if "step" in s), None)
+        step = group.get("step", 0) if state is None else state["step"]
+        return {"lr": float(group["lr"]), "beta1": float(group["betas"][0]), "beta2": float(group["betas"][1]),
+                "eps": float(group["eps"]), "weight_decay": float(group.get("weight_decay", 0.0)),
+                "step": float(step)}
 
     # ------------------------------------------------------------------------------------------------------------
     # parameters for the sync / export

@@ -45,6 +45,7 @@ __all__ = [
     "format_interpreter_output",
     "tool_metrics",
     "collate_responses",
+    "TOOL_METRIC_KEYS",
 ]
 
 
@@ -424,6 +425,11 @@ class ToolUseEngine:
 # ----------------------------------------------------------------------------------------------------------------
 # metrics and collation
 # ----------------------------------------------------------------------------------------------------------------
+
+
+#: The keys of :func:`tool_metrics`, in its order.
+TOOL_METRIC_KEYS = ("tool/calls_per_response", "tool/error_frac", "tool/timeout_frac", "tool/turns",
+                    "tool/response_length", "tool/model_tokens", "tool/interpreter_tokens", "tool/length_frac")
 
 
 def tool_metrics(outputs: Sequence[ToolRolloutOutput] | Sequence[Sequence[ToolRolloutOutput]]) -> dict[str, float]:
