@@ -1,49 +1,67 @@
-"""Helper for test_update_invariance.py (not collected): one DeepSpeed ZeRO-3 update of the tiny model on a fixed
-synthetic batch of 8 sequences, split over the ranks of this launch and packed with a given micro-batch token
-budget. Saves the gathered updated parameters (rank 0) to ``OUT``. Usage:
-``[torchrun --nproc_per_node K] python _update_invariance.py MODEL_DIR OUT MICRO_BATCH_MAX_TOKENS``.
+"""Helper for test_update_invariance.py (not collected): one DeepSpeed update of the tiny model on a fixed synthetic
+batch of 8 sequences, split over the ranks of this launch and packed with a given micro-batch token budget, with
+the step prepared by the core (C2, gate forced on: ω selected over the whole batch across the ranks). Saves the
+gathered updated parameters and (with PROBE=1) the first-order predictions to ``OUT`` (rank 0). Usage:
+``[torchrun --nproc_per_node K] python _update_invariance.py MODEL_DIR OUT MICRO_BATCH_MAX_TOKENS STAGE PROBE``
+(STAGE: the ZeRO stage, used even on one process).
 """
 
 import sys
 
 import torch
 
+from stare_lab.step import prepare_step
+from trainer.batch import RolloutBatch
+from trainer.comm import Comm
 from trainer.config import load_trainer_config
 from trainer.launch import cpu_env_defaults, init_distributed
-from trainer.policy import PolicyEngine, TrainBatch
+from trainer.policy import PolicyEngine
+from trainer.prediction import EntropyPrediction
+
+
+def _batch(rows: list[int]) -> RolloutBatch:
+    g = torch.Generator().manual_seed(0)
+    prompts, resps = [], []
+    for _ in range(8):
+        prompts.append(torch.randint(5, 400, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g))
+        resps.append(torch.randint(5, 400, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g))
+    advs = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 1.5])
+    pad = torch.nn.utils.rnn.pad_sequence
+    p, r = [prompts[i] for i in rows], [resps[i] for i in rows]
+    return RolloutBatch(input_ids=pad([torch.cat([a, b]) for a, b in zip(p, r)], batch_first=True),
+                        prompt_lens=torch.tensor([len(a) for a in p]), response_lens=torch.tensor([len(b) for b in r]),
+                        response_ids=pad(r, batch_first=True),
+                        response_mask=pad([torch.ones(len(b), dtype=torch.bool) for b in r], batch_first=True),
+                        advantages=advs[rows], rollout_logprobs=pad([torch.zeros(len(b)) for b in r], batch_first=True),
+                        group_ids=torch.tensor(rows) // 4, truncated=torch.zeros(len(rows), dtype=torch.bool))
 
 
 def main() -> None:
-    model_dir, out, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    model_dir, out, budget, stage, probe = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     cpu_env_defaults()
-    cfg = load_trainer_config(None, [f"model.path={model_dir}", "deepspeed.zero_stage=3", "deepspeed.precision=fp32",
-                                     "optim.lr=1.0", "optim.eps=1.0", "optim.grad_clip=0", f"optim.micro_batch_max_tokens={budget}",
-                                     "method=c2", "loss.loss_mode=stare", "loss.stare.variant=C2",
-                                     "loss.stare.gate=always"])
+    cfg = load_trainer_config(None, [f"model.path={model_dir}", f"deepspeed.zero_stage={stage}",
+                                     "deepspeed.single_process_stage=null", "deepspeed.precision=fp32",
+                                     "optim.lr=1.0", "optim.eps=1.0", "optim.grad_clip=0",
+                                     f"optim.micro_batch_max_tokens={budget}", "method=c2", "loss.loss_mode=stare",
+                                     "loss.stare.variant=C2", "loss.stare.gate=always", "loss.stare.top_p_ratio=0.3"])
     # AdamW's first step is lr·g/(|g| + eps): with eps = 1 ≫ |g| it is ≈ lr·g, linear in the gradient, so comparing
     # parameters compares gradients (with the default eps it would be ≈ lr·sign(g), ill-conditioned near g = 0)
     dist = init_distributed()
-    g = torch.Generator().manual_seed(0)
-    n = 8
-    prompts = [torch.randint(5, 400, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(n)]
-    resps = [torch.randint(5, 400, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
-             for _ in range(n)]
-    advs = [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 1.5]
-    mine = list(range(dist.rank, n, dist.world_size))
-    batch = TrainBatch([prompts[i] for i in mine], [resps[i] for i in mine], [[1.0] * len(resps[i]) for i in mine],
-                       [advs[i] for i in mine], None)
+    comm = Comm()
+    batch = _batch(list(range(dist.rank, 8, dist.world_size)))
     policy = PolicyEngine(cfg, model_dir, dist)
-    old_lp, old_ent = policy.compute_logprobs(batch)
-    # ω: a fixed per-token pattern (as if computed globally), so the test isolates the normalisation
-    weights = [torch.tensor([1.1 if (i + t) % 3 == 0 else 1.0 for t in range(len(resps[i]))]) for i in mine]
-    g_tok = float(sum(len(r) for r in resps))
-    policy.update(batch, old_logprobs=[lp - 0.05 for lp in old_lp], old_entropy=old_ent, token_weights=weights,
-                  loss_config=cfg.loss, global_num_tokens=g_tok, global_num_sequences=float(n),
-                  loss_extras={"gate_on": True})
+    plan = policy.micro_plan(batch, comm)
+    old_lp, old_ent = policy.compute_logprobs(batch, plan)
+    # old log-probs shifted by 0.05 so that ρ ≠ 1 and the clipping path is exercised
+    step_batch = batch.step_batch(old_lp - 0.05 * batch.response_mask, old_ent)
+    prep = prepare_step(step_batch, cfg.loss, collective=comm.collective, step=1, seed=0)
+    predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip) if probe == "1" else None
+    probes = predictor.before_update(batch, plan, prep, step_batch) if predictor else None
+    metrics = policy.update(batch, plan, prep, comm)
+    preds = predictor.after_update(probes, metrics["grad_norm"]) if predictor else {}
     sd = policy.full_state_dict()
     if dist.rank == 0:
-        torch.save(sd, out)
+        torch.save({"params": sd, "preds": preds, "selected": prep.metrics()["stare/num_pos_selected"]}, out)
 
 
 if __name__ == "__main__":

@@ -29,34 +29,33 @@ def test_missing_engine_logprobs_is_an_error():
     for bad in (math.nan, math.inf, -math.inf):
         with pytest.raises(DataError, match="token 1"):
             engine_logprobs(_out([-1.0, bad, -2.0]), "x")
-    assert engine_logprobs(_out([-1, -2, -3]), "x") == [-1.0, -2.0, -3.0]
+    lp = engine_logprobs(_out([-1, -2, -3]), "x")
+    assert lp.dtype == torch.float32 and lp.tolist() == [-1.0, -2.0, -3.0]
 
 
 def test_the_loop_refuses_a_response_without_engine_logprobs():
-    """trainer.loop._Trainer._batch (step 5) on a group whose second sample came back without log-probs."""
-    from trainer.loop import _Trainer
-    from trainer.launch import DistInfo
+    """trainer.batch.build_rollout_batch (step 5) on a group whose second sample came back without log-probs."""
+    from trainer.batch import build_rollout_batch
 
-    tr = _Trainer.__new__(_Trainer)
-    tr.cfg = load_trainer_config({"method": "grpo", "rollout": {"n": 2}})
-    tr.dist, tr.eos = DistInfo(rank=0, world_size=1, local_rank=0), {0}
+    cfg = load_trainer_config({"method": "grpo", "rollout": {"n": 2}})
     group = {"outputs": [_out([-1.0, -1.0, -1.0]), _out(None)], "rewards": [1.0, 0.0]}
     with pytest.raises(DataError, match="step 4, group 0, sample 1: the rollout engine returned no log-probs"):
-        tr._batch([group], 4)
+        build_rollout_batch([group], cfg, 0, 4)
 
 
 def test_logged_ratios_are_finite_for_any_gap():
     """A 100-nat gap (the case where the old unclamped exp gave inf): the ratio is exp(20), the max gap 20."""
-    old = [torch.tensor([-101.0, -1.0]), torch.tensor([-1.0])]
-    eng = [[-1.0, -1.0], [-1.5]]
-    d = rollout_diagnostics(old, eng, [[1.0, 1.0], [1.0]])
+    old = torch.tensor([[-101.0, -1.0], [-1.0, 0.0]])  # padded [B, T]: row 2 has one token
+    eng = torch.tensor([[-1.0, -1.0], [-1.5, 0.0]])
+    d = {k: float(v) for k, v in rollout_diagnostics(old, eng, torch.tensor([[True, True], [True, False]])).items()}
     assert all(math.isfinite(v) for v in d.values())
     assert d["diff_max"] == LOG_RATIO_CLAMP
     assert d["diff_sum"] == pytest.approx(LOG_RATIO_CLAMP + 0.0 + 0.5)
     # sequence 1: token-mean of (e^-20, e^0); sequence 2: e^0.5
     assert d["ratio_sum"] == pytest.approx((math.exp(-20) + 1) / 2 + math.exp(0.5))
     assert d["n_ratio"] == 2
-    assert rollout_diagnostics([torch.tensor([-1.0])], [[-1.0]], [[0.0]])["n_ratio"] == 0  # masked out
+    masked = rollout_diagnostics(torch.tensor([[-1.0]]), torch.tensor([[-5.0]]), torch.tensor([[False]]))
+    assert masked["n_ratio"] == 0 and masked["diff_max"] == 0 and masked["diff_sum"] == 0  # masked out
 
 
 @pytest.mark.parametrize("over", [{"rollout.top_p": 0.7}, {"rollout.top_k": 20}])

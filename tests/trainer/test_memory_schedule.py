@@ -1,6 +1,6 @@
 """The memory order of a colocated step and the weight-version check (trainer.memory), on CPU with fakes.
 
-The real ``trainer.loop._Trainer.step`` runs with a fake rollout engine and a fake policy that record every call,
+The real ``trainer.train_step.StepRunner.step`` runs with a fake rollout engine and a fake policy that record every call,
 so the order checked is the loop's own: generation → engine sleep → cache freed → [DeepSpeed states reloaded] →
 old log-probs → update → [states offloaded] → cache freed → wake weights → sync → wake KV cache → next generation;
 and an engine that missed a sync refuses to generate.
@@ -45,25 +45,21 @@ class FakeEngine:
 
 
 class FakePolicy:
-    """One rank: identity collectives; log-probs equal to the engine's; an update that only records itself."""
+    """One rank: log-probs equal to the engine's; an update that only records itself."""
 
     device = "cpu"
 
     def __init__(self, events: list[str]) -> None:
         self.events = events
 
-    def all_reduce(self, values, op="sum"):
-        return [float(v) for v in values]
+    def micro_plan(self, batch, comm):
+        return [torch.arange(len(batch))]
 
-    def all_gather_object(self, obj):
-        return [obj]
-
-    def compute_logprobs(self, batch):
+    def compute_logprobs(self, batch, plan):
         self.events.append("old_logprob")
-        return ([torch.tensor(r, dtype=torch.float32) for r in batch.rollout_logprobs],
-                [torch.ones(len(r)) for r in batch.response_ids])
+        return batch.rollout_logprobs.clone(), torch.ones(batch.response_ids.shape)
 
-    def update(self, batch, **kwargs):
+    def update(self, batch, plan, prep, comm):
         self.events.append("update")
         return {"loss/total": 0.0, "grad_norm": 0.0}
 
@@ -85,7 +81,8 @@ class Encoder:
 
 def _trainer(offload: bool):
     from stare_lab.stare import STAREController
-    from trainer.loop import _Trainer
+    from trainer.comm import Comm
+    from trainer.train_step import StepRunner
 
     cfg = load_trainer_config({"method": "c2", "model": {"path": "unused"},
                                "rollout": {"n": 4, "max_response_length": 2},
@@ -93,15 +90,15 @@ def _trainer(offload: bool):
                                "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "gate": "always"}},
                                "optim": {"train_batch_size": 2}})
     events: list[str] = []
-    tr = _Trainer.__new__(_Trainer)
-    tr.cfg, tr.dist = cfg, DistInfo(rank=0, world_size=1, local_rank=0)
-    tr.engine, tr.policy = FakeEngine(events), FakePolicy(events)
-    tr.controller, tr.eos, tr.memory = STAREController(cfg.loss.stare), {0}, PhaseMemory()
-    tr.schedule = ColocatedSchedule(tr.engine, tr.policy, bucket_bytes=1.0, offload_during_rollout=offload,
-                                    offloaded=offload, free=lambda: events.append("free"))
+    dist, comm = DistInfo(rank=0, world_size=1, local_rank=0), Comm()
+    engine, policy = FakeEngine(events), FakePolicy(events)
+    schedule = ColocatedSchedule(engine, policy, bucket_bytes=1.0, offload_during_rollout=offload,
+                                 offloaded=offload, free=lambda: events.append("free"))
     records = [{"prompt": "p", "answer": "1", "id": i} for i in range(4)]
-    tr.collector = Collector(cfg, tr.dist, tr.engine, Encoder(), records, DataCursor(4, 0), tr.policy,
-                             check_fresh=tr.schedule.before_generation)
+    collector = Collector(cfg, dist, engine, Encoder(), records, DataCursor(4, 0), comm,
+                          check_fresh=schedule.before_generation)
+    tr = StepRunner(cfg, dist, comm, policy, collector, STAREController(cfg.loss.stare), schedule, PhaseMemory(),
+                    eos_id=0)
     return tr, events
 
 

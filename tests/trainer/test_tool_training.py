@@ -57,38 +57,36 @@ def test_compute_rewards_passes_stats_to_the_grader():
     assert not any(k in stats for k in ("reward/timeout", "reward/no_answer", "reward/grade_error"))
 
 
-class _OneRank:
-    """The two collectives ``Collector.round_stats`` uses, on one rank."""
-
-    @staticmethod
-    def all_gather_object(obj):
-        return [obj]
-
-    @staticmethod
-    def all_reduce(values, op="sum"):
-        return [float(v) for v in values]
-
-
 def test_round_stats_combine_rounds_by_responses_and_calls():
     """Two generation rounds (4 and 2 responses). By hand: counts add (no_answer 1 + 3 = 4); per-response means are
     weighted by responses (calls/response (0.5·4 + 1.5·2)/6 = 5/6); error_frac by calls: round 1 made 2 calls
-    (1 failed), round 2 made 3 (3 failed) → 4/5, not the response-weighted (0.5·4 + 1·2)/6 = 2/3."""
+    (1 failed), round 2 made 3 (3 failed) → 4/5, not the response-weighted (0.5·4 + 1·2)/6 = 2/3. The names come
+    from the config (math grader outcomes, tool metrics), the same on every rank; one that is not announced is an
+    error, not a silently dropped number."""
+    from stare_lab.errors import RunError
     from trainer.collect import Collector
+    from trainer.comm import Comm
     from trainer.launch import DistInfo
 
-    tr = Collector.__new__(Collector)  # only the accumulators and the collectives are needed
-    tr.comm, tr.acc, tr.dist = _OneRank(), {}, DistInfo(rank=0, world_size=1, local_rank=0)
+    cfg = load_trainer_config({"reward": {"kind": "math"}, "tool": {"max_tool_calls": 2}})
+    tr = Collector(cfg, DistInfo(rank=0, world_size=1, local_rank=0), None, None, [], None, Comm())
     tr.accumulate({"reward/no_answer": 1.0, "reward/errors": 0.0, "accuracy": 0.25,
-                    "tool/calls_per_response": 0.5, "tool/error_frac": 0.5, "tool/timeout_frac": 0.0}, 4)
+                   "tool/calls_per_response": 0.5, "tool/error_frac": 0.5, "tool/timeout_frac": 0.0}, 4)
     tr.accumulate({"reward/no_answer": 3.0, "reward/errors": 1.0, "accuracy": 0.5,
-                    "tool/calls_per_response": 1.5, "tool/error_frac": 1.0, "tool/timeout_frac": 0.0}, 2)
-    out = tr.round_stats()
-    assert set(out) == {"reward/no_answer", "tool/calls_per_response", "tool/error_frac", "tool/timeout_frac"}
-    assert out["reward/no_answer"] == 4.0
+                   "tool/calls_per_response": 1.5, "tool/error_frac": 1.0, "tool/timeout_frac": 0.0}, 2)
+    for k, v in (("n_gen", 6), ("groups", 3), ("reward_sum", 2.0), ("kept_groups", 2)):
+        tr.acc[k] = float(v)
+    tr.rounds = 2
+    out = tr.row(tr.comm.sum(tr.local_sums()))
+    assert out["reward/no_answer"] == 4.0 and out["reward/timeout"] == 0.0
     assert out["tool/calls_per_response"] == pytest.approx(5 / 6)
     assert out["tool/error_frac"] == pytest.approx(4 / 5)
-    assert out["tool/timeout_frac"] == 0.0
-    assert tr.acc["reward/errors"] == 1.0 and tr.acc["accuracy"] == pytest.approx(0.25 * 4 + 0.5 * 2)
+    assert out["tool/timeout_frac"] == 0.0 and out["tool/turns"] == 0.0  # never reported: 0, not missing
+    assert out["reward/errors"] == 1.0 and out["accuracy"] == pytest.approx((0.25 * 4 + 0.5 * 2) / 6)
+    assert out["kept_group_fraction"] == pytest.approx(2 / 3) and out["reward"] == pytest.approx(2 / 6)
+    tr.acc["reward/surprise"] = 1.0
+    with pytest.raises(RunError, match="reward/surprise"):
+        tr.local_sums()
 
 
 def _group_runner_worker(rank: int, port: int, out_dir: str) -> None:
@@ -204,14 +202,22 @@ records = []
 orig_update = policy_mod.PolicyEngine.update
 
 
-def update(self, batch, **kw):
-    w = kw["token_weights"]
-    records.append(dict(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, response_mask=batch.response_mask,
-                        advantages=batch.advantages, weights=None if w is None else [x.tolist() for x in w],
-                        old_entropy=[e.tolist() for e in kw["old_entropy"]]))
+def update(self, batch, plan, prep, comm):
+    """Record the batch the loss saw (padded tensors cut back to each row's lengths)."""
+    rows = []
+    for i in range(len(batch)):
+        p, n = int(batch.prompt_lens[i]), int(batch.response_lens[i])
+        rows.append((batch.input_ids[i, :p].tolist(), batch.response_ids[i, :n].tolist(),
+                     batch.response_mask[i, :n].float().tolist(),
+                     None if prep.token_weights is None else prep.token_weights[i, :n].tolist(),
+                     prep.batch.entropy[i, :n].tolist()))
+    prompt_ids, response_ids, masks, weights, ents = map(list, zip(*rows))
+    records.append(dict(prompt_ids=prompt_ids, response_ids=response_ids, response_mask=masks,
+                        advantages=batch.advantages.tolist(), weights=None if prep.token_weights is None else weights,
+                        old_entropy=ents))
     with open(dump, "w") as fh:
         json.dump(records, fh)
-    return orig_update(self, batch, **kw)
+    return orig_update(self, batch, plan, prep, comm)
 
 
 policy_mod.PolicyEngine.update = update
@@ -360,7 +366,12 @@ def test_measured_entropy_change(tool_run):
     from stare_lab.entropy import entropy_from_logits
 
     rows, batches, out = tool_run
-    assert all(isinstance(r["entropy_change"], float) for r in rows) and rows[0]["pred_entropy_change"] is None
+    assert all(isinstance(r["entropy_change"], float) and isinstance(r["pred_entropy_change"], float) for r in rows)
+    # step 1 (no momentum, no weight decay): ∇H̄·Δθ equals the split D_GRPO + (W − 1)·D_L+ + (M − 1)·D_L−
+    # (trainer.prediction: the same linearisation of Adam, reached through three other gradients)
+    r = rows[0]
+    split = r["pred/d_grpo"] + 0.1 * r["pred/d_lplus"] - 0.1 * r["pred/d_lminus"]
+    assert r["pred_entropy_change"] == pytest.approx(split, rel=1e-4, abs=1e-9)
     assert all(r["time/entropy_after_s"] > 0 for r in rows)
     model = AutoModelForCausalLM.from_pretrained(str(out / "checkpoint" / "step_2" / "hf"), dtype=torch.float32)
     b = batches[-1]

@@ -1,10 +1,13 @@
-"""The update is invariant to the micro-batch size and to the number of ranks (docs/theory.md §3: normalisers are global
-over the optimizer step; DeepSpeed's rank-averaging of gradients is undone in PolicyEngine.update).
+"""The update is invariant to the micro-batch size, the number of ranks and the ZeRO stage (docs/theory.md §3:
+normalisers are global over the optimizer step; DeepSpeed's rank-averaging of gradients is undone in
+PolicyEngine.update; ω is selected over the whole step across the ranks by stare_lab.step.prepare_step), and the
+first-order prediction probes (trainer.prediction) leave the update unchanged.
 
-Reference: the same fixed batch of 8 sequences updated (a) in one process with one micro-batch per sequence, (b) in
-one process with a budget that packs everything into one or two micro-batches, (c) with torchrun over 2 ranks.
-Each must give the same parameters after one AdamW step (to float32 rounding, 1e-6). The old log-probs are shifted
-by 0.05 so that ρ ≠ 1 and the clipping path is exercised, and ω ≠ 1 on a third of the tokens.
+Reference: the same fixed batch of 8 sequences updated in one process with one micro-batch per sequence under
+ZeRO-3. Every other case must give the same parameters after one AdamW step (to float32 rounding, 1e-6): one
+process packing everything into one or two micro-batches (ZeRO stage 0, the one-process default), two ranks under
+ZeRO-3 and under ZeRO-2; with the probes on, the parameters are bit-identical to the same case without them, and
+the predictions agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors.
 """
 
 from __future__ import annotations
@@ -33,22 +36,41 @@ def _run(cmd: list[str]) -> None:
     assert p.returncode == 0, p.stderr[-5000:]
 
 
-def test_update_independent_of_micro_batch_and_world_size(require, tiny_model, tmp_path):
+CASES = {  # name: (micro-batch token budget, processes, ZeRO stage, probes)
+    "mb_small": (1, 1, 3, "0"),
+    "mb_small_probe": (1, 1, 3, "1"),
+    "mb_large_stage0": (4096, 1, 0, "0"),
+    "mb_large_stage0_probe": (4096, 1, 0, "1"),
+    "two_ranks_zero3": (16, 2, 3, "0"),
+    "two_ranks_zero2_probe": (16, 2, 2, "1"),
+}
+
+
+def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_model, tmp_path):
     require("deepspeed", "transformers")
     import torch
 
     outs = {}
-    for name, budget, procs in (("mb_small", 1, 1), ("mb_large", 4096, 1), ("two_ranks", 16, 2)):
+    for name, (budget, procs, stage, probe) in CASES.items():
         out = tmp_path / f"{name}.pt"
         launcher = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                          "--nproc_per_node", str(procs), "--master_port",
                                                          str(29700 + os.getpid() % 200)]
-        _run(launcher + [str(HELPER), str(tiny_model), str(out), str(budget)])
+        _run(launcher + [str(HELPER), str(tiny_model), str(out), str(budget), str(stage), probe])
         outs[name] = torch.load(out)
-    ref = outs["mb_small"]
-    for name in ("mb_large", "two_ranks"):
+    ref = outs["mb_small"]["params"]
+    for name, res in outs.items():
         for k, v in ref.items():
-            torch.testing.assert_close(outs[name][k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
+            torch.testing.assert_close(res["params"][k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
+        assert res["selected"] == outs["mb_small"]["selected"] > 0  # the same L+ over 1 and 2 ranks
+    for name in ("mb_small", "mb_large_stage0"):  # the probes change nothing, bit for bit
+        probed = outs[f"{name}_probe"]["params"]
+        assert all(torch.equal(probed[k], outs[name]["params"][k]) for k in probed), name
+    preds = [outs[n]["preds"] for n in ("mb_small_probe", "mb_large_stage0_probe", "two_ranks_zero2_probe")]
+    assert set(preds[0]) == {"pred_entropy_change", "pred/d_grpo", "pred/d_lplus", "pred/d_lminus"}
+    for other in preds[1:]:
+        for k, v in preds[0].items():
+            assert other[k] == pytest.approx(v, rel=1e-4, abs=1e-10), k
     from safetensors.torch import load_file
 
     init = load_file(str(tiny_model / "model.safetensors"))
