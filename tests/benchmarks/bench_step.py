@@ -52,7 +52,12 @@ def make_batch(b: int, t: int, seed: int = 0) -> StepBatch:
 def former_preparation(batch: StepBatch, cfg: LossConfig) -> list[torch.Tensor]:
     """What trainer/loop.py did before prepare_step, on one rank: per-sequence tensors and list masks in, ω rows
     out (the all_gather_object of one rank returns its own lists)."""
-    from trainer.policy import pad_2d
+    def pad_2d(rows, value, dtype, width):  # the former trainer.policy.pad_2d, kept here as the baseline
+        out = torch.full((len(rows), max(width, 1)), value, dtype=dtype)
+        for i, r in enumerate(rows):
+            if len(r):
+                out[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
+        return out
 
     lens = batch.response_mask.sum(1).tolist()
     old_lp = [batch.old_logprobs[i, :n] for i, n in enumerate(lens)]
