@@ -151,8 +151,9 @@ class HFEngine:
         dtype: dtype when loading from a path.
 
     Sampling uses ``torch.Generator``-free global RNG inside ``torch.random.fork_rng`` seeded by
-    ``SamplingConfig.seed``, so the caller's RNG state is untouched. Prompts are generated one at a time with
-    ``num_return_sequences=n`` (no padding, so log-probs equal the trainer's up to kernel noise).
+    ``SamplingConfig.seed``, so the caller's RNG state is untouched. All prompts are generated in one batched
+    ``generate`` call (left-padded, with the attention mask; ``num_return_sequences=n``): the log-probs equal the
+    trainer's up to kernel noise (tested ≤ 1e-4 in fp32).
     """
 
     def __init__(self, model_or_path: Any, tokenizer: Any, device: str = "cpu", dtype: str = "float32") -> None:
@@ -177,54 +178,52 @@ class HFEngine:
         """See :class:`RolloutEngine`. Log-probs: ``log_softmax`` of the processed scores (temperature, top-k,
         top-p applied) at the sampled token, in float32."""
         stop_ids = self._eos | set(sampling.stop_token_ids)
-        results = []
+        if not prompt_token_ids:
+            return []
+        n = sampling.n
+        width = max(len(p) for p in prompt_token_ids)
+        inp = torch.full((len(prompt_token_ids), width), self._pad, dtype=torch.long)
+        attn = torch.zeros_like(inp)
+        for i, p in enumerate(prompt_token_ids):  # left padding: every prompt ends where generation starts
+            inp[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            attn[i, width - len(p):] = 1
+        kwargs: dict[str, Any] = dict(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            max_new_tokens=sampling.max_tokens,
+            num_return_sequences=n,
+            eos_token_id=sorted(stop_ids),
+            pad_token_id=self._pad,
+            output_scores=True,
+            return_dict_in_generate=True,
+            attention_mask=attn.to(self.device),
+        )
+        if sampling.stop:
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
         devices = [torch.device(self.device)] if torch.device(self.device).type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(sampling.seed)
-            for pi, prompt in enumerate(prompt_token_ids):
-                inp = torch.tensor([prompt], dtype=torch.long, device=self.device)
-                kwargs: dict[str, Any] = dict(
-                    do_sample=True,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                    max_new_tokens=sampling.max_tokens,
-                    num_return_sequences=sampling.n,
-                    eos_token_id=sorted(stop_ids),
-                    pad_token_id=self._pad,
-                    output_scores=True,
-                    return_dict_in_generate=True,
-                    attention_mask=torch.ones_like(inp),
-                )
-                if sampling.stop:
-                    kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-                out = self.model.generate(inp, **kwargs)
-                seqs = out.sequences[:, inp.shape[1]:]
-                # scores: tuple over steps of [n, V] processed logits (−inf outside top-k/top-p)
-                scores = torch.stack(out.scores, dim=1).float()  # [n, L, V]
-                lp_all = torch.log_softmax(scores, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
-                group = []
-                for j in range(seqs.shape[0]):
-                    ids = seqs[j].tolist()
-                    ids, reason = _finish(ids, stop_ids)
-                    if reason == "length" and len(ids) < sampling.max_tokens:
-                        reason = "stop"  # ended early by a stop string
-                    lps = lp_all[j, : len(ids)].tolist()
-                    if sampling.stop and reason == "length":
-                        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                        if any(text.endswith(s) for s in sampling.stop):
-                            reason = "stop"
-                    group.append(
-                        RolloutOutput(
-                            prompt_index=pi,
-                            prompt_token_ids=list(prompt),
-                            token_ids=ids,
-                            logprobs=lps,
-                            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                            finish_reason=reason,
-                        )
-                    )
-                results.append(group)
+            out = self.model.generate(inp.to(self.device), **kwargs)
+        seqs = out.sequences[:, width:]  # [P·n, L]; rows i·n … i·n + n − 1 are prompt i's
+        # scores: one [P·n, V] tensor of processed logits (−inf outside top-k/top-p) per generated position
+        lp_all = torch.stack([torch.log_softmax(sc.float(), dim=-1).gather(-1, seqs[:, t:t + 1]).squeeze(-1)
+                              for t, sc in enumerate(out.scores)], dim=1) if out.scores else seqs.float()
+        seq_list, lp_list = seqs.tolist(), lp_all.tolist()
+        results = []
+        for pi, prompt in enumerate(prompt_token_ids):
+            group = []
+            for j in range(pi * n, (pi + 1) * n):
+                ids, reason = _finish(seq_list[j], stop_ids)
+                if reason == "length" and len(ids) < sampling.max_tokens:
+                    reason = "stop"  # ended early by a stop string
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                if sampling.stop and reason == "length" and any(text.endswith(s) for s in sampling.stop):
+                    reason = "stop"
+                group.append(RolloutOutput(prompt_index=pi, prompt_token_ids=list(prompt), token_ids=ids,
+                                           logprobs=lp_list[j][: len(ids)], text=text, finish_reason=reason))
+            results.append(group)
         return results
 
     @torch.no_grad()
