@@ -109,6 +109,8 @@ class PolicyEngine:
             lr_scheduler=(lambda opt: _lr_scheduler(opt, cfg)),
         )
         self.device = self.engine.device
+        self._kept: tuple | None = None
+        self._fusable = not _has_dropout(model)
         self.temperature = cfg.rollout.temperature
         self.max_tokens = o.micro_batch_max_tokens
 
@@ -145,42 +147,74 @@ class PolicyEngine:
             entropy = entropy_from_logits(resp_logits if entropy_grad else resp_logits.detach(), self.temperature)
         return logprobs, entropy
 
-    @torch.no_grad()
-    def compute_logprobs(self, batch: Any, plan: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def compute_logprobs(self, batch: Any, plan: Sequence[Tensor], *, keep_graph: bool = False,
+                         entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         """Log-probs and entropies (nats) of ``batch``'s response tokens under the current policy at the rollout
-        temperature: two ``[B, T]`` float32 CPU tensors, 0 on padding. Collective: every rank must call it."""
-        self.engine.eval()
+        temperature: two ``[B, T]`` float32 CPU tensors, 0 on padding. Collective: every rank must call it.
+
+        ``keep_graph`` (only for a one-micro-batch plan, on a model without dropout: :attr:`fusable`): the forward
+        runs in training mode with its graph kept, and the next :meth:`update` (or :meth:`backward`) reuses it
+        instead of a second forward of the same rows — the old log-probs of an on-policy step then are the update's
+        own, bit for bit (tested); ``entropy_grad`` keeps the entropy's graph too (an entropy bonus).
+        :meth:`release` drops a kept graph that will not be used."""
+        if keep_graph and (len(plan) != 1 or not self.fusable):
+            raise ValueError("keep_graph needs a plan of one micro-batch and a model without dropout")
+        self.release()
+        (self.engine.train if keep_graph else self.engine.eval)()
         shape = batch.response_ids.shape
         lps, ents = torch.zeros(shape), torch.zeros(shape)
-        for rows in plan:
-            if not rows.numel():
-                self._dummy_forward()
-                continue
-            mb = batch.micro_batch(rows, self.device)
-            lp, ent = self._forward(mb, need_entropy=True, entropy_grad=False)
-            t = lp.shape[1]
-            zero = torch.zeros((), device=lp.device)
-            lps[rows, :t] = torch.where(mb.valid, lp.float(), zero).cpu()
-            ents[rows, :t] = torch.where(mb.valid, ent.float(), zero).cpu()
+        with torch.set_grad_enabled(keep_graph):
+            for rows in plan:
+                if not rows.numel():
+                    dummy = self._dummy_forward()
+                    self._kept = (rows, None, dummy, None) if keep_graph else None
+                    continue
+                mb = batch.micro_batch(rows, self.device)
+                lp, ent = self._forward(mb, need_entropy=True, entropy_grad=keep_graph and entropy_grad)
+                if keep_graph:
+                    self._kept = (rows, mb, lp, ent)
+                t = lp.shape[1]
+                zero = torch.zeros((), device=lp.device)
+                lps[rows, :t] = torch.where(mb.valid, lp.detach().float(), zero).cpu()
+                ents[rows, :t] = torch.where(mb.valid, ent.detach().float(), zero).cpu()
         return lps, ents
+
+    def release(self) -> None:
+        """Drop the graph kept by :meth:`compute_logprobs` (``keep_graph``), if any."""
+        self._kept = None
+
+    @property
+    def fusable(self) -> bool:
+        """True when the model has no active dropout, so the old-log-prob forward (eval mode) and the update's
+        (train mode) compute the same numbers and one forward can serve both (:meth:`compute_logprobs`)."""
+        return self._fusable
 
     # ------------------------------------------------------------------------------------------------------------
     # gradients and the update
     # ------------------------------------------------------------------------------------------------------------
 
     def backward(self, batch: Any, plan: Sequence[Tensor], loss_fn: LossFn, *, need_entropy: bool = False,
-                 entropy_grad: bool = False) -> None:
+                 entropy_grad: bool = False, use_kept: bool = False) -> None:
         """Accumulate the gradient of a step objective: for every micro-batch of ``plan``, forward, ``loss_fn`` and
         ``engine.backward(loss × world size)`` (accumulated; reduced over ranks by the next ``step()``, or per
-        backward into ZeRO-2/3 partitions). Collective."""
+        backward into ZeRO-2/3 partitions). ``use_kept``: the forward kept by :meth:`compute_logprobs` serves the
+        (only) micro-batch. Collective."""
         self.engine.train()
         world = self.dist.world_size
+        kept, self._kept = (self._kept, None) if use_kept else (None, self._kept)
         for rows in plan:
-            if not rows.numel():
+            if kept is not None:  # the old-log-prob forward of this (only) micro-batch, graph kept
+                _, mb, lp, ent = kept
+                kept = None
+                if mb is None:
+                    self.engine.backward(lp * 0.0, scale_wrt_gas=False)
+                    continue
+            elif not rows.numel():
                 self.engine.backward(self._dummy_forward() * 0.0, scale_wrt_gas=False)
                 continue
-            mb = batch.micro_batch(rows, self.device)
-            lp, ent = self._forward(mb, need_entropy=need_entropy, entropy_grad=entropy_grad)
+            else:
+                mb = batch.micro_batch(rows, self.device)
+                lp, ent = self._forward(mb, need_entropy=need_entropy, entropy_grad=entropy_grad)
             # DeepSpeed averages gradients over ranks; × world size makes the sum over ranks of Σ_tokens / N_global
             self.engine.backward(loss_fn(mb, lp, ent) * world, scale_wrt_gas=False)
 
@@ -218,7 +252,8 @@ class PolicyEngine:
                     sums[k] += float(v) * ntok
             return loss
 
-        self.backward(batch, plan, loss_fn, need_entropy=needs.entropy_grad, entropy_grad=needs.entropy_grad)
+        self.backward(batch, plan, loss_fn, need_entropy=needs.entropy_grad, entropy_grad=needs.entropy_grad,
+                      use_kept=True)
         plain_norm = None if self.engine.zero_optimization() else self._grad_norm(comm)
         self.engine.step()
         red = comm.sum(sums)
@@ -402,6 +437,16 @@ class PolicyEngine:
     def reload_states(self) -> None:
         """Undo :meth:`offload_states` (``DeepSpeedEngine.reload_states``)."""
         self.engine.reload_states()
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """True if the model drops anything in training mode: a ``Dropout`` module with p > 0, or a config rate
+    (``attention_dropout``, ``hidden_dropout``, … — every config attribute whose name ends in ``dropout``) > 0."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    cfg = getattr(model, "config", None)
+    rates = [getattr(cfg, k) for k in dir(cfg) if k.endswith("dropout") and not k.startswith("_")] if cfg else []
+    return any(isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in rates)
 
 
 def _set_config_dtype(path: Path, dtype: torch.dtype | None) -> None:

@@ -2,7 +2,8 @@
 
 ``collect`` (prompts, generation, rewards, dynamic sampling: :class:`trainer.collect.Collector`) → ``batch``
 (:func:`trainer.batch.build_rollout_batch`: the engine's token lists become ``[B, …]`` tensors, once) →
-``old_logprob`` (log-probs and entropies ``[B, T]``) → ``prepare`` (:func:`stare_lab.step.prepare_step`: counts,
+``old_logprob`` (log-probs and entropies ``[B, T]``; when every rank's batch is one micro-batch and
+``optim.fuse_old_logprob`` is on, this forward keeps its graph and is also the update's) → ``prepare`` (:func:`stare_lab.step.prepare_step`: counts,
 H̄, the gate and W/M, ω over all ranks, each loss's global statistics — the one place for them) → ``update``
 (:meth:`trainer.policy.PolicyEngine.update`) → [``schedule.measure_entropy_change``: the first-order predictions
 of :mod:`trainer.prediction` and the measured change] → ``sync`` (:class:`trainer.memory.ColocatedSchedule`) →
@@ -19,6 +20,7 @@ import logging
 import time
 from typing import Any
 
+from stare_lab.losses import loss_needs
 from stare_lab.step import prepare_step
 
 from .batch import build_rollout_batch
@@ -53,6 +55,8 @@ class StepRunner:
         self.cfg, self.dist, self.comm, self.policy = cfg, dist, comm, policy
         self.collector, self.controller, self.schedule, self.memory = collector, controller, schedule, memory
         self.eos_id = 0 if eos_id is None else int(eos_id)
+        self.fuse = cfg.optim.fuse_old_logprob
+        self.entropy_grad = loss_needs(cfg.loss.loss_mode, cfg.loss).entropy_grad
         self.predictor = None
         if cfg.schedule.measure_entropy_change:
             from .prediction import EntropyPrediction
@@ -84,7 +88,10 @@ class StepRunner:
             kept = kept[dist.tp_rank::dist.tp]
         batch = build_rollout_batch(kept, cfg, self.eos_id, step)
         plan = policy.micro_plan(batch, self.comm)
-        old_lp, old_ent = self._timed("old_logprob", policy.compute_logprobs, batch, plan)
+        # one micro-batch per rank and no probes: the old-log-prob forward is also the update's (graph kept)
+        fused = self.fuse and len(plan) == 1 and self.predictor is None and policy.fusable
+        old_lp, old_ent = self._timed("old_logprob", lambda: policy.compute_logprobs(
+            batch, plan, keep_graph=fused, entropy_grad=self.entropy_grad))
         step_batch = batch.step_batch(old_lp, old_ent)
         prep = self._timed("prepare", lambda: prepare_step(step_batch, cfg.loss, controller=self.controller,
                                                            collective=self.comm.collective, step=step, seed=cfg.seed))
@@ -93,6 +100,7 @@ class StepRunner:
             logger.warning("step %d: no trainable tokens (all groups filtered or all responses masked); "
                            "skipping the update", step)
             row["skipped"] = 1
+            policy.release()
             sch.skipped_update()
         else:
             fault(step, "update")

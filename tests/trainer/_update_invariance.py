@@ -3,7 +3,8 @@ batch of 8 sequences, split over the ranks of this launch and packed with a give
 the step prepared by the core (C2, gate forced on: ω selected over the whole batch across the ranks). Saves the
 gathered updated parameters and (with PROBE=1) the first-order predictions to ``OUT`` (rank 0). Usage:
 ``[torchrun --nproc_per_node K] python _update_invariance.py MODEL_DIR OUT MICRO_BATCH_MAX_TOKENS STAGE PROBE``
-(STAGE: the ZeRO stage, used even on one process).
+(STAGE: the ZeRO stage, used even on one process; PROBE: ``1`` = with the prediction probes, ``fused`` = the
+old-log-prob forward kept for the update, ``0`` = neither).
 """
 
 import sys
@@ -51,7 +52,7 @@ def main() -> None:
     batch = _batch(list(range(dist.rank, 8, dist.world_size)))
     policy = PolicyEngine(cfg, model_dir, dist)
     plan = policy.micro_plan(batch, comm)
-    old_lp, old_ent = policy.compute_logprobs(batch, plan)
+    old_lp, old_ent = policy.compute_logprobs(batch, plan, keep_graph=probe == "fused")
     # old log-probs shifted by 0.05 so that ρ ≠ 1 and the clipping path is exercised
     step_batch = batch.step_batch(old_lp - 0.05 * batch.response_mask, old_ent)
     prep = prepare_step(step_batch, cfg.loss, collective=comm.collective, step=1, seed=0)

@@ -6,8 +6,9 @@ first-order prediction probes (trainer.prediction) leave the update unchanged.
 Reference: the same fixed batch of 8 sequences updated in one process with one micro-batch per sequence under
 ZeRO-3. Every other case must give the same parameters after one AdamW step (to float32 rounding, 1e-6): one
 process packing everything into one or two micro-batches (ZeRO stage 0, the one-process default), two ranks under
-ZeRO-3 and under ZeRO-2; with the probes on, the parameters are bit-identical to the same case without them, and
-the predictions agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors.
+ZeRO-3 and under ZeRO-2; with the probes on, or with the old-log-prob forward kept for the update
+(``optim.fuse_old_logprob``), the parameters are bit-identical to the same case without them, and the predictions
+agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ CASES = {  # name: (micro-batch token budget, processes, ZeRO stage, probes)
     "mb_small_probe": (1, 1, 3, "1"),
     "mb_large_stage0": (4096, 1, 0, "0"),
     "mb_large_stage0_probe": (4096, 1, 0, "1"),
+    "mb_large_zero3": (4096, 1, 3, "0"),
+    "mb_large_zero3_fused": (4096, 1, 3, "fused"),
+    "mb_large_stage0_fused": (4096, 1, 0, "fused"),
     "two_ranks_zero3": (16, 2, 3, "0"),
     "two_ranks_zero2_probe": (16, 2, 2, "1"),
 }
@@ -63,9 +67,10 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
         for k, v in ref.items():
             torch.testing.assert_close(res["params"][k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
         assert res["selected"] == outs["mb_small"]["selected"] > 0  # the same L+ over 1 and 2 ranks
-    for name in ("mb_small", "mb_large_stage0"):  # the probes change nothing, bit for bit
-        probed = outs[f"{name}_probe"]["params"]
-        assert all(torch.equal(probed[k], outs[name]["params"][k]) for k in probed), name
+    for name, variant in (("mb_small", "probe"), ("mb_large_stage0", "probe"), ("mb_large_stage0", "fused"),
+                          ("mb_large_zero3", "fused")):  # probes / one forward for both: nothing changes, bit for bit
+        other = outs[f"{name}_{variant}"]["params"]
+        assert all(torch.equal(other[k], outs[name]["params"][k]) for k in other), (name, variant)
     preds = [outs[n]["preds"] for n in ("mb_small_probe", "mb_large_stage0_probe", "two_ranks_zero2_probe")]
     assert set(preds[0]) == {"pred_entropy_change", "pred/d_grpo", "pred/d_lplus", "pred/d_lminus"}
     for other in preds[1:]:
