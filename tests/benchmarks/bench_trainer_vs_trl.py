@@ -59,7 +59,7 @@ def ours(model: Path, tmp: Path, steps: int, engine: str, zero3: bool, tag: str)
            "data": {"train_files": [str(GSM8K)], "max_prompt_length": 256},
            "rollout": {"engine": engine, "n": N, "max_response_length": MAX_NEW},
            "reward": {"kind": "gsm8k-lenient"}, "loss": {"loss_mode": "grpo"},
-           "optim": {"lr": 1e-6, "train_batch_size": PROMPTS, "micro_batch_max_tokens": 8192},
+           "optim": {"lr": 1e-6, "train_batch_size": PROMPTS},  # default budget 16384: one micro-batch, as TRL
            "deepspeed": {"zero_stage": 3, "precision": "fp32", "single_process_stage": None if zero3 else 0},
            "schedule": {"total_steps": steps, "save_freq": 0, "progress_bar": False}}
     path = tmp / f"ours_{tag}.yaml"
