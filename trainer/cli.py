@@ -6,7 +6,7 @@ door). ``stare-lab train --preset tiny-cpu --train-data FILE.jsonl --out DIR`` b
 ``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, DeepSpeed ZeRO-3, sync). Every
 run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
 are and the final numbers (:func:`final_report`); while it runs, rank 0 prints one line per step and engine noise
-is hidden unless ``--verbose`` (:func:`configure_output`). ``stare-lab plan CONFIG`` sizes a run before launching
+is hidden unless ``--verbose`` (:func:`trainer.output.configure_output`). ``stare-lab plan CONFIG`` sizes a run before launching
 it (:mod:`trainer.plan`).
 """
 
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab.errors import ConfigError
+
+from .output import configure_output  # noqa: F401 - re-exported (the front door's import)
 
 __all__ = ["register_train", "register_evaluate", "register_promote", "register_plan", "tiny_cpu_config", "main",
            "configure_output", "final_report"]
@@ -55,71 +57,6 @@ def tiny_cpu_config(train_data: str, out: str) -> dict[str, Any]:
         "deepspeed": {"zero_stage": 3, "precision": "fp32"},
         "schedule": {"total_steps": 3, "save_freq": 3, "progress_bar": False},
     }
-
-
-#: Loggers of the engines whose INFO/WARNING chatter (environment notices, per-call reports) is hidden unless
-#: ``--verbose``: vLLM (through ``VLLM_LOGGING_LEVEL``, read when vLLM is imported) and DeepSpeed.
-ENGINE_LOGGERS = ("DeepSpeed", "deepspeed", "torch.distributed", "transformers", "accelerate")
-
-
-class _BelowLevel(logging.Filter):
-    """Drop records below ``level`` from the loggers named ``names`` (and their children); a filter survives the
-    engines' own ``setLevel`` calls at import."""
-
-    def __init__(self, level: int, names: tuple[str, ...] = ()) -> None:
-        super().__init__()
-        self.level, self.names = level, names
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.names and not any(record.name == n or record.name.startswith(n + ".") for n in self.names):
-            return True
-        return record.levelno >= self.level
-
-
-class _DropRotaryReload(logging.Filter):
-    """Drop vLLM's "RotaryEmbedding: Failed to load weights" of every weight sync: the rotary cos/sin cache is
-    derived from the config, not a checkpoint tensor, so a reload has nothing to load for it and keeps the cache
-    (harmless; the engine's log-probs equal the trainer's after each sync — tests/trainer/test_pipeline.py). Any
-    other layer that fails to load still shows."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not (msg.endswith("Failed to load weights") and msg.split(":", 1)[0].endswith("RotaryEmbedding"))
-
-
-def configure_output(verbose: bool = False) -> None:
-    """What ``stare-lab train`` shows: on rank 0 the per-step lines (:data:`trainer.runlog.PROGRESS_LOGGER`,
-    printed as they are), the trainer's own INFO/WARNING lines and the end-of-run report; engine noise (vLLM and
-    DeepSpeed INFO/WARNING logs, FutureWarnings, transformers' progress bars) only with ``verbose``; other ranks
-    show warnings and errors only. vLLM's reload warning for rotary embeddings is always dropped
-    (:class:`_DropRotaryReload`). Call it before vLLM is imported (its log level is read then)."""
-    import os
-    import warnings
-
-    from .runlog import PROGRESS_LOGGER
-
-    rank = int(os.environ.get("RANK", "0"))
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReload())
-    prog = logging.getLogger(PROGRESS_LOGGER)
-    if not prog.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        prog.addHandler(handler)
-    prog.propagate = False
-    prog.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    if verbose:
-        return
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    for name in ENGINE_LOGGERS:
-        logging.getLogger(name).addFilter(_BelowLevel(logging.ERROR))
-    for handler in logging.getLogger().handlers:  # records that reach the root before vLLM configures its logger
-        handler.addFilter(_BelowLevel(logging.ERROR, ("vllm", *ENGINE_LOGGERS)))
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    if rank != 0:
-        logging.getLogger("trainer").setLevel(logging.WARNING)
 
 
 def final_report(out: Path) -> str:

@@ -413,7 +413,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``stare-lab plan``: exit 0 if the run fits, 1 if not (the plan is printed either way)."""
-    from .cli import configure_output
+    from .output import configure_output
     from .config import load_trainer_config
 
     configure_output(verbose=bool(getattr(args, "verbose", False)))  # DeepSpeed's import-time notices off

@@ -381,7 +381,7 @@ class VLLMEngine:
         vLLM logs "RotaryEmbedding: Failed to load weights" at every reload: the rotary cos/sin cache is computed
         from the config, not a checkpoint tensor, so the reload finds nothing to load for it and keeps the cache it
         has (harmless: the engine's log-probs equal the trainer's after every sync, tests/trainer/test_pipeline.py).
-        ``stare-lab train`` filters that one message (:func:`trainer.cli.configure_output`).
+        ``stare-lab train`` filters that one message (:func:`trainer.output.configure_output`).
 
         Raises:
             RuntimeError: the engine's weights are asleep (:meth:`wake_up` with ``["weights"]`` first).

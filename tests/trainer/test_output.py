@@ -8,7 +8,8 @@ import json
 import logging
 import warnings
 
-from trainer.cli import _BelowLevel, _DropRotaryReload, final_report
+from trainer.cli import final_report
+from trainer.output import _BelowLevel, _DropRotaryReload
 from trainer.runlog import step_line
 
 ROW = {"step": 3, "reward": 0.125, "accuracy": 0.0625, "entropy": 1.23456, "gate_on": 1, "stare_w": 1.1,
@@ -64,7 +65,7 @@ def test_engine_records_below_error_are_hidden_and_others_kept():
 
 
 def test_configure_output_hides_future_warnings_unless_verbose(monkeypatch):
-    from trainer.cli import configure_output
+    from trainer.output import configure_output
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
