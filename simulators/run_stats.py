@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["fit_line", "run_stats", "STAT_KEYS"]
+__all__ = ["fit_line", "run_stats", "STAT_KEYS", "REGIME_RATIO"]
 
 #: the keys :func:`run_stats` returns
 STAT_KEYS = (
@@ -29,8 +29,16 @@ STAT_KEYS = (
     "pred_r2",
     "pred_slope",
     "pred_rel_err",
+    "push_ratio",
+    "critical_w",
+    "critical_w_measured_drift",
+    "crossing_step",
+    "w_star_at_crossing",
     "wall_s",
 )
+
+#: a push acting at less than this share of its first-order size means the step size is outside the theory's regime
+REGIME_RATIO = 0.8
 
 
 def _num(x: Any) -> float | None:
@@ -66,6 +74,8 @@ def run_stats(
     collapse_frac: float = 0.1,
     band: float = 0.05,
     final_entropy: float | None = None,
+    reweight_m: float = 1.0,
+    window: int = 1,
 ) -> dict[str, Any]:
     """Statistics of one run's metrics rows (entropies in nats).
 
@@ -76,6 +86,15 @@ def run_stats(
     |H − H_tgt| ≤ band), ``mean_abs_dev_second_half`` (mean |H − H_tgt| over the second half of the rows),
     ``gate_on_frac``, the fit of measured on predicted one-step ΔH (``pred_r2``, ``pred_slope``, ``pred_rel_err``;
     :func:`fit_line`) and ``wall_s`` (sum of ``time/step_s``). Undefined values are None (no rows, no target).
+
+    From the decomposition keys (science.md §7, :mod:`stare_lab.critical`; None where the run does not log them):
+    ``push_ratio`` = median of ``stare/push_ratio`` over the steps whose push acted (gate on), or over every step
+    when it never did (then the push is the simulator's probe, which is not applied); below :data:`REGIME_RATIO`
+    the step size is outside the first-order regime. ``critical_w`` = :func:`stare_lab.critical.critical_w` over
+    the second half (D terms summed over ``window`` steps; ``reweight_m`` the run's M for C2, 1 for O1), meaningful
+    for a run that holds the band; ``critical_w_measured_drift`` the same with the measured one-step change of the
+    ω ≡ 1 update (``stare/grpo_measured``: second order included) in place of D_GRPO; ``crossing_step`` / ``w_star_at_crossing`` =
+    :func:`stare_lab.critical.w_star_at_crossing` at H_tgt (the conservative estimate of a GRPO run).
     """
     out: dict[str, Any] = {k: None for k in STAT_KEYS}
     out["steps"] = len(rows)
@@ -110,4 +129,34 @@ def run_stats(
     fit = fit_line([_num(r.get("pred_entropy_change")) for r in rows], [_num(r.get("entropy_change")) for r in rows])
     out["pred_r2"], out["pred_slope"], out["pred_rel_err"] = fit["r2"], fit["slope"], fit["rel_err"]
     out["wall_s"] = sum(_num(r.get("time/step_s")) or 0.0 for r in rows)
+    out.update(_decomposition_stats(rows, target, reweight_m, window))
+    return out
+
+
+def _decomposition_stats(rows: list[dict[str, Any]], target: float | None, m: float, window: int) -> dict[str, Any]:
+    """``push_ratio``, ``critical_w``, ``crossing_step``, ``w_star_at_crossing`` of :func:`run_stats`."""
+    from stare_lab import critical
+
+    out: dict[str, Any] = {"push_ratio": None, "critical_w": None, "critical_w_measured_drift": None,
+                           "crossing_step": None, "w_star_at_crossing": None}
+    acted = [_num(r.get("stare/push_ratio")) for r in rows if r.get("gate_on")]
+    acted = [x for x in acted if x is not None]
+    if not acted:
+        acted = [x for x in (_num(r.get("stare/push_ratio")) for r in rows) if x is not None]
+    if acted:
+        out["push_ratio"] = float(torch.tensor(acted, dtype=torch.float64).median())
+    if not rows or critical.KEY_D_GRPO not in rows[0] or critical.KEY_D_LPLUS not in rows[0]:
+        return out
+    dg = [_num(r.get(critical.KEY_D_GRPO)) for r in rows]
+    dl = [_num(r.get(critical.KEY_D_LPLUS)) for r in rows]
+    dm = [_num(r.get(critical.KEY_D_LMINUS)) for r in rows] if m != 1.0 else None
+    window = max(1, min(window, len(rows) // 4 or 1))
+    out["critical_w"] = _num(critical.critical_w(dg, dl, dm, m, window))
+    if "stare/grpo_measured" in rows[0]:
+        measured = [_num(r.get("stare/grpo_measured")) for r in rows]
+        out["critical_w_measured_drift"] = _num(critical.critical_w(measured, dl, dm, m, window))
+    if target is not None:
+        step, w = critical.w_star_at_crossing([_num(r.get("entropy")) for r in rows], target, dg, dl, dm, m, window)
+        out["crossing_step"] = rows[step].get("step") if step is not None else None
+        out["w_star_at_crossing"] = _num(w)
     return out
