@@ -8,6 +8,7 @@ runs alike.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 import torch
@@ -144,7 +145,7 @@ def _decomposition_stats(rows: list[dict[str, Any]], target: float | None, m: fl
     if not acted:
         acted = [x for x in (_num(r.get("stare/push_ratio")) for r in rows) if x is not None]
     if acted:
-        out["push_ratio"] = float(torch.tensor(acted, dtype=torch.float64).median())
+        out["push_ratio"] = float(statistics.median(acted))
     if not rows or critical.KEY_D_GRPO not in rows[0] or critical.KEY_D_LPLUS not in rows[0]:
         return out
     dg = [_num(r.get(critical.KEY_D_GRPO)) for r in rows]

@@ -160,5 +160,5 @@ def expected_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
     for r, (fp, fn) in enumerate(zip(frac_pos.tolist(), frac_neg.tolist())):
         if batch.is_stare[r]:
             rows[r].update({"stare/frac_pos_selected": fp, "stare/frac_neg_selected": fn})
-    plain = all(c.loss.entropy_coeff == 0 for c in batch.configs)
+    plain = batch.entropy_coeff == 0
     return StepParts(parts, scalars, rows, gate_on & batch.is_stare, plain)

@@ -256,5 +256,5 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
             rows[r]["ds/kept_groups"] = kept[r]
             rows[r]["ds/rounds"] = roll["rounds"][r]
             rows[r]["stare/gate_entropy"] = float(h_gate[r]) if kept[r] else None
-    plain = all(fast)
+    plain = torch.tensor(fast)
     return StepParts(parts, scalars, rows, applied, plain)

@@ -41,14 +41,14 @@ class StepParts:
     """What a mode's step returns: ``parts [4, R, S, L, V]`` = Δz of the step, of the same rollouts with ω ≡ 1, and
     of their L+ / L− tokens alone (ω ≡ 1 there, 0 elsewhere; the entropy-bonus term is only in the first);
     ``scalars`` name → ``[R]`` tensor (row keys); ``rows`` per-run dicts of further keys; ``applied`` ``[R]`` bool:
-    the run's step carries the STARE push (a STARE run with the gate on); ``plain``: every run's step is exactly
-    Δz_GRPO, or Δz_GRPO + push where applied (no entropy-bonus or other term)."""
+    the run's step carries the STARE push (a STARE run with the gate on); ``plain`` ``[R]`` bool: the run's step
+    is exactly Δz_GRPO, or Δz_GRPO + push where applied (no entropy-bonus or other term)."""
 
     parts: torch.Tensor
     scalars: dict[str, torch.Tensor]
     rows: list[dict[str, Any]]
     applied: torch.Tensor
-    plain: bool
+    plain: torch.Tensor
 
 
 def policy_tables(logits: torch.Tensor, temperature: float) -> Policy:
@@ -141,18 +141,18 @@ def batch_step(batch) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     # the push's measured effect: H(z + Δz_GRPO + push) − H(z + Δz_GRPO). When the step is plain (it is Δz_GRPO, or
     # Δz_GRPO + push for a STARE run with the gate on: no other term), one of the two is the step itself.
     with_push = parts[1] + wp.view(-1, 1, 1, 1) * parts[2] + mp.view(-1, 1, 1, 1) * parts[3]
-    if out.plain:
-        other = torch.where(out.applied.view(-1, 1, 1, 1), parts[1], with_push)
-        variants = torch.stack([parts[0], other])
-    else:
-        variants = torch.stack([parts[0], parts[1], with_push])
-    h_var = entropy_from_logits(batch.logits.unsqueeze(0) + variants, temperature=tau).mean((-1, -2))
-    if out.plain:
-        push_meas = torch.where(out.applied, h_var[0] - h_var[1], h_var[1] - h_var[0])
-        h_grpo = torch.where(out.applied, h_var[1], h_var[0])
-    else:
-        push_meas = h_var[2] - h_var[1]
-        h_grpo = h_var[1]
+    plain, applied = out.plain, out.applied
+    # runs whose step is plain need one more entropy (the step is one of the two), the others two more
+    other = torch.where((applied | ~plain).view(-1, 1, 1, 1), parts[1], with_push)
+    variants = [parts[0], other] + ([with_push] if not bool(plain.all()) else [])
+    after = batch.logits.unsqueeze(0) + torch.stack(variants)
+    ok = torch.isfinite(after).flatten(2).all(2)  # [n, R]: a diverging run is refused by the caller (check_update)
+    after = torch.where(ok.view(*ok.shape, 1, 1, 1), after, batch.logits.unsqueeze(0))
+    h_var = entropy_from_logits(after, temperature=tau).mean((-1, -2))
+    h_var = torch.where(ok, h_var, torch.full_like(h_var, float("nan")))  # NaN → null in the row
+    h_third = h_var[2] if len(variants) == 3 else h_var[1]
+    push_meas = torch.where(plain, torch.where(applied, h_var[0] - h_var[1], h_var[1] - h_var[0]), h_third - h_var[1])
+    h_grpo = torch.where(plain & ~applied, h_var[0], h_var[1])
     scalars = {
         "entropy": h_before,
         "entropy_change": h_var[0] - h_before,
