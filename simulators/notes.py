@@ -7,7 +7,8 @@ hold the band on every seed:
 2. outside the first-order regime: the push acted at less than :data:`simulators.run_stats.REGIME_RATIO` of its
    first-order size, or it moved the entropy the wrong way (ended below GRPO, collapsed earlier, or a larger W of
    the grid ended lower): lower lr — a stronger W does not help there;
-3. GRPO itself did not collapse: then nothing is said about STARE being too weak;
+3. GRPO itself did not collapse (no seed below 10 % of its initial entropy and its entropy not below the band):
+   then nothing is said about STARE being too weak;
 4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
    the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`) from the GRPO
    runs where they cross H_tgt.
@@ -82,12 +83,14 @@ def headline(summary: dict[str, Any]) -> str:
     if grpo:
         g = grpo[0]
         m = g["mean"]
+        h = f"H {_f(m.get('initial_entropy'))} -> {_f(m.get('final_entropy'))} nats"
         if g["collapsed"]:
-            parts.append(f"GRPO collapsed on {g['collapsed']}/{g['n']} seeds (H {_f(m.get('initial_entropy'))} -> "
-                         f"{_f(m.get('final_entropy'))} nats, ~step {_f(m.get('steps_to_collapse'), '.0f')})")
+            parts.append(f"GRPO collapsed on {g['collapsed']}/{g['n']} seeds ({h}, ~step "
+                         f"{_f(m.get('steps_to_collapse'), '.0f')})")
+        elif _grpo_fell(g):
+            parts.append(f"GRPO fell below the band ({h}; no seed below 10 % of its start)")
         else:
-            parts.append(f"GRPO did not collapse (H {_f(m.get('initial_entropy'))} -> {_f(m.get('final_entropy'))} "
-                         "nats)")
+            parts.append(f"GRPO did not collapse ({h})")
     stare = {k: f for k, f in facts.items() if f["stare"] is not None}
     held = {k: f for k, f in stare.items() if f["held"] == f["n"]}
     if held and "critical" not in summary:
@@ -147,10 +150,11 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          f"{' and '.join(why)}; one step moves the policy too far for the reweighting to act as the "
                          "theory says, so a stronger W does not help here: lower lr (science.md §7)")
             continue
-        if ref is not None and ref["collapsed"] == 0:
-            notes.append(f"note: GRPO did not collapse at these settings (no seed fell below 10 % of its initial "
-                         f"entropy), so {label} not holding the band is not a sign of a weak push: run more steps "
-                         "or use a task where GRPO collapses")
+        if ref is not None and not _grpo_fell(ref):
+            notes.append(f"note: GRPO did not collapse at these settings (its entropy ended at "
+                         f"{_f(ref['mean'].get('final_entropy'))} nats, not below the band around H_tgt="
+                         f"{_f(m.get('target_entropy'))}), so {label} not holding the band is not a sign of a weak "
+                         "push: there is no drift below the target to cancel; run more steps or lower the target")
             continue
         est = _num((ref or {}).get("mean", {}).get("w_star_at_crossing")) if ref else None
         est_s = f" (first-order estimate where GRPO crosses H_tgt: W* ≈ {est:.2f})" if est is not None else ""
@@ -161,6 +165,15 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                      f"{_push(st)} the push is below the critical strength{est_s}; try {tip} (science.md §7)")
     notes += _grid_direction_notes(facts)
     return notes
+
+
+def _grpo_fell(ref: dict[str, Any]) -> bool:
+    """GRPO collapsed (a seed fell below 10 % of its initial entropy) or its entropy ended below the band
+    (final H < H_tgt − 0.05 nats on average): there is a drift below the target for STARE to cancel."""
+    if ref["collapsed"]:
+        return True
+    h, tgt = _num(ref["mean"].get("final_entropy")), _num(ref["mean"].get("target_entropy"))
+    return h is not None and tgt is not None and h < tgt - 0.05
 
 
 def _wrong_direction(g: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
