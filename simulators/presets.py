@@ -95,24 +95,24 @@ PRESETS: dict[str, dict[str, Any]] = {
     "random-reward": {
         "kind": "tabular",
         "description": (
-            "rewards Bernoulli(0.5) independent of the tokens (8 prompts x 4 positions x 8 tokens, G = 8), lr 1, "
-            "2500 steps, H_tgt 0.8 nats: the expected update is zero and GRPO still collapses the entropy through "
+            "rewards Bernoulli(0.5) independent of the tokens (8 prompts x 4 positions x 8 tokens, G = 8), lr 0.8, "
+            "3500 steps, H_tgt 0.8 nats: the expected update is zero and GRPO still collapses the entropy through "
             "sampling noise (science.md §2); the paper's W 1.1 / M 0.9 can hold this noise-driven drift"
         ),
         "overrides": {
             "task": "sequence", "reward": "random", "random_reward_p": 0.5, "reward_noise": 0.0, "num_prompts": 8,
-            "group_size": 8, "seq_len": 4, "vocab_size": 8, "init_spread": 1.0, "lr": 1.0, "steps": 2500,
+            "group_size": 8, "seq_len": 4, "vocab_size": 8, "init_spread": 1.0, "lr": 0.8, "steps": 3500,
             "checkpoint_every": 500, "loss": {"stare": {"target_entropy": 0.8}},
         },
     },
     "theory": {
         "kind": "tabular",
         "description": (
-            "the collapse task with a peaked start (init_spread 3) and small steps (lr 0.2, 200 steps): the "
+            "the collapse task with a peaked start (init_spread 3) and small steps (lr 0.2, 400 steps): the "
             "first-order prediction of every step's entropy change should agree with the measured change "
             "(R^2 >= 0.99, slope 1 +- 0.05); H_tgt 0.6 nats is crossed, so the STARE runs open the gate"
         ),
-        "overrides": {**_COLLAPSE_TASK, "init_spread": 3.0, "lr": 0.2, "steps": 200,
+        "overrides": {**_COLLAPSE_TASK, "init_spread": 3.0, "lr": 0.2, "steps": 400,
                       "loss": {"stare": {"target_entropy": 0.6}}},
     },
     "bandit": {
