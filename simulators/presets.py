@@ -21,7 +21,8 @@ from the random initial policy: absolute (``stare.target_entropy``) or relative 
 (``target_entropy_rel``: × the mean ln K of the K correct tokens per position), below it unless said otherwise.
 
 ``demo`` (the default, ``make demo``) is the ``collapse`` task in the mean-field limit (``mode=expected``, G → ∞:
-the exact expected update, deterministic given the seed's initial policy): GRPO's collapse, what each STARE method
+the exact expected update, deterministic given the seed's initial policy) with 16 prompts and lr 2 (300 steps; lr 1
+and 600 steps, as in issue 13, give the same picture at twice the cost): GRPO's collapse, what each STARE method
 does about it and the critical W of science.md §7 without sampling noise. ``collapse`` is the same task with
 G = 8 sampled responses per prompt, where sampling noise adds a second-order (noise-driven) drift at H_tgt on top
 of the first-order one (BENCHMARKS.md: it raises the measured critical W).
@@ -73,13 +74,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "demo": {
         "kind": "tabular",
         "description": (
-            "the collapse task in the mean-field limit (mode=expected: the exact expected GRPO/STARE update, "
-            "G -> infinity), lr 1, 600 steps, H_tgt 0.4 nats (below ln 2, the reward-optimal entropy): GRPO "
+            "the collapse task (16 prompts) in the mean-field limit (mode=expected: the exact expected GRPO/STARE "
+            "update, G -> infinity), lr 2, 300 steps, H_tgt 0.4 nats (below ln 2, the reward-optimal entropy): GRPO "
             "collapses, the paper's O1/C2 and the adaptive schedule try to hold the band; with --sweep "
             "stare.reweight_w=... it measures and predicts the critical W"
         ),
-        "overrides": {**_COLLAPSE_TASK, "mode": "expected", "lr": 1.0, "steps": 600, "checkpoint_every": 300,
-                      "loss": {"stare": {"target_entropy": 0.4}}},
+        "overrides": {**_COLLAPSE_TASK, "mode": "expected", "num_prompts": 16, "lr": 2.0, "steps": 300,
+                      "checkpoint_every": 300, "loss": {"stare": {"target_entropy": 0.4}}},
         "methods": STORY_METHODS,
     },
     "collapse": {

@@ -352,6 +352,7 @@ class _Run:
             self.writer = RunWriter(self.dir, self.cfg_dict, overwrite=resume)
         self.fresh_start = self.state.step
         self.error: BaseException | None = None
+        self.rows: list[dict[str, Any]] = []  # the rows this call wrote (the summary of a fresh run uses them)
 
     def abandon(self) -> None:
         """Close the writer; a fresh run that completed no step leaves nothing behind."""
@@ -431,15 +432,17 @@ def run_batch(
 
 
 def _advance(runs: list[_Run], progress: Callable[[int], None] | None) -> None:
-    """Step the runs (one compatible group) to their ``steps``, writing rows and checkpoints."""
-    from .tabular_step import batch_step
+    """Step the runs (one compatible group) to their ``steps``, writing rows and checkpoints. The policy tables
+    of the logits after each update serve both the finished step's rows (entropy after) and the next step."""
+    from .tabular_step import batch_step, finish_rows, policy_tables
 
     batch = stack_states([r.config for r in runs], [r.state for r in runs])
     active = list(range(len(runs)))
-    steps, every = batch.base.steps, batch.base.checkpoint_every
+    steps, every, tau = batch.base.steps, batch.base.checkpoint_every, batch.base.temperature
+    pol = policy_tables(batch.logits, tau) if batch.step < steps else None
     while batch.step < steps and active:
         t0 = time.perf_counter()
-        delta, rows = batch_step(batch)
+        delta, rows, pending = batch_step(batch, pol)
         finite = torch.isfinite(delta).flatten(1).all(1) & torch.isfinite(batch.logits + delta).flatten(1).all(1)
         failed = []
         for j in (~finite).nonzero().flatten().tolist():
@@ -453,17 +456,20 @@ def _advance(runs: list[_Run], progress: Callable[[int], None] | None) -> None:
             for j in failed:
                 runs[active[j]].abandon()
             keep = [j for j in range(len(active)) if j not in failed]
-            batch, delta, rows = batch.select(keep), delta[keep], [rows[j] for j in keep]
             active = [active[j] for j in keep]
             if not active:
                 break
+            batch, delta, rows, pending = batch.select(keep), delta[keep], [rows[j] for j in keep], pending.select(keep)
         batch.logits = batch.logits + delta
+        pol = policy_tables(batch.logits, tau)
+        finish_rows(rows, pending, pol.entropy.mean((-1, -2)))
         wall = (time.perf_counter() - t0) / len(active)
         for j, i in enumerate(active):
             row = rows[j]
             row["step"] = batch.step
             row["time/step_s"] = wall
-            runs[i].writer.log(_ordered(row))
+            runs[i].writer.log(row := _ordered(row))
+            runs[i].rows.append(row)
         batch.step += 1
         for j, i in enumerate(active):
             runs[i].state = TabularState(batch.logits[j], batch.correct[j], batch.generators[j], batch.controllers[j],
@@ -478,7 +484,8 @@ def _finish(r: _Run) -> dict[str, Any]:
     from stare_lab.runs import read_run
 
     r.writer.close()
-    rows = read_run(r.dir).metrics
+    # a fresh run's rows are exactly those this call wrote; a resumed one also has the rows before its checkpoint
+    rows = r.rows if r.fresh_start == 0 else read_run(r.dir).metrics
     summary = summarize(rows, r.config, mean_entropy(r.state.logits, r.config.temperature))
     r.writer.write_summary(summary)
     logger.debug(

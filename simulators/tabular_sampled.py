@@ -231,9 +231,8 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
     parts = scatter_parts(coefs, state, token, pol.pi, cfg.temperature)
     parts[0] += ent_w.unsqueeze(-1) * pol.grad
     n_states = S * L
-    run_idx = torch.arange(R).view(R, 1, 1, 1).expand(R, S, G, L)
-    quad = quadrant_stats(run_idx, adv.unsqueeze(-1).expand(R, S, G, L), psi_tok > 0, actual * psi_tok / n_states,
-                          roll["valid"].view(R, S, 1, 1).expand(R, S, G, L).double(), R)
+    sign = torch.stack([adv > 0, adv < 0]).unsqueeze(-1).double()  # [2, R, S, G, 1]; Â = 0 (and empty slots): none
+    quad = quadrant_stats(psi_tok > 0, sign.expand(2, R, S, G, L), sign * (actual * psi_tok / n_states))
     n_tok = (roll["kept"] * G * L).clamp_min(1).double()
     applied = apply.view(R)
     scalars = {

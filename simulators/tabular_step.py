@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "Policy", "StepParts", "policy_tables", "batch_step", "quadrant_stats", "gate_decisions", "scatter_parts",
+    "Policy", "StepParts", "Pending", "policy_tables", "batch_step", "finish_rows", "quadrant_stats",
+    "gate_decisions", "scatter_parts",
     "QUADRANTS",
 ]
 
@@ -101,33 +102,50 @@ def scatter_parts(
     return (out.view(P, R, S, L, V) - pi * csum.view(P, R, S, L, 1)) / temperature
 
 
-def quadrant_stats(
-    run: torch.Tensor, adv: torch.Tensor, high: torch.Tensor, contrib: torch.Tensor, count: torch.Tensor, runs: int
-) -> dict[str, torch.Tensor]:
-    """Quadrant statistics (science.md §2, STARE Fig. 2) per run over tokens with advantage ``adv`` (Â > 0 / Â < 0)
-    × Ψ > 0 (``high``: surprisal above s*): ``quadrant/<q>/count`` (``count`` summed: 1 per sampled token, the
-    expected count in expected mode) and ``quadrant/<q>/dH`` (``contrib`` summed: first-order ΔH, nats, on the
-    scale of ``entropy_change``). All inputs share one shape; ``run`` holds each entry's run index."""
-    q = torch.where(adv > 0, 0, torch.where(adv < 0, 2, 4)) + torch.where((adv != 0) & ~high, 1, 0)
-    idx = (run * 5 + q).reshape(-1)
-    counts = torch.bincount(idx, weights=count.reshape(-1).double(), minlength=5 * runs).view(runs, 5)
-    sums = torch.bincount(idx, weights=contrib.reshape(-1).double(), minlength=5 * runs).view(runs, 5)
+def quadrant_stats(high: torch.Tensor, count: torch.Tensor, contrib: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Quadrant statistics (science.md §2, STARE Fig. 2) per run: tokens with Â > 0 / Â < 0 (``count`` and
+    ``contrib`` stacked as ``[2, R, ...]``: the Â>0 and the Â<0 entries, zero where a token is not in that half) ×
+    Ψ > 0 (``high`` ``[R, ...]``: surprisal above s*) → ``quadrant/<q>/count`` (``count`` summed: 1 per sampled
+    token, the expected count in expected mode) and ``quadrant/<q>/dH`` (``contrib`` summed: first-order ΔH in
+    nats, on the scale of ``entropy_change``), each ``[R]``."""
+    x = torch.cat([count, contrib]).flatten(2)  # [4, R, N]: counts (Â>0, Â<0), then contributions
+    hi = (x * high.flatten(1).to(x.dtype)).sum(-1)
+    lo = x.sum(-1) - hi
     out = {}
-    for i, name in enumerate(QUADRANTS):
-        out[f"quadrant/{name}/count"] = counts[:, i]
-        out[f"quadrant/{name}/dH"] = sums[:, i]
+    for i, sign in enumerate(("pos", "neg")):
+        out[f"quadrant/{sign}_high/count"], out[f"quadrant/{sign}_low/count"] = hi[i], lo[i]
+        out[f"quadrant/{sign}_high/dH"], out[f"quadrant/{sign}_low/dH"] = hi[2 + i], lo[2 + i]
     return out
 
 
-def batch_step(batch) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    """One step of every run of ``batch`` (:class:`simulators.tabular.TabularBatch`): returns (Δz ``[R, S, L, V]``
-    float64, one metrics row per run without ``step`` / ``time/step_s``), nothing applied. The controllers are
-    updated (once) and the generators advanced."""
+@dataclasses.dataclass
+class Pending:
+    """What a step's rows still need from the entropy after the update (:func:`finish_rows`): per run ``[R]``
+    float64 the entropy before, H(z + the variant that is not the step) (``h_other``; for a run whose step is not
+    plain also ``h_push`` = H(z + Δz_GRPO + push)), and the ``plain`` / ``applied`` flags."""
+
+    h_before: torch.Tensor
+    h_other: torch.Tensor
+    h_push: torch.Tensor
+    plain: torch.Tensor
+    applied: torch.Tensor
+
+    def select(self, keep: list[int]) -> "Pending":
+        idx = torch.tensor(keep, dtype=torch.long)
+        return Pending(*(getattr(self, f.name)[idx] for f in dataclasses.fields(self)))
+
+
+def batch_step(batch, pol: Policy | None = None) -> tuple[torch.Tensor, list[dict[str, Any]], Pending]:
+    """One step of every run of ``batch`` (:class:`simulators.tabular.TabularBatch`) from its policy tables ``pol``
+    (:func:`policy_tables` of ``batch.logits``; computed if not given): returns (Δz ``[R, S, L, V]`` float64, one
+    metrics row per run without ``step`` / ``time/step_s`` and without the keys that need the entropy after the
+    update, the :class:`Pending` values that :func:`finish_rows` completes them with), nothing applied. The
+    controllers are updated (once) and the generators advanced."""
     from stare_lab.entropy import entropy_from_logits
 
     t0 = time.perf_counter()
     tau = batch.base.temperature
-    pol = policy_tables(batch.logits, tau)
+    pol = policy_tables(batch.logits, tau) if pol is None else pol
     h_before = pol.entropy.mean((-1, -2))
     if batch.base.mode == "sampled":
         from .tabular_sampled import sampled_parts as mode_parts
@@ -139,30 +157,25 @@ def batch_step(batch) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     wp, mp = batch.push_weights()
     push_fo = wp * first[2] + mp * first[3]
     # the push's measured effect: H(z + Δz_GRPO + push) − H(z + Δz_GRPO). When the step is plain (it is Δz_GRPO, or
-    # Δz_GRPO + push for a STARE run with the gate on: no other term), one of the two is the step itself.
+    # Δz_GRPO + push for a STARE run with the gate on: no other term), one of the two is the step itself, whose
+    # entropy the next step's policy tables give; otherwise both are measured.
     with_push = parts[1] + wp.view(-1, 1, 1, 1) * parts[2] + mp.view(-1, 1, 1, 1) * parts[3]
     plain, applied = out.plain, out.applied
-    # runs whose step is plain need one more entropy (the step is one of the two), the others two more
     other = torch.where((applied | ~plain).view(-1, 1, 1, 1), parts[1], with_push)
-    variants = [parts[0], other] + ([with_push] if not bool(plain.all()) else [])
+    variants = [other] + ([with_push] if not bool(plain.all()) else [])
     after = batch.logits.unsqueeze(0) + torch.stack(variants)
     ok = torch.isfinite(after).flatten(2).all(2)  # [n, R]: a diverging run is refused by the caller (check_update)
     after = torch.where(ok.view(*ok.shape, 1, 1, 1), after, batch.logits.unsqueeze(0))
     h_var = entropy_from_logits(after, temperature=tau).mean((-1, -2))
     h_var = torch.where(ok, h_var, torch.full_like(h_var, float("nan")))  # NaN → null in the row
-    h_third = h_var[2] if len(variants) == 3 else h_var[1]
-    push_meas = torch.where(plain, torch.where(applied, h_var[0] - h_var[1], h_var[1] - h_var[0]), h_third - h_var[1])
-    h_grpo = torch.where(plain & ~applied, h_var[0], h_var[1])
+    pending = Pending(h_before, h_var[0], h_var[-1], plain, applied)
     scalars = {
         "entropy": h_before,
-        "entropy_change": h_var[0] - h_before,
         "pred_entropy_change": first[0],
         "pred/d_grpo": first[1],
         "pred/d_lplus": first[2],
         "pred/d_lminus": first[3],
         "stare/push_first_order": push_fo,
-        "stare/push_measured": push_meas,
-        "stare/grpo_measured": h_grpo - h_before,
         **out.scalars,
     }
     names = list(scalars)
@@ -171,10 +184,23 @@ def batch_step(batch) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     rows = []
     for r, vals in enumerate(values):
         row = dict(zip(names, vals))
-        fo = row["stare/push_first_order"]
-        row["stare/push_ratio"] = row["stare/push_measured"] / fo if fo != 0 else None
         row["gate_on"] = int(row["gate_on"])
         row.update(out.rows[r])
         row["time/update_s"] = elapsed / batch.size
         rows.append(row)
-    return parts[0], rows
+    return parts[0], rows, pending
+
+
+def finish_rows(rows: list[dict[str, Any]], pending: Pending, h_after: torch.Tensor) -> None:
+    """Complete the rows of a step with the mean entropy after the update ``h_after [R]`` (the next step's
+    ``entropy``): ``entropy_change``, ``stare/push_measured``, ``stare/push_ratio``, ``stare/grpo_measured``."""
+    p = pending
+    push = torch.where(p.plain, torch.where(p.applied, h_after - p.h_other, p.h_other - h_after), p.h_push - p.h_other)
+    h_grpo = torch.where(p.plain & ~p.applied, h_after, p.h_other)
+    values = torch.stack([h_after - p.h_before, push, h_grpo - p.h_before], dim=1).tolist()
+    for row, (dh, pm, gm) in zip(rows, values):
+        fo = row["stare/push_first_order"]
+        row["entropy_change"] = dh
+        row["stare/push_measured"] = pm
+        row["stare/push_ratio"] = pm / fo if fo != 0 and pm == pm else None
+        row["stare/grpo_measured"] = gm

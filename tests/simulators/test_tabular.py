@@ -158,7 +158,7 @@ def test_sampled_grpo_update_is_the_group_formula():
     cfg = tiny(lr=0.7)
     batch = batch_of(cfg)
     roll = _rollout_of(batch)
-    delta, rows = batch_step(batch)
+    delta, rows, _ = batch_step(batch)
     S, G, L, V = 4, 4, 3, 5
     r = roll["rewards"][0].double()
     std = r.std(dim=1, keepdim=True)
@@ -191,7 +191,7 @@ def test_closed_form_update_is_the_gradient_of_the_core_loss(method):
                loss={"stare": {"gate": "always", "reweight_w": 1.7, "reweight_m": 0.6, "top_p_ratio": 0.2}})
     batch = batch_of(cfg)
     roll = _rollout_of(batch)
-    delta, rows = batch_step(batch)
+    delta, rows, _ = batch_step(batch)
     S, G, L = 6, 6, 3
     z = batch.logits[0].clone().requires_grad_(True)
     tokens = roll["tokens"][0].reshape(S * G, L)
@@ -258,7 +258,7 @@ def test_expected_grpo_is_the_covariance_law():
     tiny step agrees with it to first order (finite difference)."""
     cfg = tiny(mode="expected", lr=1e-4, num_prompts=3, seq_len=2, vocab_size=4, threshold=1)
     batch = batch_of(cfg)
-    delta, rows = batch_step(batch)
+    delta, rows, _ = batch_step(batch)
     row = rows[0]
     pi = torch.softmax(batch.logits[0], -1)
     logp = pi.log()
@@ -285,7 +285,7 @@ def test_expected_grpo_is_the_covariance_law():
 
 def test_expected_random_reward_grpo_does_not_move():
     """Random rewards: B ≡ 0, the mean-field GRPO update is exactly zero (near-criticality, science.md §2)."""
-    delta, rows = batch_step(batch_of(tiny(mode="expected", reward="random")))
+    delta, rows, _ = batch_step(batch_of(tiny(mode="expected", reward="random")))
     assert float(delta.abs().max()) == 0.0 and rows[0]["pred_entropy_change"] == 0.0
 
 
@@ -296,7 +296,7 @@ def test_decomposition_is_linear_in_w_and_m(mode):
     for method in ("o1", "c2"):
         cfg = tiny(method=method, mode=mode, num_prompts=6, target_entropy_rel=None,
                    loss={"stare": {"gate": "always", "reweight_w": 1.6, "reweight_m": 0.7, "top_p_ratio": 0.2}})
-        _, rows = batch_step(batch_of(cfg))
+        _, rows, _ = batch_step(batch_of(cfg))
         r = rows[0]
         m = 0.7 if method == "c2" else 1.0
         want = r["pred/d_grpo"] + 0.6 * r["pred/d_lplus"] + (m - 1) * r["pred/d_lminus"]
@@ -435,7 +435,7 @@ def test_dynamic_sampling_gate_sees_the_kept_batch(tmp_path):
                loss={"stare": {"target_entropy": 1.3}})
     batch = batch_of(cfg)
     roll = _rollout_of(batch)
-    _, rows = batch_step(batch)
+    _, rows, _ = batch_step(batch)
     n = int(roll["kept"][0])
     assert 0 < n
     ent = entropy_from_logits(batch.logits[0]).mean(-1)  # [S] token-mean per prompt (L tokens per response)
