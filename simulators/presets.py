@@ -116,6 +116,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         "overrides": {**_COLLAPSE_TASK, "init_spread": 3.0, "lr": 0.2, "steps": 400,
                       "loss": {"stare": {"target_entropy": 0.6}}},
     },
+    "forking": {
+        "kind": "tabular",
+        "description": (
+            "an LLM-like token-entropy structure (16 prompts x 10 positions x 32 tokens): 2 of 10 positions fork "
+            "between 6 correct tokens with Zipf-like initial probabilities (2.9 nats), the other 8 start nearly "
+            "deterministic (0.09 nats, the correct mode at 0.99 and a Zipf tail); reward 1 iff all 10 positions are "
+            "correct (noisy verifier 0.1); mean field, lr 1, 300 steps, the paper's H_tgt 0.3 nats (reward-optimal "
+            "entropy 0.2 x ln 6 = 0.36)"
+        ),
+        "overrides": {
+            "task": "forking", "mode": "expected", "reward": "verifiable", "num_prompts": 16, "group_size": 8,
+            "seq_len": 10, "vocab_size": 32, "num_correct": 6, "forking_positions": 2, "tail_mass": 0.01,
+            "zipf_exponent": 1.0, "threshold": 10, "reward_noise": 0.1, "lr": 1.0, "steps": 300,
+            "checkpoint_every": 300, "loss": {"stare": {"target_entropy": 0.3}},
+        },
+        "methods": STORY_METHODS,
+    },
     "bandit": {
         "kind": "tabular",
         "description": (

@@ -54,7 +54,10 @@ class TabularSimConfig:
         init_seed: seed of the initial logits / correct sets if not ``seed`` (same start, different rollouts).
         mode: ``sampled`` (G rollouts per prompt, the core's advantages / STARE weights / loss) or ``expected``
             (the mean-field limit G → ∞).
-        task: ``sequence`` (L positions) or ``bandit`` (requires ``seq_len = 1``).
+        task: ``sequence`` (L positions), ``bandit`` (requires ``seq_len = 1``) or ``forking`` (an LLM-like
+            token-entropy structure, :mod:`simulators.tabular_tasks`: ``forking_positions`` of the L positions per
+            prompt fork between ``num_correct`` correct tokens, the others have one correct token and start nearly
+            deterministic; Zipf-like initial probabilities; ``init_spread`` is not used).
         reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
         num_prompts: S ≥ 1.  group_size: G ≥ 2 responses per prompt (group advantages of a single response are
             all 0: nothing would learn).  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
@@ -64,6 +67,10 @@ class TabularSimConfig:
         reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
             independently of the tokens (keeps reward variance alive once a prompt is solved).
         init_spread: σ ≥ 0 of the initial logits z ~ N(0, σ²) (0 → uniform, entropy log V nats).
+        forking_positions: task ``forking``: forking positions per prompt, in [0, L].
+        tail_mass: task ``forking``: initial probability off the (correct) mode of a non-forking position, in (0, 1).
+        zipf_exponent: task ``forking``: s ≥ 0 of the Zipf-like initial probabilities p(rank r) ∝ r^(−s) (of the
+            tail of a non-forking position, of all tokens of a forking one).
         lr: SGD step size > 0 (see the module docstring for its scaling).
         steps: number of updates ≥ 1.
         temperature: τ > 0 of sampling, log-probs and entropy.
@@ -104,6 +111,9 @@ class TabularSimConfig:
     random_reward_p: float = 0.5
     reward_noise: float = 0.1
     init_spread: float = 1.0
+    forking_positions: int = 2
+    tail_mass: float = 0.01
+    zipf_exponent: float = 1.0
     lr: float = 1.0
     steps: int = 600
     temperature: float = 1.0
@@ -129,7 +139,7 @@ class TabularSimConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{k(name)}={value!r} must be an integer >= 0")
         check_choice(k("mode"), self.mode, ["sampled", "expected"])
-        check_choice(k("task"), self.task, ["sequence", "bandit"])
+        check_choice(k("task"), self.task, ["sequence", "bandit", "forking"])
         check_choice(k("reward"), self.reward, ["verifiable", "random"])
         for name in ("num_prompts", "group_size", "seq_len", "steps", "ds_max_rounds", "checkpoint_every"):
             check_positive(k(name), getattr(self, name), integer=True)
@@ -149,6 +159,16 @@ class TabularSimConfig:
         check_range(k("random_reward_p"), self.random_reward_p, 0, 1)
         check_range(k("reward_noise"), self.reward_noise, 0, 0.5)
         check_range(k("init_spread"), self.init_spread, 0, None)
+        check_positive(k("forking_positions"), self.forking_positions, integer=True, allow_zero=True)
+        check_range(k("tail_mass"), self.tail_mass, 0, 1, lo_open=True, hi_open=True)
+        check_range(k("zipf_exponent"), self.zipf_exponent, 0, None)
+        if self.task == "forking":
+            if self.forking_positions > self.seq_len:
+                raise ConfigError(f"{k('forking_positions')}={self.forking_positions} is outside [0, seq_len={self.seq_len}]")
+            if 2 * self.num_correct > self.vocab_size:
+                raise ConfigError(f"{k('num_correct')}={self.num_correct}: task 'forking' draws the correct tokens of a "
+                                  f"forking position from its 2*num_correct most likely ones; need <= vocab_size/2="
+                                  f"{self.vocab_size // 2}")
         check_range(k("lr"), self.lr, 0, None, lo_open=True)
         check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
         if not isinstance(self.dynamic_sampling, bool):
