@@ -13,6 +13,9 @@ hold the band on every seed:
    the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`) from the GRPO
    runs where they cross H_tgt.
 
+Independently of 1–4, every group (GRPO's probe push included, and a STARE group that held the band) whose push
+acted at less than :data:`~simulators.run_stats.REGIME_RATIO` of its first-order size gets a regime warning.
+
 Plan notes (about the request, before any run): ``kl_cov`` with one update per batch equals GRPO; ``stare.*``
 overrides without a STARE method change nothing; a target above the reward-optimal entropy.
 """
@@ -122,6 +125,17 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
     """The notes of the module docstring for a sweep summary (``simulators.sweep.run_sweep``); [] if none."""
     facts = group_facts(summary)
     notes: list[str] = []
+    warned = set()
+    for label, g in facts.items():  # the regime first, for every group (a held band too: it held outside the theory)
+        ratio = _num(g["mean"].get("push_ratio"))
+        if ratio is None or ratio >= REGIME_RATIO or (g["stare"] is not None and g["held"] != g["n"]):
+            continue
+        warned.add(label)
+        what = "its push acted" if g["stare"] is not None and (_num(g["mean"].get("gate_on_frac")) or 0) > 0 else \
+            "a probe push (W − 1 on L+, not applied) acted"
+        notes.append(f"warning: {label} stepped outside the first-order regime (lr={_f(g['lr'], 'g')}): {what} at "
+                     f"{ratio:.0%} of its first-order size (median over steps and seeds), so the first-order "
+                     "predictions (D terms, W*) do not describe it; lower lr (science.md §7)")
     for label, g in facts.items():
         st = g["stare"]
         if st is None or g["held"] == g["n"]:

@@ -66,7 +66,7 @@ from stare_lab.config import from_dict, to_dict
 from stare_lab.errors import RunError
 from stare_lab.runs import RunWriter
 
-from .run_stats import run_stats
+from .run_stats import REGIME_RATIO, run_stats
 from .tabular_config import EXPECTED_METHODS, TabularSimConfig, resolve_target_entropy
 from .tabular_tasks import init_tables, reward_optimal_entropy
 
@@ -492,6 +492,13 @@ def _finish(r: _Run) -> dict[str, Any]:
         "%s seed %d: entropy %.3f -> %.3f nats, reward %.3f", r.config.method, r.config.seed,
         summary["initial_entropy"], summary["final_entropy"], summary["final_reward"],
     )
+    ratio = summary.get("push_ratio")
+    if ratio is not None and ratio < REGIME_RATIO:
+        logger.warning(
+            "%s seed %d (lr=%g): STARE's push acted at %.0f%% of its first-order size (median over steps): the step "
+            "size is outside the first-order regime; lower lr", r.config.method, r.config.seed, r.config.lr,
+            100 * ratio,
+        )
     return summary
 
 

@@ -100,3 +100,13 @@ def test_grid_where_a_larger_w_ended_lower_is_flagged():
     grid = [n for n in notes if "ended with less entropy than" in n]
     assert len(grid) == 1 and "W=5 ended with less entropy than W=2 (0.05 vs 0.09 nats)" in grid[0]
     assert not any("critical strength" in n for n in notes)
+
+
+def test_a_band_held_outside_the_regime_is_still_a_warning():
+    """forking preset at W 8: the band holds, but the push acts at 19 % of its first-order size."""
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "o1 [W=8]": ("o1", {W_KEY: 8.0}, {"final_entropy": 0.3, "held_runs": 3, "push_ratio": 0.19,
+                                                    "mean_abs_dev_second_half": 0.001}, {"reweight_w": 8.0})})
+    notes = sweep_notes(s)
+    assert notes == [n for n in notes if n.startswith("warning: o1 [W=8] stepped outside the first-order regime")]
+    assert len(notes) == 1 and "19% of its first-order size" in notes[0] and "lower lr" in notes[0]
