@@ -171,7 +171,8 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          "push: there is no drift below the target to cancel; run more steps or lower the target")
             continue
         est = _num((ref or {}).get("mean", {}).get("w_star_at_crossing")) if ref else None
-        est_s = f" (first-order estimate where GRPO crosses H_tgt: W* ≈ {est:.2f})" if est is not None else ""
+        est_s = (f" (the conservative first-order estimate for O1 where GRPO crosses H_tgt, mean over seeds: "
+                 f"W* ≈ {est:.2f})") if est is not None else ""
         tip = f"stare.reweight_w ≥ {est:.2f}" if est is not None else "a larger stare.reweight_w / smaller reweight_m"
         if not st.get("adaptive"):
             tip += " or o1-adaptive"

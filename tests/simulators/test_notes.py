@@ -32,7 +32,7 @@ def test_in_regime_too_weak_gives_the_critical_estimate():
     notes = sweep_notes(s)
     assert len(notes) == 1
     assert "o1 did not hold the band on 3/3 seeds" in notes[0] and "below the critical strength" in notes[0]
-    assert "W* ≈ 1.47" in notes[0] and "stare.reweight_w ≥ 1.47 or o1-adaptive" in notes[0]
+    assert "W* ≈ 1.47)" in notes[0] and "stare.reweight_w ≥ 1.47 or o1-adaptive" in notes[0]
 
 
 def test_outside_the_regime_never_says_stronger():
