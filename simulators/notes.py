@@ -171,6 +171,14 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          "push: there is no drift below the target to cancel; run more steps or lower the target")
             continue
         est = _num((ref or {}).get("mean", {}).get("w_star_at_crossing")) if ref else None
+        w_now = _num(st.get("reweight_w")) or 1.0
+        if est is not None and est <= w_now:  # the first order says this W suffices, and it did not: second order
+            notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds although the "
+                         f"first-order estimate where GRPO crosses H_tgt (W* ≈ {est:.2f}, mean over seeds) is below "
+                         f"W={w_now:g}: the drift at H_tgt is then mostly second order (sampling noise, ∝ lr²), which "
+                         "the D terms leave out; try a larger stare.reweight_w / smaller reweight_m, o1-adaptive, or "
+                         "a smaller lr (science.md §7)")
+            continue
         est_s = (f" (the conservative first-order estimate for O1 where GRPO crosses H_tgt, mean over seeds: "
                  f"W* ≈ {est:.2f})") if est is not None else ""
         tip = f"stare.reweight_w ≥ {est:.2f}" if est is not None else "a larger stare.reweight_w / smaller reweight_m"

@@ -110,3 +110,14 @@ def test_a_band_held_outside_the_regime_is_still_a_warning():
     notes = sweep_notes(s)
     assert notes == [n for n in notes if n.startswith("warning: o1 [W=8] stepped outside the first-order regime")]
     assert len(notes) == 1 and "19% of its first-order size" in notes[0] and "lower lr" in notes[0]
+
+
+def test_a_first_order_estimate_below_the_failed_w_points_to_second_order():
+    """random-reward: W* at GRPO's crossing 1.06 < W = 1.1, yet O1 did not hold: the note says the drift is mostly
+    second order and does not claim that W ≥ 1.06 suffices."""
+    grpo = ("grpo", {}, {"final_entropy": 0.17, "collapsed_runs": 3, "steps_to_collapse": 2818,
+                         "w_star_at_crossing": 1.06, "gate_on_frac": 0.0}, None)
+    s = summary({"grpo": grpo, "o1": ("o1", {}, {"final_entropy": 0.54, "mean_abs_dev_second_half": 0.22}, {})})
+    notes = sweep_notes(s)
+    assert len(notes) == 1 and "mostly second order" in notes[0] and "W* ≈ 1.06" in notes[0]
+    assert "≥ 1.06" not in notes[0]
