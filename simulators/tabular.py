@@ -494,10 +494,11 @@ def _finish(r: _Run) -> dict[str, Any]:
     )
     ratio = summary.get("push_ratio")
     if ratio is not None and ratio < REGIME_RATIO:
+        what = "STARE's push acted" if r.config.is_stare and summary.get("gate_on_frac") else \
+            "a probe push (W - 1 on the L+ tokens, not applied) would act"
         logger.warning(
-            "%s seed %d (lr=%g): STARE's push acted at %.0f%% of its first-order size (median over steps): the step "
-            "size is outside the first-order regime; lower lr", r.config.method, r.config.seed, r.config.lr,
-            100 * ratio,
+            "%s seed %d (lr=%g): %s at %.0f%% of its first-order size (median over steps): the step size is outside "
+            "the first-order regime; lower lr", r.config.method, r.config.seed, r.config.lr, what, 100 * ratio,
         )
     return summary
 
