@@ -12,7 +12,8 @@ half), ``predicted_w_grpo`` (the GRPO-only estimate: median over the GRPO seeds 
 H_tgt), ``predicted_w_measured_drift`` (like ``predicted_w`` but with the *measured* one-step change of the ω ≡ 1
 update in place of D_GRPO: it includes the second-order, noise-driven drift the first order leaves out), and
 ``tolerance`` / ``within_tolerance`` (max(35 % of W − 1, one grid step)). With other grid keys (e.g. ``lr``) the
-same is given per slice of those keys under ``by_slice``; the top-level values are those of the first slice.
+same is given per slice of those keys under ``by_slice``; the top-level values are those of the slice at the
+preset's own values of those keys (``slice``), else of the first slice.
 """
 
 from __future__ import annotations
@@ -83,10 +84,15 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def critical_summary(groups: dict[str, dict[str, Any]], grid: list[tuple[str, list[Any]]], band: float) -> dict:
+def critical_summary(
+    groups: dict[str, dict[str, Any]], grid: list[tuple[str, list[Any]]], band: float,
+    base: dict[str, Any] | None = None,
+) -> dict:
     """``critical.<method>`` (module docstring) from the sweep's groups: label → ``{"method", "point", "is_stare",
     "runs": {seed: stats}}`` with each run's :func:`simulators.run_stats.run_stats` (``mean_abs_dev_second_half``,
-    ``critical_w``, ``critical_w_measured_drift``, ``w_star_at_crossing``). Empty without a W grid."""
+    ``critical_w``, ``critical_w_measured_drift``, ``w_star_at_crossing``). Empty without a W grid. With other grid
+    keys the top-level values are those of the slice at ``base`` (the preset's own values of those keys) when the
+    grid has it, else of the first slice."""
     from stare_lab.critical import measured_critical_w, tolerance
 
     w_values = next((v for k, v in grid if k == W_KEY), None)
@@ -127,8 +133,9 @@ def critical_summary(groups: dict[str, dict[str, Any]], grid: list[tuple[str, li
                     p = entry[key]
                     entry[f"{key}_within_tolerance"] = None if p is None else abs(p - measured) <= entry["tolerance"]
             by_slice[label] = entry
-        first = next(iter(by_slice.values()))
-        out[method] = {**{k: v for k, v in first.items() if k != "point"}, "by_slice": by_slice}
+        first = by_slice.get(point_label({k: (base or {}).get(k) for k in others}), next(iter(by_slice.values())))
+        out[method] = {**{k: v for k, v in first.items() if k != "point"}, "slice": first["point"],
+                       "by_slice": by_slice}
     return out
 
 

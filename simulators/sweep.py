@@ -414,7 +414,7 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
     if plan.grid:
         summary["sweep"] = {"grid": [[k, v] for k, v in plan.grid]}
         crit_groups = {label: {**e, "is_stare": _is_stare(summary, label)} for label, e in per_group.items()}
-        critical = critical_summary(crit_groups, plan.grid, summary["band"])
+        critical = critical_summary(crit_groups, plan.grid, summary["band"], _base_point(plan))
         if critical:
             summary["critical"] = critical
     from .notes import headline, sweep_notes
@@ -425,6 +425,22 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, plan.out / "summary.json")
     return summary
+
+
+def _base_point(plan: SweepPlan) -> dict[str, Any]:
+    """The preset's own value (with the user's overrides) of each grid key: the dotted key in the preset's
+    overrides, else the config dataclass default."""
+    data = apply_overrides(copy.deepcopy(get_preset(plan.preset)["overrides"]), plan.overrides)
+    _, cls = _simulator_module(plan.kind)
+    default = to_dict(cls())
+    out = {}
+    for key, _ in plan.grid:
+        node, ref = data, default
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+            ref = ref.get(part) if isinstance(ref, dict) else None
+        out[key] = node if node is not None else ref
+    return out
 
 
 def _is_stare(summary: dict[str, Any], label: str) -> bool:

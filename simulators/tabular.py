@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 CHECKPOINT_FILE = "state.pt"
+_WARNED: set[str] = set()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -346,8 +347,9 @@ class _Run:
             self.state = init_state(config)
             h_opt = reward_optimal_entropy(config, self.state.correct)
             warn = target_warning(config, h_opt) if config.is_stare else None
-            if warn:
-                logger.warning("%s seed %d: %s", config.method, config.seed, warn)
+            if warn and warn not in _WARNED:  # once per process and message (a sweep has many such runs)
+                _WARNED.add(warn)
+                logger.warning("%s: %s", config.method, warn)
             self.cfg_dict = resolved_config_dict(config, mean_entropy(self.state.logits, config.temperature), h_opt)
             self.writer = RunWriter(self.dir, self.cfg_dict, overwrite=resume)
         self.fresh_start = self.state.step
