@@ -25,6 +25,7 @@ def sweep_dir(tmp_path_factory):
 def test_read_sweep_summary(sweep_dir, tmp_path):
     s = read_sweep_summary(sweep_dir)
     assert s is not None and s["headline"] and "critical" in s
+    assert s["critical"]["o1"]["slice"] == {"lr": 2.0}  # the top level is the demo preset's own lr
     assert read_sweep_summary(sweep_dir / "grpo" / "lr=1" / "seed0") is None  # a run's own summary is no sweep
     bad = tmp_path / "summary.json"
     bad.write_text("{")
