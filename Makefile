@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(VENV)/bin/stare-lab simulate --preset collapse --out $(OUT) --overwrite
+	$(VENV)/bin/stare-lab simulate --preset demo --out $(OUT) --overwrite
 
 test: install
 	$(PY) -m pytest -q

@@ -73,6 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--paper-setting", help="keep only paper rows of this setting (short_cot, long_cot, tool_use)")
     p.add_argument("--paper-model", help="keep only paper rows of this model")
     p.add_argument("--dpi", default=90, help="resolution of PNG figures (default 90)")
+    p.add_argument("--summary", metavar="SUMMARY_JSON",
+                   help="a sweep's summary.json (stare-lab simulate): its headline on top, its phase diagram and "
+                   "critical W (default: a summary.json in a single given directory)")
     p.set_defaults(func=run_analyze)
     return p
 
@@ -120,10 +123,20 @@ def run_analyze(args: argparse.Namespace) -> int:
         split=not args.merge,
     )
     _check_metrics(args.metric, cmp.runs)
+    from .phase import read_sweep_summary
+
+    if args.summary is not None:
+        sweep = read_sweep_summary(args.summary)
+        if sweep is None:
+            raise ConfigError(f"--summary={args.summary!r} is not a sweep summary.json written by stare-lab simulate")
+    else:
+        sweep = read_sweep_summary(args.paths[0], cmp.warnings) if len(args.paths) == 1 else None
     files = write_report(
         cmp, out, fmt=args.fmt, metrics=args.metric, paper=args.paper, paper_setting=args.paper_setting,
-        paper_model=args.paper_model, dpi=args.dpi, inputs=[str(p) for p in args.paths],
+        paper_model=args.paper_model, dpi=args.dpi, inputs=[str(p) for p in args.paths], sweep=sweep,
     )
+    if sweep and sweep.get("headline"):
+        print(sweep["headline"])
     for row in cmp.summary_rows():
         h0, h1 = row["initial_entropy"][0], row["final_entropy"][0]
         band = row["frac_in_band"]

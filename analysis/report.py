@@ -325,6 +325,39 @@ def report_data(cmp: Comparison, tables: dict[str, Any], title: str, inputs: Seq
     })
 
 
+def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, add_figure: Any) -> None:
+    """Critical STARE strength (docs/theory.md §7): the sweep's phase diagram and measured vs predicted W, and the
+    critical W of every group whose runs log the decomposition terms (:mod:`analysis.phase`)."""
+    from . import phase
+
+    crit_rows = phase.critical_rows(sweep) if sweep else []
+    run_rows = phase.run_critical_rows(cmp)
+    fig = phase.phase_figure(sweep) if sweep else None
+    if not (crit_rows or run_rows or fig is not None):
+        return
+    doc.h(2, "Critical STARE strength")
+    doc.p(
+        "With the gate on, a step's first-order entropy change splits as D_GRPO + (W − 1)·D_L+ (+ (M − 1)·D_L− for "
+        "C2), so W*(t) = 1 − D_GRPO(t)/D_L+(t) cancels the drift (docs/theory.md §7; `stare_lab.critical`). The critical "
+        "W along a run is the largest W*(t) over its second half (meaningful on a run that holds the band); the "
+        "GRPO-only estimate is W* where the entropy first falls below H_tgt (conservative)."
+    )
+    if fig is not None:
+        doc.p("Phase diagram: band deviation = mean over seeds of the mean |H − H_tgt| over the second half of each "
+              "run; the band holds below the boundary.")
+        add_figure(doc, "phase", fig, "band deviation over the sweep grid")
+    if crit_rows:
+        doc.p("Measured critical W = the smallest grid W whose runs hold the band on every seed; first-order "
+              "prediction = median over the held runs of their critical W; 'with measured drift' uses the measured "
+              "one-step change of the ω ≡ 1 update instead of D_GRPO (second-order, noise-driven drift included); "
+              "tolerance max(35 % of W − 1, one grid step).")
+        doc.table(["method", "slice", "measured W", "first-order W*", "with measured drift", "GRPO-only W*",
+                   "tolerance", "within"], crit_rows)
+    if run_rows:
+        doc.table(["group", "M (C2)", "critical W along the run (median over seeds)",
+                   "W* at the H_tgt crossing (median)", "runs"], run_rows)
+
+
 def write_report(
     cmp: Comparison,
     out_dir: str | os.PathLike,
@@ -336,6 +369,7 @@ def write_report(
     dpi: int = 90,
     title: str = "stare_lab analysis report",
     inputs: Sequence[str] = (),
+    sweep: dict[str, Any] | None = None,
 ) -> ReportFiles:
     """Write the figures, ``report.md``, a self-contained ``report.html`` and ``report.json`` (:func:`report_data`)
     into ``out_dir``.
@@ -350,6 +384,8 @@ def write_report(
         dpi: raster resolution (dots per inch) of PNG figures.
         title: the report's title.
         inputs: the paths analysed (listed in the report).
+        sweep: a sweep's ``summary.json`` (:func:`analysis.phase.read_sweep_summary`): its headline goes at the
+            top, its grid and critical W into the "Critical STARE strength" section.
 
     Raises:
         ConfigError: unknown ``fmt``, ``dpi`` ≤ 0, or a ``paper_setting``/``paper_model`` the paper table lacks.
@@ -373,7 +409,7 @@ def write_report(
     except OSError as err:
         raise RunError(f"cannot create output directory {str(out)!r}: {err.strerror or err}") from None
     try:
-        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs)
+        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs, sweep)
     except BaseException:
         if created:  # leave no half-written (or empty) folder behind; everything in it is ours
             shutil.rmtree(out, ignore_errors=True)
@@ -383,6 +419,7 @@ def write_report(
 def _write(
     cmp: Comparison, out: Path, fmt: str, metrics: Sequence[str], paper: Any, paper_rows: Any,
     paper_setting: str | None, paper_model: str | None, dpi: int, title: str, inputs: Sequence[str],
+    sweep: dict[str, Any] | None = None,
 ) -> ReportFiles:
     figures: dict[str, Path] = {}
     images: dict[str, tuple[str, bytes]] = {}
@@ -402,6 +439,8 @@ def _write(
 
     doc = Doc()
     doc.h(1, title)
+    if sweep and sweep.get("headline"):
+        doc.p(f"Headline: {sweep['headline']}")
     n_runs = len(cmp.runs)
     doc.p(
         f"{n_runs} run{'s' * (n_runs != 1)} in {len(cmp.groups)} group{'s' * (len(cmp.groups) != 1)} "
@@ -426,6 +465,7 @@ def _write(
     add_figure(doc, "quadrants", plots.plot_quadrants(cmp), "four quadrants over steps")
 
     _summary_section(doc, cmp, metrics, tables)
+    _critical_section(doc, cmp, sweep, add_figure)
 
     if len(cmp.sources) > 1:
         doc.h(2, "5. Across sources (normalised axes)")

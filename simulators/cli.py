@@ -1,21 +1,24 @@
-"""``stare-lab simulate``: run a simulator preset for several methods × seeds (registered via the entry point
-``stare_lab.commands: simulate = simulators.cli:register``).
+"""``stare-lab simulate``: run a simulator preset for several methods × seeds (× grid points) (registered via the
+entry point ``stare_lab.commands: simulate = simulators.cli:register``).
 
 Example::
 
-    stare-lab simulate --preset collapse --methods grpo,o1,c2 --seeds 3 --out runs/collapse stare.reweight_w=1.5
+    stare-lab simulate --preset demo --out runs/demo
+    stare-lab simulate --preset demo --methods grpo,o1 --sweep stare.reweight_w=1.1,1.2,1.3,1.4,1.5,1.6,1.8,2.0
 
-Writes ``OUT/<method>/seed<k>/`` run directories, ``OUT/summary.json`` and PNGs under ``OUT/figures`` (by
-``stare-lab analyze`` through the front door, given exactly this sweep's run directories, when available, else
-minimal plots of our own; ``--no-plots`` skips them), and prints a table per method, followed by one-line notes:
-when the STARE methods barely differ from GRPO or their gate never opened / was disabled
-(:func:`simulators.sweep.stare_note`), when ``kl_cov`` ran with one update per rollout batch (then it equals GRPO),
-and when ``stare.*`` overrides were given but no method uses the STARE loss (:func:`simulators.sweep.plan_notes`).
-Any ``key=value`` overrides a config field of the preset's simulator (``stare.*`` is short for ``loss.stare.*``),
-except the keys a method sets (use ``--methods``) and ``steps`` together with ``--steps``. On tabular presets an
-explicit ``stare.target_entropy=X`` replaces the preset's ``target_entropy_frac`` (giving both is an error unless
-``target_entropy_frac=null``). ``--overwrite`` removes the previous sweep's runs that
-the new one drops (see :mod:`simulators.sweep`). This module imports nothing heavy at registration time.
+Writes ``OUT/<method>[/<grid point>]/seed<k>/`` run directories, ``OUT/summary.json`` and PNGs under
+``OUT/figures`` (by ``stare-lab analyze`` through the front door, given exactly this sweep's run directories and its
+summary, when available, else minimal plots of our own; ``--no-plots`` skips them), and prints one headline line,
+a table per group and one-line notes (:mod:`simulators.notes`: why a STARE method did not hold the band, reasoned
+from direction and regime; plan notes about the request). With ``--sweep KEY=V1,V2,…`` (repeatable) the runs cover
+the grid; with a ``stare.reweight_w`` grid the summary holds the measured and predicted critical W
+(``critical.<method>``, :mod:`simulators.grid`) and analyze draws the phase diagram. Tabular runs are batched and
+spread over ``--workers`` processes (default: all cores). Any ``key=value`` overrides a config field of the
+preset's simulator (``stare.*`` is short for ``loss.stare.*``), except the keys a method sets (use ``--methods``)
+and ``steps`` together with ``--steps``. On tabular presets an explicit ``stare.target_entropy=X`` replaces the
+preset's ``target_entropy_rel`` (giving both is an error unless ``target_entropy_rel=null``). ``--overwrite``
+removes the previous sweep's runs that the new one drops (see :mod:`simulators.sweep`). This module imports nothing
+heavy at registration time.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seeds", default=None,
                    help="number of seeds, 0..N-1 (default: the preset's; 3 for tabular presets)")
     p.add_argument("--steps", default=None, help="steps per run (default: the preset's)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="run a grid over KEY (repeatable: the product of all grids), e.g. stare.reweight_w=1.1,1.3,1.5")
+    p.add_argument("--workers", default=None, help="processes for tabular runs (default: all cores)")
     p.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
     p.add_argument("--resume", action="store_true", help="continue existing runs bit-exactly from their checkpoints")
     p.add_argument("--overwrite", action="store_true",
@@ -88,16 +94,37 @@ def _int_option(name: str, text: str | None) -> int | None:
     return value
 
 
-def _plots(out: Path, summary: dict, run_dirs: list[Path]) -> str:
+def _critical_lines(summary: dict) -> list[str]:
+    """One line per STARE method of a W grid: measured vs predicted critical W and whether they agree."""
+    lines = []
+    for method, c in (summary.get("critical") or {}).items():
+        def f(x):
+            return "-" if x is None else f"{x:.3g}"
+
+        tol = c.get("tolerance")
+        ok = c.get("predicted_w_within_tolerance")
+        verdict = "" if ok is None else (" (within" if ok else " (outside") + f" the tolerance {tol:.3g})"
+        lines.append(
+            f"critical W ({method}): measured {f(c.get('measured_w'))} (smallest grid W held on every seed); "
+            f"first-order prediction {f(c.get('predicted_w'))}{verdict}; with the measured one-step drift "
+            f"{f(c.get('predicted_w_measured_drift'))}; GRPO-only estimate at the crossing {f(c.get('predicted_w_grpo'))}"
+        )
+    return lines
+
+
+def _plots(out: Path, summary: dict, run_dirs: list[Path], group_by: list[str] = ()) -> str:
     """PNGs via ``stare-lab analyze`` of exactly ``run_dirs`` (this sweep's runs; through the front door: no
-    sideways import of ``analysis``); if that is not available or fails, the sweep's fallback plots. Returns a
-    one-line note."""
+    sideways import of ``analysis``) and the sweep's ``summary.json`` (headline, phase diagram); if that is not
+    available or fails, the sweep's fallback plots. Returns a one-line note."""
     from stare_lab.cli import main as front_door
 
     err = io.StringIO()
+    extra = ["--summary", str(out / "summary.json")]
+    for key in group_by:
+        extra += ["--group-by", key]
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            rc = front_door(["analyze", *map(str, run_dirs), "--out", str(out / "figures")])
+            rc = front_door(["analyze", *map(str, run_dirs), "--out", str(out / "figures"), *extra])
     except SystemExit as exc:  # argparse inside analyze
         rc = exc.code if isinstance(exc.code, int) else 1
     if rc == 0:
@@ -116,7 +143,8 @@ def handler(args: argparse.Namespace) -> int:
     from stare_lab.errors import ConfigError
 
     from .presets import METHODS, get_preset, preset_names
-    from .sweep import format_table, plan_notes, plan_sweep, run_sweep, stare_note
+    from .notes import plan_notes
+    from .sweep import format_table, plan_sweep, run_sweep
 
     if args.list_presets:
         for name in preset_names():
@@ -137,6 +165,7 @@ def handler(args: argparse.Namespace) -> int:
         raise ConfigError("--resume and --overwrite exclude each other: --resume continues the runs, --overwrite "
                           "replaces them")
     seeds, steps = _int_option("seeds", args.seeds), _int_option("steps", args.steps)
+    workers = _int_option("workers", args.workers)
     out = Path(args.out) if args.out is not None else Path("runs") / args.preset
     plan = plan_sweep(
         args.preset,
@@ -147,19 +176,27 @@ def handler(args: argparse.Namespace) -> int:
         steps=steps,
         resume=args.resume,
         overwrite=args.overwrite,
+        sweep=list(args.sweep),
+        workers=workers,
     )
+    notes = plan_notes(plan)
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
     from tqdm import tqdm
 
     with tqdm(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
         summary = run_sweep(plan, progress=bar.update)
-    print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s) x {len(plan.seeds)} seed(s) -> {out}")
+    print(summary["headline"])
+    grid = f" x {len(plan.groups)} group(s)" if plan.grid else ""
+    print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
+          f"-> {out}")
     print(format_table(summary))
-    for note in [stare_note(summary), *plan_notes(plan)]:
-        if note:
-            print(note)
+    for line in _critical_lines(summary):
+        print(line)
+    for note in [*summary.get("notes", []), *notes]:
+        print(note)
     if not args.no_plots:
-        print(_plots(out, summary, [plan.run_dirs[(m, s)] for m in plan.methods for s in plan.seeds]))
+        group_by = [k for k, _ in plan.grid if not k.startswith("loss.stare.")]
+        print(_plots(out, summary, list(plan.run_dirs.values()), group_by))
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

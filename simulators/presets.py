@@ -13,16 +13,25 @@ maps it to the settings of the core's loss registry (``stare_lab.losses``) and t
 (dynamic sampling). :func:`method_overrides` returns those settings as config overrides, so both simulators resolve
 a method the same way.
 
-Paper defaults (docs/theory.md §4: W = 1.1, M = 0.9, P = 10 %, G = 8, 64 prompts) are the preset defaults. The paper's
-H_tgt = 0.3 nats belongs to a 7B LM whose entropy starts near 0.55 nats; the tabular presets scale it to the
-simulator with ``target_entropy_frac`` (H_tgt = frac × initial mean entropy, frac = 0.55 like 0.3 / 0.55). A user's
-explicit ``stare.target_entropy=X`` switches that fraction off (``simulators.tabular_config.resolve_target_entropy``).
+Paper defaults (docs/theory.md §4: W = 1.1, M = 0.9, P = 10 %, G = 8, 64 prompts) are the preset defaults. Every
+tabular preset steps in the first-order regime of docs/theory.md §7: the first-order prediction explains GRPO's
+measured one-step entropy change (pooled R² ≥ 0.95, slope 1 ± 0.15; ``theory`` ≥ 0.99 / 1 ± 0.05; measured in
+BENCHMARKS.md) and STARE's push acts at more than 80 % of its first-order size. Targets come from the task, never
+from the random initial policy: absolute (``stare.target_entropy``) or relative to the reward-optimal entropy
+(``target_entropy_rel``: × the mean ln K of the K correct tokens per position), below it unless said otherwise.
+
+``demo`` (the default, ``make demo``) is the ``collapse`` task in the mean-field limit (``mode=expected``, G → ∞:
+the exact expected update, deterministic given the seed's initial policy) with 16 prompts and lr 2 (300 steps; lr 1
+and 600 steps, as in issue 13, give the same picture at twice the cost): GRPO's collapse, what each STARE method
+does about it and the critical W of docs/theory.md §7 without sampling noise. ``collapse`` is the same task with
+G = 8 sampled responses per prompt, where sampling noise adds a second-order (noise-driven) drift at H_tgt on top
+of the first-order one (BENCHMARKS.md: it raises the measured critical W).
 
 Why ``collapse`` uses a noisy verifier (reward flipped with probability 0.1): with several correct tokens per
 position and an exact verifier, a solved prompt soon has zero reward variance, GRPO's advantages vanish and the
-entropy stalls at the within-correct-set level (≈ 10–20 % of its start in our runs, lr 2–8) instead of collapsing;
-a little verifier noise keeps the variance (and the noise-driven drift of docs/theory.md §2) alive, as hard prompts do
-in real training. The presets fix the task and step size only; nothing in them is tuned for a method to look good.
+entropy stalls at the within-correct-set level instead of collapsing; a little verifier noise keeps the variance
+(and the noise-driven drift of docs/theory.md §2) alive, as hard prompts do in real training. The presets fix the task
+and step size only; nothing in them is tuned for a method to look good.
 """
 
 from __future__ import annotations
@@ -33,101 +42,107 @@ from typing import Any
 from stare_lab.errors import ConfigError
 from stare_lab.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
 
-__all__ = ["PRESETS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "method_overrides", "get_preset", "preset_names"]
+__all__ = [
+    "PRESETS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "method_overrides", "get_preset",
+    "preset_names",
+]
 
 #: the methods ``stare-lab simulate`` runs when ``--methods`` is not given.
 DEFAULT_METHODS = ("grpo", "o1", "c2")
 
-DEFAULT_PRESET = "collapse"
+DEFAULT_PRESET = "demo"
 
-#: Tabular presets: name → {"kind", "description", "overrides"} (overrides for TabularSimConfig).
+_COLLAPSE_TASK = {
+    "task": "sequence",
+    "reward": "verifiable",
+    "num_prompts": 64,
+    "group_size": 8,
+    "seq_len": 4,
+    "vocab_size": 8,
+    "num_correct": 2,
+    "threshold": 3,
+    "reward_noise": 0.1,
+    "init_spread": 1.0,
+}
+
+#: the methods ``make demo`` shows: GRPO, the paper's O1 and C2 at their defaults, and the adaptive schedule
+STORY_METHODS = ["grpo", "o1", "c2", "o1-adaptive"]
+
+#: Tabular presets: name → {"kind", "description", "overrides"} (overrides for TabularSimConfig), optionally the
+#: default ``methods`` and ``seeds`` of ``stare-lab simulate``.
 PRESETS: dict[str, dict[str, Any]] = {
+    "demo": {
+        "kind": "tabular",
+        "description": (
+            "the collapse task (16 prompts) in the mean-field limit (mode=expected: the exact expected GRPO/STARE "
+            "update, G -> infinity), lr 2, 300 steps, H_tgt 0.4 nats (below ln 2, the reward-optimal entropy): GRPO "
+            "collapses, the paper's O1/C2 and the adaptive schedule try to hold the band; with --sweep "
+            "stare.reweight_w=... it measures and predicts the critical W"
+        ),
+        "overrides": {**_COLLAPSE_TASK, "mode": "expected", "num_prompts": 16, "lr": 2.0, "steps": 300,
+                      "checkpoint_every": 300, "loss": {"stare": {"target_entropy": 0.4}}},
+        "methods": STORY_METHODS,
+    },
     "collapse": {
         "kind": "tabular",
         "description": (
             "factored sequences (64 prompts x 4 positions x 8 tokens, 2 correct tokens per position), reward 1 iff "
-            ">= 3 of 4 positions are correct, verdict flipped with probability 0.1 (noisy verifier); GRPO collapses "
-            "the entropy"
+            ">= 3 of 4 positions are correct, verdict flipped with probability 0.1 (noisy verifier), G = 8 sampled "
+            "responses, lr 1, 600 steps, H_tgt 0.4 nats: GRPO collapses the entropy"
         ),
-        "overrides": {
-            "task": "sequence",
-            "reward": "verifiable",
-            "num_prompts": 64,
-            "group_size": 8,
-            "seq_len": 4,
-            "vocab_size": 8,
-            "num_correct": 2,
-            "threshold": 3,
-            "reward_noise": 0.1,
-            "init_spread": 1.0,
-            "lr": 6.0,
-            "steps": 100,
-            "target_entropy_frac": 0.55,
-        },
+        "overrides": {**_COLLAPSE_TASK, "lr": 1.0, "steps": 600, "loss": {"stare": {"target_entropy": 0.4}}},
+        "methods": STORY_METHODS,
     },
     "random-reward": {
         "kind": "tabular",
         "description": (
-            "rewards Bernoulli(0.5) independent of the tokens (64 prompts x 4 positions x 8 tokens); the expected "
-            "update is zero and GRPO still collapses the entropy through sampling noise (docs/theory.md §2)"
+            "rewards Bernoulli(0.5) independent of the tokens (8 prompts x 4 positions x 8 tokens, G = 8), lr 0.8, "
+            "3500 steps, H_tgt 0.8 nats: the expected update is zero and GRPO still collapses the entropy through "
+            "sampling noise (docs/theory.md §2); the paper's W 1.1 / M 0.9 can hold this noise-driven drift"
         ),
         "overrides": {
-            "task": "sequence",
-            "reward": "random",
-            "random_reward_p": 0.5,
-            "reward_noise": 0.0,
-            "num_prompts": 64,
-            "group_size": 8,
-            "seq_len": 4,
-            "vocab_size": 8,
-            "init_spread": 1.0,
-            "lr": 4.0,
-            "steps": 200,
-            "target_entropy_frac": 0.55,
+            "task": "sequence", "reward": "random", "random_reward_p": 0.5, "reward_noise": 0.0, "num_prompts": 8,
+            "group_size": 8, "seq_len": 4, "vocab_size": 8, "init_spread": 1.0, "lr": 0.8, "steps": 3500,
+            "checkpoint_every": 500, "loss": {"stare": {"target_entropy": 0.8}},
         },
     },
     "theory": {
         "kind": "tabular",
         "description": (
-            "the collapse task with small steps (lr 0.05, 100 steps): the first-order prediction of every step's "
-            "entropy change should agree with the measured change (R^2 >= 0.99, slope 1 +- 0.05)"
+            "the collapse task with a peaked start (init_spread 3) and small steps (lr 0.2, 400 steps): the "
+            "first-order prediction of every step's entropy change should agree with the measured change "
+            "(R^2 >= 0.99, slope 1 +- 0.05); H_tgt 0.6 nats is crossed, so the STARE runs open the gate"
+        ),
+        "overrides": {**_COLLAPSE_TASK, "init_spread": 3.0, "lr": 0.2, "steps": 400,
+                      "loss": {"stare": {"target_entropy": 0.6}}},
+    },
+    "forking": {
+        "kind": "tabular",
+        "description": (
+            "an LLM-like token-entropy structure (16 prompts x 10 positions x 32 tokens): 2 of 10 positions fork "
+            "between 6 correct tokens with Zipf-like initial probabilities (2.9 nats), the other 8 start nearly "
+            "deterministic (0.09 nats, the correct mode at 0.99 and a Zipf tail); reward 1 iff all 10 positions are "
+            "correct (noisy verifier 0.1); mean field, lr 1, 300 steps, the paper's H_tgt 0.3 nats (reward-optimal "
+            "entropy 0.2 x ln 6 = 0.36)"
         ),
         "overrides": {
-            "task": "sequence",
-            "reward": "verifiable",
-            "num_prompts": 64,
-            "group_size": 8,
-            "seq_len": 4,
-            "vocab_size": 8,
-            "num_correct": 2,
-            "threshold": 3,
-            "reward_noise": 0.1,
-            "init_spread": 1.0,
-            "lr": 0.05,
-            "steps": 100,
-            "target_entropy_frac": 0.55,
+            "task": "forking", "mode": "expected", "reward": "verifiable", "num_prompts": 16, "group_size": 8,
+            "seq_len": 10, "vocab_size": 32, "num_correct": 6, "forking_positions": 2, "tail_mass": 0.01,
+            "zipf_exponent": 1.0, "threshold": 10, "reward_noise": 0.1, "lr": 1.0, "steps": 300,
+            "checkpoint_every": 300, "loss": {"stare": {"target_entropy": 0.3}},
         },
+        "methods": STORY_METHODS,
     },
     "bandit": {
         "kind": "tabular",
         "description": (
             "one position per prompt (64 prompts x 16 tokens, 3 correct); reward 1 iff the token is correct, "
-            "flipped with probability 0.1 (noisy verifier)"
+            "flipped with probability 0.1 (noisy verifier); lr 0.5, 300 steps, H_tgt = 0.5 x ln 3 nats"
         ),
         "overrides": {
-            "task": "bandit",
-            "reward": "verifiable",
-            "num_prompts": 64,
-            "group_size": 8,
-            "seq_len": 1,
-            "vocab_size": 16,
-            "num_correct": 3,
-            "threshold": 1,
-            "reward_noise": 0.1,
-            "init_spread": 1.0,
-            "lr": 2.0,
-            "steps": 150,
-            "target_entropy_frac": 0.55,
+            "task": "bandit", "reward": "verifiable", "num_prompts": 64, "group_size": 8, "seq_len": 1,
+            "vocab_size": 16, "num_correct": 3, "threshold": 1, "reward_noise": 0.1, "init_spread": 1.0,
+            "lr": 0.5, "steps": 300, "target_entropy_rel": 0.5,
         },
     },
 }

@@ -1,8 +1,9 @@
-"""Per-run statistics for the simulators: a thin delegation to the core's one run summary
-(:func:`stare_lab.summary.run_summary`; the definitions are documented there), kept for its callers.
+"""Per-run statistics for the simulators: the core's one run summary (:func:`stare_lab.summary.run_summary`; the
+definitions are documented there) plus the first-order decomposition statistics of
+:func:`stare_lab.critical.decomposition_summary` (push ratio, critical W, W* at the H_tgt crossing).
 
-:func:`run_stats` and :func:`fit_line` keep their signatures;
-:data:`STAT_KEYS` = :data:`stare_lab.summary.SUMMARY_KEYS`.
+:func:`run_stats` and :func:`fit_line` keep their signatures; :data:`STAT_KEYS` =
+:data:`stare_lab.summary.SUMMARY_KEYS` + :data:`stare_lab.critical.DECOMPOSITION_KEYS`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import logging
 import math
 from typing import Any
 
+from stare_lab.critical import DECOMPOSITION_KEYS, REGIME_RATIO, decomposition_summary
 from stare_lab.summary import SUMMARY_KEYS, fit_prediction, run_summary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["fit_line", "run_stats", "STAT_KEYS"]
+__all__ = ["fit_line", "run_stats", "STAT_KEYS", "REGIME_RATIO"]
 
 #: the keys :func:`run_stats` returns
-STAT_KEYS = SUMMARY_KEYS
+STAT_KEYS = SUMMARY_KEYS + DECOMPOSITION_KEYS
 
 
 def fit_line(pred: list[float], meas: list[float]) -> dict[str, float | None]:
@@ -34,8 +36,12 @@ def run_stats(
     collapse_frac: float = 0.1,
     band: float = 0.05,
     final_entropy: float | None = None,
+    reweight_m: float = 1.0,
+    window: int = 1,
 ) -> dict[str, Any]:
-    """:func:`stare_lab.summary.run_summary` of ``rows`` with these settings (a dict with :data:`STAT_KEYS`).
+    """:func:`stare_lab.summary.run_summary` of ``rows`` with these settings plus
+    :func:`stare_lab.critical.decomposition_summary` (``reweight_m``: the run's M for C2, 1 for O1; ``window``: D
+    terms summed over that many steps) — a dict with :data:`STAT_KEYS`.
 
     ``final_entropy`` is only checked: the summary must be recomputable from the rows, so ``final_entropy`` is
     the last entropy plus its measured change there; a given value that differs from it by more than rounding is
@@ -47,4 +53,5 @@ def run_stats(
                                                                                rel_tol=1e-12, abs_tol=1e-15)):
         logger.warning("final_entropy=%r given, the rows give %r (last entropy + entropy_change); the summary "
                        "keeps the rows' value", final_entropy, derived)
+    out.update(decomposition_summary(rows, target_entropy, reweight_m=reweight_m, window=window))
     return out

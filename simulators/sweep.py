@@ -1,16 +1,21 @@
-"""Run one preset for several methods × seeds: validation up front, the runs, ``summary.json``, the end table and
-fallback plots.
+"""Run one preset for several methods × seeds (× grid points): validation up front, the runs, ``summary.json``, the
+end table and fallback plots.
 
 Layout written under ``out``::
 
-    out/<method>/seed<k>/     one run directory per (method, seed) (stare_lab.runs format)
-    out/summary.json          per method: every seed's statistics (simulators.run_stats, computed from its
-                              metrics.jsonl, plus the simulator's own summary) and their mean over seeds
-    out/figures/*.png         plots (by ``stare-lab analyze`` if available, else :func:`fallback_plots`)
+    out/<method>/seed<k>/          one run directory per (method, seed) (stare_lab.runs format)
+    out/<method>/<label>/seed<k>/  with ``--sweep`` grids: one per (method, grid point, seed), label ``W=1.2,lr=1``
+                                   (:mod:`simulators.grid`; a method only sees the grid keys that change its runs)
+    out/summary.json               per group (a method, or a method at one grid point): every seed's statistics
+                                   (simulators.run_stats) and their mean over seeds; with a W grid the critical
+                                   strength (``critical.<method>``, :func:`simulators.grid.critical_summary`); the
+                                   headline and the notes (:mod:`simulators.notes`)
+    out/figures/*.png              plots (by ``stare-lab analyze`` if available, else :func:`fallback_plots`)
 
+Tabular runs go through :func:`simulators.parallel.run_many`: batched tensor computations over the machine's cores.
 Everything that can be wrong with the request (preset, method, sizes, ranges, conflicting options, overrides of
-keys the method sets, output directory) is checked by :func:`plan_sweep` before anything is created, so a bad
-request leaves nothing behind.
+keys the method sets, grid keys, output directory) is checked by :func:`plan_sweep` before anything is created, so
+a bad request leaves nothing behind.
 
 A sweep covers exactly its planned runs: ``summary.json``, the table and the plots (``stare-lab analyze`` is given
 the planned run directories, not ``out``) never include other runs found under ``out``. With ``overwrite``, run
@@ -35,6 +40,7 @@ from typing import Any, Callable
 from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
 
+from .grid import critical_summary, method_points, parse_grid, point_label
 from .presets import METHODS, get_preset, method_overrides
 from .run_stats import STAT_KEYS, run_stats
 from .tabular_config import resolve_target_entropy
@@ -42,14 +48,15 @@ from .tabular_config import resolve_target_entropy
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "SweepPlan", "plan_sweep", "run_sweep", "format_table", "stare_note", "fallback_plots", "check_writable_dir",
-    "stale_runs", "method_set_keys", "plan_notes",
+    "SweepPlan", "plan_sweep", "run_sweep", "format_table", "fallback_plots", "check_writable_dir", "stale_runs",
+    "method_set_keys", "group_label",
 ]
 
 @dataclasses.dataclass
 class SweepPlan:
-    """A validated sweep: ``configs[(method, seed)]`` are built config dataclasses, ``run_dirs`` their
-    directories; ``module`` is the simulator module (``run(config, run_dir, resume)``)."""
+    """A validated sweep: ``groups[label] = {"method", "point"}`` (a method, or a method at one grid point),
+    ``configs[(label, seed)]`` the built config dataclasses and ``run_dirs[(label, seed)]`` their directories;
+    ``grid`` the ``--sweep`` grid; ``module`` the simulator module (``run(config, run_dir, resume)``)."""
 
     preset: str
     kind: str
@@ -62,6 +69,15 @@ class SweepPlan:
     resume: bool = False
     overwrite: bool = False
     overrides: list[str] = dataclasses.field(default_factory=list)
+    grid: list[tuple[str, list[Any]]] = dataclasses.field(default_factory=list)
+    groups: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    workers: int | None = None
+
+
+def group_label(method: str, point: dict[str, Any]) -> str:
+    """``o1`` or, at a grid point, ``o1 [W=1.2]``."""
+    label = point_label(point)
+    return f"{method} [{label}]" if label else method
 
 
 def _simulator_module(kind: str):
@@ -128,6 +144,8 @@ def plan_sweep(
     steps: int | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    sweep: list[str] = (),
+    workers: int | None = None,
 ) -> SweepPlan:
     """Validate a sweep request and build every run's config; creates nothing on disk.
 
@@ -141,13 +159,15 @@ def plan_sweep(
         resume: continue existing runs from their checkpoints.
         overwrite: replace existing runs (and remove the previous sweep's runs the new plan drops, see
             :func:`stale_runs`); not together with ``resume``.
+        sweep: grid items ``KEY=V1,V2,…`` (:func:`simulators.grid.parse_grid`); the runs cover their product.
+        workers: processes for tabular runs (None: all cores, :func:`simulators.parallel.default_workers`).
 
     Raises:
         ConfigError: unknown preset / method / key, a value outside its range, zero or negative sizes, an empty
-            ``out``, ``resume`` with ``overwrite``, ``steps`` given twice, an override of a key that one of the
-            methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead), an explicit
-            ``loss.stare.target_entropy`` together with a (non-null) ``target_entropy_frac`` (tabular presets:
-            :func:`simulators.tabular_config.resolve_target_entropy`).
+            ``out``, ``resume`` with ``overwrite``, ``steps`` given twice, an override or grid key that one of the
+            methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead), a key both
+            overridden and swept, an explicit ``loss.stare.target_entropy`` together with a (non-null)
+            ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular_config.resolve_target_entropy`).
         RunError: the output directory is not writable, or already holds runs (without resume / overwrite).
     """
     from .presets import DEFAULT_METHODS
@@ -164,6 +184,8 @@ def plan_sweep(
         raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ConfigError(f"steps={steps!r} must be an integer >= 1")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"workers={workers!r} must be an integer >= 1")
     methods = list(methods) if methods else list(spec.get("methods") or DEFAULT_METHODS)
     for m in methods:
         if m not in METHODS:
@@ -171,35 +193,47 @@ def plan_sweep(
     if len(set(methods)) != len(methods):
         raise ConfigError(f"methods {','.join(methods)} lists a method twice")
     overrides = [_normalise_override(o) for o in overrides]
-    for item in overrides:
+    grid = parse_grid(list(sweep))
+    grid_keys = {k for k, _ in grid}
+    for item in overrides + [f"{k}=" for k in grid_keys]:
         key = item.split("=", 1)[0].strip()
+        what = f"--sweep {key}" if item.endswith("=") and key in grid_keys else f"override {item!r}"
         if key in ("method", "seed"):
-            raise ConfigError(f"override {item!r}: set {key} with --methods / --seeds")
+            raise ConfigError(f"{what}: set {key} with --methods / --seeds")
         if key == "steps" and steps is not None:
-            raise ConfigError(f"override {item!r} and --steps {steps} both set steps: give one of them")
+            raise ConfigError(f"{what} and --steps {steps} both set steps: give one of them")
         setters = [m for m in methods if key in method_set_keys(m)]
         if setters:
             raise ConfigError(
-                f"override {item!r}: {key} is set by method {setters[0]!r}; choose the method with --methods "
+                f"{what}: {key} is set by method {setters[0]!r}; choose the method with --methods "
                 f"(one of {{{', '.join(METHODS)}}}) instead"
             )
+    both = grid_keys & {o.split("=", 1)[0].strip() for o in overrides}
+    if both:
+        raise ConfigError(f"{sorted(both)[0]} is both overridden and swept: give it once")
     module, cls = _simulator_module(kind)
-    user_keys = {item.split("=", 1)[0].strip() for item in overrides}
-    explicit = ("loss.stare.target_entropy" in user_keys, "target_entropy_frac" in user_keys)
-    configs, run_dirs = {}, {}
+    user_keys = {item.split("=", 1)[0].strip() for item in overrides} | grid_keys
+    explicit = ("loss.stare.target_entropy" in user_keys, "target_entropy_rel" in user_keys)
+    configs, run_dirs, groups = {}, {}, {}
     out = Path(out)
     for method in methods:
-        for seed in range(seeds):
-            data = copy.deepcopy(spec["overrides"])
-            data = apply_overrides(data, overrides)
-            if kind == "tabular":  # an explicit target switches the preset's fraction off
-                resolve_target_entropy(data, *explicit)
-            data["method"] = method
-            data["seed"] = seed
-            if steps is not None:
-                data["steps"] = steps
-            configs[(method, seed)] = from_dict(cls, data)
-            run_dirs[(method, seed)] = out / method / f"seed{seed}"
+        is_stare = method_overrides(method)["loss"]["loss_mode"] == "stare"
+        for point in method_points(grid, is_stare):
+            label = group_label(method, point)
+            groups[label] = {"method": method, "point": point}
+            point_items = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in point.items()]
+            for seed in range(seeds):
+                data = copy.deepcopy(spec["overrides"])
+                data = apply_overrides(data, overrides + point_items)
+                if kind == "tabular":  # an explicit target switches the preset's relative one off
+                    resolve_target_entropy(data, *explicit)
+                data["method"] = method
+                data["seed"] = seed
+                if steps is not None:
+                    data["steps"] = steps
+                configs[(label, seed)] = from_dict(cls, data)
+                sub = point_label(point)
+                run_dirs[(label, seed)] = out / method / sub / f"seed{seed}" if sub else out / method / f"seed{seed}"
     check_writable_dir(out)
     if not resume and not overwrite:
         taken = [d for d in run_dirs.values() if (d / "metrics.jsonl").exists()]
@@ -212,13 +246,14 @@ def plan_sweep(
         for key, run_dir in run_dirs.items():
             _check_resumable(run_dir, configs[key])
     return SweepPlan(
-        preset, kind, out, methods, list(range(seeds)), configs, run_dirs, module, resume, overwrite, list(overrides)
+        preset, kind, out, methods, list(range(seeds)), configs, run_dirs, module, resume, overwrite,
+        list(overrides), grid, groups, workers,
     )
 
 
 def _check_resumable(run_dir: Path, config: Any) -> None:
     """Before anything runs: a tabular run to resume must have been written with the same config (except
-    ``steps`` / ``checkpoint_every``, and a target entropy resolved from ``target_entropy_frac``).
+    ``steps`` / ``checkpoint_every``, and a target entropy resolved from ``target_entropy_rel``).
 
     Raises:
         RunError: naming the first differing key.
@@ -233,7 +268,7 @@ def _check_resumable(run_dir: Path, config: Any) -> None:
     except yaml.YAMLError as err:
         raise RunError(f"cannot resume {str(run_dir)!r}: config.yaml is not valid YAML ({err})") from None
     current = to_dict(config)
-    if current.get("target_entropy_frac") is not None:
+    if current.get("target_entropy_rel") is not None:
         current["loss"]["stare"].pop("target_entropy", None)
         saved.get("loss", {}).get("stare", {}).pop("target_entropy", None)
 
@@ -258,6 +293,14 @@ def _mean(values: list[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _previous_run_dirs(previous: dict[str, Any]) -> list[str]:
+    """Relative run directories a previous ``summary.json`` lists (``run_dirs`` of each group; older summaries:
+    the ``method/seed<k>`` names of ``config``)."""
+    rels = [rel for entry in (previous.get("methods") or {}).values() if isinstance(entry, dict)
+            for rel in (entry.get("run_dirs") or {}).values()]
+    return rels or list((previous.get("config") or {}).keys())
+
+
 def stale_runs(plan: SweepPlan) -> list[Path]:
     """Run directories under ``plan.out`` that the previous sweep there wrote (listed in its ``summary.json``, with
     a ``config.yaml`` whose ``source`` is ``simulator``) and that ``plan`` does not include. :func:`run_sweep`
@@ -268,17 +311,16 @@ def stale_runs(plan: SweepPlan) -> list[Path]:
     if not path.is_file():
         return []
     try:
-        previous = json.loads(path.read_text())
-        names = list((previous.get("config") or {}).keys())
+        names = _previous_run_dirs(json.loads(path.read_text()))
     except (OSError, ValueError, AttributeError):
         return []
     planned = {d.resolve() for d in plan.run_dirs.values()}
     stale = []
     for name in names:
         parts = str(name).split("/")
-        if len(parts) != 2 or not parts[1].startswith("seed") or any(x in ("", ".", "..") for x in parts):
+        if len(parts) not in (2, 3) or not parts[-1].startswith("seed") or any(x in ("", ".", "..") for x in parts):
             continue
-        run_dir = plan.out / parts[0] / parts[1]
+        run_dir = plan.out.joinpath(*parts)
         if run_dir.resolve() in planned or not (run_dir / "config.yaml").is_file():
             continue
         try:
@@ -291,51 +333,55 @@ def stale_runs(plan: SweepPlan) -> list[Path]:
 
 
 def _remove_run(run_dir: Path) -> None:
-    """Remove the files a simulator run wrote in ``run_dir``, then ``run_dir`` and its method folder if empty."""
+    """Remove the files a simulator run wrote in ``run_dir``, then ``run_dir`` and its empty parents up to the
+    method folder."""
     _clear_run(run_dir)
-    for d in (run_dir, run_dir.parent):
+    for d in (run_dir, run_dir.parent, run_dir.parent.parent):
         try:
             d.rmdir()
-        except OSError:  # not empty (foreign files) or already gone: leave it
+        except OSError:  # not empty (foreign files, other runs) or already gone: stop
             break
 
 
 def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Run every (method, seed) of ``plan`` in order (one process), write ``out/summary.json`` and return it.
+    """Run every planned run, write ``out/summary.json`` and return it. Tabular runs are batched and spread over
+    ``plan.workers`` processes (:func:`simulators.parallel.run_many`); transformer runs go one after the other.
 
-    ``progress(n)`` is called as steps (tabular) or whole runs (other kinds, counted as their ``steps``) finish.
+    ``progress(n)`` is called as run-steps (tabular) or whole runs (other kinds, counted as their ``steps``) finish.
     With ``plan.overwrite`` the previous sweep's runs that the plan drops are removed first (:func:`stale_runs`).
-    If a run fails, the error propagates; folders this call created and left empty (``out``, ``out/<method>``) are
-    removed (a tabular run removes its own directory when it failed before completing a step).
+    If a run fails, the error propagates (the other tabular runs finish first); folders this call created and left
+    empty are removed (a tabular run removes its own directory when it failed before completing a step).
 
     Raises:
         RunError: from a run (e.g. diverged to non-finite logits), or ``out`` cannot be written.
     """
-    created = [d for d in [plan.out, *{d.parent for d in plan.run_dirs.values()}] if not d.exists()]
+    dirs = list(plan.run_dirs.values())
+    parents = {d.parent for d in dirs} | {d.parent.parent for d in dirs if d.parent.parent != plan.out.parent}
+    created = [d for d in [plan.out, *parents] if not d.exists()]
     plan.out.mkdir(parents=True, exist_ok=True)
     if plan.overwrite:
         for run_dir in stale_runs(plan):
             logger.info("--overwrite: removing %s (a run of the previous sweep that this one drops)", run_dir)
             _remove_run(run_dir)
-    per_method: dict[str, Any] = {}
+        for run_dir in dirs:
+            if (run_dir / "metrics.jsonl").exists():
+                _clear_run(run_dir)
+    keys = list(plan.configs)
     try:
-        for method in plan.methods:
-            runs = {}
-            for seed in plan.seeds:
-                config, run_dir = plan.configs[(method, seed)], plan.run_dirs[(method, seed)]
-                if plan.overwrite and (run_dir / "metrics.jsonl").exists():
-                    _clear_run(run_dir)
-                if plan.kind == "tabular":
-                    summary = plan.module.run(config, run_dir, resume=plan.resume, progress=progress)
-                else:
-                    summary = plan.module.run(config, run_dir, resume=plan.resume)
-                    if progress is not None:
-                        progress(int(getattr(config, "steps", 1)))
-                runs[f"seed{seed}"] = {**_stats_of(run_dir, config), "run_summary": summary}
-            collapsed = [r.get("steps_to_collapse") for r in runs.values()]
-            mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
-            mean["collapsed_runs"] = sum(c is not None for c in collapsed)
-            per_method[method] = {"runs": runs, "mean": mean}
+        if plan.kind == "tabular":
+            from .parallel import run_many
+
+            summaries = run_many([plan.configs[k] for k in keys], [plan.run_dirs[k] for k in keys],
+                                 resume=plan.resume, progress=progress, workers=plan.workers)
+            stats = {k: {x: s.get(x) for x in STAT_KEYS} for k, s in zip(keys, summaries)}
+        else:
+            stats = {}
+            for k in keys:
+                config = plan.configs[k]
+                summary = plan.module.run(config, plan.run_dirs[k], resume=plan.resume)
+                if progress is not None:
+                    progress(int(getattr(config, "steps", 1)))
+                stats[k] = {**_stats_of(plan.run_dirs[k], config), "run_summary": summary}
     except BaseException:
         for d in sorted(created, key=lambda p: len(p.parts), reverse=True):  # deepest first
             try:
@@ -343,17 +389,65 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
             except OSError:  # not empty: it holds finished runs
                 pass
         raise
+    per_group: dict[str, Any] = {}
+    for label, g in plan.groups.items():
+        runs = {f"seed{s}": stats[(label, s)] for s in plan.seeds}
+        mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
+        mean["collapsed_runs"] = sum(r.get("steps_to_collapse") is not None for r in runs.values())
+        band = getattr(plan.configs[(label, plan.seeds[0])], "band", 0.05)
+        mean["held_runs"] = sum(
+            isinstance(r.get("mean_abs_dev_second_half"), (int, float)) and r["mean_abs_dev_second_half"] < band
+            for r in runs.values()
+        )
+        per_group[label] = {
+            "method": g["method"], "point": g["point"], "runs": runs, "mean": mean,
+            "run_dirs": {f"seed{s}": plan.run_dirs[(label, s)].relative_to(plan.out).as_posix() for s in plan.seeds},
+        }
     summary = {
         "preset": plan.preset,
         "kind": plan.kind,
-        "methods": per_method,
+        "methods": per_group,
         "seeds": plan.seeds,
-        "config": {f"{m}/seed{s}": to_dict(c) for (m, s), c in plan.configs.items()},
+        "band": getattr(plan.configs[keys[0]], "band", 0.05),
+        "config": {f"{label}/seed{s}": to_dict(c) for (label, s), c in plan.configs.items()},
     }
+    if plan.grid:
+        summary["sweep"] = {"grid": [[k, v] for k, v in plan.grid]}
+        crit_groups = {label: {**e, "is_stare": _is_stare(summary, label)} for label, e in per_group.items()}
+        critical = critical_summary(crit_groups, plan.grid, summary["band"], _base_point(plan))
+        if critical:
+            summary["critical"] = critical
+    from .notes import headline, sweep_notes
+
+    summary["notes"] = sweep_notes(summary)
+    summary["headline"] = headline(summary)
     tmp = plan.out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, plan.out / "summary.json")
     return summary
+
+
+def _base_point(plan: SweepPlan) -> dict[str, Any]:
+    """The preset's own value (with the user's overrides) of each grid key: the dotted key in the preset's
+    overrides, else the config dataclass default."""
+    data = apply_overrides(copy.deepcopy(get_preset(plan.preset)["overrides"]), plan.overrides)
+    _, cls = _simulator_module(plan.kind)
+    default = to_dict(cls())
+    out = {}
+    for key, _ in plan.grid:
+        node, ref = data, default
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+            ref = ref.get(part) if isinstance(ref, dict) else None
+        out[key] = node if node is not None else ref
+    return out
+
+
+def _is_stare(summary: dict[str, Any], label: str) -> bool:
+    """Whether the group's runs use the STARE loss (from the first seed's config)."""
+    seed0 = (summary.get("seeds") or [0])[0]
+    cfg = (summary.get("config") or {}).get(f"{label}/seed{seed0}") or {}
+    return (cfg.get("loss") or {}).get("loss_mode") == "stare"
 
 
 def _stats_of(run_dir: Path, config: Any) -> dict[str, Any]:
@@ -382,21 +476,27 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    """The end-of-sweep table: per method (mean over seeds) initial / final entropy (nats), steps to collapse
-    (mean over the seeds that collapsed, and how many did), final reward, time in band around H_tgt, and the R²
-    of measured on predicted one-step ΔH."""
+    """The end-of-sweep table: per group (mean over seeds) initial / final entropy (nats), H_tgt, steps to
+    collapse (mean over the seeds that collapsed, and how many did), final reward, time in band, the mean
+    |H − H_tgt| over the second half and how many seeds held the band (it < band), the push ratio (STARE's measured
+    one-step effect over its first-order size) and the R² of measured on predicted one-step ΔH."""
     n_seeds = len(summary["seeds"])
-    head = f"{'method':<15}{'H0':>7}{'H_end':>8}{'H_tgt':>7}{'collapse@':>13}{'reward':>8}{'in_band':>9}{'R2(dH)':>8}"
+    width = max([15] + [len(k) + 2 for k in summary["methods"]])
+    head = (f"{'method':<{width}}{'H0':>7}{'H_end':>8}{'H_tgt':>7}{'collapse@':>13}{'reward':>8}{'in_band':>9}"
+            f"{'|H-Ht|':>8}{'held':>6}{'push':>7}{'R2(dH)':>8}")
     lines = [head, "-" * len(head)]
-    for method, entry in summary["methods"].items():
+    for label, entry in summary["methods"].items():
         m = entry["mean"]
         collapse = (
             f"{m['steps_to_collapse']:.0f} ({m['collapsed_runs']}/{n_seeds})" if m["steps_to_collapse"] is not None
             else f"- (0/{n_seeds})"
         )
+        held = f"{m.get('held_runs', 0)}/{n_seeds}" if m.get("mean_abs_dev_second_half") is not None else "-"
         lines.append(
-            f"{method:<15}{_fmt(m['initial_entropy']):>7}{_fmt(m['final_entropy']):>8}{_fmt(m['target_entropy']):>7}"
-            f"{collapse:>13}{_fmt(m['final_reward']):>8}{_fmt(m['time_in_band'], '.0%'):>9}{_fmt(m['pred_r2']):>8}"
+            f"{label:<{width}}{_fmt(m['initial_entropy']):>7}{_fmt(m['final_entropy']):>8}"
+            f"{_fmt(m['target_entropy']):>7}{collapse:>13}{_fmt(m['final_reward']):>8}"
+            f"{_fmt(m['time_in_band'], '.0%'):>9}{_fmt(m['mean_abs_dev_second_half']):>8}{held:>6}"
+            f"{_fmt(m.get('push_ratio'), '.2f'):>7}{_fmt(m['pred_r2']):>8}"
         )
     lines.append(TABLE_LEGEND)
     return "\n".join(lines)
@@ -405,100 +505,11 @@ def format_table(summary: dict[str, Any]) -> str:
 #: Printed under the end-of-sweep table (definitions in :func:`simulators.run_stats.run_stats`).
 TABLE_LEGEND = (
     "H0 / H_end: entropy (nats) at the first / last step; collapse@: first step with H < 10 % of H0 (seeds that "
-    "collapsed / all); in_band: share of steps with |H - H_tgt| <= 0.05 nats; R2(dH): R^2 of the measured on the "
-    "predicted one-step entropy change"
+    "collapsed / all); in_band: share of steps with |H - H_tgt| <= 0.05 nats; |H-Ht|: mean |H - H_tgt| over the "
+    "second half; held: seeds with |H-Ht| < 0.05 (the band held); push: STARE's measured one-step effect / its "
+    "first-order size (median; below 0.8 the step size is outside the theory's regime; for runs whose gate never "
+    "opened a probe that is not applied); R2(dH): R^2 of the measured on the predicted one-step entropy change"
 )
-
-
-def stare_note(summary: dict[str, Any], rel_tol: float = 0.1) -> str | None:
-    """A one-line note for the end of the table when STARE methods of the sweep (``loss.loss_mode='stare'``) ended
-    within ``rel_tol`` × max(GRPO's final entropy, H_tgt) of GRPO's final entropy (means over seeds, nats), else
-    ``None`` (also when there is no ``grpo`` row or its final entropy is not > 0). The H_tgt term keeps the test
-    meaningful once GRPO has collapsed far below the target (a 0.08 vs 0.095 nats difference is no real difference
-    when the target is 0.96 nats).
-
-    docs/theory.md §6: at the paper's defaults (W = 1.1, M = 0.9) the push may be too weak for a given noise level, and
-    the toolkit must say so rather than tune it away. If those methods never opened the gate (entropy stayed above
-    H_tgt), the note says that instead (raise the target or run longer), and if their gate was switched off
-    (``stare.gate=never``: the STARE weights are never applied) it says that.
-    """
-    methods = summary.get("methods") or {}
-    h_grpo = ((methods.get("grpo") or {}).get("mean") or {}).get("final_entropy")
-    if h_grpo is None or not h_grpo > 0:
-        return None
-    seed0 = (summary.get("seeds") or [0])[0]
-    h_tgt = methods["grpo"]["mean"].get("target_entropy")
-    tol = rel_tol * max(h_grpo, h_tgt if h_tgt is not None else 0.0)
-    close = []
-    for method, entry in methods.items():
-        loss = (summary.get("config") or {}).get(f"{method}/seed{seed0}", {}).get("loss") or {}
-        h = entry["mean"].get("final_entropy")
-        if loss.get("loss_mode") == "stare" and h is not None and abs(h - h_grpo) <= tol:
-            close.append((method, loss.get("stare") or {}, entry["mean"].get("gate_on_frac")))
-    if not close:
-        return None
-    names = "/".join(m.upper() for m, _, _ in close)
-    if all(not gate for _, _, gate in close):
-        off = "/".join(m.upper() for m, st, _ in close if st.get("gate") == "never")
-        shut = "/".join(m.upper() for m, st, _ in close if st.get("gate") != "never")
-        parts = []
-        if off:
-            parts.append(
-                f"{off} ended like GRPO because the gate is disabled (stare.gate=never: the STARE weights are never "
-                "applied); use stare.gate=entropy (the paper's gate) to see STARE act"
-            )
-        if shut:
-            parts.append(
-                f"{shut} ended like GRPO because the gate never opened (entropy stayed above H_tgt); raise "
-                "target_entropy_frac (or stare.target_entropy) or run more steps to see STARE act"
-            )
-        return "note: " + "; ".join(parts)
-    pushes = sorted({(st.get("reweight_w"), st.get("reweight_m")) for _, st, _ in close}, key=str)
-    push = "; ".join(f"W={_fmt(w, 'g')}, M={_fmt(m, 'g')}" for w, m in pushes)
-    tip = "stronger stare.reweight_w / stare.reweight_m"
-    if not any(bool(st.get("adaptive")) for _, st, _ in close):
-        tip += " or o1-adaptive"
-    return (
-        f"note: at these settings {names} barely {'differ' if len(close) > 1 else 'differs'} from GRPO (final "
-        f"entropy within {_fmt(tol, '.2g')} nats: the push "
-        f"{push} is too weak for this noise level and step size — docs/theory.md §6); try {tip}"
-    )
-
-
-def plan_notes(plan: SweepPlan) -> list[str]:
-    """One-line notes about the request itself (not its results), printed with the other notes:
-
-    * ``kl_cov`` with one on-policy update per rollout batch (tabular: always; transformer: ``updates_per_batch``
-      = 1): ρ ≡ 1, so log ρ = 0 and the gradient of its penalty β·|log ρ| is 0 — it equals GRPO.
-    * ``loss.stare.*`` overrides when no method of the sweep uses the STARE loss: they change no update.
-    """
-    notes = []
-    single = [
-        m for m in plan.methods
-        if plan.configs[(m, plan.seeds[0])].loss.loss_mode == "kl_cov"
-        and int(getattr(plan.configs[(m, plan.seeds[0])], "updates_per_batch", 1)) == 1
-    ]
-    for m in single:
-        how = (
-            ", which the tabular simulator never takes (transformer presets: updates_per_batch=N, N > 1)"
-            if plan.kind == "tabular" else " (updates_per_batch=N, N > 1)"
-        )
-        notes.append(
-            f"note: {m} ran with one on-policy update per rollout batch: the policy ratio rho is 1, so log rho = 0, "
-            f"the gradient of its penalty beta*|log rho| is 0 and {m} equals GRPO; it acts only with several "
-            f"updates per batch{how}"
-        )
-    stare_items = [o for o in plan.overrides if o.split("=", 1)[0].strip().startswith("loss.stare.")]
-    if stare_items and not any(c.loss.loss_mode == "stare" for c in plan.configs.values()):
-        stare_methods = [m for m, spec in METHODS.items() if spec["loss"].get("loss_mode") == "stare"]
-        shown = " ".join(o[len("loss."):] if o.startswith("loss.stare.") else o for o in stare_items)
-        tgt = any(o.split("=", 1)[0].strip() == "loss.stare.target_entropy" for o in stare_items)
-        notes.append(
-            f"note: {shown} change{'s' if len(stare_items) == 1 else ''} no update: none of the methods run "
-            f"({','.join(plan.methods)}) uses the STARE loss; add one of {','.join(stare_methods)} to --methods"
-            + (" (stare.target_entropy still sets the table's H_tgt / in_band reference)" if tgt else "")
-        )
-    return notes
 
 
 def fallback_plots(out: Path, summary: dict[str, Any]) -> list[Path]:
@@ -517,9 +528,8 @@ def fallback_plots(out: Path, summary: dict[str, Any]) -> list[Path]:
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     data = {}
-    for method in summary["methods"]:
-        runs = [read_run(out / method / f"seed{s}").metrics for s in summary["seeds"]]
-        data[method] = runs
+    for label, entry in summary["methods"].items():
+        data[label] = [read_run(out / rel).metrics for rel in entry["run_dirs"].values()]
     written = []
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for method, runs in data.items():

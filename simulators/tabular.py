@@ -1,45 +1,58 @@
-"""Tabular softmax-policy simulator of GRPO / STARE entropy dynamics (docs/theory.md §2, §4, §6).
+"""Tabular softmax-policy simulator of GRPO / STARE entropy dynamics (docs/theory.md §2, §4, §6, §7), batched over runs.
 
 The policy is a table of free logits ``z[S, L, V]``: S prompts, L positions per response, V tokens; the token at
 position l of a response to prompt p is drawn from softmax(z[p, l] / τ) independently of the other positions
 (a *factored* sequence policy; ``task="bandit"`` is L = 1). Rewards come from a verifiable rule — each
-(prompt, position) has ``num_correct`` correct tokens and a response earns 1 iff at least ``threshold`` of its
-positions are correct — or are ``random`` (Bernoulli(p), independent of the tokens: the near-criticality case).
+(prompt, position) has a set of correct tokens and a response earns 1 iff at least ``threshold`` of its positions
+are correct — or are ``random`` (Bernoulli(p), independent of the tokens: the near-criticality case).
 
-Two modes:
+**Batched runs.** Every function here works on a :class:`TabularBatch` of R runs (methods × seeds × grid points of
+a sweep) stacked into one ``[R, S, L, V]`` tensor and advanced together, one step at a time; each run keeps its own
+rollout generator, STARE controller, learning rate, W/M and target, so a run's numbers do not depend on which other
+runs share its batch (tested: batched == one run at a time, bit for bit). :func:`run` is one run, :func:`run_batch`
+several that share the shapes of :func:`batch_key`.
 
-* ``sampled``: each step draws G responses per prompt, computes rewards, group advantages
-  (``stare_lab.advantages``), optional dynamic sampling, the STARE gate/weights (``stare_lab.stare``) and the loss
-  (``stare_lab.losses.compute_policy_loss``, the same code path as the trainer), backpropagates to the logits and
-  takes one plain SGD step. **Learning-rate scaling**: the loss is a token-mean over the n·G·L tokens of the batch
-  (n groups), so ∂loss/∂z[p, l] carries a factor 1/(n·G·L). The update is ``z ← z − lr · (n·L) · ∂loss/∂z``, which
-  for GRPO at ρ = 1 is exactly docs/theory.md §2's group update Δz = (lr/G) Σ_i Â_i ω_i (e_{a_i} − π) at every state:
-  ``lr`` means the same for every S, G and L.
-* ``expected`` (:mod:`simulators.tabular_expected`): the mean-field limit G → ∞ of the same objective. Â → (r − p̄_p)/σ_p per prompt (p̄_p = P(r = 1),
-  σ_p = sqrt(p̄_p(1 − p̄_p)), the G → ∞ limit of the unbiased group std), and the expected update at state (p, l) is
-  Δz_k = (lr/τ) · π_k (B_k − Σ_j π_j B_j), B_k = E[ω Â | a_l = k] (Cui et al.'s expected PG; for GRPO B_k = A_k and
-  the first-order entropy change is the covariance law −lr·Cov_π(log π, π A), docs/theory.md §2). The conditional
-  reward law is exact (Poisson-binomial over the other positions). STARE's top-P selection becomes a threshold on
-  surprisal: the fraction P of the probability mass of T+ (T−) with the highest surprisal gets W (M); the boundary
-  token gets the fractional weight. Approximations, documented: finite-G effects (the sample std, all-equal groups
-  with Â = 0, the max(1, ·) in k = max(1, ⌈P·|T±|⌉)) are dropped. Random rewards give B ≡ 0 for GRPO: the
-  mean-field update is exactly zero (the near-criticality point), so collapse under random rewards is a pure
-  sampling-noise effect that only ``sampled`` mode shows. ``expected`` supports the methods grpo, grpo-ds (≡ grpo in
-  the limit: no group has zero variance), o1, c2, o1-adaptive and entropy_bonus.
+Two modes (one step each: :mod:`simulators.tabular_sampled`, :mod:`simulators.tabular_expected`):
 
-Every step logs (besides ``stare_lab.runs.REQUIRED_KEYS``): ``entropy`` = mean entropy over all S·L states before
-the update (for the batch of a step without dynamic sampling this is exactly the batch token-mean entropy, since
-every response visits every position of its prompt); ``entropy_change`` = the same mean after minus before;
-``pred_entropy_change`` = ``stare_lab.entropy.predicted_entropy_change(z, Δz)`` averaged the same way (the exact
-first order of this step's Δz); ``pred/phi_tokens`` = Σ over sampled tokens of c·Φ(a) / (S·L), where c is the
-token's coefficient in Δz = Σ c (e_a − π) (excludes the entropy-bonus term); quadrant counts and summed ΔH
-contributions (Â sign × surprisal above/below ``critical_surprisal``); the STARE selected fractions; ``accuracy``
-and ``pass@G`` (the verifiable rule without noise: task success, also under random rewards); ``reward`` (mean
-reward of the step's first sampling round over all prompts); ``time/*`` timings. Checkpoints (logits, RNG state, controller state, step) make ``resume`` bit-exact.
+* ``sampled``: each step draws G responses per prompt, rewards, group advantages (``stare_lab.advantages``),
+  optional dynamic sampling, the STARE gate (``stare_lab.stare.STAREController``) and selection
+  (``stare_lab.stare.stare_token_weights``), and one plain SGD step on the logits. **Learning-rate scaling**: the
+  update at every state is docs/theory.md §2's group update Δz = (lr/G) Σ_i Â_i ω_i (e_{a_i} − π)/τ, i.e.
+  ``z ← z − lr·(n·L)·∂loss/∂z`` for the token-mean loss over the n·G·L tokens of n groups: ``lr`` means the same
+  for every S, G and L. For ``grpo``/``o1``/``c2``/``o1-adaptive`` (token-mean, no entropy/KL term) the update is
+  that closed form; every other method calls the core's ``compute_policy_loss`` and chains its gradient with
+  respect to the sampled log-probs through ∂log π_a/∂z = (e_a − π)/τ. Both are the gradient of the core loss
+  (tested against autograd through ``compute_policy_loss`` and ``logprobs_from_logits``).
+* ``expected``: the mean-field limit G → ∞ of the same objective (see :mod:`simulators.tabular_expected`).
+
+Every step logs, per run (besides ``stare_lab.runs.REQUIRED_KEYS``): ``entropy`` = mean entropy over all S·L states
+before the update (without dynamic sampling exactly the batch token-mean entropy, since every response visits every
+position); ``entropy_change`` = the same mean after minus before; ``pred_entropy_change`` = the exact first order
+⟨∂H/∂z, Δz⟩ of this step's Δz averaged the same way (∂H/∂z by autograd through ``stare_lab.entropy``; equal to
+``stare_lab.entropy.predicted_entropy_change``); quadrant counts and summed first-order ΔH contributions (Â sign ×
+surprisal above/below the critical surprisal s*, docs/theory.md §2); ``accuracy`` and ``pass@G`` (the verifiable rule
+without noise); ``reward`` (mean reward of the step's first sampling round); ``time/*``; and the decomposition of
+docs/theory.md §7 (nats, same averaging):
+
+* ``pred/d_grpo``: first-order entropy change of this step's update with ω ≡ 1 (the GRPO update of the same
+  rollouts); ``pred/d_lplus`` / ``pred/d_lminus``: the parts of it carried by the tokens STARE selects as L+ / L−
+  (the top-P surprisal tokens of Â > 0 / Â < 0, selected on every step whatever the gate, so GRPO runs log them
+  too). With the gate on, the step's first order is D_GRPO + (W − 1)·D_L+ (+ (M − 1)·D_L− for C2).
+* ``stare/push_first_order`` = (W − 1)·D_L+ + (M − 1)·D_L− at the run's current W and M (M = 1 for O1 and non-STARE
+  runs, whose W is ``loss.stare.reweight_w``); ``stare/push_measured`` = H(z + Δz_GRPO + push) − H(z + Δz_GRPO), the
+  measured one-step effect of that push on the same rollouts (for a STARE run with the gate on: its actual push;
+  otherwise a probe that is not applied); ``stare/push_ratio`` = measured / first order (null when the first order
+  is 0). A ratio well below 1 means the step size is outside the first-order regime (docs/theory.md §7).
+* ``stare/grpo_measured``: the measured one-step entropy change of the ω ≡ 1 update of the same rollouts (first and
+  higher orders: its difference from ``pred/d_grpo`` is the second-order, in sampled mode noise-driven, drift).
+* under dynamic sampling ``stare/gate_entropy``: the token-mean entropy of the kept batch that the gate saw.
+
+Checkpoints (logits, correct sets, RNG state, controller state, step) make ``resume`` bit-exact.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -53,16 +66,19 @@ from stare_lab.config import from_dict, to_dict
 from stare_lab.errors import RunError
 from stare_lab.runs import RunWriter
 
-from .run_stats import run_stats
+from .run_stats import REGIME_RATIO, run_stats
 from .tabular_config import EXPECTED_METHODS, TabularSimConfig, resolve_target_entropy
+from .tabular_tasks import init_tables, reward_optimal_entropy
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "TabularSimConfig", "EXPECTED_METHODS", "TabularState", "run", "init_state", "sampled_step", "config_from_overrides",
+    "TabularSimConfig", "EXPECTED_METHODS", "TabularState", "TabularBatch", "init_state", "stack_states",
+    "batch_key", "run", "run_batch", "config_from_overrides", "target_warning", "mean_entropy", "check_update",
 ]
 
 CHECKPOINT_FILE = "state.pt"
+_WARNED: set[str] = set()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -72,7 +88,7 @@ CHECKPOINT_FILE = "state.pt"
 
 @dataclasses.dataclass
 class TabularState:
-    """The mutable state of a run: logits ``z [S, L, V]`` float64, ``correct [S, L, V]`` bool, the sampling
+    """The mutable state of one run: logits ``z [S, L, V]`` float64, ``correct [S, L, V]`` bool, the rollout
     ``generator``, the STARE ``controller`` (None for non-STARE methods) and the next ``step``."""
 
     logits: torch.Tensor
@@ -83,28 +99,47 @@ class TabularState:
 
 
 def init_state(config: TabularSimConfig) -> TabularState:
-    """Initial state of a run: logits z ~ N(0, init_spread²) and the correct sets (K random tokens per state),
-    both drawn from a ``torch.Generator`` seeded with ``init_seed`` (default ``seed``; same seed → same start for
-    every method); the rollout generator is seeded with 2**32 + ``seed``.
+    """Initial state of a run: logits and correct sets from :func:`simulators.tabular_tasks.init_tables` (seeded
+    with ``init_seed``, default ``seed``: same seed → same start for every method); the rollout generator is seeded
+    with 2**32 + ``seed``.
 
-    If ``config.target_entropy_frac`` is set, this resolves H_tgt = frac × initial mean entropy into
-    ``config.loss.stare.target_entropy`` (mutating ``config``; :func:`run` passes a copy) before building the STARE
-    controller, so the resolved target is what ``config.yaml`` records.
+    If ``config.target_entropy_rel`` is set, this resolves H_tgt = rel × the reward-optimal entropy of the task
+    (:func:`simulators.tabular_tasks.reward_optimal_entropy`) into ``config.loss.stare.target_entropy`` (mutating
+    ``config``; :func:`run` passes a copy) before building the STARE controller, so the resolved target is what
+    ``config.yaml`` records.
     """
-    S, L, V = config.num_prompts, config.seq_len, config.vocab_size
     g_init = torch.Generator().manual_seed(config.seed if config.init_seed is None else config.init_seed)
-    logits = config.init_spread * torch.randn(S, L, V, generator=g_init, dtype=torch.float64)
-    ranks = torch.rand(S, L, V, generator=g_init).argsort(dim=-1).argsort(dim=-1)
-    correct = ranks < config.num_correct
+    logits, correct = init_tables(config, g_init)
     g = torch.Generator().manual_seed(2**32 + config.seed)
-    if config.target_entropy_frac is not None:
-        config.loss.stare.target_entropy = config.target_entropy_frac * mean_entropy(logits, config.temperature)
-    controller = None
-    if config.is_stare:
-        from stare_lab.stare import STAREController
+    if config.target_entropy_rel is not None:
+        config.loss.stare.target_entropy = config.target_entropy_rel * reward_optimal_entropy(config, correct)
+    return TabularState(logits=logits, correct=correct, generator=g, controller=_controller(config))
 
-        controller = STAREController(config.loss.stare)
-    return TabularState(logits=logits, correct=correct, generator=g, controller=controller)
+
+def _controller(config: TabularSimConfig):
+    if not config.is_stare:
+        return None
+    from stare_lab.stare import STAREController
+
+    return STAREController(config.loss.stare)
+
+
+def target_warning(config: TabularSimConfig, h_opt: float) -> str | None:
+    """A warning when the resolved target H_tgt (``loss.stare.target_entropy``) is above the reward-optimal
+    entropy ``h_opt`` (nats, :func:`simulators.tabular_tasks.reward_optimal_entropy`), else ``None``.
+
+    docs/theory.md §7: the policy uniform over the K correct tokens of a position has entropy ln K; every reward-optimal
+    policy has at most that entropy, so a band above it can only be held by keeping probability on wrong answers.
+    """
+    target = float(config.loss.stare.target_entropy)
+    if not target > h_opt + 1e-12:
+        return None
+    return (
+        f"stare.target_entropy={target:.3g} nats is above the reward-optimal entropy {h_opt:.3g} nats of this task "
+        "(the mean over positions of ln K, K = correct tokens: the policy uniform over the correct tokens): holding "
+        "entropy there means keeping probability on wrong answers, so STARE can only hold it at a lower reward; "
+        "use a target below it (e.g. target_entropy_rel=0.6)"
+    )
 
 
 def mean_entropy(logits: torch.Tensor, temperature: float) -> float:
@@ -114,240 +149,126 @@ def mean_entropy(logits: torch.Tensor, temperature: float) -> float:
     return float(entropy_from_logits(logits, temperature=temperature).double().mean())
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# rewards and sampling
-# ----------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class TabularBatch:
+    """R runs advanced together: ``configs`` (resolved, one per run), ``logits [R, S, L, V]`` float64,
+    ``correct [R, S, L, V]`` bool, one rollout ``generators[r]`` and ``controllers[r]`` (or None) per run, and the
+    common next ``step``. Per-run scalars used by the steps are cached as ``[R]`` float64 tensors: ``lr``,
+    ``reward_noise``, ``random_reward_p``, ``top_p`` (STARE's P), ``entropy_coeff``; and bool ``is_stare``,
+    ``is_c2`` (variant C2)."""
 
+    configs: list[TabularSimConfig]
+    logits: torch.Tensor
+    correct: torch.Tensor
+    generators: list[torch.Generator]
+    controllers: list[Any]
+    step: int = 0
 
-def _sample(
-    config: TabularSimConfig, state: TabularState, prompts: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Draw G responses for each prompt in ``prompts [n]`` → (tokens ``[n·G, L]`` long, rewards ``[n·G]`` float32,
-    solved ``[n·G]`` float32 = the verifiable rule's verdict without noise, i.e. task accuracy, whatever the
-    reward); responses of one prompt are contiguous (group_size layout)."""
-    G, L, V = config.group_size, config.seq_len, config.vocab_size
-    n = prompts.numel()
-    probs = torch.softmax(state.logits[prompts] / config.temperature, dim=-1)  # [n, L, V]
-    draws = torch.multinomial(probs.reshape(n * L, V), G, replacement=True, generator=state.generator)
-    tokens = draws.reshape(n, L, G).permute(0, 2, 1).reshape(n * G, L)
-    hits = state.correct[prompts].repeat_interleave(G, dim=0).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    solved = (hits.sum(-1) >= config.reward_threshold).float()
-    if config.reward == "random":
-        p = torch.full((n * G,), float(config.random_reward_p))
-        rewards = torch.bernoulli(p, generator=state.generator).float()
-    else:
-        rewards = solved
-        if config.reward_noise > 0:
-            flip = torch.bernoulli(torch.full((n * G,), float(config.reward_noise)), generator=state.generator)
-            rewards = (rewards - flip).abs()
-    return tokens, rewards, solved
+    def __post_init__(self) -> None:
+        f64 = lambda name: torch.tensor([float(getattr(c, name)) for c in self.configs], dtype=torch.float64)  # noqa: E731
+        self.lr = f64("lr")
+        self.reward_noise = f64("reward_noise")
+        self.random_reward_p = f64("random_reward_p")
+        self.top_p = torch.tensor([float(c.loss.stare.top_p_ratio) for c in self.configs], dtype=torch.float64)
+        self.entropy_coeff = torch.tensor([float(c.loss.entropy_coeff) for c in self.configs], dtype=torch.float64)
+        self.is_stare = torch.tensor([c.is_stare for c in self.configs])
+        self.is_c2 = torch.tensor([c.is_stare and c.loss.stare.variant == "C2" for c in self.configs])
+        # the selection of both sets L+ and L− (variant C2, marker weights 2 / 0.5) with each run's P, for the D terms
+        self.marker_stare = [dataclasses.replace(c.loss.stare, variant="C2") for c in self.configs]
 
+    @property
+    def size(self) -> int:
+        """R, the number of runs."""
+        return len(self.configs)
 
-def _rollouts(config: TabularSimConfig, state: TabularState) -> dict[str, Any]:
-    """One step's rollout batch: all S prompts once, or with dynamic sampling the groups with non-zero reward
-    variance from up to ``ds_max_rounds`` rounds (at most S groups kept; if none survive, the batch is empty)."""
-    from stare_lab.advantages import filter_groups
+    @property
+    def base(self) -> TabularSimConfig:
+        """The first run's config (every run shares the fields of :func:`batch_key`)."""
+        return self.configs[0]
 
-    S, G = config.num_prompts, config.group_size
-    all_prompts = torch.arange(S)
-    if not config.dynamic_sampling:
-        tokens, rewards, solved = _sample(config, state, all_prompts)
-        return {"prompts": all_prompts, "tokens": tokens, "rewards": rewards, "rounds": 1, "first": (rewards, solved)}
-    kept_p, kept_t, kept_r, first = [], [], [], None
-    n_kept, rounds = 0, 0
-    while n_kept < S and rounds < config.ds_max_rounds:
-        tokens, rewards, solved = _sample(config, state, all_prompts)
-        first = (rewards, solved) if first is None else first
-        rounds += 1
-        keep = filter_groups(rewards, G).reshape(S, G)[:, 0]
-        idx = keep.nonzero().squeeze(-1)[: S - n_kept]
-        kept_p.append(all_prompts[idx])
-        kept_t.append(tokens.reshape(S, G, -1)[idx].reshape(-1, tokens.shape[-1]))
-        kept_r.append(rewards.reshape(S, G)[idx].reshape(-1))
-        n_kept += idx.numel()
-    return {
-        "prompts": torch.cat(kept_p),
-        "tokens": torch.cat(kept_t),
-        "rewards": torch.cat(kept_r),
-        "rounds": rounds,
-        "first": first,
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# per-step diagnostics shared by both modes
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _quadrants(
-    coef: torch.Tensor,
-    adv: torch.Tensor,
-    phi: torch.Tensor,
-    high: torch.Tensor,
-    n_states: int,
-    count_weight: torch.Tensor | None = None,
-) -> dict[str, float]:
-    """Quadrant statistics (docs/theory.md §2, STARE Fig. 2) over tokens with advantage ``adv`` (Â>0 / Â<0) × surprisal
-    above / below s* (``high``): the token count (``count_weight`` summed: expected counts in expected mode) and
-    the summed first-order ΔH contribution ``coef·Φ / n_states`` (nats, on the scale of ``entropy_change``).
-    ``coef`` is each token's coefficient c in Δz = Σ c (e_a − π); all tensors share one shape."""
-    contrib = (phi * coef).reshape(-1) / n_states
-    weight = (torch.ones_like(phi) if count_weight is None else count_weight).reshape(-1)
-    # quadrant index: 0 pos_high, 1 pos_low, 2 neg_high, 3 neg_low, 4 Â = 0 (no quadrant)
-    a, h = adv.reshape(-1), high.reshape(-1)
-    idx = torch.where(a > 0, 0, torch.where(a < 0, 2, 4)) + torch.where((a != 0) & ~h, 1, 0)
-    counts = torch.bincount(idx, weights=weight.double(), minlength=5).tolist()
-    sums = torch.bincount(idx, weights=contrib.double(), minlength=5).tolist()
-    out: dict[str, float] = {}
-    for i, name in enumerate(("pos_high", "pos_low", "neg_high", "neg_low")):
-        out[f"quadrant/{name}/count"] = int(round(counts[i])) if count_weight is None else counts[i]
-        out[f"quadrant/{name}/dH"] = sums[i]
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# sampled mode
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def sampled_step(
-    config: TabularSimConfig, state: TabularState, h_before: float | None = None
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """One sampled GRPO/STARE step through the core: returns (Δz ``[S, L, V]`` float64, metrics row) without
-    applying Δz. The controller (if any) is updated here, once, from the pre-update mean entropy ``h_before``
-    (computed if not given). Draws from ``state.generator``."""
-    from stare_lab.advantages import group_advantages
-    from stare_lab.entropy import entropy_from_logits, entropy_sensitivity, logprobs_from_logits
-    from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-
-    S, G, L = config.num_prompts, config.group_size, config.seq_len
-    tau = config.temperature
-    t0 = time.perf_counter()
-    h_before = mean_entropy(state.logits, tau) if h_before is None else h_before
-    gate_on, w, m = _gate(state, h_before)
-    batch = _rollouts(config, state)
-    t1 = time.perf_counter()
-    first_r, first_solved = (x.reshape(S, G) for x in batch["first"])  # first round: all S prompts
-    row: dict[str, Any] = {
-        "entropy": h_before,
-        "reward": float(first_r.mean()),
-        "gate_on": int(gate_on),
-        "stare_w": w,
-        "stare_m": m,
-        "accuracy": float(first_solved.mean()),
-        f"pass@{G}": float((first_solved > 0).any(-1).float().mean()),
-    }
-    prompts, tokens, rewards = batch["prompts"], batch["tokens"], batch["rewards"]
-    n = prompts.numel()
-    if config.dynamic_sampling:
-        row["ds/kept_groups"] = n
-        row["ds/rounds"] = batch["rounds"]
-    delta = torch.zeros_like(state.logits)
-    if n == 0:  # dynamic sampling kept nothing: no update this step (documented)
-        row.update({"pred_entropy_change": 0.0, "pred/phi_tokens": 0.0, "loss/pg_loss": 0.0})
-        row["time/rollout_s"] = t1 - t0
-        return delta, row
-    z = state.logits.detach().clone().requires_grad_(True)
-    zb = z[prompts].repeat_interleave(G, dim=0)  # [n·G, L, V]
-    logprobs = logprobs_from_logits(zb, tokens, temperature=tau)
-    logprobs.retain_grad()
-    mask = torch.ones(n * G, L, dtype=torch.bool)
-    adv = group_advantages(rewards, group_size=G, estimator=config.advantage_estimator)
-    need_entropy = config.loss.entropy_coeff > 0 or config.loss.loss_mode == "forking_tokens"
-    ent_b = entropy_from_logits(zb, temperature=tau) if need_entropy else None
-    weights, stats = None, {}
-    if config.is_stare:  # scope "global": ω once over the whole step's batch (docs/design.md §1)
-        from stare_lab.stare import stare_token_weights
-
-        weights, stats = stare_token_weights(
-            logprobs.detach(), adv, mask, config.loss.stare, gate_on=gate_on, reweight_w=w, reweight_m=m
+    def select(self, keep: list[int]) -> "TabularBatch":
+        """The batch of runs ``keep`` (indices into this batch), in that order."""
+        idx = torch.tensor(keep, dtype=torch.long)
+        return TabularBatch(
+            [self.configs[i] for i in keep], self.logits[idx], self.correct[idx],
+            [self.generators[i] for i in keep], [self.controllers[i] for i in keep], self.step,
         )
-    inputs = PolicyLossInputs(
-        logprobs=logprobs,
-        old_logprobs=logprobs.detach(),
-        advantages=adv,
-        response_mask=mask,
-        entropy=ent_b,
-        token_weights=weights,
-        gate_on=gate_on if config.is_stare else None,
-        reweight_w=w if config.is_stare else None,
-        reweight_m=m if config.is_stare else None,
-        generator=state.generator,
+
+    def push_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[R]`` float64 (W − 1, M − 1) of each run's push at its current W and M (docs/theory.md §7): the STARE
+        controller's values, ``loss.stare.reweight_w`` for non-STARE runs, M − 1 = 0 unless the variant is C2."""
+        w, m = [], []
+        for c, ctl in zip(self.configs, self.controllers):
+            w.append((ctl.reweight_w if ctl is not None else c.loss.stare.reweight_w) - 1.0)
+            c2 = ctl is not None and c.loss.stare.variant == "C2"
+            m.append((ctl.reweight_m - 1.0) if c2 else 0.0)
+        return torch.tensor(w, dtype=torch.float64), torch.tensor(m, dtype=torch.float64)
+
+
+def stack_states(configs: list[TabularSimConfig], states: list[TabularState]) -> TabularBatch:
+    """One :class:`TabularBatch` from per-run states (all at the same step; configs share :func:`batch_key`).
+
+    Raises:
+        RunError: if the states are at different steps.
+    """
+    steps = {s.step for s in states}
+    if len(steps) != 1:
+        raise RunError(f"cannot batch runs at different steps {sorted(steps)}")
+    return TabularBatch(
+        list(configs), torch.stack([s.logits for s in states]), torch.stack([s.correct for s in states]),
+        [s.generator for s in states], [s.controller for s in states], steps.pop(),
     )
-    loss, metrics = compute_policy_loss(config.loss.loss_mode, inputs, config.loss)
-    loss.backward()
-    t2 = time.perf_counter()
-    scale = config.lr * n * L  # token-mean over n·G·L tokens → per-state GRPO group update (module docstring)
-    delta = -scale * z.grad
-    check_update(config, state, delta)
-    for key, value in metrics.items():
-        row[key if "/" in key else f"loss/{key}"] = float(value)
-    for key in ("frac_pos_selected", "frac_neg_selected", "num_pos_selected", "num_neg_selected"):
-        if f"stare/{key}" in stats:
-            row[f"stare/{key}"] = float(stats[f"stare/{key}"])
-    # diagnostics: exact first order of Δz, and its token-level Φ decomposition Δz = Σ c (e_a − π)/τ
-    n_states = S * L
-    row["pred_entropy_change"] = float(predicted_entropy_change_mean(state.logits, delta, tau))
-    coef = (-scale * logprobs.grad).detach()  # [n·G, L]
-    zb_d = zb.detach()
-    phi = entropy_sensitivity(zb_d, tokens, temperature=tau) / tau**2
-    high = phi > 0  # ⇔ surprisal > s* (stare_lab.entropy.critical_surprisal: sign Φ(a) = sign(s_a − s*))
-    adv_tok = adv.reshape(-1, 1).expand(-1, L) if adv.dim() == 1 else adv
-    row["pred/phi_tokens"] = float((coef * phi).sum()) / n_states
-    row.update(_quadrants(coef, adv_tok, phi, high, n_states))
-    row["time/rollout_s"] = t1 - t0
-    row["time/update_s"] = t2 - t1
-    return delta, row
 
 
-def check_update(config: TabularSimConfig, state: TabularState, delta: torch.Tensor) -> None:
-    """Refuse an update that diverges: Δz ``[S, L, V]`` and the updated logits z + Δz must be finite.
+#: the config fields every run of one batch must share (shapes, mode, schedule); everything else is per run
+BATCH_FIELDS = (
+    "mode", "task", "reward", "num_prompts", "group_size", "seq_len", "vocab_size", "threshold", "steps",
+    "temperature", "checkpoint_every", "advantage_estimator", "ds_max_rounds",
+)
+
+
+def batch_key(config: TabularSimConfig) -> tuple:
+    """The values of :data:`BATCH_FIELDS`: runs with equal keys can share one :class:`TabularBatch`."""
+    return tuple(getattr(config, f) for f in BATCH_FIELDS)
+
+
+def check_update(config: TabularSimConfig, step: int, delta: torch.Tensor, logits: torch.Tensor) -> None:
+    """Refuse an update that diverges: Δz and the updated logits z + Δz (``[S, L, V]``) must be finite.
 
     Raises:
         RunError: ``lr=<lr> made the logits non-finite at step <step>; lower lr`` (a diverged run would otherwise
             fail later with an error that does not name the cause, or write NaN rows).
     """
-    if not (bool(torch.isfinite(delta).all()) and bool(torch.isfinite(state.logits + delta).all())):
-        raise RunError(f"lr={config.lr:g} made the logits non-finite at step {state.step}; lower lr")
-
-
-def _gate(state: TabularState, h_before: float) -> tuple[bool, float, float]:
-    """Controller update for this step (docs/theory.md §4 step 3) → (gate_on, W, M); (False, 1, 1) without STARE."""
-    if state.controller is None:
-        return False, 1.0, 1.0
-    gate_on = bool(state.controller.update(h_before))
-    return gate_on, float(state.controller.reweight_w), float(state.controller.reweight_m)
-
-
-def predicted_entropy_change_mean(logits: torch.Tensor, delta: torch.Tensor, temperature: float) -> float:
-    """Mean over all states of ``stare_lab.entropy.predicted_entropy_change(z, Δz)`` (nats; same averaging as the
-    ``entropy`` column, so it predicts ``entropy_change``)."""
-    from stare_lab.entropy import predicted_entropy_change
-
-    return float(predicted_entropy_change(logits, delta, temperature=temperature).mean())
+    if not (bool(torch.isfinite(delta).all()) and bool(torch.isfinite(logits + delta).all())):
+        raise RunError(f"lr={config.lr:g} made the logits non-finite at step {step}; lower lr")
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the run: loop, checkpoint / resume, summary
+# checkpoint / resume
 # ----------------------------------------------------------------------------------------------------------------
 
 #: keys of the resolved config that may differ between a checkpoint and the resuming config
 RESUMABLE_CHANGES = ("steps", "checkpoint_every")
 
 
-def resolved_config_dict(config: TabularSimConfig, initial_entropy: float) -> dict[str, Any]:
-    """What ``config.yaml`` holds: the resolved dataclass plus ``source``, ``simulator`` and ``initial_entropy``."""
-    return {"source": "simulator", "simulator": "tabular", **to_dict(config), "initial_entropy": initial_entropy}
+def resolved_config_dict(config: TabularSimConfig, initial_entropy: float, h_opt: float) -> dict[str, Any]:
+    """What ``config.yaml`` holds: the resolved dataclass plus ``source``, ``simulator``, ``initial_entropy`` and
+    ``reward_optimal_entropy`` (nats)."""
+    return {
+        "source": "simulator", "simulator": "tabular", **to_dict(config), "initial_entropy": initial_entropy,
+        "reward_optimal_entropy": h_opt,
+    }
 
 
-def _save_checkpoint(path: Path, state: TabularState, cfg_dict: dict[str, Any]) -> None:
-    """Atomically write the resume state (logits, correct sets, RNG state, controller, next step, config)."""
+def _save_checkpoint(path: Path, batch: TabularBatch, r: int, cfg_dict: dict[str, Any]) -> None:
+    """Atomically write run ``r``'s resume state (logits, correct sets, RNG state, controller, next step, config)."""
+    ctl = batch.controllers[r]
     payload = {
-        "step": state.step,
-        "logits": state.logits,
-        "correct": state.correct,
-        "rng": state.generator.get_state(),
-        "controller": None if state.controller is None else state.controller.state_dict(),
+        "step": batch.step,
+        "logits": batch.logits[r].clone(),
+        "correct": batch.correct[r].clone(),
+        "rng": batch.generators[r].get_state(),
+        "controller": None if ctl is None else ctl.state_dict(),
         "config": cfg_dict,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -357,7 +278,7 @@ def _save_checkpoint(path: Path, state: TabularState, cfg_dict: dict[str, Any]) 
 
 
 def _load_checkpoint(path: Path, config: TabularSimConfig) -> tuple[TabularState, dict[str, Any]]:
-    """Rebuild the state from a checkpoint; the config must match the one it was written with (except
+    """Rebuild a run's state from its checkpoint; the config must match the one it was written with (except
     :data:`RESUMABLE_CHANGES`).
 
     Raises:
@@ -369,7 +290,7 @@ def _load_checkpoint(path: Path, config: TabularSimConfig) -> tuple[TabularState
         raise RunError(f"cannot read checkpoint {str(path)!r}: {err}") from None
     saved = ck["config"]
     config.loss.stare.target_entropy = saved["loss"]["stare"]["target_entropy"]
-    current = resolved_config_dict(config, saved["initial_entropy"])
+    current = resolved_config_dict(config, saved["initial_entropy"], saved.get("reward_optimal_entropy"))
     for key in sorted(set(saved) | set(current)):
         if key in RESUMABLE_CHANGES or key == "versions":
             continue
@@ -380,23 +301,66 @@ def _load_checkpoint(path: Path, config: TabularSimConfig) -> tuple[TabularState
             )
     g = torch.Generator()
     g.set_state(ck["rng"])
-    controller = None
-    if config.is_stare:
-        from stare_lab.stare import STAREController
-
-        controller = STAREController(config.loss.stare)
+    controller = _controller(config)
+    if controller is not None:
         controller.load_state_dict(ck["controller"])
     state = TabularState(logits=ck["logits"], correct=ck["correct"], generator=g, controller=controller, step=ck["step"])
     return state, current
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# the runs
+# ----------------------------------------------------------------------------------------------------------------
+
+
 def summarize(rows: list[dict[str, Any]], config: TabularSimConfig, final_entropy: float) -> dict[str, Any]:
-    """The run's ``summary.json`` (recomputable from ``metrics.jsonl``): ``method``, ``seed``, ``mode`` and the
-    statistics of :func:`simulators.run_stats.run_stats` (entropy, collapse, reward, band, first-order fit)."""
+    """A run's ``summary.json`` (recomputable from ``metrics.jsonl``): ``method``, ``seed``, ``mode`` and the
+    statistics of :func:`simulators.run_stats.run_stats` (entropy, collapse, reward, band, first-order fit, push
+    ratio, critical W)."""
     stats = run_stats(
-        rows, float(config.loss.stare.target_entropy), config.collapse_frac, config.band, final_entropy=final_entropy
+        rows, float(config.loss.stare.target_entropy), config.collapse_frac, config.band, final_entropy=final_entropy,
+        reweight_m=config.loss.stare.reweight_m if config.is_stare and config.loss.stare.variant == "C2" else 1.0,
+        window=critical_window(config),
     )
     return {"method": config.method, "seed": config.seed, "mode": config.mode, **stats}
+
+
+def critical_window(config: TabularSimConfig) -> int:
+    """Steps per window of the D terms in the critical-W estimates (:mod:`stare_lab.critical`): 1 in expected mode
+    (the exact mean-field series), 5 % of the run in sampled mode (sums over windows average the sampling noise)."""
+    return 1 if config.mode == "expected" else max(1, config.steps // 20)
+
+
+class _Run:
+    """Bookkeeping of one run inside :func:`run_batch`: its directory, writer, resolved config dict and whether it
+    started afresh."""
+
+    def __init__(self, config: TabularSimConfig, run_dir: Path, resume: bool) -> None:
+        self.config, self.dir = config, Path(run_dir)
+        self.ckpt = self.dir / "checkpoint" / CHECKPOINT_FILE
+        if resume and self.ckpt.is_file():
+            self.state, self.cfg_dict = _load_checkpoint(self.ckpt, config)
+            (self.dir / "config.yaml").unlink(missing_ok=True)  # rewritten with the (possibly extended) steps
+            self.writer = RunWriter(self.dir, self.cfg_dict, resume=True)
+            self.writer.truncate_after(self.state.step - 1)
+        else:
+            self.state = init_state(config)
+            h_opt = reward_optimal_entropy(config, self.state.correct)
+            warn = target_warning(config, h_opt) if config.is_stare else None
+            if warn and warn not in _WARNED:  # once per process and message (a sweep has many such runs)
+                _WARNED.add(warn)
+                logger.warning("%s: %s", config.method, warn)
+            self.cfg_dict = resolved_config_dict(config, mean_entropy(self.state.logits, config.temperature), h_opt)
+            self.writer = RunWriter(self.dir, self.cfg_dict, overwrite=resume)
+        self.fresh_start = self.state.step
+        self.error: BaseException | None = None
+        self.rows: list[dict[str, Any]] = []  # the rows this call wrote (the summary of a fresh run uses them)
+
+    def abandon(self) -> None:
+        """Close the writer; a fresh run that completed no step leaves nothing behind."""
+        self.writer.close()
+        if self.fresh_start == 0 and self.state.step == 0:
+            _remove_unfinished(self.dir)
 
 
 def run(
@@ -405,77 +369,139 @@ def run(
     resume: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run one tabular simulation (one method, one seed) into ``run_dir`` and return its summary.
+    """Run one tabular simulation (one method, one seed) into ``run_dir`` and return its summary
+    (:func:`run_batch` with one run).
 
     Writes ``config.yaml`` (resolved config), ``metrics.jsonl`` (one row per step), ``summary.json`` and
     ``checkpoint/state.pt`` (every ``checkpoint_every`` steps and at the end). With ``resume=True`` and a checkpoint
     present, the run continues bit-exactly from it (rows past the checkpoint are dropped; ``steps`` may be raised
     to extend a finished run); without a checkpoint it starts afresh (overwriting any rows).
 
-    Args:
-        config: the run's config (not modified; a resolved copy is used).
-        run_dir: the run directory (created).
-        resume: continue from ``run_dir/checkpoint``.
-        progress: called with the number of steps just completed (e.g. a tqdm ``update``).
-
     Raises:
         RunError: the directory already holds a run and ``resume`` is False, cannot be written, or its checkpoint
             does not match ``config``; or an update made the logits non-finite (:func:`check_update`). A run that
             started afresh and fails before completing a step removes what it wrote (``run_dir`` too, if then empty).
     """
-    import copy
+    return run_batch([config], [run_dir], resume=resume, progress=progress)[0]
 
+
+def run_batch(
+    configs: list[TabularSimConfig],
+    run_dirs: list[str | os.PathLike],
+    resume: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run R tabular simulations together, one batched tensor computation per step, each into its own directory
+    (the layout and semantics of :func:`run`); returns their summaries in order.
+
+    Configs that do not share :func:`batch_key`, or (on resume) checkpoints at different steps, are split into
+    sub-batches run one after the other. ``progress(n)`` is called after each batched step with the number of runs
+    it advanced. If a run's update diverges, that run stops (a fresh run without a completed step is removed) and
+    the others finish; then the first such error is raised.
+
+    Raises:
+        RunError: as :func:`run`, for any of the runs.
+    """
+    if len(configs) != len(run_dirs):
+        raise ValueError("configs and run_dirs must have the same length")
+    cfgs = [copy.deepcopy(c) for c in configs]
+    runs: list[_Run] = []
+    try:
+        for c, d in zip(cfgs, run_dirs):
+            runs.append(_Run(c, Path(d), resume))
+    except BaseException:
+        for r in runs:
+            r.abandon()
+        raise
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(runs):
+        groups.setdefault((batch_key(r.config), r.state.step), []).append(i)
+    summaries: list[dict[str, Any] | None] = [None] * len(runs)
+    try:
+        for idx in groups.values():
+            _advance([runs[i] for i in idx], progress)
+            for i in idx:
+                if runs[i].error is None:
+                    summaries[i] = _finish(runs[i])
+    except BaseException:
+        for r in runs:
+            r.abandon()
+        raise
+    errors = [r.error for r in runs if r.error is not None]
+    if errors:
+        raise errors[0]
+    return summaries  # type: ignore[return-value]
+
+
+def _advance(runs: list[_Run], progress: Callable[[int], None] | None) -> None:
+    """Step the runs (one compatible group) to their ``steps``, writing rows and checkpoints. The policy tables
+    of the logits after each update serve both the finished step's rows (entropy after) and the next step."""
+    from .tabular_step import batch_step, finish_rows, policy_tables
+
+    batch = stack_states([r.config for r in runs], [r.state for r in runs])
+    active = list(range(len(runs)))
+    steps, every, tau = batch.base.steps, batch.base.checkpoint_every, batch.base.temperature
+    pol = policy_tables(batch.logits, tau) if batch.step < steps else None
+    while batch.step < steps and active:
+        t0 = time.perf_counter()
+        delta, rows, pending = batch_step(batch, pol)
+        finite = torch.isfinite(delta).flatten(1).all(1) & torch.isfinite(batch.logits + delta).flatten(1).all(1)
+        failed = []
+        for j in (~finite).nonzero().flatten().tolist():
+            i = active[j]
+            try:
+                check_update(runs[i].config, batch.step, delta[j], batch.logits[j])
+            except RunError as err:
+                runs[i].error = err
+                failed.append(j)
+        if failed:
+            for j in failed:
+                runs[active[j]].abandon()
+            keep = [j for j in range(len(active)) if j not in failed]
+            active = [active[j] for j in keep]
+            if not active:
+                break
+            batch, delta, rows, pending = batch.select(keep), delta[keep], [rows[j] for j in keep], pending.select(keep)
+        batch.logits = batch.logits + delta
+        pol = policy_tables(batch.logits, tau)
+        finish_rows(rows, pending, pol.entropy.mean((-1, -2)))
+        wall = (time.perf_counter() - t0) / len(active)
+        for j, i in enumerate(active):
+            row = rows[j]
+            row["step"] = batch.step
+            row["time/step_s"] = wall
+            runs[i].writer.log(row := _ordered(row))
+            runs[i].rows.append(row)
+        batch.step += 1
+        for j, i in enumerate(active):
+            runs[i].state = TabularState(batch.logits[j], batch.correct[j], batch.generators[j], batch.controllers[j],
+                                         batch.step)
+            if batch.step % every == 0 or batch.step == steps:
+                _save_checkpoint(runs[i].ckpt, batch, j, runs[i].cfg_dict)
+        if progress is not None:
+            progress(len(active))
+
+
+def _finish(r: _Run) -> dict[str, Any]:
     from stare_lab.runs import read_run
 
-    cfg = copy.deepcopy(config)
-    run_dir = Path(run_dir)
-    ckpt = run_dir / "checkpoint" / CHECKPOINT_FILE
-    if resume and ckpt.is_file():
-        state, cfg_dict = _load_checkpoint(ckpt, cfg)
-        (run_dir / "config.yaml").unlink(missing_ok=True)  # rewritten with the (possibly extended) steps
-        writer = RunWriter(run_dir, cfg_dict, resume=True)
-        writer.truncate_after(state.step - 1)
-    else:
-        state = init_state(cfg)
-        cfg_dict = resolved_config_dict(cfg, mean_entropy(state.logits, cfg.temperature))
-        writer = RunWriter(run_dir, cfg_dict, overwrite=resume)
-    fresh_start = state.step
-    if cfg.mode == "sampled":
-        step_fn = sampled_step
-    else:
-        from .tabular_expected import expected_step as step_fn
-    try:
-        h = mean_entropy(state.logits, cfg.temperature)
-        while state.step < cfg.steps:
-            t0 = time.perf_counter()
-            delta, row = step_fn(cfg, state, h)
-            state.logits = state.logits + delta
-            h_after = mean_entropy(state.logits, cfg.temperature)
-            row["step"] = state.step
-            row["entropy_change"] = h_after - h
-            row["time/step_s"] = time.perf_counter() - t0
-            writer.log(_ordered(row))
-            h = h_after
-            state.step += 1
-            if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
-                _save_checkpoint(ckpt, state, cfg_dict)
-            if progress is not None:
-                progress(1)
-        writer.close()
-        rows = read_run(run_dir).metrics
-        summary = summarize(rows, cfg, h)
-        writer.write_summary(summary)
-    except BaseException:
-        writer.close()
-        if fresh_start == 0 and state.step == 0:  # nothing completed: leave no half-started run behind
-            _remove_unfinished(run_dir)
-        raise
-    finally:
-        writer.close()
+    r.writer.close()
+    # a fresh run's rows are exactly those this call wrote; a resumed one also has the rows before its checkpoint
+    rows = r.rows if r.fresh_start == 0 else read_run(r.dir).metrics
+    summary = summarize(rows, r.config, mean_entropy(r.state.logits, r.config.temperature))
+    r.writer.write_summary(summary)
     logger.debug(
-        "%s seed %d: entropy %.3f -> %.3f nats, reward %.3f",
-        cfg.method, cfg.seed, summary["initial_entropy"], summary["final_entropy"], summary["final_reward"],
+        "%s seed %d: entropy %.3f -> %.3f nats, reward %.3f", r.config.method, r.config.seed,
+        summary["initial_entropy"], summary["final_entropy"], summary["final_reward"],
     )
+    ratio = summary.get("push_ratio")
+    if ratio is not None and ratio < REGIME_RATIO:
+        what = "STARE's push acted" if r.config.is_stare and summary.get("gate_on_frac") else \
+            "a probe push (W - 1 on the L+ tokens, not applied) would act"
+        logger.warning(
+            "%s seed %d (lr=%g): %s at %.0f%% of its first-order size (median over steps): the step size is outside "
+            "the first-order regime; lower lr", r.config.method, r.config.seed, r.config.lr, what, 100 * ratio,
+        )
     return summary
 
 
@@ -500,11 +526,10 @@ def _ordered(row: dict[str, Any]) -> dict[str, Any]:
 
 def config_from_overrides(overrides: dict[str, Any] | None = None) -> TabularSimConfig:
     """Build a :class:`TabularSimConfig` from a nested dict of overrides (``from_dict``; errors name dotted keys).
-    A ``loss.stare.target_entropy`` without ``target_entropy_frac`` switches the fraction off, as in
+    A ``loss.stare.target_entropy`` without ``target_entropy_rel`` switches the relative target off, as in
     ``stare-lab simulate`` (:func:`simulators.tabular_config.resolve_target_entropy`; both → ConfigError)."""
-    import copy
-
     data = copy.deepcopy(overrides or {})
     stare = (data.get("loss") or {}).get("stare") if isinstance(data.get("loss"), dict) else None
-    resolve_target_entropy(data, isinstance(stare, dict) and "target_entropy" in stare, "target_entropy_frac" in data)
+    resolve_target_entropy(data, isinstance(stare, dict) and "target_entropy" in stare, "target_entropy_rel" in data)
     return from_dict(TabularSimConfig, data)
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stare_lab.config import LossConfig, check_choice, check_positive, check_range, config_prefix, join_key
+from stare_lab.config import LossConfig, STAREConfig, check_choice, check_positive, check_range, config_prefix, join_key
 from stare_lab.errors import ConfigError
 
 from .presets import METHODS, method_overrides
@@ -15,31 +15,30 @@ __all__ = ["TabularSimConfig", "EXPECTED_METHODS", "resolve_target_entropy"]
 EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
 
 
-def resolve_target_entropy(data: dict, explicit_target: bool, explicit_frac: bool) -> dict:
-    """Reconcile a user's ``loss.stare.target_entropy`` with ``target_entropy_frac`` in a nested config dict
-    (``data``: the preset's overrides with the user's applied; mutated and returned).
+def resolve_target_entropy(data: dict, explicit_target: bool, explicit_rel: bool) -> dict:
+    """Reconcile a user's ``loss.stare.target_entropy`` (absolute, nats) with ``target_entropy_rel`` (relative to
+    the reward-optimal entropy) in a nested config dict (``data``: the preset's overrides with the user's applied;
+    mutated and returned).
 
-    The tabular presets (and the :class:`TabularSimConfig` default) set ``target_entropy_frac``, which would replace
-    any target given directly. So an explicit target (``explicit_target``: the user set
-    ``loss.stare.target_entropy``) switches the fraction off (``target_entropy_frac = None``) unless the user also
-    set the fraction (``explicit_frac``) — then both cannot hold and, unless the fraction was set to null, this
-    raises.
+    A preset may set ``target_entropy_rel``, which would replace any target given directly. So an explicit target
+    (``explicit_target``: the user set ``loss.stare.target_entropy``) switches the relative one off
+    (``target_entropy_rel = None``) unless the user also set ``target_entropy_rel`` (``explicit_rel``) — then both
+    cannot hold and, unless it was set to null, this raises.
 
     Raises:
-        ConfigError: both keys given by the user with a non-null fraction (one line naming both keys).
+        ConfigError: both keys given by the user with a non-null ``target_entropy_rel`` (one line naming both).
     """
     if not explicit_target:
         return data
-    frac = data.get("target_entropy_frac")
-    if explicit_frac and frac is not None:
+    rel = data.get("target_entropy_rel")
+    if explicit_rel and rel is not None:
         target = ((data.get("loss") or {}).get("stare") or {}).get("target_entropy")
         raise ConfigError(
-            f"loss.stare.target_entropy={target!r} and target_entropy_frac={frac!r} both set the STARE target "
-            "entropy: give one of them (or target_entropy_frac=null with an explicit target)"
+            f"loss.stare.target_entropy={target!r} and target_entropy_rel={rel!r} both set the STARE target "
+            "entropy: give one of them (or target_entropy_rel=null with an explicit target)"
         )
-    data["target_entropy_frac"] = None
+    data["target_entropy_rel"] = None
     return data
-
 
 
 @dataclasses.dataclass
@@ -53,8 +52,12 @@ class TabularSimConfig:
         seed: RNG seed of the rollouts (sampling stream seeded with 2**32 + seed) and, unless ``init_seed`` is
             set, of the initial logits and correct sets; the same seed gives the same start for every method.
         init_seed: seed of the initial logits / correct sets if not ``seed`` (same start, different rollouts).
-        mode: ``sampled`` (G rollouts per prompt, autograd through the core loss) or ``expected`` (mean field).
-        task: ``sequence`` (L positions) or ``bandit`` (requires ``seq_len = 1``).
+        mode: ``sampled`` (G rollouts per prompt, the core's advantages / STARE weights / loss) or ``expected``
+            (the mean-field limit G → ∞).
+        task: ``sequence`` (L positions), ``bandit`` (requires ``seq_len = 1``) or ``forking`` (an LLM-like
+            token-entropy structure, :mod:`simulators.tabular_tasks`: ``forking_positions`` of the L positions per
+            prompt fork between ``num_correct`` correct tokens, the others have one correct token and start nearly
+            deterministic; Zipf-like initial probabilities; ``init_spread`` is not used).
         reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
         num_prompts: S ≥ 1.  group_size: G ≥ 2 responses per prompt (group advantages of a single response are
             all 0: nothing would learn).  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
@@ -64,6 +67,10 @@ class TabularSimConfig:
         reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
             independently of the tokens (keeps reward variance alive once a prompt is solved).
         init_spread: σ ≥ 0 of the initial logits z ~ N(0, σ²) (0 → uniform, entropy log V nats).
+        forking_positions: task ``forking``: forking positions per prompt, in [0, L].
+        tail_mass: task ``forking``: initial probability off the (correct) mode of a non-forking position, in (0, 1).
+        zipf_exponent: task ``forking``: s ≥ 0 of the Zipf-like initial probabilities p(rank r) ∝ r^(−s) (of the
+            tail of a non-forking position, of all tokens of a forking one).
         lr: SGD step size > 0 (see the module docstring for its scaling).
         steps: number of updates ≥ 1.
         temperature: τ > 0 of sampling, log-probs and entropy.
@@ -72,15 +79,21 @@ class TabularSimConfig:
         ds_max_rounds: ≥ 1 sampling rounds per step under dynamic sampling.
         entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
         advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
-        target_entropy_frac: in (0, 1]; if set, H_tgt = frac × the initial mean entropy (nats), written into
-            ``loss.stare.target_entropy`` of the resolved config; ``None`` keeps ``loss.stare.target_entropy``.
-            Given a ``loss.stare.target_entropy`` but no ``target_entropy_frac``, ``stare-lab simulate`` and
-            :func:`simulators.tabular.config_from_overrides` set it to ``None`` (:func:`resolve_target_entropy`;
-            both given → error). Building the dataclass directly applies no such rule.
+        target_entropy_rel: > 0 or ``None``; if set, H_tgt = rel × the reward-optimal entropy of the task
+            (nats): the mean over states of ln K_state, the entropy of the policy uniform over the K correct tokens
+            of every position (docs/theory.md §7; ln V per position under ``random`` rewards, where every policy is
+            reward-optimal). Written into ``loss.stare.target_entropy`` of the resolved config. ``None`` (the
+            default) keeps the absolute ``loss.stare.target_entropy``. Given a ``loss.stare.target_entropy`` but no
+            ``target_entropy_rel``, ``stare-lab simulate`` and :func:`simulators.tabular.config_from_overrides`
+            set it to ``None`` (:func:`resolve_target_entropy`; both given → error). The target never depends on
+            the random initial policy. A target above the reward-optimal entropy can only be held by keeping
+            probability on wrong answers: :func:`simulators.tabular.target_warning` says so.
         collapse_frac: a run has collapsed at the first step whose entropy is below collapse_frac × initial.
         band: half-width (nats) of the band around H_tgt counted as "in band" in the summary.
         checkpoint_every: steps between checkpoints (and one at the end), ≥ 1.
-        loss: the core :class:`~stare_lab.config.LossConfig` (``loss_mode`` is set by ``method``).
+        loss: the core :class:`~stare_lab.config.LossConfig` (``loss_mode`` is set by ``method``); its default
+            here has ``stare.target_entropy = 0.4`` nats (the ``collapse`` preset's target, below ln 2 = 0.693, the
+            reward-optimal entropy of its 2 correct tokens per position).
     """
 
     method: str = "grpo"
@@ -98,18 +111,21 @@ class TabularSimConfig:
     random_reward_p: float = 0.5
     reward_noise: float = 0.1
     init_spread: float = 1.0
-    lr: float = 6.0
-    steps: int = 100
+    forking_positions: int = 2
+    tail_mass: float = 0.01
+    zipf_exponent: float = 1.0
+    lr: float = 1.0
+    steps: int = 600
     temperature: float = 1.0
     dynamic_sampling: bool = False
     ds_max_rounds: int = 4
     entropy_bonus_coeff: float = 0.01
     advantage_estimator: str = "grpo"
-    target_entropy_frac: float | None = 0.55
+    target_entropy_rel: float | None = None
     collapse_frac: float = 0.1
     band: float = 0.05
-    checkpoint_every: int = 50
-    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    checkpoint_every: int = 100
+    loss: LossConfig = dataclasses.field(default_factory=lambda: LossConfig(stare=STAREConfig(target_entropy=0.4)))
 
     def __post_init__(self) -> None:
         p = config_prefix("")
@@ -123,7 +139,7 @@ class TabularSimConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{k(name)}={value!r} must be an integer >= 0")
         check_choice(k("mode"), self.mode, ["sampled", "expected"])
-        check_choice(k("task"), self.task, ["sequence", "bandit"])
+        check_choice(k("task"), self.task, ["sequence", "bandit", "forking"])
         check_choice(k("reward"), self.reward, ["verifiable", "random"])
         for name in ("num_prompts", "group_size", "seq_len", "steps", "ds_max_rounds", "checkpoint_every"):
             check_positive(k(name), getattr(self, name), integer=True)
@@ -143,14 +159,24 @@ class TabularSimConfig:
         check_range(k("random_reward_p"), self.random_reward_p, 0, 1)
         check_range(k("reward_noise"), self.reward_noise, 0, 0.5)
         check_range(k("init_spread"), self.init_spread, 0, None)
+        check_positive(k("forking_positions"), self.forking_positions, integer=True, allow_zero=True)
+        check_range(k("tail_mass"), self.tail_mass, 0, 1, lo_open=True, hi_open=True)
+        check_range(k("zipf_exponent"), self.zipf_exponent, 0, None)
+        if self.task == "forking":
+            if self.forking_positions > self.seq_len:
+                raise ConfigError(f"{k('forking_positions')}={self.forking_positions} is outside [0, seq_len={self.seq_len}]")
+            if 2 * self.num_correct > self.vocab_size:
+                raise ConfigError(f"{k('num_correct')}={self.num_correct}: task 'forking' draws the correct tokens of a "
+                                  f"forking position from its 2*num_correct most likely ones; need <= vocab_size/2="
+                                  f"{self.vocab_size // 2}")
         check_range(k("lr"), self.lr, 0, None, lo_open=True)
         check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
         if not isinstance(self.dynamic_sampling, bool):
             raise ConfigError(f"{k('dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")
         check_range(k("entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
         check_choice(k("advantage_estimator"), self.advantage_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
-        if self.target_entropy_frac is not None:
-            check_range(k("target_entropy_frac"), self.target_entropy_frac, 0, 1, lo_open=True)
+        if self.target_entropy_rel is not None:
+            check_range(k("target_entropy_rel"), self.target_entropy_rel, 0, None, lo_open=True)
         check_range(k("collapse_frac"), self.collapse_frac, 0, 1)
         check_range(k("band"), self.band, 0, None)
         if self.mode == "expected" and self.method not in EXPECTED_METHODS:

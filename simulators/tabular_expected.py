@@ -1,155 +1,173 @@
-"""Expected (mean-field) mode of the tabular simulator: the G → ∞ limit of the sampled GRPO / STARE update.
+"""Expected (mean-field) mode of the tabular simulator, batched over runs: the G → ∞ limit of the sampled update.
 
-See :mod:`simulators.tabular` (module docstring) for what is computed and which finite-G effects are dropped. The
-step here returns the same metrics row as :func:`simulators.tabular.sampled_step`, with expected counts in the
-quadrant statistics (tokens per batch of G responses per prompt).
+Â → (r − p̄)/(σ + ε) per prompt (p̄ = P(r = 1), σ = sqrt(p̄(1 − p̄)): the G → ∞ limit of the unbiased group std;
+ε = 1e-6, the core's GRPO ε), and the expected update at state (p, l) is Δz_k = (lr/τ)·π_k (B_k − Σ_j π_j B_j) with
+B_k = ω⁺_k A⁺_k + ω⁻_k A⁻_k, A⁺_k = E[Â·1(Â>0) | a_l = k] = P(r=1|k)(1 − p̄)/(σ + ε), A⁻_k = −P(r=0|k)·p̄/(σ + ε)
+(Cui et al.'s expected PG on free logits; for GRPO, ω ≡ 1, its first-order entropy change is the covariance law
+−lr·Cov_π(log π, π A), docs/theory.md §2), plus lr·β·∂H/∂z for the entropy bonus. The conditional reward law is exact
+(Poisson-binomial over the other positions). STARE's top-P selection becomes a threshold on surprisal: the fraction
+P of the probability mass of T+ (T−) with the highest surprisal gets W (M), the boundary token fractionally
+(:func:`top_mass_fraction`). Documented approximations: finite-G effects (the sample std, all-equal groups with
+Â = 0, the max(1, ·) in k = max(1, ⌈P·|T±|⌉)) are dropped. Random rewards give B ≡ 0 for GRPO: the mean-field
+update is exactly zero (the near-criticality point), so collapse under random rewards is a pure sampling-noise
+effect that only ``sampled`` mode shows. Methods: grpo, grpo-ds (≡ grpo in the limit: no group has zero variance),
+o1, c2, o1-adaptive, entropy_bonus. The rows are those of the sampled mode, with expected counts (tokens per batch
+of G responses per prompt) in the quadrant statistics.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
+import numpy as np
 import torch
 
-from .tabular import (
-    TabularSimConfig, TabularState, _gate, _quadrants, check_update, mean_entropy, predicted_entropy_change_mean,
-)
+from .tabular_step import Policy, StepParts, gate_decisions, quadrant_stats
 
-__all__ = ["success_given_token", "top_mass_fraction", "expected_step"]
+__all__ = ["success_given_token", "top_mass_selected", "top_mass_fraction", "expected_parts"]
 
-
+#: ε of the GRPO advantage (the default of ``stare_lab.advantages.group_advantages``; docs/theory.md §3)
+GRPO_EPS = 1e-6
 
 
 def success_given_token(
-    config: TabularSimConfig, probs: torch.Tensor, correct: torch.Tensor, rule_only: bool = False
+    config, probs: torch.Tensor, correct: torch.Tensor, rule_only: bool = False,
+    noise: torch.Tensor | None = None, random_p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact reward law of the factored policy: (p̄ ``[S]`` = P(r = 1), P(r = 1 | a_l = k) ``[S, L, V]``).
+    """Exact reward law of the factored policy ``probs [..., S, L, V]`` (leading run axes allowed): (p̄
+    ``[..., S]`` = P(r = 1), P(r = 1 | a_l = k) ``[..., S, L, V]``).
 
-    Verifiable rule: with q_l = P(a_l correct) = Σ_{k ∈ C_l} π_lk and positions independent, the number of correct
-    positions other than l is Poisson-binomial; P(r = 1 | a_l = k) = P(count_{−l} ≥ threshold − 1[k ∈ C_l]),
-    computed by the O(L²) dynamic programme over the other positions; a noisy verifier maps P to ε + (1 − 2ε)P.
-    Random rewards: P(r = 1 | ·) = p. ``rule_only``: the verifiable rule without noise whatever ``config.reward``
-    (task accuracy).
+    Verifiable rule: with q_l = P(a_l correct) and positions independent, the number of correct positions other
+    than l is Poisson-binomial: the convolution of the count distributions of the positions before l (prefix) and
+    after l (suffix), O(L) tensor steps; P(r = 1 | a_l = k) = P(count_{−l} ≥ threshold − 1[k correct]). A noisy
+    verifier maps P to ε + (1 − 2ε)P. Random rewards: P(r = 1 | ·) = p. ``rule_only``: the verifiable rule without
+    noise whatever ``config.reward`` (task accuracy). ``noise`` / ``random_p``: per-run ε / p of shape ``[...]``
+    (default ``config.reward_noise`` / ``config.random_reward_p``).
     """
-    S, L, V = probs.shape
+    lead = probs.shape[:-3]
+    S, L, V = probs.shape[-3:]
     if config.reward == "random" and not rule_only:
-        p = float(config.random_reward_p)
-        return torch.full((S,), p, dtype=probs.dtype), torch.full((S, L, V), p, dtype=probs.dtype)
+        p = torch.as_tensor(config.random_reward_p if random_p is None else random_p, dtype=probs.dtype)
+        p = p.reshape(p.shape + (1,) * (len(lead) + 1 - p.dim())) if p.dim() else p
+        return (p * torch.ones(lead + (S,), dtype=probs.dtype),
+                p.unsqueeze(-1).unsqueeze(-1) * torch.ones(probs.shape, dtype=probs.dtype))
     m = config.reward_threshold
-    q = (probs * correct).sum(-1)  # [S, L]
-    tail_correct, tail_wrong = [], []
-    for l in range(L):
-        dist = torch.zeros(S, L, dtype=probs.dtype)  # count of correct positions among the others, 0..L-1
-        dist[:, 0] = 1.0
-        for j in range(L):
-            if j != l:
-                qj = q[:, j : j + 1]
-                dist = dist * (1 - qj) + torch.nn.functional.pad(dist[:, :-1], (1, 0)) * qj
-        tail = dist.flip(-1).cumsum(-1).flip(-1)  # tail[:, t] = P(count ≥ t)
-        tail = torch.cat([tail, torch.zeros(S, 1, dtype=probs.dtype)], dim=-1)  # P(count ≥ L) = 0
-        tail_correct.append(tail[:, max(m - 1, 0)])
-        tail_wrong.append(tail[:, m])
-    tc = torch.stack(tail_correct, dim=1)  # [S, L]
-    tw = torch.stack(tail_wrong, dim=1)
+    q = (probs * correct).sum(-1)  # [..., S, L]
+    pad = torch.nn.functional.pad
+    start = torch.zeros(q.shape[:-1] + (L + 1,), dtype=probs.dtype)
+    start[..., 0] = 1.0
+
+    def add(dist: torch.Tensor, ql: torch.Tensor) -> torch.Tensor:
+        return dist * (1 - ql) + pad(dist[..., :-1], (1, 0)) * ql
+
+    pre, dist = [], start
+    for l in range(L):  # pre[l]: distribution of the count over positions < l
+        pre.append(dist)
+        dist = add(dist, q[..., l : l + 1])
+    suf, dist = [None] * L, start
+    for l in reversed(range(L)):  # suf[l]: distribution of the count over positions > l
+        suf[l] = dist
+        dist = add(dist, q[..., l : l + 1])
+    pre_t, suf_t = torch.stack(pre, -2), torch.stack(suf, -2)  # [..., S, L, L+1]
+    tail = pad(suf_t.flip(-1).cumsum(-1).flip(-1), (0, 1))  # tail[..., x] = P(suffix count ≥ x), x = 0..L+1
+    j = torch.arange(L + 1)
+
+    def at_least(t: int) -> torch.Tensor:
+        return (pre_t * tail[..., (t - j).clamp(0, L + 1)]).sum(-1)  # P(count_{-l} ≥ t), [..., S, L]
+
+    tc, tw = at_least(max(m - 1, 0)), at_least(m)
     given = torch.where(correct, tc.unsqueeze(-1), tw.unsqueeze(-1))
-    p_bar = q[:, 0] * tc[:, 0] + (1 - q[:, 0]) * tw[:, 0]
-    eps = 0.0 if rule_only else float(config.reward_noise)  # noisy verifier: P(r=1) = ε + (1 − 2ε)·P(rule satisfied)
-    return eps + (1 - 2 * eps) * p_bar, eps + (1 - 2 * eps) * given
+    p_bar = q[..., 0] * tc[..., 0] + (1 - q[..., 0]) * tw[..., 0]
+    if rule_only:
+        return p_bar, given
+    eps = torch.as_tensor(config.reward_noise if noise is None else noise, dtype=probs.dtype)
+    e1 = eps.reshape(eps.shape + (1,)) if eps.dim() else eps
+    e3 = eps.reshape(eps.shape + (1, 1, 1)) if eps.dim() else eps
+    return e1 + (1 - 2 * e1) * p_bar, e3 + (1 - 2 * e3) * given
 
 
-def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float) -> torch.Tensor:
-    """Mean-field top-P selection: the fraction of each entry's mass selected when the ``frac`` share of the total
-    ``mass`` with the highest ``surprisal`` is selected (the boundary entry is selected fractionally). Returns a
-    tensor of ``surprisal``'s shape with values in [0, 1]; the G → ∞ limit of k = ⌈P·|T|⌉ (docs/theory.md §4 step 4)."""
-    s, w = surprisal.reshape(-1), mass.reshape(-1)
-    order = torch.argsort(s, descending=True, stable=True)
-    w_sorted = w[order]
-    budget = frac * float(w.sum())
-    before = torch.cumsum(w_sorted, 0) - w_sorted
-    sel = ((budget - before) / w_sorted.clamp_min(1e-300)).clamp(0.0, 1.0)
-    sel = torch.where(w_sorted > 0, sel, torch.zeros_like(sel))
-    out = torch.empty_like(sel)
-    out[order] = sel
-    return out.reshape(surprisal.shape)
+def top_mass_selected(
+    surprisal: torch.Tensor, masses: tuple[torch.Tensor, ...], frac: float | torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Mean-field top-P selection: the selected part of each entry's mass when the ``frac`` share of the total mass
+    with the highest ``surprisal`` is selected (the boundary entry partly; the G → ∞ limit of k = ⌈P·|T|⌉,
+    docs/theory.md §4 step 4). A float ``frac`` selects over the whole tensor; a ``[R]`` tensor per leading index (one
+    run each). Every mass in ``masses`` (shape of ``surprisal``) is selected with the same ranking (one sort; ties
+    in a fixed order). Returns the selected masses, each in [0, mass]."""
+    per_run = isinstance(frac, torch.Tensor)
+    rows = surprisal.shape[0] if per_run else 1
+    s = surprisal.reshape(rows, -1)
+    # descending surprisal; numpy's introsort is ~4x faster than a stable torch sort here and deterministic
+    order = torch.from_numpy(np.ascontiguousarray((-s).numpy().argsort(axis=1)))
+    out = []
+    for m in masses:
+        w = m.reshape(rows, -1)
+        f = frac.reshape(rows, 1).to(w.dtype) if per_run else float(frac)
+        w_sorted = w.gather(1, order)
+        budget = f * w.sum(1, keepdim=True)
+        before = torch.cumsum(w_sorted, 1) - w_sorted
+        taken = torch.minimum((budget - before).clamp_min_(0.0), w_sorted)
+        out.append(torch.empty_like(taken).scatter_(1, order, taken).reshape(surprisal.shape))
+    return tuple(out)
 
 
-def expected_step(
-    config: TabularSimConfig, state: TabularState, h_before: float | None = None
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The mean-field expected update (module docstring) → (Δz ``[S, L, V]`` float64, metrics row), not applied.
+def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float | torch.Tensor) -> torch.Tensor:
+    """The selected fraction (in [0, 1]; 0 for zero mass) of each entry's mass under :func:`top_mass_selected`."""
+    (taken,) = top_mass_selected(surprisal, (mass,), frac)
+    return torch.where(mass > 0, taken / mass.clamp_min(1e-300), torch.zeros_like(taken))
 
-    Δz_k = (lr/τ)·π_k (B_k − Σ_j π_j B_j), B_k = ω⁺_k A⁺_k + ω⁻_k A⁻_k with A⁺_k = E[Â·1(Â>0) | a_l = k] =
-    P(r=1|k)(1 − p̄)/(σ + ε), A⁻_k = −P(r=0|k)·p̄/(σ + ε), σ = sqrt(p̄(1 − p̄)), ε = 1e-6 (the core's GRPO ε). For
-    GRPO (ω ≡ 1) this is Cui et al.'s expected PG, Δz_k = lr·π_k A_k with E_π A = 0, whose first-order entropy
-    change is −lr·Cov_π(log π, π A) (docs/theory.md §2). Plus lr·β·∂H/∂z for the entropy bonus.
+
+def expected_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
+    """The mean-field step of every run (module docstring) as :class:`~simulators.tabular_step.StepParts`; the gate
+    sees the mean entropy over all states.
+
+    Written in masses: with inv = 1/(σ + ε) (0 for a prompt without reward variance), f⁺ = (1 − p̄)·inv,
+    f⁻ = −p̄·inv, the masses m⁺_k = π_k P(r=1|k), m⁻_k = π_k P(r=0|k) and their selected parts s±_k, π_k B_k =
+    f⁺(m⁺_k + (W − 1)s⁺_k) + f⁻(m⁻_k + (M − 1)s⁻_k) and Δz = (lr/τ)(πB − π Σ_j π_j B_j).
     """
-    from stare_lab.entropy import entropy_from_logits, entropy_sensitivity, logprobs_from_logits
-
-    S, G, L, V = config.num_prompts, config.group_size, config.seq_len, config.vocab_size
-    tau, eps = config.temperature, 1e-6
-    t0 = time.perf_counter()
-    z = state.logits
-    h_before = mean_entropy(z, tau) if h_before is None else h_before
-    gate_on, w, m = _gate(state, h_before)
-    vocab_ids = torch.arange(V).expand(S, L, V)
-    z_all = z.unsqueeze(-2).expand(S, L, V, V)
-    logp = logprobs_from_logits(z_all, vocab_ids, temperature=tau).detach()  # [S, L, V]
-    probs = logp.exp()
-    p_bar, p1 = success_given_token(config, probs, state.correct)
-    p_rule = success_given_token(config, probs, state.correct, rule_only=True)[0]
+    cfg = batch.base
+    R, S, L, G = batch.size, cfg.num_prompts, cfg.seq_len, cfg.group_size
+    tau = cfg.temperature
+    gate_on, w, m = gate_decisions(batch, h_before)
+    probs = pol.pi
+    p_rule, p1_rule = success_given_token(cfg, probs, batch.correct, rule_only=True)
+    if cfg.reward == "random":
+        p_bar, p1 = success_given_token(cfg, probs, batch.correct, random_p=batch.random_reward_p)
+    else:  # the noisy verifier: P(r = 1) = ε + (1 − 2ε)·P(rule)
+        eps = batch.reward_noise
+        p_bar = eps.view(R, 1) + (1 - 2 * eps.view(R, 1)) * p_rule
+        p1 = eps.view(R, 1, 1, 1) + (1 - 2 * eps.view(R, 1, 1, 1)) * p1_rule
     sigma = (p_bar * (1 - p_bar)).clamp_min(0).sqrt()
-    active = (sigma > 0).to(z.dtype)[:, None, None]  # Â ≡ 0 for a prompt that always / never succeeds
-    a_pos = active * p1 * (1 - p_bar)[:, None, None] / (sigma[:, None, None] + eps)
-    a_neg = -active * (1 - p1) * p_bar[:, None, None] / (sigma[:, None, None] + eps)
-    mass_pos, mass_neg = active * probs * p1, active * probs * (1 - p1)
-    w_pos, w_neg = torch.ones_like(probs), torch.ones_like(probs)
-    row: dict[str, Any] = {}
-    if config.is_stare:
-        surprisal = -logp
-        frac = float(config.loss.stare.top_p_ratio)
-        sel_pos = top_mass_fraction(surprisal, mass_pos, frac)
-        sel_neg = top_mass_fraction(surprisal, mass_neg, frac)
-        row["stare/frac_pos_selected"] = float((sel_pos * mass_pos).sum()) / (S * L)
-        row["stare/frac_neg_selected"] = float((sel_neg * mass_neg).sum()) / (S * L)
-        if gate_on:
-            w_pos = 1 + (w - 1) * sel_pos
-            if config.loss.stare.variant == "C2":
-                w_neg = 1 + (m - 1) * sel_neg
-    b = w_pos * a_pos + w_neg * a_neg
-    delta = (config.lr / tau) * probs * (b - (probs * b).sum(-1, keepdim=True))  # ∂log π/∂z = (e − π)/τ
-    if config.loss.entropy_coeff > 0:
-        zg = z.detach().clone().requires_grad_(True)
-        entropy_from_logits(zg, temperature=tau).sum().backward()
-        delta = delta + config.lr * config.loss.entropy_coeff * zg.grad
-    check_update(config, state, delta)
-    row.update(
-        {
-            "entropy": h_before,
-            "reward": float(p_bar.mean()),
-            "gate_on": int(gate_on),
-            "stare_w": w,
-            "stare_m": m,
-            "accuracy": float(p_rule.mean()),
-            f"pass@{G}": float((1 - (1 - p_rule) ** G).mean()),
-            "pred_entropy_change": predicted_entropy_change_mean(z, delta, tau),
-        }
-    )
-    # token-level decomposition Δz = Σ_k c_k (e_k − π)/τ with c_k = lr·π_k B_k, split into the Â>0 and Â<0 parts
-    phi = entropy_sensitivity(z_all, vocab_ids, temperature=tau).detach() / tau**2
-    high = phi > 0  # ⇔ surprisal > s* (critical_surprisal's docstring: sign Φ(a) = sign(s_a − s*))
-    c_pos, c_neg = config.lr * probs * w_pos * a_pos, config.lr * probs * w_neg * a_neg
-    row["pred/phi_tokens"] = float(((c_pos + c_neg) * phi).sum()) / (S * L)
-    ones = torch.ones_like(phi)
-    row.update(
-        _quadrants(
-            torch.cat([c_pos, c_neg]),
-            torch.cat([ones * active, -ones * active]),
-            torch.cat([phi, phi]),
-            torch.cat([high, high]),
-            S * L,
-            count_weight=G * torch.cat([mass_pos, mass_neg]),
-        )
-    )
-    row["time/update_s"] = time.perf_counter() - t0
-    return delta, row
+    inv = torch.where(sigma > 0, 1.0 / (sigma + GRPO_EPS), torch.zeros_like(sigma))  # Â ≡ 0 without variance
+    f_pos, f_neg = ((1 - p_bar) * inv)[..., None, None], (-p_bar * inv)[..., None, None]
+    active = (sigma > 0).to(probs.dtype)[..., None, None]
+    mass_pos = active * probs * p1
+    mass_neg = active * probs - mass_pos
+    sel_pos, sel_neg = top_mass_selected(-pol.logp, (mass_pos, mass_neg), batch.top_p)
+    view = lambda x: x.view(R, 1, 1, 1)  # noqa: E731
+    apply = (gate_on & batch.is_stare).double()
+    kw, km = view(apply * (w - 1)), view(apply * batch.is_c2.double() * (m - 1))
+    pos, neg = f_pos * (mass_pos + kw * sel_pos), f_neg * (mass_neg + km * sel_neg)  # π·B split by the sign of Â
+    pb = torch.stack([pos + neg, f_pos * mass_pos + f_neg * mass_neg, f_pos * sel_pos, f_neg * sel_neg])
+    lr = view(batch.lr)
+    parts = (lr / tau) * (pb - probs * pb.sum(-1, keepdim=True))
+    parts[0] += view(batch.lr * batch.entropy_coeff) * pol.grad
+    # quadrants of the token decomposition Δz = Σ_k c_k (e_k − π)/τ, c_k = lr·π_k·B_k, split into Â>0 and Â<0
+    n_states = S * L
+    quad = quadrant_stats(pol.psi > 0, torch.stack([G * mass_pos, G * mass_neg]),
+                          torch.stack([lr * pos, lr * neg]) * pol.psi / n_states)
+    scalars = {
+        "reward": p_bar.mean(-1),
+        "accuracy": p_rule.mean(-1),
+        f"pass@{G}": (1 - (1 - p_rule) ** G).mean(-1),
+        "gate_on": gate_on.double(),
+        "stare_w": w,
+        "stare_m": m,
+        **quad,
+    }
+    frac_pos = apply * sel_pos.sum((1, 2, 3)) / n_states
+    frac_neg = apply * batch.is_c2.double() * sel_neg.sum((1, 2, 3)) / n_states
+    rows = [{} for _ in range(R)]
+    for r, (fp, fn) in enumerate(zip(frac_pos.tolist(), frac_neg.tolist())):
+        if batch.is_stare[r]:
+            rows[r].update({"stare/frac_pos_selected": fp, "stare/frac_neg_selected": fn})
+    plain = batch.entropy_coeff == 0
+    return StepParts(parts, scalars, rows, gate_on & batch.is_stare, plain)

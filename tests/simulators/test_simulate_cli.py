@@ -121,11 +121,15 @@ def test_fallback_plots(tmp_path):
         (["loss.loss_mode=grpo"], "loss.loss_mode is set by method 'grpo'; choose the method with --methods"),
         (["stare.variant=C2"], "loss.stare.variant is set by method 'o1'; choose the method with --methods"),
         (["--methods", "grpo-ds", "dynamic_sampling=false"], "dynamic_sampling is set by method 'grpo-ds'"),
-        (["target_entropy_frac=2"], "target_entropy_frac=2 is outside (0, 1]"),
-        (["target_entropy_frac=0"], "target_entropy_frac=0 is outside (0, 1]"),
-        # fresh-user review item 1: an explicit target and a fraction cannot both hold
-        (["stare.target_entropy=0.5", "target_entropy_frac=0.4"],
-         "loss.stare.target_entropy=0.5 and target_entropy_frac=0.4 both set the STARE target entropy"),
+        (["target_entropy_rel=-1"], "target_entropy_rel=-1 is outside (0, inf]"),
+        (["target_entropy_rel=0"], "target_entropy_rel=0 is outside (0, inf]"),
+        # fresh-user review item 1: an explicit target and a relative one cannot both hold
+        (["stare.target_entropy=0.5", "target_entropy_rel=0.4"],
+         "loss.stare.target_entropy=0.5 and target_entropy_rel=0.4 both set the STARE target entropy"),
+        (["--sweep", "lr"], "--sweep 'lr' must look like KEY=V1,V2"),
+        (["--sweep", "stare.variant=O1,C2"], "--sweep loss.stare.variant: loss.stare.variant is set by method"),
+        (["--sweep", "lr=1,2", "lr=3"], "lr is both overridden and swept"),
+        (["--workers", "0"], "--workers=0 must be an integer >= 1"),
     ],
 )
 def test_bad_input_is_one_clean_line_and_leaves_nothing(tmp_path, capsys, args, message):
@@ -208,49 +212,47 @@ def test_override_of_a_key_the_method_leaves_alone_is_kept(tmp_path):
 
 
 def test_divergence_names_lr_and_step_and_leaves_nothing(tmp_path, capsys):
-    """Review item 12: in sampled mode the update is Δz = −lr·(n·L)·∂loss/∂z (simulators.tabular docstring); with
-    lr=1e308 and n·L = 16 the factor lr·n·L overflows to inf → RunError naming lr and the step; the started run
-    directory (no completed step) and the sweep folders it created are removed."""
+    """Review item 12: on the core-loss path the update is Δz = −lr·(n·L)·∂loss/∂z (simulators.tabular docstring);
+    with lr=1e308 and n·L = 16 the factor overflows to inf → RunError naming lr and the step; the started run
+    directory (no completed step) and the sweep folders it created are removed. (grpo/o1/c2 take the closed form,
+    which cannot overflow for a finite lr: tests/simulators/test_tabular.py.)"""
     out = tmp_path / "d"
-    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "3", "--out", str(out), "--no-plots",
-                    "lr=1e308", *SMALL) == 1
+    assert simulate("--preset", "collapse", "--methods", "clip_cov", "--seeds", "1", "--steps", "3", "--out",
+                    str(out), "--no-plots", "lr=1e308", *SMALL) == 1
     err = capsys.readouterr().err
     assert "lr=1e+308 made the logits non-finite at step 0; lower lr" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
 
 
 def test_check_update_refuses_overflowing_logits():
-    """check_update (used by both modes): a finite Δz whose sum with the logits overflows (1e308 + 1e308 > 1.8e308,
-    the float64 maximum) and a Δz holding NaN are refused, naming lr and the state's step; a finite one passes."""
+    """check_update (both modes): a finite Δz whose sum with the logits overflows (1e308 + 1e308 > 1.8e308, the
+    float64 maximum) and a Δz holding NaN are refused, naming lr and the step; a finite one passes."""
     import torch
 
-    from simulators.tabular import TabularSimConfig, check_update, init_state
+    from simulators.tabular import TabularSimConfig, check_update
     from stare_lab.errors import RunError
 
     cfg = TabularSimConfig(num_prompts=2, seq_len=1, vocab_size=2, threshold=1, lr=0.5, mode="expected")
-    state = init_state(cfg)
-    state.step = 7
-    state.logits = torch.full_like(state.logits, 1e308)
+    logits = torch.full((2, 1, 2), 1e308, dtype=torch.float64)
     with pytest.raises(RunError, match=r"^lr=0.5 made the logits non-finite at step 7; lower lr$"):
-        check_update(cfg, state, torch.full_like(state.logits, 1e308))
-    state.logits = torch.zeros_like(state.logits)
+        check_update(cfg, 7, torch.full_like(logits, 1e308), logits)
     with pytest.raises(RunError, match="at step 7"):
-        check_update(cfg, state, torch.full_like(state.logits, float("nan")))
-    check_update(cfg, state, torch.full_like(state.logits, 1e308))
+        check_update(cfg, 7, torch.full_like(logits, float("nan")), torch.zeros_like(logits))
+    check_update(cfg, 7, torch.full_like(logits, 1e308), torch.zeros_like(logits))
 
 
 def test_divergence_keeps_finished_runs(tmp_path):
-    """A later run that diverges leaves the sweep's finished runs in place and removes only its own folders."""
+    """A run that diverges leaves the sweep's other runs finished and removes only its own folders."""
     from simulators.sweep import plan_sweep, run_sweep
     from stare_lab.errors import RunError
 
     out = tmp_path / "k"
-    plan = plan_sweep("collapse", ["grpo", "o1"], 1, out, overrides=SMALL, steps=2)
-    plan.configs[("o1", 0)].lr = 1e308  # only the second run diverges
+    plan = plan_sweep("collapse", ["grpo", "clip_cov"], 1, out, overrides=SMALL, steps=2, workers=1)
+    plan.configs[("clip_cov", 0)].lr = 1e308  # only this run diverges
     with pytest.raises(RunError, match="lr=1e\\+308 made the logits non-finite at step 0"):
         run_sweep(plan)
     assert len(rows(out / "grpo" / "seed0")) == 2
-    assert not (out / "o1").exists()  # created by this sweep and left empty by the failed run: removed
+    assert not (out / "clip_cov").exists()  # created by this sweep and left empty by the failed run: removed
 
 
 def test_overwrite_with_fewer_runs_covers_exactly_the_new_runs(tmp_path, capsys):
@@ -297,65 +299,38 @@ def test_resume_with_fewer_runs_reports_only_the_planned_runs(tmp_path, monkeypa
     monkeypatch.setattr(front, "main", spy)
     assert real_main(["simulate", "--methods", "grpo", "--seeds", "1", "--steps", "4", "--out", str(out),
                       "--resume", *SMALL]) == 0
-    assert calls == [["analyze", str(out / "grpo" / "seed0"), "--out", str(out / "figures")]]
+    assert calls == [["analyze", str(out / "grpo" / "seed0"), "--out", str(out / "figures"), "--summary",
+                      str(out / "summary.json")]]
     assert (out / "o1" / "seed1" / "metrics.jsonl").is_file()
 
 
-def test_note_when_stare_barely_differs_from_grpo():
-    """Review item 21, on hand-made summaries: GRPO ends at 0.08 nats with H_tgt 0.96 → tolerance 0.1 × 0.96 = 0.096
-    nats; O1 at 0.09 (|Δ| = 0.01) is flagged, C2 at 0.5 (|Δ| = 0.42) is not; a STARE method whose gate never opened
-    gets the other note; no GRPO row → no note."""
-    from simulators.sweep import stare_note
-
-    def summary(finals, gates=None, adaptive=False):
-        methods, config = {}, {}
-        for m, h in finals.items():
-            methods[m] = {"mean": {"final_entropy": h, "target_entropy": 0.96, "gate_on_frac": (gates or {}).get(m, 0.5)}}
-            mode = "grpo" if m == "grpo" else "stare"
-            config[f"{m}/seed0"] = {"loss": {"loss_mode": mode, "stare": {"reweight_w": 1.1, "reweight_m": 0.9,
-                                                                             "adaptive": adaptive}}}
-        return {"methods": methods, "config": config, "seeds": [0]}
-
-    note = stare_note(summary({"grpo": 0.08, "o1": 0.09, "c2": 0.5}))
-    assert note.startswith("note: at these settings O1 barely differs from GRPO") and "W=1.1, M=0.9" in note
-    assert "within 0.096 nats" in note and "docs/theory.md §6" in note and "or o1-adaptive" in note
-    assert "C2" not in note
-    both = stare_note(summary({"grpo": 0.08, "o1": 0.09, "c2": 0.1}))
-    assert "O1/C2 barely differ" in both
-    assert stare_note(summary({"grpo": 0.08, "o1": 0.5, "c2": 0.6})) is None
-    assert stare_note(summary({"o1": 0.09, "c2": 0.1})) is None
-    assert "gate never opened" in stare_note(summary({"grpo": 1.5, "o1": 1.5}, gates={"o1": 0.0}))
-    assert "raise target_entropy_frac" in stare_note(summary({"grpo": 1.5, "o1": 1.5}, gates={"o1": 0.0}))
-    off = summary({"grpo": 1.5, "o1": 1.5, "c2": 1.5}, gates={"o1": 0.0, "c2": 0.0})
-    off["config"]["o1/seed0"]["loss"]["stare"]["gate"] = "never"
-    note = stare_note(off)
-    assert note.startswith("note: O1 ended like GRPO because the gate is disabled (stare.gate=never")
-    assert "; C2 ended like GRPO because the gate never opened" in note
-    assert "or o1-adaptive" not in stare_note(summary({"grpo": 0.08, "o1": 0.09}, adaptive=True))
-
-
-def test_note_is_printed_after_the_table(tmp_path, capsys):
-    """At the collapse preset's paper defaults (W=1.1, M=0.9) on a small task (40 steps, seed 0) O1/C2 end at
-    0.061 / 0.099 nats vs GRPO's 0.083 (measured), within 0.1 × H_tgt = 0.058 nats: the CLI prints the note
-    (item 21)."""
+def test_headline_first_notes_after_the_table(tmp_path, capsys):
+    """The headline is the first line, the notes (simulators.notes; their logic: test_notes.py) come after the
+    table; on the demo preset's task (small, 60 steps) the paper's O1 does not hold the band and gets a note."""
     out = tmp_path / "n"
-    assert simulate("--seeds", "1", "--steps", "40", "--out", str(out), "--no-plots", *SMALL) == 0
-    text = capsys.readouterr().out
-    assert "note: at these settings" in text and "docs/theory.md §6" in text
+    assert simulate("--methods", "grpo,o1", "--seeds", "1", "--steps", "60", "--out", str(out), "--no-plots",
+                    *SMALL) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("GRPO ") and "not held: o1" in lines[0]
+    table = next(i for i, ln in enumerate(lines) if ln.startswith("method"))
+    notes = [i for i, ln in enumerate(lines) if ln.startswith("note: o1")]
+    assert notes and notes[0] > table
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["headline"] == lines[0] and summary["notes"]
 
 
-def test_explicit_target_entropy_replaces_the_presets_fraction(tmp_path):
-    """Fresh-user review item 1: the collapse preset sets target_entropy_frac=0.55 (H_tgt = 0.55 x H0 = 0.955 nats
-    at its start); an explicit stare.target_entropy=0.5 now switches the fraction off, so config.yaml and the
-    table carry 0.5. With target_entropy_frac=null given too it is accepted the same way."""
+def test_explicit_target_entropy_replaces_the_presets_relative_target(tmp_path):
+    """Fresh-user review item 1: the bandit preset sets target_entropy_rel=0.5 (H_tgt = 0.5 × ln 3); an explicit
+    stare.target_entropy=0.5 switches it off, so config.yaml and the table carry 0.5. With target_entropy_rel=null
+    given too it is accepted the same way."""
     import yaml
 
-    for extra, name in (([], "a"), (["target_entropy_frac=null"], "b")):
+    for extra, name in (([], "a"), (["target_entropy_rel=null"], "b")):
         out = tmp_path / name
-        assert simulate("--methods", "o1", "--seeds", "1", "--steps", "2", "--out", str(out), "--no-plots",
-                        "stare.target_entropy=0.5", *extra) == 0
+        assert simulate("--preset", "bandit", "--methods", "o1", "--seeds", "1", "--steps", "2", "--out", str(out),
+                        "--no-plots", "stare.target_entropy=0.5", *extra) == 0
         cfg = yaml.safe_load((out / "o1" / "seed0" / "config.yaml").read_text())
-        assert cfg["loss"]["stare"]["target_entropy"] == 0.5 and cfg["target_entropy_frac"] is None
+        assert cfg["loss"]["stare"]["target_entropy"] == 0.5 and cfg["target_entropy_rel"] is None
         summary = json.loads((out / "summary.json").read_text())
         assert summary["methods"]["o1"]["mean"]["target_entropy"] == 0.5
 
@@ -364,11 +339,49 @@ def test_config_from_overrides_follows_the_same_target_rule():
     from simulators.tabular import config_from_overrides
     from stare_lab.errors import ConfigError
 
-    assert config_from_overrides({}).target_entropy_frac == 0.55  # the default fraction stays without a target
+    cfg = config_from_overrides({"target_entropy_rel": 0.5})
+    assert cfg.target_entropy_rel == 0.5  # kept without an explicit target
     cfg = config_from_overrides({"loss": {"stare": {"target_entropy": 0.4}}})
-    assert cfg.target_entropy_frac is None and cfg.loss.stare.target_entropy == 0.4
-    with pytest.raises(ConfigError, match=r"^loss.stare.target_entropy=0.4 and target_entropy_frac=0.3 both set"):
-        config_from_overrides({"target_entropy_frac": 0.3, "loss": {"stare": {"target_entropy": 0.4}}})
+    assert cfg.target_entropy_rel is None and cfg.loss.stare.target_entropy == 0.4
+    with pytest.raises(ConfigError, match=r"^loss.stare.target_entropy=0.4 and target_entropy_rel=0.3 both set"):
+        config_from_overrides({"target_entropy_rel": 0.3, "loss": {"stare": {"target_entropy": 0.4}}})
+
+
+def test_target_above_the_reward_optimal_entropy_is_a_note(tmp_path, capsys):
+    """docs/theory.md §7: on the collapse task (2 correct tokens per position) H_tgt = 0.9 nats is above ln 2."""
+    assert simulate("--preset", "collapse", "--methods", "o1", "--seeds", "1", "--steps", "2", "--out",
+                    str(tmp_path / "t"), "--no-plots", "stare.target_entropy=0.9") == 0
+    text = capsys.readouterr().out
+    assert "note: stare.target_entropy=0.9 nats is above the reward-optimal entropy 0.693 nats" in text
+
+
+def test_sweep_grid_layout_and_critical(tmp_path, capsys):
+    """--sweep: one run directory per (method, grid point, seed), GRPO once (W does not change it), summary with
+    the grid and critical.o1 (measured / predicted keys), the critical line on the terminal."""
+    out = tmp_path / "g"
+    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "20", "--out", str(out), "--no-plots",
+                    "--sweep", "stare.reweight_w=1.1,2.0", "--workers", "2", *SMALL) == 0
+    text = capsys.readouterr().out
+    for d in ("grpo/seed0", "grpo/seed1", "o1/W=1.1/seed0", "o1/W=2/seed1"):
+        assert (out / d / "metrics.jsonl").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sweep"]["grid"] == [["loss.stare.reweight_w", [1.1, 2.0]]]
+    assert set(summary["methods"]) == {"grpo", "o1 [W=1.1]", "o1 [W=2]"}
+    crit = summary["critical"]["o1"]
+    for key in ("measured_w", "predicted_w", "predicted_w_grpo", "predicted_w_measured_drift", "deviation_by_w"):
+        assert key in crit
+    assert "critical W (o1): measured" in text
+
+
+def test_workers_do_not_change_results(tmp_path):
+    """The same sweep over 1 and 2 worker processes writes the same rows (each run's numbers do not depend on the
+    batch it lands in)."""
+    base = ["--methods", "grpo,o1,c2", "--seeds", "2", "--steps", "5", "--no-plots", *SMALL]
+    assert simulate(*base, "--out", str(tmp_path / "one"), "--workers", "1") == 0
+    assert simulate(*base, "--out", str(tmp_path / "two"), "--workers", "2") == 0
+    for m in ("grpo", "o1", "c2"):
+        for s in (0, 1):
+            assert rows(tmp_path / "one" / m / f"seed{s}") == rows(tmp_path / "two" / m / f"seed{s}")
 
 
 def _metrics_without(path, drop):
@@ -378,24 +391,26 @@ def _metrics_without(path, drop):
 def test_kl_cov_note_and_identity_with_grpo(tmp_path, capsys):
     """Fresh-user review item 2: with one on-policy update per batch rho = 1, log rho = 0 and d|log rho| = 0 (torch's
     abs has gradient 0 at 0), so kl_cov takes GRPO's steps exactly (same seed: every metric equal, bar its own
-    selected fraction); the CLI says so."""
+    selected fraction); the CLI says so. (Aggregation seq-mean-token-mean — equal to token-mean here, every response
+    has L tokens — puts grpo on the core-loss path too, so both take their steps through the same code.)"""
     out = tmp_path / "k"
-    assert simulate("--methods", "grpo,kl_cov", "--seeds", "1", "--steps", "4", "--out", str(out), "--no-plots",
-                    *SMALL) == 0
+    assert simulate("--preset", "collapse", "--methods", "grpo,kl_cov", "--seeds", "1", "--steps", "4", "--out",
+                    str(out), "--no-plots", "loss.loss_agg_mode=seq-mean-token-mean", *SMALL) == 0
     text = capsys.readouterr().out
     notes = [ln for ln in text.splitlines() if ln.startswith("note: kl_cov")]
     assert len(notes) == 1 and "equals GRPO" in notes[0] and "updates_per_batch=N" in notes[0]
     drop = ("kl_cov",)
     assert _metrics_without(out / "kl_cov" / "seed0", drop) == _metrics_without(out / "grpo" / "seed0", drop)
-    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(tmp_path / "g"), "--no-plots",
-                    *SMALL) == 0
+    assert simulate("--preset", "collapse", "--methods", "grpo", "--seeds", "1", "--steps", "2", "--out",
+                    str(tmp_path / "g"), "--no-plots", *SMALL) == 0
     assert "note: kl_cov" not in capsys.readouterr().out
 
 
 def test_kl_cov_note_on_transformer_plans_depends_on_updates_per_batch(tmp_path):
     """The transformer simulator takes updates_per_batch updates per batch: the note is there for 1 (the default),
     not for 2 (then rho != 1 from the second update on). plan_sweep writes nothing, so no run is needed."""
-    from simulators.sweep import plan_notes, plan_sweep
+    from simulators.notes import plan_notes
+    from simulators.sweep import plan_sweep
 
     one = plan_notes(plan_sweep("transformer", ["grpo", "kl_cov"], 1, tmp_path / "t"))
     assert len(one) == 1 and one[0].startswith("note: kl_cov ran with one on-policy update per rollout batch")
@@ -407,11 +422,12 @@ def test_gate_never_note(tmp_path, capsys):
     """Fresh-user review item 3: with stare.gate=never the STARE weights are never applied, so O1/C2 equal GRPO; the
     note names the disabled gate, not an entropy that stayed above H_tgt."""
     out = tmp_path / "gn"
-    assert simulate("--seeds", "1", "--steps", "4", "--out", str(out), "--no-plots", "stare.gate=never", *SMALL) == 0
+    assert simulate("--methods", "grpo,o1,c2", "--seeds", "1", "--steps", "4", "--out", str(out), "--no-plots",
+                    "stare.gate=never", *SMALL) == 0
     text = capsys.readouterr().out
     note = [ln for ln in text.splitlines() if ln.startswith("note:")]
-    assert note == ["note: O1/C2 ended like GRPO because the gate is disabled (stare.gate=never: the STARE weights are "
-                    "never applied); use stare.gate=entropy (the paper's gate) to see STARE act"]
+    assert note == [f"note: {m} ended like GRPO because the gate is disabled (stare.gate=never: the STARE weights "
+                    "are never applied); use stare.gate=entropy (the paper's gate) to see STARE act" for m in ("o1", "c2")]
 
 
 def test_stare_overrides_without_a_stare_method_get_a_note(tmp_path, capsys):

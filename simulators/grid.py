@@ -1,0 +1,143 @@
+"""Sweep grids (``stare-lab simulate --sweep KEY=V1,V2,…``) and the critical STARE strength read off them.
+
+A grid is a list of ``(dotted key, values)``; its points are the cartesian product. A method only sees the keys that
+can change its runs (``loss.stare.*`` keys are dropped for methods without the STARE loss), so GRPO runs once per
+point of the other keys. Run directories: ``OUT/<method>/<label>/seed<k>`` with ``label`` = ``W=1.2,lr=0.5`` (the
+short names of :data:`SHORT_NAMES`), or ``OUT/<method>/seed<k>`` for a method without grid keys.
+
+:func:`critical_summary` turns a sweep over ``loss.stare.reweight_w`` into ``critical.<method>`` (docs/theory.md §7,
+:mod:`stare_lab.critical`): ``measured_w`` (the smallest grid W whose runs hold the band on every seed),
+``predicted_w`` (the first-order prediction: median over the held runs of their largest W*(t) over the second
+half), ``predicted_w_grpo`` (the GRPO-only estimate: median over the GRPO seeds of W* where they first cross
+H_tgt), ``predicted_w_measured_drift`` (like ``predicted_w`` but with the *measured* one-step change of the ω ≡ 1
+update in place of D_GRPO: it includes the second-order, noise-driven drift the first order leaves out), and
+``tolerance`` / ``within_tolerance`` (max(35 % of W − 1, one grid step)). With other grid keys (e.g. ``lr``) the
+same is given per slice of those keys under ``by_slice``; the top-level values are those of the slice at the
+preset's own values of those keys (``slice``), else of the first slice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from typing import Any
+
+from stare_lab.config import parse_overrides
+from stare_lab.errors import ConfigError
+
+__all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY"]
+
+W_KEY = "loss.stare.reweight_w"
+#: short names of grid keys in run-directory labels and tables
+SHORT_NAMES = {W_KEY: "W", "loss.stare.reweight_m": "M", "loss.stare.target_entropy": "H_tgt",
+               "target_entropy_rel": "H_tgt_rel"}
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[Any]]]:
+    """``["stare.reweight_w=1.1,1.2", "lr=0.5,1"]`` → ``[("loss.stare.reweight_w", [1.1, 1.2]), ("lr", [0.5, 1.0])]``
+    (``stare.`` is short for ``loss.stare.``; values parsed like overrides).
+
+    Raises:
+        ConfigError: an item without ``=``, an empty value list or value, a key given twice, or ``method`` /
+            ``seed`` (use ``--methods`` / ``--seeds``).
+    """
+    grid: list[tuple[str, list[Any]]] = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--sweep {item!r} must look like KEY=V1,V2,... (e.g. stare.reweight_w=1.1,1.3,1.5)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        key = "loss." + key if key.startswith("stare.") else key
+        parts = [p.strip() for p in raw.split(",")]
+        if not key or not parts or any(p == "" for p in parts):
+            raise ConfigError(f"--sweep {item!r} needs a key and a comma-separated list of values without gaps")
+        if key in ("method", "seed"):
+            raise ConfigError(f"--sweep {item!r}: set {key} with --{key}s")
+        if any(k == key for k, _ in grid):
+            raise ConfigError(f"--sweep gives {key} twice")
+        values = [v for _, v in parse_overrides(f"{key}={p}" for p in parts)]
+        if len(set(map(repr, values))) != len(values):
+            raise ConfigError(f"--sweep {item!r} lists a value twice")
+        grid.append((key, values))
+    return grid
+
+
+def method_points(grid: list[tuple[str, list[Any]]], is_stare: bool) -> list[dict[str, Any]]:
+    """The grid points a method runs: the product over the keys that can change its runs (``loss.stare.*`` only for
+    STARE methods); ``[{}]`` when none."""
+    keys = [(k, v) for k, v in grid if is_stare or not k.startswith("loss.stare.")]
+    return [dict(zip([k for k, _ in keys], combo)) for combo in itertools.product(*[v for _, v in keys])]
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def point_label(point: dict[str, Any]) -> str:
+    """``{"loss.stare.reweight_w": 1.2, "lr": 0.5}`` → ``"W=1.2,lr=0.5"`` ("" for no keys)."""
+    return ",".join(f"{SHORT_NAMES.get(k, k.rsplit('.', 1)[-1])}={_fmt(v)}" for k, v in point.items())
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return statistics.median(vals) if vals else None
+
+
+def critical_summary(
+    groups: dict[str, dict[str, Any]], grid: list[tuple[str, list[Any]]], band: float,
+    base: dict[str, Any] | None = None,
+) -> dict:
+    """``critical.<method>`` (module docstring) from the sweep's groups: label → ``{"method", "point", "is_stare",
+    "runs": {seed: stats}}`` with each run's :func:`simulators.run_stats.run_stats` (``mean_abs_dev_second_half``,
+    ``critical_w``, ``critical_w_measured_drift``, ``w_star_at_crossing``). Empty without a W grid. With other grid
+    keys the top-level values are those of the slice at ``base`` (the preset's own values of those keys) when the
+    grid has it, else of the first slice."""
+    from stare_lab.critical import measured_critical_w, tolerance
+
+    w_values = next((v for k, v in grid if k == W_KEY), None)
+    if not w_values:
+        return {}
+    ws = sorted(float(w) for w in w_values)
+    step = min((b - a for a, b in zip(ws, ws[1:])), default=0.0)
+    others = [k for k, _ in grid if k != W_KEY]
+    out: dict[str, Any] = {}
+    methods = sorted({g["method"] for g in groups.values() if g["is_stare"]})
+    for method in methods:
+        slices: dict[str, dict[str, Any]] = {}
+        for g in groups.values():
+            if g["method"] != method:
+                continue
+            other = {k: g["point"][k] for k in others if k in g["point"]}
+            slices.setdefault(point_label(other), {"point": other, "by_w": {}})["by_w"][float(g["point"][W_KEY])] = g
+        by_slice = {}
+        for label, sl in slices.items():
+            devs = {w: [r.get("mean_abs_dev_second_half") for r in g["runs"].values()] for w, g in sl["by_w"].items()}
+            measured = measured_critical_w(devs, band)
+            held = [r for w, g in sl["by_w"].items() if _holds(devs[w], band) for r in g["runs"].values()]
+            grpo = [g for g in groups.values() if not g["is_stare"] and g["method"] in ("grpo", "grpo-ds")
+                    and all(g["point"].get(k) == v for k, v in sl["point"].items())]
+            entry = {
+                "point": sl["point"],
+                "measured_w": measured,
+                "predicted_w": _median([r.get("critical_w") for r in held]),
+                "predicted_w_measured_drift": _median([r.get("critical_w_measured_drift") for r in held]),
+                "predicted_w_grpo": _median([r.get("w_star_at_crossing") for g in grpo for r in g["runs"].values()]),
+                "held_runs": len(held),
+                "grid_step": step,
+                "deviation_by_w": {f"{w:g}": devs[w] for w in sorted(devs)},
+            }
+            if measured is not None:
+                entry["tolerance"] = tolerance(measured, step)
+                for key in ("predicted_w", "predicted_w_measured_drift"):
+                    p = entry[key]
+                    entry[f"{key}_within_tolerance"] = None if p is None else abs(p - measured) <= entry["tolerance"]
+            by_slice[label] = entry
+        first = by_slice.get(point_label({k: (base or {}).get(k) for k in others}), next(iter(by_slice.values())))
+        out[method] = {**{k: v for k, v in first.items() if k != "point"}, "slice": first["point"],
+                       "by_slice": by_slice}
+    return out
+
+
+def _holds(devs: list[float | None], band: float) -> bool:
+    return bool(devs) and all(isinstance(d, (int, float)) and math.isfinite(d) and d < band for d in devs)

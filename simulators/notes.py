@@ -1,0 +1,300 @@
+"""What ``stare-lab simulate`` tells the user after a sweep: the one-line headline and the notes.
+
+The notes reason from direction and regime, in this order (docs/theory.md §6–§7), for each STARE group that did not
+hold the band on every seed:
+
+1. gate disabled (``stare.gate=never``) or never opened (the entropy stayed above H_tgt): STARE never acted;
+2. outside the first-order regime: the push acted at less than :data:`simulators.run_stats.REGIME_RATIO` of its
+   first-order size, or it moved the entropy the wrong way (ended below GRPO, collapsed earlier, or a larger W of
+   the grid ended lower): lower lr — a stronger W does not help there;
+3. GRPO itself did not collapse (no seed below 10 % of its initial entropy and its entropy not below the band):
+   then nothing is said about STARE being too weak;
+4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
+   the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`) from the GRPO
+   runs where they cross H_tgt.
+
+Independently of 1–4, every group (GRPO's probe push included, and a STARE group that held the band) whose push
+acted at less than :data:`~simulators.run_stats.REGIME_RATIO` of its first-order size gets a regime warning.
+
+Plan notes (about the request, before any run): ``kl_cov`` with one update per batch equals GRPO; ``stare.*``
+overrides without a STARE method change nothing; a target above the reward-optimal entropy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .run_stats import REGIME_RATIO
+
+__all__ = ["headline", "sweep_notes", "plan_notes", "group_facts"]
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _f(x: Any, spec: str = ".3g") -> str:
+    v = _num(x)
+    return "-" if v is None else format(v, spec)
+
+
+def group_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per group label: ``method``, ``point``, ``stare`` (config dict of ``loss.stare`` or None), ``n`` seeds,
+    ``held`` / ``collapsed`` seed counts and the seed means (``mean``)."""
+    seed0 = (summary.get("seeds") or [0])[0]
+    n = len(summary.get("seeds") or [0])
+    out = {}
+    for label, entry in (summary.get("methods") or {}).items():
+        cfg = (summary.get("config") or {}).get(f"{label}/seed{seed0}") or {}
+        loss = cfg.get("loss") or {}
+        mean = entry.get("mean") or {}
+        out[label] = {
+            "method": entry.get("method", label), "point": entry.get("point") or {},
+            "stare": (loss.get("stare") or {}) if loss.get("loss_mode") == "stare" else None,
+            "n": n, "held": int(mean.get("held_runs") or 0), "collapsed": int(mean.get("collapsed_runs") or 0),
+            "mean": mean, "lr": cfg.get("lr"),
+        }
+    return out
+
+
+def _same_slice(a: dict, b: dict) -> bool:
+    """Two groups at the same values of the grid keys that both have (``loss.stare.*`` keys ignored)."""
+    keys = {k for k in a if not k.startswith("loss.stare.")} & {k for k in b if not k.startswith("loss.stare.")}
+    return all(a[k] == b[k] for k in keys)
+
+
+def _grpo_for(facts: dict[str, dict[str, Any]], g: dict[str, Any]) -> dict[str, Any] | None:
+    for f in facts.values():
+        if f["method"] in ("grpo", "grpo-ds") and _same_slice(f["point"], g["point"]):
+            return f
+    return None
+
+
+def _push(st: dict) -> str:
+    w, m = st.get("reweight_w"), st.get("reweight_m")
+    return f"W={_f(w, 'g')}" + (f", M={_f(m, 'g')}" if st.get("variant") == "C2" else "") + (
+        " adaptive" if st.get("adaptive") else "")
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """One line that says what happened: GRPO's collapse, which STARE methods held the band (and at what reward),
+    which did not, and the critical W when the sweep measured it."""
+    facts = group_facts(summary)
+    parts = []
+    grpo = [f for f in facts.values() if f["method"] in ("grpo", "grpo-ds")]
+    if grpo:
+        g = grpo[0]
+        m = g["mean"]
+        h = f"H {_f(m.get('initial_entropy'))} -> {_f(m.get('final_entropy'))} nats"
+        if g["collapsed"]:
+            parts.append(f"GRPO collapsed on {g['collapsed']}/{g['n']} seeds ({h}, ~step "
+                         f"{_f(m.get('steps_to_collapse'), '.0f')})")
+        elif _grpo_fell(g):
+            parts.append(f"GRPO fell below the band ({h}; no seed below 10 % of its start)")
+        else:
+            parts.append(f"GRPO did not collapse ({h})")
+    stare = {k: f for k, f in facts.items() if f["stare"] is not None}
+    held = {k: f for k, f in stare.items() if f["held"] == f["n"]}
+    if held and "critical" not in summary:
+        best = min(held, key=lambda k: _num(held[k]["mean"].get("mean_abs_dev_second_half")) or 0.0)
+        b = held[best]
+        ref = _grpo_for(facts, b)
+        rew = f" (GRPO {_f(ref['mean'].get('final_reward'))})" if ref else ""
+        parts.append(f"{best} held H_tgt={_f(b['mean'].get('target_entropy'))} on {b['n']}/{b['n']} seeds (mean "
+                     f"|H-H_tgt| {_f(b['mean'].get('mean_abs_dev_second_half'), '.3f')} over the second half) at "
+                     f"reward {_f(b['mean'].get('final_reward'))}{rew}")
+        others = [k for k in held if k != best]
+        if others:
+            parts[-1] += f"; also held: {', '.join(others)}"
+    elif not held and stare:
+        parts.append("no STARE setting held the band on every seed")
+    missed = [k for k in stare if k not in held]
+    if missed and "critical" not in summary:
+        parts.append("not held: " + ", ".join(
+            f"{k} ({_push(stare[k]['stare'])}: {stare[k]['held']}/{stare[k]['n']} seeds, |H-H_tgt| "
+            f"{_f(stare[k]['mean'].get('mean_abs_dev_second_half'), '.3f')})" for k in missed))
+    for method, c in (summary.get("critical") or {}).items():
+        meas = "none of the grid" if c.get("measured_w") is None else _f(c.get("measured_w"), "g")
+        parts.append(f"critical W ({method}): measured {meas}, first-order prediction {_f(c.get('predicted_w'))}"
+                     f" (GRPO-only estimate at the crossing {_f(c.get('predicted_w_grpo'))})")
+    return "; ".join(parts) if parts else "no runs"
+
+
+def sweep_notes(summary: dict[str, Any]) -> list[str]:
+    """The notes of the module docstring for a sweep summary (``simulators.sweep.run_sweep``); [] if none."""
+    facts = group_facts(summary)
+    notes: list[str] = []
+    warned = set()
+    for label, g in facts.items():  # the regime first, for every group (a held band too: it held outside the theory)
+        ratio = _num(g["mean"].get("push_ratio"))
+        if ratio is None or ratio >= REGIME_RATIO or (g["stare"] is not None and g["held"] != g["n"]):
+            continue
+        warned.add(label)
+        what = "its push acted" if g["stare"] is not None and (_num(g["mean"].get("gate_on_frac")) or 0) > 0 else \
+            "a probe push (W − 1 on L+, not applied) acted"
+        notes.append(f"warning: {label} stepped outside the first-order regime (lr={_f(g['lr'], 'g')}): {what} at "
+                     f"{ratio:.0%} of its first-order size (median over steps and seeds), so the first-order "
+                     "predictions (D terms, W*) do not describe it; lower lr (docs/theory.md §7)")
+    for label, g in facts.items():
+        st = g["stare"]
+        if st is None or g["held"] == g["n"]:
+            continue
+        m = g["mean"]
+        gate = _num(m.get("gate_on_frac")) or 0.0
+        if st.get("gate") == "never":
+            notes.append(f"note: {label} ended like GRPO because the gate is disabled (stare.gate=never: the STARE "
+                         "weights are never applied); use stare.gate=entropy (the paper's gate) to see STARE act")
+            continue
+        if gate == 0:
+            notes.append(f"note: {label} never acted: the gate never opened (the entropy stayed above "
+                         f"H_tgt={_f(m.get('target_entropy'))}); raise stare.target_entropy (or target_entropy_rel) "
+                         "or run more steps to see STARE act")
+            continue
+        ref = _grpo_for(facts, g)
+        ratio = _num(m.get("push_ratio"))
+        wrong = _wrong_direction(g, ref)
+        if (ratio is not None and ratio < REGIME_RATIO) or wrong:
+            why = []
+            if ratio is not None and ratio < REGIME_RATIO:
+                why.append(f"its push acted at {ratio:.0%} of its first-order size")
+            if wrong:
+                why.append(wrong)
+            notes.append(f"note: {label} is outside the first-order regime (lr={_f(g['lr'], 'g')}): "
+                         f"{' and '.join(why)}; one step moves the policy too far for the reweighting to act as the "
+                         "theory says, so a stronger W does not help here: lower lr (docs/theory.md §7)")
+            continue
+        if ref is not None and not _grpo_fell(ref):
+            notes.append(f"note: GRPO did not collapse at these settings (its entropy ended at "
+                         f"{_f(ref['mean'].get('final_entropy'))} nats, not below the band around H_tgt="
+                         f"{_f(m.get('target_entropy'))}), so {label} not holding the band is not a sign of a weak "
+                         "push: there is no drift below the target to cancel; run more steps or lower the target")
+            continue
+        est = _num((ref or {}).get("mean", {}).get("w_star_at_crossing")) if ref else None
+        w_now = _num(st.get("reweight_w")) or 1.0
+        if est is not None and est <= w_now:  # the first order says this W suffices, and it did not: second order
+            notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds although the "
+                         f"first-order estimate where GRPO crosses H_tgt (W* ≈ {est:.2f}, mean over seeds) is below "
+                         f"W={w_now:g}: the drift at H_tgt is then mostly second order (sampling noise, ∝ lr²), which "
+                         "the D terms leave out; try a larger stare.reweight_w / smaller reweight_m, o1-adaptive, or "
+                         "a smaller lr (docs/theory.md §7)")
+            continue
+        est_s = (f" (the conservative first-order estimate for O1 where GRPO crosses H_tgt, mean over seeds: "
+                 f"W* ≈ {est:.2f})") if est is not None else ""
+        tip = f"stare.reweight_w ≥ {est:.2f}" if est is not None else "a larger stare.reweight_w / smaller reweight_m"
+        if not st.get("adaptive"):
+            tip += " or o1-adaptive"
+        notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds: at "
+                     f"{_push(st)} the push is below the critical strength{est_s}; try {tip} (docs/theory.md §7)")
+    notes += _grid_direction_notes(facts)
+    return notes
+
+
+def _grpo_fell(ref: dict[str, Any]) -> bool:
+    """GRPO collapsed (a seed fell below 10 % of its initial entropy) or its entropy ended below the band
+    (final H < H_tgt − 0.05 nats on average): there is a drift below the target for STARE to cancel."""
+    if ref["collapsed"]:
+        return True
+    h, tgt = _num(ref["mean"].get("final_entropy")), _num(ref["mean"].get("target_entropy"))
+    return h is not None and tgt is not None and h < tgt - 0.05
+
+
+def _wrong_direction(g: dict[str, Any], ref: dict[str, Any] | None) -> str | None:
+    """Why the push moved the entropy the wrong way against GRPO (same grid slice), or None."""
+    if ref is None:
+        return None
+    m, r = g["mean"], ref["mean"]
+    h, hr = _num(m.get("final_entropy")), _num(r.get("final_entropy"))
+    tgt = _num(m.get("target_entropy")) or 0.0
+    if h is not None and hr is not None and h < hr - 0.05 * max(hr, tgt):
+        return f"it ended below GRPO's entropy ({h:.3g} vs {hr:.3g} nats)"
+    c, cr = _num(m.get("steps_to_collapse")), _num(r.get("steps_to_collapse"))
+    if c is not None and cr is not None and g["collapsed"] and c < 0.9 * cr:
+        return f"it collapsed earlier than GRPO (step {c:.0f} vs {cr:.0f})"
+    return None
+
+
+def _grid_direction_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
+    """A note when, in a W grid, a larger W ended with clearly less entropy than a smaller one (same method and
+    other grid keys): the push then acts against its first-order direction."""
+    from .grid import W_KEY
+
+    series: dict[tuple, list[tuple[float, float]]] = {}
+    for g in facts.values():
+        w = g["point"].get(W_KEY)
+        h = _num(g["mean"].get("final_entropy"))
+        if g["stare"] is None or w is None or h is None:
+            continue
+        other = tuple(sorted((k, repr(v)) for k, v in g["point"].items() if k != W_KEY))
+        series.setdefault((g["method"], other), []).append((float(w), h))
+    notes = []
+    for (method, other), pts in series.items():
+        pts.sort()
+        drops = [(a, b) for a, b in zip(pts, pts[1:]) if b[1] < a[1] - 0.05 * max(a[1], 1e-9) - 0.01]
+        if drops:
+            (w1, h1), (w2, h2) = drops[0]
+            where = ", ".join(f"{k}={v}" for k, v in other)
+            notes.append(f"note: {method}{' at ' + where if where else ''}: W={w2:g} ended with less entropy than "
+                         f"W={w1:g} ({h2:.3g} vs {h1:.3g} nats): a stronger push lowered the entropy, so the step size "
+                         "is outside the first-order regime; lower lr rather than raising W (docs/theory.md §7)")
+    return notes
+
+
+def plan_notes(plan) -> list[str]:
+    """One-line notes about the request itself (not its results), printed with the other notes:
+
+    * ``kl_cov`` with one on-policy update per rollout batch (tabular: always; transformer: ``updates_per_batch``
+      = 1): ρ ≡ 1, so log ρ = 0 and the gradient of its penalty β·|log ρ| is 0 — it equals GRPO.
+    * ``loss.stare.*`` overrides when no method of the sweep uses the STARE loss: they change no update.
+    * a STARE target above the reward-optimal entropy of a tabular task
+      (:func:`simulators.tabular.target_warning`).
+    """
+    from .presets import METHODS
+
+    notes = []
+    first = {}
+    for (label, seed), c in plan.configs.items():
+        first.setdefault(plan.groups.get(label, {}).get("method", label), c)
+    single = [m for m, c in first.items() if c.loss.loss_mode == "kl_cov" and int(getattr(c, "updates_per_batch", 1)) == 1]
+    for m in single:
+        how = (
+            ", which the tabular simulator never takes (transformer presets: updates_per_batch=N, N > 1)"
+            if plan.kind == "tabular" else " (updates_per_batch=N, N > 1)"
+        )
+        notes.append(
+            f"note: {m} ran with one on-policy update per rollout batch: the policy ratio rho is 1, so log rho = 0, "
+            f"the gradient of its penalty beta*|log rho| is 0 and {m} equals GRPO; it acts only with several "
+            f"updates per batch{how}"
+        )
+    stare_items = [o for o in plan.overrides if o.split("=", 1)[0].strip().startswith("loss.stare.")]
+    if stare_items and not any(c.loss.loss_mode == "stare" for c in plan.configs.values()):
+        stare_methods = [m for m, spec in METHODS.items() if spec["loss"].get("loss_mode") == "stare"]
+        shown = " ".join(o[len("loss."):] if o.startswith("loss.stare.") else o for o in stare_items)
+        tgt = any(o.split("=", 1)[0].strip() == "loss.stare.target_entropy" for o in stare_items)
+        notes.append(
+            f"note: {shown} change{'s' if len(stare_items) == 1 else ''} no update: none of the methods run "
+            f"({','.join(plan.methods)}) uses the STARE loss; add one of {','.join(stare_methods)} to --methods"
+            + (" (stare.target_entropy still sets the table's H_tgt / in_band reference)" if tgt else "")
+        )
+    if plan.kind == "tabular":
+        notes += _target_notes(plan)
+    return notes
+
+
+def _target_notes(plan) -> list[str]:
+    import copy
+
+    from .tabular import init_state, target_warning
+    from .tabular_tasks import reward_optimal_entropy
+
+    seen, notes = set(), []
+    for c in plan.configs.values():
+        if not c.is_stare:
+            continue
+        cfg = copy.deepcopy(c)
+        state = init_state(cfg)  # resolves a relative target; cheap (tables only)
+        warn = target_warning(cfg, reward_optimal_entropy(cfg, state.correct))
+        if warn and warn not in seen:
+            seen.add(warn)
+            notes.append("note: " + warn)
+    return notes

@@ -1,0 +1,80 @@
+"""analysis.phase and its hooks: a sweep directory that ``stare-lab analyze`` reads (headline at the top of the
+report, phase diagram, measured vs predicted critical W) and the critical W of runs that log the D terms."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis.phase import critical_rows, phase_figure, read_sweep_summary, run_critical_rows
+from stare_lab.cli import main
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    """A small W × lr sweep of the demo task (mean field: fast and deterministic)."""
+    out = tmp_path_factory.mktemp("sweep") / "s"
+    rc = main(["simulate", "--methods", "grpo,o1", "--seeds", "2", "--steps", "40", "--out", str(out), "--no-plots",
+               "--sweep", "stare.reweight_w=1.1,1.5,2.0", "--sweep", "lr=1,2", "num_prompts=4", "seq_len=2",
+               "vocab_size=4", "threshold=2"])
+    assert rc == 0
+    return out
+
+
+def test_read_sweep_summary(sweep_dir, tmp_path):
+    s = read_sweep_summary(sweep_dir)
+    assert s is not None and s["headline"] and "critical" in s
+    assert s["critical"]["o1"]["slice"] == {"lr": 2.0}  # the top level is the demo preset's own lr
+    assert read_sweep_summary(sweep_dir / "grpo" / "lr=1" / "seed0") is None  # a run's own summary is no sweep
+    bad = tmp_path / "summary.json"
+    bad.write_text("{")
+    warnings = []
+    assert read_sweep_summary(tmp_path, warnings) is None and "unreadable sweep summary" in warnings[0]
+
+
+def test_phase_figure_and_critical_rows(sweep_dir):
+    s = read_sweep_summary(sweep_dir)
+    fig = phase_figure(s)
+    assert fig is not None and len(fig.axes) >= 1  # one panel (+ colour bar) for o1
+    rows = critical_rows(s)
+    assert {r[1] for r in rows} == {"lr=1", "lr=2"} and all(r[0] == "o1" for r in rows)
+    assert phase_figure({"methods": {}, "sweep": {"grid": [["lr", [1]]]}}) is None
+
+
+def test_analyze_a_sweep_directory(sweep_dir, tmp_path, capsys):
+    """``stare-lab analyze SWEEP_DIR`` finds the sweep summary: the headline is the first paragraph of the report
+    (and printed), the phase diagram and the critical-W table are in it."""
+    out = tmp_path / "rep"
+    assert main(["analyze", str(sweep_dir), "--out", str(out), "--group-by", "lr"]) == 0
+    headline = read_sweep_summary(sweep_dir)["headline"]
+    assert headline in capsys.readouterr().out
+    md = (out / "report.md").read_text().splitlines()
+    first_para = next(line for line in md[1:] if line.strip())
+    assert first_para == f"Headline: {headline}"
+    text = "\n".join(md)
+    assert "## Critical STARE strength" in text and (out / "phase.png").is_file()
+    assert "| o1 | lr=1 |" in text
+
+
+def test_summary_option_is_checked(sweep_dir, tmp_path, capsys):
+    run = sweep_dir / "grpo" / "lr=1" / "seed0"
+    assert main(["analyze", str(run), "--out", str(tmp_path / "x"), "--summary", str(run / "summary.json")]) == 1
+    assert "is not a sweep summary.json" in capsys.readouterr().err
+
+
+def test_run_critical_rows_use_the_core(sweep_dir):
+    """Per group: the median over seeds of stare_lab.critical.critical_w of each run's D terms (mean field: window
+    1), recomputed here from metrics.jsonl."""
+    from analysis.compare import compare
+    from stare_lab import critical
+
+    cmp = compare([str(sweep_dir)], group_by=["lr"])
+    rows = {r[0]: r for r in run_critical_rows(cmp)}
+    label = next(k for k in rows if k.startswith("o1") and "W=2" in k and "lr=1" in k)
+    want = []
+    for seed in (0, 1):
+        lines = (sweep_dir / "o1" / "W=2,lr=1" / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
+        r = [json.loads(x) for x in lines]
+        want.append(critical.critical_w([x["pred/d_grpo"] for x in r], [x["pred/d_lplus"] for x in r]))
+    assert rows[label][2] == pytest.approx(sorted(want)[0] / 2 + sorted(want)[1] / 2)

@@ -1,0 +1,53 @@
+"""Sweep grids: parsing, the points each method runs, and the critical-W summary on constructed groups."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulators.grid import critical_summary, method_points, parse_grid, point_label
+from stare_lab.errors import ConfigError
+
+W = "loss.stare.reweight_w"
+
+
+def test_parse_grid():
+    grid = parse_grid(["stare.reweight_w=1.1,1.3", "lr=0.5,1"])
+    assert grid == [(W, [1.1, 1.3]), ("lr", [0.5, 1.0])]
+    for bad, msg in ((["lr"], "must look like KEY=V1,V2"), (["lr=1,,2"], "without gaps"),
+                     (["lr=1", "lr=2"], "gives lr twice"), (["seed=1,2"], "--seeds"), (["lr=1,1"], "twice")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_grid(bad)
+
+
+def test_method_points_drop_stare_keys_for_non_stare_methods():
+    grid = [(W, [1.1, 1.3]), ("lr", [0.5, 1.0])]
+    assert method_points(grid, is_stare=False) == [{"lr": 0.5}, {"lr": 1.0}]
+    assert len(method_points(grid, is_stare=True)) == 4
+    assert method_points([(W, [1.1])], is_stare=False) == [{}]
+    assert point_label({W: 1.2, "lr": 0.5}) == "W=1.2,lr=0.5"
+
+
+def test_critical_summary_on_constructed_groups():
+    """W grid 1.1/1.2/1.3/1.5, band 0.05: 1.2 misses on one seed (0.063) → measured 1.3; the held runs (1.3, 1.5)
+    have second-half maxima of W* 1.26, 1.28, 1.27, 1.25 → predicted (median) 1.265; GRPO's W* at the crossing
+    1.5, 1.4 → 1.45. Tolerance max(0.35 × 0.3, 0.1) = 0.105 → the prediction (|1.265 − 1.3| = 0.035) is inside."""
+    def runs(devs, crit=None):
+        return {f"seed{i}": {"mean_abs_dev_second_half": d, "critical_w": (crit or [None] * len(devs))[i],
+                             "critical_w_measured_drift": None, "w_star_at_crossing": None}
+                for i, d in enumerate(devs)}
+
+    groups = {
+        "grpo": {"method": "grpo", "point": {}, "is_stare": False,
+                 "runs": {"seed0": {"w_star_at_crossing": 1.5}, "seed1": {"w_star_at_crossing": 1.4}}},
+        "o1 [W=1.1]": {"method": "o1", "point": {W: 1.1}, "is_stare": True, "runs": runs([0.12, 0.13])},
+        "o1 [W=1.2]": {"method": "o1", "point": {W: 1.2}, "is_stare": True, "runs": runs([0.04, 0.063])},
+        "o1 [W=1.3]": {"method": "o1", "point": {W: 1.3}, "is_stare": True, "runs": runs([0.005, 0.008], [1.26, 1.28])},
+        "o1 [W=1.5]": {"method": "o1", "point": {W: 1.5}, "is_stare": True, "runs": runs([0.0, 0.001], [1.27, 1.25])},
+    }
+    c = critical_summary(groups, [(W, [1.1, 1.2, 1.3, 1.5])], 0.05)["o1"]
+    assert c["measured_w"] == 1.3 and c["held_runs"] == 4
+    assert c["predicted_w"] == pytest.approx(1.265) and c["predicted_w_grpo"] == pytest.approx(1.45)
+    assert c["grid_step"] == pytest.approx(0.1) and c["tolerance"] == pytest.approx(0.105)
+    assert c["predicted_w_within_tolerance"] is True
+    assert c["deviation_by_w"]["1.2"] == [0.04, 0.063]
+    assert critical_summary(groups, [("lr", [1.0])], 0.05) == {}

@@ -1,0 +1,123 @@
+"""The end-of-sweep notes and headline (simulators.notes) on constructed summaries: they reason from direction and
+regime — never "stronger W" when the push acted outside the regime or lowered the entropy, nothing about a weak
+push when GRPO did not collapse."""
+
+from __future__ import annotations
+
+from simulators.notes import headline, sweep_notes
+
+W_KEY = "loss.stare.reweight_w"
+
+
+def summary(groups, lr=1.0, seeds=3):
+    """groups: label → (method, point, mean-stats dict, stare dict or None)."""
+    methods, config = {}, {}
+    for label, (method, point, mean, stare) in groups.items():
+        base = {"initial_entropy": 1.74, "target_entropy": 0.4, "gate_on_frac": 0.6, "push_ratio": 0.97,
+                "held_runs": 0, "collapsed_runs": 0, "final_reward": 0.9}
+        methods[label] = {"method": method, "point": point, "mean": {**base, **mean}}
+        loss = {"loss_mode": "stare", "stare": {"reweight_w": 1.1, "reweight_m": 0.9, "variant": "O1",
+                                                 "adaptive": False, "gate": "entropy", **(stare or {})}}
+        config[f"{label}/seed0"] = {"lr": lr, "loss": loss if stare is not None else {"loss_mode": "grpo"}}
+    return {"seeds": list(range(seeds)), "methods": methods, "config": config}
+
+
+GRPO_COLLAPSED = ("grpo", {}, {"final_entropy": 0.16, "collapsed_runs": 3, "steps_to_collapse": 510,
+                               "w_star_at_crossing": 1.47, "gate_on_frac": 0.0}, None)
+
+
+def test_in_regime_too_weak_gives_the_critical_estimate():
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "o1": ("o1", {}, {"final_entropy": 0.27, "mean_abs_dev_second_half": 0.126}, {})})
+    notes = sweep_notes(s)
+    assert len(notes) == 1
+    assert "o1 did not hold the band on 3/3 seeds" in notes[0] and "below the critical strength" in notes[0]
+    assert "W* ≈ 1.47)" in notes[0] and "stare.reweight_w ≥ 1.47 or o1-adaptive" in notes[0]
+
+
+def test_outside_the_regime_never_says_stronger():
+    """lr 6: the push acted at 18 % of its first-order size, and O1 ended below GRPO: regime note only."""
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "o1": ("o1", {}, {"final_entropy": 0.08, "push_ratio": 0.18, "collapsed_runs": 3,
+                                   "steps_to_collapse": 300}, {"reweight_w": 5.0})}, lr=6.0)
+    notes = sweep_notes(s)
+    assert len(notes) == 1
+    assert "outside the first-order regime (lr=6)" in notes[0] and "18% of its first-order size" in notes[0]
+    assert "ended below GRPO's entropy" in notes[0] and "lower lr" in notes[0]
+    assert "stronger W does not help" in notes[0]
+    assert "try" not in notes[0] and "critical strength" not in notes[0]
+
+
+def test_wrong_direction_alone_is_a_regime_note():
+    """Push ratio fine, but STARE collapsed earlier than GRPO (step 16 vs 42): the push acts against its direction."""
+    grpo = ("grpo", {}, {"final_entropy": 0.08, "collapsed_runs": 3, "steps_to_collapse": 42, "gate_on_frac": 0.0}, None)
+    s = summary({"grpo": grpo, "o1": ("o1", {}, {"final_entropy": 0.079, "collapsed_runs": 3,
+                                                  "steps_to_collapse": 16}, {})})
+    notes = sweep_notes(s)
+    assert len(notes) == 1 and "collapsed earlier than GRPO (step 16 vs 42)" in notes[0]
+    assert "critical strength" not in notes[0]
+
+
+def test_no_weak_push_note_when_grpo_did_not_collapse():
+    grpo = ("grpo", {}, {"final_entropy": 0.7, "collapsed_runs": 0, "gate_on_frac": 0.0}, None)
+    s = summary({"grpo": grpo, "c2": ("c2", {}, {"final_entropy": 0.72, "mean_abs_dev_second_half": 0.3},
+                                      {"variant": "C2"})})
+    notes = sweep_notes(s)
+    assert len(notes) == 1 and notes[0].startswith("note: GRPO did not collapse at these settings")
+    assert "weak" in notes[0] and "not a sign of a weak push" in notes[0]
+    assert "critical strength" not in notes[0] and "try" not in notes[0]
+    assert headline(s).startswith("GRPO did not collapse (H 1.74 -> 0.7 nats)")
+
+
+def test_gate_never_opened_and_gate_disabled():
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "o1": ("o1", {}, {"final_entropy": 1.5, "gate_on_frac": 0.0}, {}),
+                 "c2": ("c2", {}, {"final_entropy": 0.16, "gate_on_frac": 0.0}, {"gate": "never", "variant": "C2"})})
+    notes = sweep_notes(s)
+    assert any("o1 never acted: the gate never opened" in n and "raise stare.target_entropy" in n for n in notes)
+    assert any("c2 ended like GRPO because the gate is disabled (stare.gate=never" in n for n in notes)
+    assert len(notes) == 2
+
+
+def test_held_gives_no_note_and_leads_the_headline():
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "o1-adaptive": ("o1-adaptive", {}, {"final_entropy": 0.4, "held_runs": 3,
+                                                     "mean_abs_dev_second_half": 0.001}, {"adaptive": True}),
+                 "o1": ("o1", {}, {"final_entropy": 0.27, "mean_abs_dev_second_half": 0.126}, {})})
+    notes = sweep_notes(s)
+    assert len(notes) == 1 and notes[0].startswith("note: o1 did not hold")
+    line = headline(s)
+    assert line.startswith("GRPO collapsed on 3/3 seeds (H 1.74 -> 0.16 nats, ~step 510)")
+    assert "o1-adaptive held H_tgt=0.4 on 3/3 seeds" in line and "reward 0.9 (GRPO 0.9)" in line
+    assert "not held: o1 (W=1.1: 0/3 seeds, |H-H_tgt| 0.126)" in line
+
+
+def test_grid_where_a_larger_w_ended_lower_is_flagged():
+    groups = {"grpo": GRPO_COLLAPSED}
+    for w, h in ((1.1, 0.10), (2.0, 0.09), (5.0, 0.05)):
+        groups[f"o1 [W={w:g}]"] = ("o1", {W_KEY: w}, {"final_entropy": h, "push_ratio": 0.9}, {"reweight_w": w})
+    notes = sweep_notes(summary(groups, lr=6.0))
+    grid = [n for n in notes if "ended with less entropy than" in n]
+    assert len(grid) == 1 and "W=5 ended with less entropy than W=2 (0.05 vs 0.09 nats)" in grid[0]
+    assert not any("critical strength" in n for n in notes)
+
+
+def test_a_band_held_outside_the_regime_is_still_a_warning():
+    """forking preset at W 8: the band holds, but the push acts at 19 % of its first-order size."""
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "o1 [W=8]": ("o1", {W_KEY: 8.0}, {"final_entropy": 0.3, "held_runs": 3, "push_ratio": 0.19,
+                                                    "mean_abs_dev_second_half": 0.001}, {"reweight_w": 8.0})})
+    notes = sweep_notes(s)
+    assert notes == [n for n in notes if n.startswith("warning: o1 [W=8] stepped outside the first-order regime")]
+    assert len(notes) == 1 and "19% of its first-order size" in notes[0] and "lower lr" in notes[0]
+
+
+def test_a_first_order_estimate_below_the_failed_w_points_to_second_order():
+    """random-reward: W* at GRPO's crossing 1.06 < W = 1.1, yet O1 did not hold: the note says the drift is mostly
+    second order and does not claim that W ≥ 1.06 suffices."""
+    grpo = ("grpo", {}, {"final_entropy": 0.17, "collapsed_runs": 3, "steps_to_collapse": 2818,
+                         "w_star_at_crossing": 1.06, "gate_on_frac": 0.0}, None)
+    s = summary({"grpo": grpo, "o1": ("o1", {}, {"final_entropy": 0.54, "mean_abs_dev_second_half": 0.22}, {})})
+    notes = sweep_notes(s)
+    assert len(notes) == 1 and "mostly second order" in notes[0] and "W* ≈ 1.06" in notes[0]
+    assert "≥ 1.06" not in notes[0]
