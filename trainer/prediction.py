@@ -24,7 +24,9 @@ Per step, on the step's batch (the tokens, masks and temperature of the pre-upda
   ``pred_entropy_change`` also carries the momentum of earlier steps, the split does not.
   L+/L− are selected as STARE would (the run's ``stare.top_p_ratio``, scope global, exact over ranks) whatever the
   loss and the gate, so a GRPO run gives the conservative W* estimate and a STARE run the held-trajectory one
-  (docs/theory.md §7).
+  (docs/theory.md §7). The W*(t) these give (:mod:`stare_lab.critical`, read by ``stare-lab analyze`` and in the
+  run's ``summary.json``) is therefore the W at which this step's own Adam-linearised update would leave H̄
+  unchanged.
 
 Cost: one backward for ∇θH̄, one per D term, one gradient-sized float32 copy of each (this rank's part). Under
 ZeRO-3 every dot product is over this rank's partition of the parameters and all-reduced (one collective for all);
@@ -42,13 +44,12 @@ import torch
 from torch import Tensor
 
 from stare_lab.config import LossConfig
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
 
-__all__ = ["EntropyPrediction", "KEY_PRED", "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS"]
+__all__ = ["EntropyPrediction", "KEY_PRED"]
 
+#: The row key of ∇θH̄·Δθ (docs/design.md §4); the D terms' keys are :mod:`stare_lab.critical`'s.
 KEY_PRED = "pred_entropy_change"
-KEY_D_GRPO = "pred/d_grpo"
-KEY_D_LPLUS = "pred/d_lplus"
-KEY_D_LMINUS = "pred/d_lminus"
 
 
 def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:

@@ -72,11 +72,22 @@ def summary_from_rows(rows: list[dict[str, Any]], total_steps: int, resumed_from
     """``summary.json`` of a trainer run from ALL its metrics rows (so a resumed or re-run command never drops
     facts): the core's run summary (:func:`stare_lab.summary.run_summary`, the same keys and definitions as every
     other source; settings from ``config``, the resolved run config, via :func:`stare_lab.summary.summary_settings`:
-    without it there is no target entropy and the band statistics are null) plus ``resumed_from`` (the step the
+    without it there is no target entropy and the band statistics are null), the first-order decomposition
+statistics (:func:`stare_lab.critical.decomposition_summary`: critical W along the run, W* where the entropy first
+falls below the target — null unless the rows carry the ``pred/d_…`` terms of ``schedule.measure_entropy_change``)
+plus ``resumed_from`` (the step the
     last invocation started from). ``steps`` counts the rows; a count other than ``total_steps`` is logged."""
+    from stare_lab.critical import decomposition_summary
     from stare_lab.summary import run_summary, summary_settings
 
-    summary = run_summary(rows, **summary_settings(config))
+    settings = summary_settings(config)
+    summary = run_summary(rows, **settings)
+    loss = (config or {}).get("loss") or {}
+    stare = loss.get("stare") or {}
+    m = float(stare.get("reweight_m", 1.0)) if loss.get("loss_mode") == "stare" and stare.get("variant") == "C2" else 1.0
+    # D terms summed over 5 % of the run per window, as stare-lab analyze does for sampled runs
+    summary.update(decomposition_summary(rows, settings["target_entropy"], reweight_m=m,
+                                         window=max(1, len(rows) // 20)))
     if summary["steps"] != total_steps:
         logger.warning("metrics.jsonl holds %d rows for %d steps", summary["steps"], total_steps)
     summary["resumed_from"] = resumed_from
