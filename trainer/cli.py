@@ -6,7 +6,8 @@ door). ``stare-lab train --preset tiny-cpu --train-data FILE.jsonl --out DIR`` b
 ``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, DeepSpeed ZeRO-3, sync). Every
 run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
 are and the final numbers (:func:`final_report`); while it runs, rank 0 prints one line per step and engine noise
-is hidden unless ``--verbose`` (:func:`trainer.output.configure_output`). ``stare-lab plan CONFIG`` sizes a run before launching
+is hidden unless ``--verbose`` (:func:`trainer.output.configure_output`). ``stare-lab plan CONFIG`` sizes a run before
+launching
 it (:mod:`trainer.plan`).
 """
 

@@ -57,7 +57,10 @@ class Comm:
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         out = t.cpu().tolist()
         got = out[len(names):]
-        ok = (got[:2] == [c * self.world_size for c in check[:2]]) if op == "sum" else (got[:2] == [-x for x in got[2:]])
+        if op == "sum":
+            ok = got[:2] == [c * self.world_size for c in check[:2]]
+        else:
+            ok = got[:2] == [-x for x in got[2:]]
         if not ok:
             raise RunError(f"ranks reduced different statistic names in one collective (rank {self.rank} had "
                            f"{len(names)}: {names[:6]}…); every rank must reduce the same names")

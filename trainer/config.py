@@ -380,10 +380,10 @@ class ScheduleConfig:
         wandb_project: log to Weights & Biases under this project (``None`` = off).
         progress_bar: tqdm progress bar on rank 0.
         measure_entropy_change: log the measured ``entropy_change`` = token-mean entropy (nats) on the step's batch
-            after the update minus before (same tokens, masks and temperature; docs/design.md §4). Costs one extra
-            no-grad forward over the batch per step (about ``time/old_logprob_s``; logged as
-            ``time/entropy_after_s``), run while the rollout engine sleeps. Off: ``entropy_change`` is null. The
-            first-order prediction ``pred_entropy_change`` (∇θH̄·Δθ) stays null in the trainer either way.
+            after the update minus before (same tokens, masks and temperature; docs/design.md §4; one extra no-grad
+            forward, ``time/entropy_after_s``), and the first-order predictions of :mod:`trainer.prediction`:
+            ``pred_entropy_change`` (∇θH̄·Δθ) and ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2) —
+            one extra backward each (``time/predict_s``). Off: all of them are null.
     """
 
     total_steps: int = 100

@@ -142,8 +142,8 @@ def deepspeed_json(cfg: Any, world_size: int) -> dict[str, Any]:
     else:
         stage = effective_zero_stage(ds, world_size)
         if stage != ds.zero_stage:
-            logger.info("one process: ZeRO stage %d instead of deepspeed.zero_stage=%d (deepspeed.single_process_stage)",
-                        stage, ds.zero_stage)
+            logger.info("one process: ZeRO stage %d instead of deepspeed.zero_stage=%d "
+                        "(deepspeed.single_process_stage)", stage, ds.zero_stage)
         zero: dict[str, Any] = {"stage": stage}
         if stage == 3:
             zero.update(

@@ -84,7 +84,8 @@ plus ``resumed_from`` (the step the
     summary = run_summary(rows, **settings)
     loss = (config or {}).get("loss") or {}
     stare = loss.get("stare") or {}
-    m = float(stare.get("reweight_m", 1.0)) if loss.get("loss_mode") == "stare" and stare.get("variant") == "C2" else 1.0
+    c2 = loss.get("loss_mode") == "stare" and stare.get("variant") == "C2"
+    m = float(stare.get("reweight_m", 1.0)) if c2 else 1.0
     # D terms summed over 5 % of the run per window, as stare-lab analyze does for sampled runs
     summary.update(decomposition_summary(rows, settings["target_entropy"], reweight_m=m,
                                          window=max(1, len(rows) // 20)))

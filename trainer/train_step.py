@@ -3,8 +3,9 @@
 ``collect`` (prompts, generation, rewards, dynamic sampling: :class:`trainer.collect.Collector`) → ``batch``
 (:func:`trainer.batch.build_rollout_batch`: the engine's token lists become ``[B, …]`` tensors, once) →
 ``old_logprob`` (log-probs and entropies ``[B, T]``; when every rank's batch is one micro-batch and
-``optim.fuse_old_logprob`` is on, this forward keeps its graph and is also the update's) → ``prepare`` (:func:`stare_lab.step.prepare_step`: counts,
-H̄, the gate and W/M, ω over all ranks, each loss's global statistics — the one place for them) → ``update``
+``optim.fuse_old_logprob`` is on, this forward keeps its graph and is also the update's) → ``prepare``
+(:func:`stare_lab.step.prepare_step`: counts, H̄, the gate and W/M, ω over all ranks, each loss's global
+statistics — the one place for them) → ``update``
 (:meth:`trainer.policy.PolicyEngine.update`) → [``schedule.measure_entropy_change``: the first-order predictions
 of :mod:`trainer.prediction` and the measured change] → ``sync`` (:class:`trainer.memory.ColocatedSchedule`) →
 the metrics row.

@@ -25,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"
+KEY = "pred_entropy_change"
 
 
 def run(out: Path, lr: str, steps: int) -> tuple[dict, list[dict]]:
@@ -60,7 +61,7 @@ def main() -> int:
         ok |= goal
         print(f"lr {lr}: measured vs predicted dH over {s['pred_n']} steps: R^2 = {s['pred_r2']:.4f}, slope = "
               f"{s['pred_slope']:.3f}, intercept = {s['pred_intercept']:.2e} nats (mean |dH| {mean_abs:.2e}); "
-              f"step 1 |pred - split| / |pred| = {abs(r1['pred_entropy_change'] - split) / abs(r1['pred_entropy_change']):.1e}; "
+              f"step 1 |pred - split| / |pred| = {abs(r1[KEY] - split) / abs(r1[KEY]):.1e}; "
               f"{statistics.median(r['time/step_s'] for r in rows[1:]):.2f} s/step; "
               f"{'meets' if goal else 'misses'} R^2 >= 0.99, slope 1 +- 0.1 ({time.time() - t0:.0f} s)")
     print(f"goal at a small lr: {'PASS' if ok else 'FAIL'}")

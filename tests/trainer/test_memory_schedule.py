@@ -1,7 +1,7 @@
 """The memory order of a colocated step and the weight-version check (trainer.memory), on CPU with fakes.
 
-The real ``trainer.train_step.StepRunner.step`` runs with a fake rollout engine and a fake policy that record every call,
-so the order checked is the loop's own: generation → engine sleep → cache freed → [DeepSpeed states reloaded] →
+The real ``trainer.train_step.StepRunner.step`` runs with a fake rollout engine and a fake policy that record every
+call, so the order checked is the loop's own: generation → engine sleep → cache freed → [DeepSpeed states reloaded] →
 old log-probs → update → [states offloaded] → cache freed → wake weights → sync → wake KV cache → next generation;
 and an engine that missed a sync refuses to generate.
 """
