@@ -9,7 +9,7 @@ Tensor parallelism, counted once (issue 15). Everything a TP group holds in comm
 of responses it generated, the grader's outcome counts, the truncated prompts — is contributed to the global sums
 by the group's first rank only (:attr:`Collector.owner`), so no count is multiplied by ``tp`` and dynamic sampling
 stops when the *distinct* kept groups fill the batch. Rewards are graded once per TP group, on its first rank, and
-broadcast to the others (:func:`on_group_source`, as the tool outputs are by :func:`group_runner`): a timeout or a
+broadcast to the others as one tensor (:func:`broadcast_grades`; the tool outputs, text, by :func:`group_runner`): a timeout or a
 grader error on one rank can never split a group's data.
 """
 
@@ -29,7 +29,8 @@ from .rollout import RolloutOutput, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Collector", "compute_rewards", "step_seed", "group_runner", "on_group_source", "COUNT_KEYS",
+__all__ = ["Collector", "compute_rewards", "step_seed", "group_runner", "on_group_source", "broadcast_grades",
+           "COUNT_KEYS",
            "round_stat_keys"]
 
 #: ``trainer.rewards.math_reward`` status → metrics key (a count of responses per step, all rounds and ranks).
@@ -111,6 +112,32 @@ def on_group_source(fn: Callable[[], Any], group: Any, src: int) -> Any:
     box = [fn() if tdist.get_rank() == src else None]
     tdist.broadcast_object_list(box, src=src, group=group)
     return box[0]
+
+
+def broadcast_grades(fn: Callable[[], tuple[list[float], dict[str, float]]], group: Any, src: int, n: int,
+                     keys: Sequence[str], device: Any = "cpu") -> tuple[list[float], dict[str, float]]:
+    """Run the grader ``fn() -> (rewards, stats)`` on global rank ``src`` only and broadcast its result to every rank
+    of ``group`` as ONE float64 tensor (``n`` rewards, then ``stats[k]`` for ``k`` in ``keys``: numbers, so no
+    pickling). Collective over ``group``, like :func:`on_group_source`.
+
+    Raises:
+        RunError: on ``src``, when ``fn`` returned another number of rewards or other statistic names than announced
+            (the other ranks could not know them).
+    """
+    import torch.distributed as tdist
+
+    from stare_lab.errors import RunError
+
+    buf = torch.empty(n + len(keys), dtype=torch.float64, device=device)
+    if tdist.get_rank() == src:
+        rewards, stats = fn()
+        if len(rewards) != n or set(stats) != set(keys):
+            raise RunError(f"grader returned {len(rewards)} rewards and statistics {sorted(stats)}; expected {n} "
+                           f"and {sorted(keys)}")
+        buf.copy_(torch.tensor(list(rewards) + [stats[k] for k in keys], dtype=torch.float64))
+    tdist.broadcast(buf, src=src, group=group)
+    values = buf.cpu().tolist()
+    return values[:n], dict(zip(keys, values[n:]))
 
 
 def group_runner(run: Callable[[list[str]], list[Any]], group: Any, src: int) -> Callable[[list[str]], list[Any]]:
@@ -220,8 +247,9 @@ class Collector:
         t0 = time.perf_counter()
         flat: list[RolloutOutput] = [o for g in outs for o in g]
         if dist.tp > 1:
-            rewards, stats = on_group_source(lambda: self._grade(prompts, flat), self.tp_group,
-                                             dist.dp_rank * dist.tp)
+            keys = ("reward/errors", "accuracy", *self.stat_keys)  # what compute_rewards (+ tool_metrics) report
+            rewards, stats = broadcast_grades(lambda: self._grade(prompts, flat), self.tp_group,
+                                              dist.dp_rank * dist.tp, len(flat), keys, self.comm.device)
         else:
             rewards, stats = self._grade(prompts, flat)
         self.timers["reward"] += time.perf_counter() - t0

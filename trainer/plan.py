@@ -60,6 +60,8 @@ from typing import Any
 
 from stare_lab.errors import ConfigError
 
+from .launch import effective_zero_stage
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Arch", "Cluster", "load_arch", "plan", "plan_line", "format_plan", "check_fits", "add_arguments", "main"]
@@ -162,35 +164,38 @@ def _dtype_bytes(name: str) -> int:
 
 
 def model_states_bytes(cfg: Any, arch: Arch, cluster: Cluster) -> int:
-    """DeepSpeed's estimate of the per-GPU model-state bytes (see the module docstring)."""
+    """DeepSpeed's estimate of the per-GPU model-state bytes (see the module docstring), for the ZeRO stage the run
+    will use (:func:`trainer.launch.effective_zero_stage`: stage 0 on one GPU without offload by default)."""
     ds = cfg.deepspeed
     P, N = arch.params, cluster.gpus
-    if ds.zero_stage == 3:
+    stage = effective_zero_stage(ds, N)
+    if stage == 3:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
         return estimate_zero3_model_states_mem_needs(
             P, arch.largest_layer_params, num_gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.nodes,
             cpu_offload=ds.offload_optimizer or ds.offload_param, cpu_offload_params=ds.offload_param,
             zero_init=True)[1]
-    if ds.zero_stage == 2:
+    if stage == 2:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
         return estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=cluster.gpus_per_node,
                                                      num_nodes=cluster.nodes, cpu_offload=ds.offload_optimizer)[1]
-    return 18 * P if ds.zero_stage == 0 else 4 * P + (14 * P) // N
+    return 18 * P if stage == 0 else 4 * P + (14 * P) // N
 
 
 def _deepspeed_cpu_bytes(cfg: Any, arch: Arch, cluster: Cluster) -> int:
     """DeepSpeed's estimate of the host memory per node (ZeRO-3 / ZeRO-2 estimators; 0 for ZeRO-0/1)."""
     ds = cfg.deepspeed
-    if ds.zero_stage == 3:
+    stage = effective_zero_stage(ds, cluster.gpus)
+    if stage == 3:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
         return estimate_zero3_model_states_mem_needs(
             arch.params, arch.largest_layer_params, num_gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.nodes,
             cpu_offload=ds.offload_optimizer or ds.offload_param, cpu_offload_params=ds.offload_param,
             zero_init=True)[0]
-    if ds.zero_stage == 2:
+    if stage == 2:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
         return estimate_zero2_model_states_mem_needs(arch.params, num_gpus_per_node=cluster.gpus_per_node,
@@ -301,7 +306,7 @@ def plan(cfg: Any, cluster: Cluster, arch: Arch, *, mfu: float = DEFAULT_MFU,
         "config": None,
         "arch": {"name": arch.name, "source": arch.source, "params": P, "vocab": V, "layers": L, "hidden": h},
         "cluster": dataclasses.asdict(cluster),
-        "layout": {"gpus": N, "tp": tp, "dp": dp, "zero_stage": ds.zero_stage, "precision": ds.precision,
+        "layout": {"gpus": N, "tp": tp, "dp": dp, "zero_stage": effective_zero_stage(ds, N), "precision": ds.precision,
                    "gradient_checkpointing": gc, "micro_batch_tokens": T,
                    "offload_during_rollout": ds.offload_during_rollout},
         "phases": out_phases,

@@ -48,14 +48,18 @@ class FakePolicy:
     """One rank: log-probs equal to the engine's; an update that only records itself."""
 
     device = "cpu"
+    fusable = False  # the old-log-prob pass is its own phase here
 
     def __init__(self, events: list[str]) -> None:
         self.events = events
 
+    def release(self):
+        pass
+
     def micro_plan(self, batch, comm):
         return [torch.arange(len(batch))]
 
-    def compute_logprobs(self, batch, plan):
+    def compute_logprobs(self, batch, plan, keep_graph=False, entropy_grad=False):
         self.events.append("old_logprob")
         return batch.rollout_logprobs.clone(), torch.ones(batch.response_ids.shape)
 

@@ -82,7 +82,7 @@ def test_dynamic_sampling_counts_each_tp_group_once(tp_model, gsm8k_digits, tmp_
 def _broadcast_worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as tdist
 
-    from trainer.collect import on_group_source
+    from trainer.collect import broadcast_grades, on_group_source
 
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     calls = []
@@ -91,14 +91,16 @@ def _broadcast_worker(rank: int, port: int, out_dir: str) -> None:
         calls.append(rank)
         return [float(rank), 1.0], {"reward/timeout": float(rank)}
 
-    got = on_group_source(grade, tdist.new_group([0, 1]), src=0)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"got": got, "calls": calls}))
+    group = tdist.new_group([0, 1])
+    got = broadcast_grades(grade, group, 0, 2, ["reward/timeout"])
+    texts = on_group_source(lambda: [f"output of rank {rank}"], group, src=0)  # tool outputs: text travels as is
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"got": got, "calls": calls, "texts": texts}))
     tdist.destroy_process_group()
 
 
 def test_rewards_are_graded_once_per_tp_group_and_broadcast(tmp_path):
     """Two gloo processes (a TP group of 2): the grading function runs on the group's first rank only and both
-    ranks receive its result (so a timeout on one rank cannot split a group's rewards)."""
+    ranks receive its result, as one float64 tensor (so a timeout on one rank cannot split a group's rewards)."""
     import torch.multiprocessing as mp
 
     with socket.socket() as sock:
@@ -108,3 +110,4 @@ def test_rewards_are_graded_once_per_tp_group_and_broadcast(tmp_path):
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["got"] == r1["got"] == [[0.0, 1.0], {"reward/timeout": 0.0}]
     assert r0["calls"] == [0] and r1["calls"] == []
+    assert r0["texts"] == r1["texts"] == ["output of rank 0"]
