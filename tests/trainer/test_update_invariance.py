@@ -46,6 +46,7 @@ CASES = {  # name: (micro-batch token budget, processes, ZeRO stage, probes)
     "mb_large_zero3_fused": (4096, 1, 3, "fused"),
     "mb_large_stage0_fused": (4096, 1, 0, "fused"),
     "two_ranks_zero3": (16, 2, 3, "0"),
+    "two_ranks_zero3_probe": (16, 2, 3, "1"),
     "two_ranks_zero2_probe": (16, 2, 2, "1"),
 }
 
@@ -68,10 +69,12 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
             torch.testing.assert_close(res["params"][k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
         assert res["selected"] == outs["mb_small"]["selected"] > 0  # the same L+ over 1 and 2 ranks
     for name, variant in (("mb_small", "probe"), ("mb_large_stage0", "probe"), ("mb_large_stage0", "fused"),
-                          ("mb_large_zero3", "fused")):  # probes / one forward for both: nothing changes, bit for bit
+                          ("mb_large_zero3", "fused"), ("two_ranks_zero3", "probe")):
+        # probes, or one forward for both passes: nothing changes, bit for bit
         other = outs[f"{name}_{variant}"]["params"]
         assert all(torch.equal(other[k], outs[name]["params"][k]) for k in other), (name, variant)
-    preds = [outs[n]["preds"] for n in ("mb_small_probe", "mb_large_stage0_probe", "two_ranks_zero2_probe")]
+    preds = [outs[n]["preds"] for n in ("mb_small_probe", "mb_large_stage0_probe", "two_ranks_zero2_probe",
+                                        "two_ranks_zero3_probe")]  # partitions all-reduced = full tensors
     assert set(preds[0]) == {"pred_entropy_change", "pred/d_grpo", "pred/d_lplus", "pred/d_lminus"}
     for other in preds[1:]:
         for k, v in preds[0].items():
