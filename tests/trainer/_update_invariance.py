@@ -4,7 +4,8 @@ the step prepared by the core (C2, gate forced on: ω selected over the whole ba
 gathered updated parameters and (with PROBE=1) the first-order predictions to ``OUT`` (rank 0). Usage:
 ``[torchrun --nproc_per_node K] python _update_invariance.py MODEL_DIR OUT MICRO_BATCH_MAX_TOKENS STAGE PROBE``
 (STAGE: the ZeRO stage, used even on one process; PROBE: ``1`` = with the prediction probes, ``fused`` = the
-old-log-prob forward kept for the update, ``0`` = neither).
+old-log-prob forward kept for the update, ``never`` = STARE with the gate off, ``grpo`` = the ``grpo`` loss, ``0`` =
+none of these).
 """
 
 import sys
@@ -40,11 +41,13 @@ def _batch(rows: list[int]) -> RolloutBatch:
 def main() -> None:
     model_dir, out, budget, stage, probe = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     cpu_env_defaults()
+    loss = {"grpo": ["method=grpo", "loss.loss_mode=grpo"],
+            "never": ["method=c2", "loss.loss_mode=stare", "loss.stare.variant=C2", "loss.stare.gate=never"]}.get(
+        probe, ["method=c2", "loss.loss_mode=stare", "loss.stare.variant=C2", "loss.stare.gate=always"])
     cfg = load_trainer_config(None, [f"model.path={model_dir}", f"deepspeed.zero_stage={stage}",
                                      "deepspeed.single_process_stage=null", "deepspeed.precision=fp32",
                                      "optim.lr=1.0", "optim.eps=1.0", "optim.grad_clip=0",
-                                     f"optim.micro_batch_max_tokens={budget}", "method=c2", "loss.loss_mode=stare",
-                                     "loss.stare.variant=C2", "loss.stare.gate=always", "loss.stare.top_p_ratio=0.3"])
+                                     f"optim.micro_batch_max_tokens={budget}", *loss, "loss.stare.top_p_ratio=0.3"])
     # AdamW's first step is lr·g/(|g| + eps): with eps = 1 ≫ |g| it is ≈ lr·g, linear in the gradient, so comparing
     # parameters compares gradients (with the default eps it would be ≈ lr·sign(g), ill-conditioned near g = 0)
     dist = init_distributed()
@@ -62,7 +65,7 @@ def main() -> None:
     preds = predictor.after_update(probes, metrics["grad_norm"]) if predictor else {}
     sd = policy.full_state_dict()
     if dist.rank == 0:
-        torch.save({"params": sd, "preds": preds, "selected": prep.metrics()["stare/num_pos_selected"]}, out)
+        torch.save({"params": sd, "preds": preds, "selected": prep.metrics().get("stare/num_pos_selected")}, out)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ CASES = {  # name: (micro-batch token budget, processes, ZeRO stage, probes)
     "two_ranks_zero3_probe": (16, 2, 3, "1"),
     "two_ranks_zero2_probe": (16, 2, 2, "1"),
 }
+OTHER_LOSSES = {"gate_never": (4096, 1, 0, "never"), "grpo": (4096, 1, 0, "grpo")}
 
 
 def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_model, tmp_path):
@@ -56,7 +57,7 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
     import torch
 
     outs = {}
-    for name, (budget, procs, stage, probe) in CASES.items():
+    for name, (budget, procs, stage, probe) in {**CASES, **OTHER_LOSSES}.items():
         out = tmp_path / f"{name}.pt"
         launcher = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                          "--nproc_per_node", str(procs), "--master_port",
@@ -64,7 +65,7 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
         _run(launcher + [str(HELPER), str(tiny_model), str(out), str(budget), str(stage), probe])
         outs[name] = torch.load(out)
     ref = outs["mb_small"]["params"]
-    for name, res in outs.items():
+    for name, res in ((n, outs[n]) for n in CASES):
         for k, v in ref.items():
             torch.testing.assert_close(res["params"][k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
         assert res["selected"] == outs["mb_small"]["selected"] > 0  # the same L+ over 1 and 2 ranks
@@ -79,6 +80,10 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
     for other in preds[1:]:
         for k, v in preds[0].items():
             assert other[k] == pytest.approx(v, rel=1e-4, abs=1e-10), k
+    # gate off ⇒ stare is grpo, bit for bit, through the trainer's update; and the gate-on step differs (ω acted)
+    never, grpo = outs["gate_never"]["params"], outs["grpo"]["params"]
+    assert all(torch.equal(never[k], grpo[k]) for k in never)
+    assert any(not torch.equal(never[k], outs["mb_large_stage0"]["params"][k]) for k in never)
     from safetensors.torch import load_file
 
     init = load_file(str(tiny_model / "model.safetensors"))
