@@ -8,7 +8,8 @@ ZeRO-3. Every other case must give the same parameters after one AdamW step (to 
 process packing everything into one or two micro-batches (ZeRO stage 0, the one-process default), two ranks under
 ZeRO-3 and under ZeRO-2; with the probes on, or with the old-log-prob forward kept for the update
 (``optim.fuse_old_logprob``), the parameters are bit-identical to the same case without them, and the predictions
-agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors.
+agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors. STARE with the gate off updates the
+parameters exactly as ``grpo`` does (bit for bit).
 """
 
 from __future__ import annotations
