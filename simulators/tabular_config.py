@@ -6,6 +6,7 @@ import dataclasses
 
 from stare_lab.config import LossConfig, STAREConfig, check_choice, check_positive, check_range, config_prefix, join_key
 from stare_lab.errors import ConfigError
+from stare_lab.losses import loss_needs
 
 from .presets import METHODS, method_overrides
 
@@ -203,8 +204,9 @@ class TabularSimConfig:
 
     @property
     def is_stare(self) -> bool:
-        """True for the methods whose loss is the STARE loss (a controller and token weights are used)."""
-        return self.loss.loss_mode == "stare"
+        """True when the loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.losses.loss_needs`):
+        the run has a STARE controller."""
+        return loss_needs(self.loss.loss_mode, self.loss).stare
 
     @property
     def reward_threshold(self) -> int:

@@ -220,7 +220,7 @@ def test_divergence_names_lr_and_step_and_leaves_nothing(tmp_path, capsys):
     assert simulate("--preset", "collapse", "--methods", "clip_cov", "--seeds", "1", "--steps", "3", "--out",
                     str(out), "--no-plots", "lr=1e308", *SMALL) == 1
     err = capsys.readouterr().err
-    assert "lr=1e+308 made the logits non-finite at step 0; lower lr" in err and len(err.strip().splitlines()) == 1
+    assert "lr=1e+308 made the logits non-finite at step 1; lower lr" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
 
 
@@ -249,7 +249,7 @@ def test_divergence_keeps_finished_runs(tmp_path):
     out = tmp_path / "k"
     plan = plan_sweep("collapse", ["grpo", "clip_cov"], 1, out, overrides=SMALL, steps=2, workers=1)
     plan.configs[("clip_cov", 0)].lr = 1e308  # only this run diverges
-    with pytest.raises(RunError, match="lr=1e\\+308 made the logits non-finite at step 0"):
+    with pytest.raises(RunError, match="lr=1e\\+308 made the logits non-finite at step 1"):
         run_sweep(plan)
     assert len(rows(out / "grpo" / "seed0")) == 2
     assert not (out / "clip_cov").exists()  # created by this sweep and left empty by the failed run: removed
