@@ -101,13 +101,24 @@ def _load(path: Path) -> dict[str, Any]:
     return saved
 
 
+def _first_difference(saved: Any, current: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
+    """The first dotted key (in the current config's order) whose value differs, with both values."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in [*current, *(k for k in saved if k not in current)]:
+            if not prefix and key in RESUMABLE_CHANGES:
+                continue
+            found = _first_difference(saved.get(key), current.get(key), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    return None if saved == current else (prefix.rstrip("."), saved, current)
+
+
 def _check_same(run_dir: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
-    for key in sorted(set(saved) | set(current)):
-        if key in RESUMABLE_CHANGES:
-            continue
-        if saved.get(key) != current.get(key):
-            raise RunError(f"cannot resume {str(run_dir)!r}: {key}={current.get(key)!r} differs from the "
-                           f"checkpoint's {saved.get(key)!r}")
+    found = _first_difference(saved, current)
+    if found:
+        key, old, new = found
+        raise RunError(f"cannot resume {str(run_dir)!r}: {key}={new!r} differs from the checkpoint's {old!r}")
 
 
 @dataclasses.dataclass

@@ -35,9 +35,9 @@ before the update (without dynamic sampling exactly the batch token-mean entropy
 position); ``entropy_change`` = the same mean after minus before; ``pred_entropy_change`` = the exact first order
 ⟨∂H/∂z, Δz⟩ of this step's Δz averaged the same way (∂H/∂z by autograd through ``stare_lab.entropy``; equal to
 ``stare_lab.entropy.predicted_entropy_change``); quadrant counts and summed first-order ΔH contributions (Â sign ×
-surprisal above/below the critical surprisal s*, docs/theory.md §2); ``accuracy`` and ``pass@G`` (the verifiable rule
-without noise); ``reward`` (mean reward of the step's first sampling round); ``time/*``; and the decomposition of
-docs/theory.md §7 (nats, same averaging):
+surprisal above/below the critical surprisal s*, docs/theory.md §2); ``reward`` (mean reward), ``accuracy`` and
+``pass@G`` (the verifiable rule without noise) over every response sampled in the step (all dynamic-sampling rounds,
+as the trainer's ``reward``); ``time/*``; and the decomposition of docs/theory.md §7 (nats, same averaging):
 
 * ``pred/d_grpo``: first-order entropy change of this step's update with ω ≡ 1 (the GRPO update of the same
   rollouts); ``pred/d_lplus`` / ``pred/d_lminus``: the parts of it carried by the tokens STARE selects as L+ / L−

@@ -75,9 +75,10 @@ def _draw(batch, runs: list[int], cdf: torch.Tensor) -> tuple[torch.Tensor, torc
 def rollouts(batch, pi: torch.Tensor) -> dict[str, Any]:
     """One step's rollout batch of every run: ``tokens [R, S, G, L]``, ``rewards [R, S, G]``, ``prompt [R, S]`` (the
     prompt of each group slot), ``valid [R, S]`` (slots holding a group; invalid ones have tokens 0 and rewards 0),
-    ``kept [R]``, ``rounds [R]`` and the first round's ``first_rewards`` / ``first_solved`` ``[R, S, G]``. Without
-    dynamic sampling slot s holds prompt s; with it, the groups :func:`simulators.dynamic_sampling.select_groups`
-    kept, in order (at most S; none if none survive)."""
+    ``kept [R]``, ``rounds [R]`` and, over every group sampled in the step (all rounds, as the trainer's ``reward``),
+    the mean ``reward``, ``accuracy`` (the rule's verdict without noise) and ``pass`` (groups with ≥ 1 solved
+    response) ``[R]`` float64. Without dynamic sampling slot s holds prompt s; with it, the groups
+    :func:`simulators.dynamic_sampling.select_groups` kept, in order (at most S; none if none survive)."""
     cfg = batch.base
     R, S, G = batch.size, cfg.num_prompts, cfg.group_size
     cdf = pi.cumsum(-1)
@@ -85,23 +86,27 @@ def rollouts(batch, pi: torch.Tensor) -> dict[str, Any]:
     prompt = torch.arange(S).expand(R, S).clone()
     valid = torch.ones(R, S, dtype=torch.bool)
     rounds = [1] * R
-    out = {"first_rewards": rewards, "first_solved": solved}
+    stats = torch.stack([rewards.double().mean((-1, -2)), solved.double().mean((-1, -2)),
+                         (solved > 0).any(-1).double().mean(-1)])  # [3, R]: reward, accuracy, pass over round 1
+    out = {}
     ds = [r for r, c in enumerate(batch.configs) if c.dynamic_sampling]
     if ds:
         tokens, rewards = tokens.clone(), rewards.clone()
         for r in ds:
-            drawn = [(tokens[r], rewards[r])]
+            drawn = [(tokens[r], rewards[r], solved[r])]
 
             def rewards_of_round(i: int, r: int = r, drawn: list = drawn) -> torch.Tensor:
                 if i == len(drawn):  # a fresh round of all S prompts from the run's generator
-                    t_new, rw_new, _ = _draw(batch, [r], cdf)
-                    drawn.append((t_new[0], rw_new[0]))
+                    t_new, rw_new, sv_new = _draw(batch, [r], cdf)
+                    drawn.append((t_new[0], rw_new[0], sv_new[0]))
                 return drawn[i][1].reshape(-1)
 
             sel = select_groups(rewards_of_round, G, S, cfg.ds_max_rounds)
             n = sel.num_kept
             rounds[r] = sel.rounds
             picked = [(drawn[i][0][idx], drawn[i][1][idx], idx) for i, idx in sel.picks]  # copies, before zeroing
+            all_rw, all_sv = torch.cat([d[1] for d in drawn]).double(), torch.cat([d[2] for d in drawn])
+            stats[:, r] = torch.stack([all_rw.mean(), all_sv.double().mean(), (all_sv > 0).any(-1).double().mean()])
             tokens[r].zero_()
             rewards[r].zero_()
             prompt[r].zero_()
@@ -111,7 +116,7 @@ def rollouts(batch, pi: torch.Tensor) -> dict[str, Any]:
                 rewards[r, :n] = torch.cat([rw for _, rw, _ in picked])
                 prompt[r, :n] = torch.cat([idx for _, _, idx in picked])
     out.update(tokens=tokens, rewards=rewards, prompt=prompt, valid=valid, rounds=rounds,
-               kept=valid.sum(-1), ds=ds)
+               kept=valid.sum(-1), ds=ds, reward=stats[0], accuracy=stats[1], pass_rate=stats[2])
     return out
 
 
@@ -144,8 +149,9 @@ def _prepare(batch, r: int, roll, logp_tok, adv, pol: Policy, h_gate: float, ste
     entropy = pol.entropy[r][roll["prompt"][r, :n]].repeat_interleave(G, dim=0) if needs.entropy else None
     sb = StepBatch(torch.ones(n * G, L, dtype=torch.bool), adv[r, :n].reshape(-1).float(),
                    logp_tok[r, :n].reshape(n * G, L).float(), entropy=entropy)
+    # without a kept group the step is skipped and prepare_step reads no entropy (0.0 only satisfies its check)
     return prepare_step(sb, cfg.loss, controller=batch.controllers[r], step=step, seed=cfg.seed,
-                        batch_entropy=h_gate if n else None)
+                        batch_entropy=h_gate if n else 0.0)
 
 
 def _core_coefficients(batch, r: int, prep: PreparedStep, roll, logp_tok, row: dict):
@@ -202,7 +208,8 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor, step: int) -> Step
     h_gate = h_before.clone()
     slot_h = pol.entropy.gather(1, roll["prompt"].unsqueeze(-1).expand(R, S, L)).mean(-1)  # [R, S]
     for r in roll["ds"]:  # token-mean entropy of the kept batch (all its responses have L tokens)
-        h_gate[r] = slot_h[r, : kept[r]].mean() if kept[r] else float("nan")
+        if kept[r]:
+            h_gate[r] = slot_h[r, : kept[r]].mean()
     adv = group_advantages(roll["rewards"].reshape(-1), group_size=G, estimator=cfg.advantage_estimator)
     adv = adv.view(R, S, G).double()
     state = _state_index(batch, roll)
@@ -241,9 +248,9 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor, step: int) -> Step
     f64 = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
     gate_on = torch.tensor([p.gate_on for p in preps])
     scalars = {
-        "reward": roll["first_rewards"].double().mean((-1, -2)),
-        "accuracy": roll["first_solved"].double().mean((-1, -2)),
-        f"pass@{G}": (roll["first_solved"] > 0).any(-1).double().mean(-1),
+        "reward": roll["reward"],
+        "accuracy": roll["accuracy"],
+        f"pass@{G}": roll["pass_rate"],
         "gate_on": gate_on.double(),
         "stare_w": f64([p.reweight_w for p in preps]),
         "stare_m": f64([p.reweight_m for p in preps]),
