@@ -29,9 +29,11 @@ import numpy as np
 
 from stare_lab import critical
 
+from .plots import _figure, _style, method_color
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "run_critical_rows", "W_KEY"]
+__all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "critical_line", "run_critical_rows", "W_KEY"]
 
 W_KEY = "loss.stare.reweight_w"
 
@@ -85,8 +87,6 @@ def phase_figure(summary: dict[str, Any]) -> Any:
             by_method.setdefault(entry.get("method", "?"), {})[(float(point[W_KEY]), point.get(other))] = dev
     if not by_method:
         return None
-    from .plots import _figure, _style, method_color
-
     crit = summary.get("critical") or {}
     with _style():
         fig, axes = _figure(1, len(by_method), w=4.4, h=3.2)
@@ -139,6 +139,24 @@ def critical_rows(summary: dict[str, Any]) -> list[list[Any]]:
                          s.get("predicted_w_measured_drift"), s.get("predicted_w_grpo"), s.get("tolerance"),
                          "" if ok is None else ("yes" if ok else "no")])
     return rows
+
+
+def critical_line(summary: dict[str, Any]) -> str | None:
+    """One line with each STARE method's measured and predicted critical W of a sweep (its top-level slice), or None
+    without a W grid: ``o1: measured 1.3, first-order prediction 1.28 (within the tolerance 0.105); GRPO-only
+    estimate 1.35``."""
+    parts = []
+    for method, c in sorted((summary.get("critical") or {}).items()):
+        def f(x: Any) -> str:
+            v = _num(x)
+            return "-" if v is None else f"{v:.3g}"
+
+        ok = c.get("predicted_w_within_tolerance")
+        within = "" if ok is None else f" ({'within' if ok else 'outside'} the tolerance {f(c.get('tolerance'))})"
+        meas = "none of the grid" if c.get("measured_w") is None else f(c.get("measured_w"))
+        parts.append(f"{method}: measured {meas}, first-order prediction {f(c.get('predicted_w'))}{within}; "
+                     f"GRPO-only estimate {f(c.get('predicted_w_grpo'))}")
+    return "; ".join(parts) or None
 
 
 def run_critical_rows(cmp: Any) -> list[list[Any]]:

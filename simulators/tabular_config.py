@@ -60,8 +60,11 @@ class TabularSimConfig:
             prompt fork between ``num_correct`` correct tokens, the others have one correct token and start nearly
             deterministic; Zipf-like initial probabilities; ``init_spread`` is not used).
         reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
-        num_prompts: S ≥ 1.  group_size: G ≥ 2 responses per prompt (group advantages of a single response are
-            all 0: nothing would learn).  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
+        num_prompts: S ≥ 1 prompts.
+        group_size: G ≥ 2 responses per prompt (group advantages of a single response are all 0: nothing would
+            learn).
+        seq_len: L ≥ 1 positions per response.
+        vocab_size: V ≥ 2 tokens.
         num_correct: K ∈ [1, V] correct tokens per (prompt, position).
         threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
         random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
