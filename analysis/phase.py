@@ -29,7 +29,7 @@ import numpy as np
 
 from stare_lab import critical
 
-from .plots import _figure, _style, method_color
+from .plots import _figure, _style, method_style
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,8 @@ def phase_figure(summary: dict[str, Any]) -> Any:
             ws = sorted({w for w, _ in cells})
             c = crit.get(method) or {}
             if other is None:
-                ax.plot(ws, [cells[(w, None)] for w in ws], "o-", color=method_color(method), label=method)
+                colour, ls, marker = method_style(method)
+                ax.plot(ws, [cells[(w, None)] for w in ws], color=colour, ls=ls, marker=marker or "o", label=method)
                 ax.axhline(band, color="k", ls=":", lw=1, label=f"band {band:g} nats")
                 ax.set(xlabel="W (stare.reweight_w)", ylabel="mean |H − H_tgt|, 2nd half (nats)", yscale="symlog",
                        title=f"{method}: band deviation over W")
@@ -124,8 +125,8 @@ def _mark(ax, c: dict[str, Any]) -> None:
         v = _num(c.get(key))
         if v is not None and math.isfinite(v):
             ax.axvline(v, color="k", ls=style, lw=1, label=f"{name} {v:.3g}")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(frameon=False, fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # below the panel, outside the data
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
 
 
 def critical_rows(summary: dict[str, Any]) -> list[list[Any]]:

@@ -470,9 +470,11 @@ def _write(
 
     doc.h(2, "1. Entropy dynamics")
     doc.p(
-        "Lines: mean over seeds; shaded: 95% band (mean ± t·s/√n, none for a single seed); grey band: the target "
-        f"entropy H_tgt ± {cmp.band_half_width:g} nats (`loss.stare.target_entropy`). Gate: fraction of seeds with "
-        "the STARE gate on. W (STARE weight on L+) and M (on L−) as logged."
+        "Lines: mean over seeds, one colour, line style and marker per method; shaded in the method's colour: 95% "
+        "band (mean ± t·s/√n, none for a single seed); gold, hatched: the target band H_tgt ± "
+        f"{cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when groups differ, each "
+        "labelled in the legend). Gate: fraction of seeds with the STARE gate on. W (STARE weight on L+) and M "
+        "(on L−) as logged."
     )
     add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
 
