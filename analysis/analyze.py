@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import matplotlib.figure  # noqa: F401 - the report's figures (imported here, with the function that draws them)
+
 from stare_lab.errors import ConfigError
 
 from .compare import Comparison, compare

@@ -11,8 +11,10 @@ in it), the fit numbers of the prediction scatters below each column.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
+import multiprocessing as mp
 import os
 import zlib
 from pathlib import Path
@@ -36,6 +38,7 @@ __all__ = [
     "plot_cross_source",
     "plot_metrics",
     "save_figure",
+    "save_figures",
 ]
 
 #: Fixed (colour, line style, marker) per method, the same in every figure and report; no two share a colour, and
@@ -346,3 +349,47 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 90) -> Path:
         fig.savefig(path, dpi=dpi, metadata=_METADATA.get(path.suffix.lstrip(".").lower()))
     logger.debug("wrote %s", path)
     return path
+
+
+#: the figures a forked pool of :func:`save_figures` writes (set just before the fork, read by the children)
+_PENDING: list[tuple[Any, Path, int, bool]] = []
+
+
+def _save_pending(i: int) -> bytes | None:
+    fig, path, dpi, png = _PENDING[i]
+    save_figure(fig, path, dpi)
+    if not png:
+        return None
+    buf = io.BytesIO()
+    with _style():
+        fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def save_figures(
+    jobs: Sequence[tuple[Any, str | os.PathLike]], dpi: int = 90, png_copies: bool = False, workers: int | None = None,
+) -> list[bytes | None]:
+    """Write several figures (``jobs``: ``(figure, path)``) — rendering them at once on the machine's cores: the
+    figures are built in this process, and forked worker processes (each inherits them) only draw and write them,
+    largest first. With ``png_copies`` also return each figure as PNG bytes (the HTML report embeds PNG renders of
+    PDF figures), else Nones. ``workers``: processes (default: the cores this process may use); 1, a single
+    figure, or no ``fork`` start method → one after the other here. The files are the same either way."""
+    global _PENDING
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    n = min(len(jobs), cores if workers is None else max(1, int(workers)))
+    _PENDING = [(fig, Path(path), dpi, png_copies) for fig, path in jobs]
+    try:
+        if n <= 1 or "fork" not in mp.get_all_start_methods():
+            return [_save_pending(i) for i in range(len(jobs))]
+        order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][0].axes))  # most panels first
+        with mp.get_context("fork").Pool(n) as pool:
+            done = pool.map(_save_pending, order, chunksize=1)
+        out: list[bytes | None] = [None] * len(jobs)
+        for i, res in zip(order, done):
+            out[i] = res
+        return out
+    finally:
+        _PENDING = []

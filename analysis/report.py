@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import io
 import json
 import logging
 import math
@@ -436,19 +435,14 @@ def _write(
     sweep: dict[str, Any] | None = None,
 ) -> ReportFiles:
     figures: dict[str, Path] = {}
-    images: dict[str, tuple[str, bytes]] = {}
+    built: list[tuple[Any, Path]] = []  # written together at the end (plots.save_figures: on all cores)
 
     def add_figure(doc: Doc, name: str, fig: Any, alt: str) -> None:
         if fig is None:
             return
-        path = plots.save_figure(fig, out / f"{name}.{fmt}", dpi)
+        path = out / f"{name}.{fmt}"
         figures[name] = path
-        if fmt == "pdf":
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=dpi)
-            images[path.name] = ("image/png", buf.getvalue())
-        else:
-            images[path.name] = (_MIME[fmt], path.read_bytes())
+        built.append((fig, path))
         doc.img(path.name, alt)
 
     doc = Doc()
@@ -535,6 +529,9 @@ def _write(
     else:
         doc.p("None.")
 
+    pngs = plots.save_figures(built, dpi, png_copies=fmt == "pdf")
+    images = {path.name: ("image/png", png) if fmt == "pdf" else (_MIME[fmt], path.read_bytes())
+              for (_, path), png in zip(built, pngs)}
     md_path = out / "report.md"
     html_path = out / "report.html"
     md_path.write_text(doc.to_markdown(), encoding="utf-8")

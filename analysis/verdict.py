@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from stare_lab.errors import ConfigError
-from stare_lab.losses import loss_needs
 from stare_lab.verdict import group_outcome, verdict
 
 from .compare import Comparison
@@ -23,6 +22,10 @@ def uses_stare(run: RunData) -> bool:
     mode = run.config_value("loss.loss_mode")
     if not isinstance(mode, str):
         return False
+    # the losses' declared needs live in the core's loss registry, which imports torch (~2 s): imported here, not at
+    # the top, so that building the command line's parser (every wing's cli, for every command) stays light
+    from stare_lab.losses import loss_needs
+
     try:
         return loss_needs(mode, run.config_value("loss") or None).stare
     except ConfigError:

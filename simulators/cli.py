@@ -175,11 +175,10 @@ def _report_function():
         return f"{type(err).__name__}: {err}"
 
 
-def _figures(out: Path, run_dirs: list[Path], group_by: list[str]) -> str:
+def _figures(analyze, out: Path, run_dirs: list[Path], group_by: list[str]) -> str:
     """The report of exactly this sweep's runs (``run_dirs``) and its ``summary.json``, written into
-    ``OUT/figures`` by one call of the analysis wing's ``analyze`` (:func:`_report_function`). Returns the line to
-    print."""
-    analyze = _report_function()
+    ``OUT/figures`` by one call of the analysis wing's ``analyze`` (:func:`_report_function`; a string: why it is
+    unavailable). Returns the line to print."""
     if isinstance(analyze, str):
         return f"figures: not written ({analyze})"
     res = analyze([str(d) for d in run_dirs], out / "figures", summary=out / "summary.json", group_by=group_by)
@@ -233,8 +232,10 @@ def handler(args: argparse.Namespace) -> int:
     )
     notes = plan_notes(plan)
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
+    report = []  # the report function, loaded while the runs compute (it imports the plotting library)
+    meanwhile = None if args.no_plots else lambda: report.append(_report_function())
     with tqdm(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
-        summary = run_sweep(plan, progress=bar.update)
+        summary = run_sweep(plan, progress=bar.update, meanwhile=meanwhile)
     print(summary["headline"])
     grid = f" x {len(plan.groups)} group(s)" if plan.grid else ""
     seeds_s = ",".join(map(str, plan.seeds))
@@ -247,7 +248,7 @@ def handler(args: argparse.Namespace) -> int:
         print(note)
     if not args.no_plots:
         group_by = [k for k, _ in plan.grid if not k.startswith("loss.stare.")]
-        print(_figures(out, list(plan.run_dirs.values()), group_by))
+        print(_figures(report[0], out, list(plan.run_dirs.values()), group_by))
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -72,9 +72,12 @@ def run_many(
     resume: bool = False,
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run tabular configs into their directories over ``workers`` processes (default :func:`default_workers`);
-    returns the summaries in order. ``progress(n)`` receives the number of run-steps done.
+    returns the summaries in order. ``progress(n)`` receives the number of run-steps done. ``meanwhile()`` is
+    called once in this process while the worker processes compute (after they started: no thread is running
+    when they fork), e.g. to load what the caller needs afterwards; with one process it is called first.
 
     Raises:
         RunError: the first error of any run (the other runs still finish, as in :func:`run_batch`).
@@ -83,6 +86,8 @@ def run_many(
     workers = default_workers() if workers is None else max(1, int(workers))
     parts = chunks([batch_key(c) for c in configs], workers)
     if workers == 1 or len(parts) == 1:
+        if meanwhile is not None:
+            meanwhile()
         return run_batch(configs, run_dirs, resume=resume, progress=progress)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -92,6 +97,8 @@ def run_many(
                                                 resume), daemon=True)
         p.start()
         procs.append(p)
+    if meanwhile is not None:
+        meanwhile()  # the workers' messages wait in the queue
     results: dict[int, list[dict[str, Any]]] = {}
     errors: list[str] = []
     crashes: list[str] = []

@@ -388,11 +388,14 @@ def _remove_run(run_dir: Path) -> None:
             break
 
 
-def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def run_sweep(
+    plan: SweepPlan, progress: Callable[[int], None] | None = None, meanwhile: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Run every planned run, write ``out/summary.json`` and return it. Tabular runs are batched and spread over
     ``plan.workers`` processes (:func:`simulators.parallel.run_many`); transformer runs go one after the other.
 
-    ``progress(n)`` is called as run-steps (tabular) or whole runs (other kinds, counted as their ``steps``) finish.
+    ``progress(n)`` is called as run-steps (tabular) or whole runs (other kinds, counted as their ``steps``) finish;
+    ``meanwhile()`` once while the runs compute (:func:`simulators.parallel.run_many`; first, for other kinds).
     With ``plan.overwrite`` the previous sweep's runs that the plan drops are removed first (:func:`stale_runs`).
     If a run fails, the error propagates (the other tabular runs finish first); folders this call created and left
     empty are removed (a tabular run removes its own directory when it failed before completing a step).
@@ -415,9 +418,11 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
     try:
         if plan.kind == "tabular":
             summaries = run_many([plan.configs[k] for k in keys], [plan.run_dirs[k] for k in keys],
-                                 resume=plan.resume, progress=progress, workers=plan.workers)
+                                 resume=plan.resume, progress=progress, workers=plan.workers, meanwhile=meanwhile)
             stats = {k: {x: s.get(x) for x in STAT_KEYS} for k, s in zip(keys, summaries)}
         else:
+            if meanwhile is not None:
+                meanwhile()
             stats = {}
             for k in keys:
                 config = plan.configs[k]
