@@ -157,7 +157,7 @@ _STRONG_PUSH = {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_
 #: Transformer presets: name → overrides of ``simulators.transformer_config.TransformerSimConfig`` (``stare-lab
 #: simulate`` applies them, then the user's).
 TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
-    # GRPO, O1, C2 on one seed in ~75 s (2 cores). Task "pick" has several correct answers per prompt (here 4 prompt
+    # GRPO, O1, C2 on one seed in ~75 s (2 cores; BENCHMARKS.md, bench_transformer.py). Task "pick" has several correct answers per prompt (here 4 prompt
     # digits, answers of 3: 24 correct answers when the digits are distinct): token reweighting needs room to act
     # (docs/theory.md §6; see "transformer-sort" for the single-answer control). How the settings were chosen (GRPO,
     # R² = fit of the measured ΔH on ∇θH̄·Δθ over all RL steps; collapse = first step below 10 % of the
@@ -213,9 +213,9 @@ TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
 
 #: Preset name → one-line description (for ``stare-lab simulate --list-presets``).
 TRANSFORMER_DESCRIPTIONS: dict[str, str] = {
-    "transformer": "tiny Qwen2 LM on 'pick' (4 digits, answers of 3: several correct answers), 180 RL steps, "
-    "lr 1e-3, beta1 0.95; GRPO collapses, gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~70 s for "
-    "grpo,o1,c2 x 1 seed",
+    "transformer": "tiny Qwen2 LM on 'pick' (4 digits, answers of 3: several correct answers), 200 RL steps, "
+    "lr 1e-3, beta1 0.95; GRPO collapses, gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~75 s for "
+    "grpo,o1,c2 x 1 seed on 2 cores (warm start included)",
     "transformer-long": "as 'transformer' with 400 steps and 256 held-out prompts x 16 samples; run several seeds",
     "transformer-sort": "negative control: 'sort' has one correct answer, so token reweighting has nothing to act on",
 }
