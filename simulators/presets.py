@@ -153,6 +153,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: The strong STARE push of the presets (adaptive bounds wide enough for o1-adaptive to move W and M).
 _OPTIM = {"lr": 1e-3, "adam_beta1": 0.95, "adam_beta2": 0.99}
 _STRONG_PUSH = {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_max": 8.0, "m_min": 0.1, "alpha": 0.05}
+#: what every transformer preset shares (the presets deep-copy it: get_preset)
+_TF_COMMON = {**_OPTIM, "eval_every": 50, "checkpoint_every": 100, "loss": {"stare": _STRONG_PUSH}}
 
 #: Transformer presets: name → overrides of ``simulators.transformer_config.TransformerSimConfig`` (``stare-lab
 #: simulate`` applies them, then the user's).
@@ -182,33 +184,14 @@ TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     #   prompt KV shared by a group, ~0.085 s). 200 steps leave margin after the latest collapse seen.
     # The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start entropy); at the paper's
     # defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9 stare.target_entropy=0.3.
-    "transformer": {
-        "steps": 200,
-        **_OPTIM,
-        "eval_every": 50,
-        "checkpoint_every": 100,
-        "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 64},
-        "loss": {"stare": _STRONG_PUSH},
-    },
+    "transformer": {**_TF_COMMON, "steps": 200,
+                    "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 64}},
     # Longer studies (several seeds: stare-lab simulate --preset transformer-long --seeds 3).
-    "transformer-long": {
-        "steps": 400,
-        **_OPTIM,
-        "eval_every": 50,
-        "checkpoint_every": 100,
-        "eval_samples": 16,
-        "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 256},
-        "loss": {"stare": _STRONG_PUSH},
-    },
+    "transformer-long": {**_TF_COMMON, "steps": 400, "eval_samples": 16,
+                         "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 256}},
     # Negative control: one correct answer per prompt; STARE's reweighting has nothing to act on.
-    "transformer-sort": {
-        "steps": 200,
-        **_OPTIM,
-        "eval_every": 50,
-        "checkpoint_every": 100,
-        "task": {"name": "sort", "num_digits": 5, "answer_len": 5, "eval_size": 64},
-        "loss": {"stare": _STRONG_PUSH},
-    },
+    "transformer-sort": {**_TF_COMMON, "steps": 200,
+                         "task": {"name": "sort", "num_digits": 5, "answer_len": 5, "eval_size": 64}},
 }
 
 #: Preset name → one-line description (for ``stare-lab simulate --list-presets``).
