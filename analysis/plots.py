@@ -117,10 +117,18 @@ def _style() -> Iterator[Any]:
         yield matplotlib
 
 
-def _figure(nrows: int, ncols: int, w: float = 4.0, h: float = 2.7, sharex: bool | str = False):
+def _figure(
+    nrows: int, ncols: int, w: float = 4.0, h: float = 2.7, sharex: bool | str = False,
+    margins: dict[str, float] | None = None,
+):
+    """A figure of ``nrows × ncols`` panels of ``w × h`` inches. Laid out by matplotlib's constrained layout, or —
+    ``margins`` given (``subplots_adjust`` fractions; ``bottom`` leaves room for the figure legend) — by fixed
+    margins: the same picture for a fixed grid at a third of the drawing time (the largest figure's)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
+    fig = Figure(figsize=(w * ncols, h * nrows), layout=None if margins else "constrained")
+    if margins:
+        fig.subplots_adjust(**margins)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex)
     return fig, axes
 
@@ -154,7 +162,9 @@ def _figure_legend(fig, ax, ncols: int = 4) -> None:
     """One legend for the whole figure, below its panels (outside the data), from what ``ax`` labels."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(ncols, len(handles)), frameon=False)
+        where = {"loc": "outside lower center"} if fig.get_layout_engine() else {
+            "loc": "lower center", "bbox_to_anchor": (0.5, 0.0)}
+        fig.legend(handles, labels, ncols=min(ncols, len(handles)), frameon=False, **where)
 
 
 #: the target bands: a colour no method uses, hatched (unlike the seed bands), one hatch per distinct target
@@ -182,7 +192,12 @@ def plot_dynamics(cmp: Comparison) -> Any:
     group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on."""
     styles = _styles(cmp)
     with _style():
-        fig, axes = _figure(2, 2, sharex=True)
+        n_targets = len({g.target_entropy for g in cmp.groups if g.target_entropy is not None})
+        legend_rows = math.ceil((len(cmp.groups) + n_targets) / 4)
+        height = 2 * 2.7 + 0.2 * legend_rows  # inches: two rows of panels and the legend below them
+        fig, axes = _figure(2, 2, h=height / 2, sharex=True, margins={
+            "left": 0.08, "right": 0.99, "top": 1 - 0.3 / height, "bottom": (0.55 + 0.2 * legend_rows) / height,
+            "wspace": 0.22, "hspace": 0.18 + 0.04 * legend_rows})
         ax_h, ax_r, ax_g, ax_w = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
         _shade_targets(ax_h, cmp)
         k_r = _smooth_window(cmp, "reward", 200)
@@ -278,7 +293,9 @@ def plot_quadrants(cmp: Comparison) -> Any:
     k = _smooth_window(cmp, f"quadrant/{QUADRANTS[0][0]}/count")
     suffix = f" (moving avg {k})" if k > 1 else ""
     with _style():
-        fig, axes = _figure(2, 4, w=3.2, h=2.5, sharex=True)
+        fig, axes = _figure(2, 4, w=3.2, h=2.5, sharex=True,
+                            margins={"left": 0.055, "right": 0.99, "top": 0.94, "bottom": 0.17, "wspace": 0.3,
+                                     "hspace": 0.3})
         for j, (q, desc, sign) in enumerate(QUADRANTS):
             arrow = "H↑" if sign > 0 else "H↓"
             for g in cmp.groups:
