@@ -3,7 +3,7 @@
 Each ``plot_*`` function takes a :class:`analysis.compare.Comparison` and returns a ``matplotlib.figure.Figure``
 (or None when the runs lack the data), so it works the same from the CLI and from a notebook. One style for all:
 a fixed colour, line style and marker per method (:func:`method_style`: O1 and C2, say, differ in all three), the
-next line styles for further groups of a method, seed mean as the line and the 95% band (mean ± t·s/√n) shaded,
+next line styles and darker-to-lighter shades of its colour for further groups of a method, seed mean as the line and the 95% band (mean ± t·s/√n) shaded,
 entropies in nats. Legends sit outside the data: one legend per figure below its panels (the target bands labelled
 in it), the fit numbers of the prediction scatters below each column.
 """
@@ -93,18 +93,32 @@ def method_color(method: str) -> str:
     return method_style(method)[0]
 
 
+def _shade(colour: str, t: float) -> str:
+    """``colour`` mixed towards black (t < 0) or white (t > 0) by |t| ∈ [0, 1]."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    target = 0.0 if t < 0 else 1.0
+    return to_hex(tuple(c + abs(t) * (target - c) for c in to_rgb(colour)))
+
+
 def _styles(cmp: Comparison) -> dict[str, tuple[str, Any, str | None]]:
-    """label → (colour, linestyle, marker): the method's style for its first group, the next line styles (same
-    colour and marker) for its further groups."""
+    """label → (colour, linestyle, marker): the method's style for its first group; further groups of the method
+    (e.g. the W values of a sweep) keep its marker and get the next line styles and a shade of its colour, from
+    darker to lighter in group order."""
+    count: dict[str, int] = {}
+    for g in cmp.groups:
+        count[g.method] = count.get(g.method, 0) + 1
     seen: dict[str, int] = {}
     out = {}
     for g in cmp.groups:
         i = seen.get(g.method, 0)
         seen[g.method] = i + 1
         colour, ls, marker = method_style(g.method)
-        if i:
+        n = count[g.method]
+        if n > 1:
             k = next((j for j, x in enumerate(_LINESTYLES) if x == ls), 0)
             ls = _LINESTYLES[(k + i) % len(_LINESTYLES)]
+            colour = _shade(colour, -0.5 + i / (n - 1))  # -0.5 (darker) … +0.5 (lighter)
         out[g.label] = (colour, ls, marker)
     return out
 
@@ -243,7 +257,8 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
         return None
     styles = _styles(cmp)
     with _style():
-        fig, axes = _figure(3, len(keys), w=4.0, h=2.6)
+        # each column's legend (one line per group) below it: the figure grows with the groups
+        fig, axes = _figure(3, len(keys), w=4.4, h=2.6 + 0.06 * (len(cmp.groups) + 1))
         for j, key in enumerate(keys):
             ax_s, ax_r2, ax_sl = axes[0, j], axes[1, j], axes[2, j]
             lo, hi = math.inf, -math.inf
@@ -293,9 +308,11 @@ def plot_quadrants(cmp: Comparison) -> Any:
     k = _smooth_window(cmp, f"quadrant/{QUADRANTS[0][0]}/count")
     suffix = f" (moving avg {k})" if k > 1 else ""
     with _style():
-        fig, axes = _figure(2, 4, w=3.2, h=2.5, sharex=True,
-                            margins={"left": 0.055, "right": 0.99, "top": 0.94, "bottom": 0.17, "wspace": 0.3,
-                                     "hspace": 0.3})
+        legend_rows = math.ceil(len(cmp.groups) / 6)
+        height = 2 * 2.5 + 0.2 * legend_rows  # inches: two rows of panels and the legend below them
+        fig, axes = _figure(2, 4, w=3.2, h=height / 2, sharex=True, margins={
+            "left": 0.055, "right": 0.99, "top": 1 - 0.3 / height, "bottom": (0.6 + 0.2 * legend_rows) / height,
+            "wspace": 0.3, "hspace": 0.3})
         for j, (q, desc, sign) in enumerate(QUADRANTS):
             arrow = "H↑" if sign > 0 else "H↓"
             for g in cmp.groups:
