@@ -24,6 +24,7 @@ import numpy as np
 
 from . import stats
 from .compare import QUADRANTS, Comparison
+from .verdict import uses_stare
 
 logger = logging.getLogger(__name__)
 
@@ -172,13 +173,31 @@ def _smooth_window(cmp: Comparison, key: str, points: int = 100) -> int:
     return max(1, n // points)
 
 
-def _figure_legend(fig, ax, ncols: int = 4) -> None:
-    """One legend for the whole figure, below its panels (outside the data), from what ``ax`` labels."""
+def _legend_shape(fig, labels: Sequence[str], ncols: int) -> tuple[int, int]:
+    """(columns, rows) of a figure legend with these labels: at most ``ncols`` columns, fewer when the longest
+    label would not fit the figure's width (about 15 characters of legend text per inch at its font size)."""
+    longest = max((len(x) for x in labels), default=1) + 6  # + the handle
+    cols = max(1, min(ncols, len(labels), int(fig.get_figwidth() * 15) // longest))
+    return cols, math.ceil(len(labels) / cols) if labels else 0
+
+
+def _figure_legend(fig, ax, ncols: int = 4, panel_height: float | None = None, top: float = 0.3,
+                   bottom: float = 0.55) -> None:
+    """One legend for the whole figure, below its panels (outside the data), from what ``ax`` labels. With
+    fixed margins (``panel_height``: inches of the panels' rows) the figure is made tall enough for the legend's rows
+    and the margins set: ``top`` inches above the panels, ``bottom`` inches for the x labels below them."""
     handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        where = {"loc": "outside lower center"} if fig.get_layout_engine() else {
-            "loc": "lower center", "bbox_to_anchor": (0.5, 0.0)}
-        fig.legend(handles, labels, ncols=min(ncols, len(handles)), frameon=False, **where)
+    if not handles:
+        return
+    cols, rows = _legend_shape(fig, labels, ncols)
+    if fig.get_layout_engine():
+        fig.legend(handles, labels, ncols=cols, frameon=False, loc="outside lower center")
+        return
+    if panel_height is not None:
+        height = panel_height + top + bottom + 0.2 * rows
+        fig.set_size_inches(fig.get_figwidth(), height)
+        fig.subplots_adjust(top=1 - top / height, bottom=(bottom + 0.2 * rows) / height)
+    fig.legend(handles, labels, ncols=cols, frameon=False, loc="lower center", bbox_to_anchor=(0.5, 0.0))
 
 
 #: the target bands: a colour no method uses, hatched (unlike the seed bands), one hatch per distinct target
@@ -187,12 +206,13 @@ _BAND_HATCHES = ("///", "\\\\\\", "xxx", "...", "+++", "|||")
 
 
 def _shade_targets(ax, cmp: Comparison) -> None:
-    """Shade H_tgt ± band_half_width once per distinct target — gold and hatched (the seed bands are unhatched in
-    the methods' colours), a different hatch per target — each labelled in the legend with its value and, when the
-    groups do not all share it, its groups."""
+    """Shade H_tgt ± band_half_width once per distinct target of the groups whose loss uses STARE (of all groups when
+    none does) — gold and hatched (the seed bands are unhatched in the methods' colours), a different hatch per
+    target — each labelled in the legend with its value and, when the groups do not all share it, its groups."""
     hw = cmp.band_half_width
+    stare = [g for g in cmp.groups if uses_stare(g.runs[0])]
     by_target: dict[float, list[str]] = {}
-    for g in cmp.groups:
+    for g in stare or cmp.groups:  # the targets STARE steers to (a baseline's configured target means nothing)
         if g.target_entropy is not None:
             by_target.setdefault(g.target_entropy, []).append(g.label)
     for i, (t, labels) in enumerate(sorted(by_target.items())):
@@ -206,12 +226,8 @@ def plot_dynamics(cmp: Comparison) -> Any:
     group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on."""
     styles = _styles(cmp)
     with _style():
-        n_targets = len({g.target_entropy for g in cmp.groups if g.target_entropy is not None})
-        legend_rows = math.ceil((len(cmp.groups) + n_targets) / 4)
-        height = 2 * 2.7 + 0.2 * legend_rows  # inches: two rows of panels and the legend below them
-        fig, axes = _figure(2, 2, h=height / 2, sharex=True, margins={
-            "left": 0.08, "right": 0.99, "top": 1 - 0.3 / height, "bottom": (0.55 + 0.2 * legend_rows) / height,
-            "wspace": 0.22, "hspace": 0.18 + 0.04 * legend_rows})
+        fig, axes = _figure(2, 2, sharex=True, margins={"left": 0.08, "right": 0.99, "wspace": 0.22,
+                                                         "hspace": 0.22})
         ax_h, ax_r, ax_g, ax_w = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
         _shade_targets(ax_h, cmp)
         k_r = _smooth_window(cmp, "reward", 200)
@@ -233,7 +249,7 @@ def plot_dynamics(cmp: Comparison) -> Any:
         ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
         ax_g.set_ylim(-0.05, 1.05)
         ax_w.set(title="STARE weights: W (above 1), M (below 1, faint)", ylabel="weight", xlabel="step")
-        _figure_legend(fig, ax_h)
+        _figure_legend(fig, ax_h, panel_height=2 * 2.3)
     return fig
 
 
@@ -308,11 +324,8 @@ def plot_quadrants(cmp: Comparison) -> Any:
     k = _smooth_window(cmp, f"quadrant/{QUADRANTS[0][0]}/count")
     suffix = f" (moving avg {k})" if k > 1 else ""
     with _style():
-        legend_rows = math.ceil(len(cmp.groups) / 6)
-        height = 2 * 2.5 + 0.2 * legend_rows  # inches: two rows of panels and the legend below them
-        fig, axes = _figure(2, 4, w=3.2, h=height / 2, sharex=True, margins={
-            "left": 0.055, "right": 0.99, "top": 1 - 0.3 / height, "bottom": (0.6 + 0.2 * legend_rows) / height,
-            "wspace": 0.3, "hspace": 0.3})
+        fig, axes = _figure(2, 4, w=3.2, h=2.5, sharex=True,
+                            margins={"left": 0.055, "right": 0.99, "wspace": 0.3, "hspace": 0.3})
         for j, (q, desc, sign) in enumerate(QUADRANTS):
             arrow = "H↑" if sign > 0 else "H↓"
             for g in cmp.groups:
@@ -322,7 +335,7 @@ def plot_quadrants(cmp: Comparison) -> Any:
             axes[0, j].set(title=f"{desc} ({arrow}){suffix}", ylabel="share of tokens" if j == 0 else None)
             axes[1, j].axhline(0.0, color="k", lw=0.6)
             axes[1, j].set(title=f"ΔH contribution{suffix}", xlabel="step", ylabel="ΔH (nats)" if j == 0 else None)
-        _figure_legend(fig, axes[0, 0], ncols=6)
+        _figure_legend(fig, axes[0, 0], ncols=6, panel_height=2 * 2.1, bottom=0.6)
     return fig
 
 
