@@ -9,6 +9,8 @@ Notebook use::
     cmp.summary_rows(); cmp.prediction_fits()
     fig = analysis.plots.plot_dynamics(cmp)            # matplotlib Figure
 
+The whole report in one call: ``analysis.analyze.analyze(paths, out)`` (figures, report.md/html/json; what
+``stare-lab analyze`` and ``stare-lab simulate`` run; it imports matplotlib, so ``import analysis`` does not load it).
 CLI: ``stare-lab analyze RUN_OR_SWEEP_DIR... [--out DIR]`` (see :mod:`analysis.cli`).
 """
 

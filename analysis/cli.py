@@ -15,6 +15,7 @@ from pathlib import Path
 from stare_lab.errors import ConfigError
 
 __all__ = ["register", "run_analyze"]
+# The work is in analysis.analyze (imported by the handler): this module only parses the command line.
 
 
 # Numeric options are parsed in the handler, not by argparse ``type=``: argparse turns any ValueError (ConfigError
@@ -80,67 +81,31 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def _check_metrics(metrics: list[str], runs: list) -> None:
-    """Raise :class:`ConfigError` for a ``--metric`` key that no run logs as a number (a typo would otherwise give
-    an empty panel), naming the closest keys the runs do log."""
-    import difflib
-
-    logged = sorted({k for r in runs for k in r.columns})
-    for key in metrics:
-        if key not in logged:
-            close = difflib.get_close_matches(key, logged, n=3, cutoff=0.5)
-            if close:
-                hint = f"; did you mean {'one of ' if len(close) > 1 else ''}{', '.join(repr(c) for c in close)}?"
-            else:
-                hint = f"; they log {len(logged)} keys, e.g. {', '.join(logged[:6])}"
-            raise ConfigError(f"--metric {key!r} is not logged (as a number) by any of the {len(runs)} runs{hint}")
-
-
 def run_analyze(args: argparse.Namespace) -> int:
-    """Handler of ``stare-lab analyze``; prints where the report went and a one-line summary per group."""
-    from .compare import compare
-    from .report import write_report
+    """Handler of ``stare-lab analyze`` (:func:`analysis.analyze.analyze`); prints the verdict, where the report went
+    and a one-line summary per group."""
+    from .analyze import analyze  # here, not at the top: the front door imports every wing's cli to build its parser
 
     t0 = time.perf_counter()
-    args.band = _positive_float("--band", args.band)
-    args.threshold = _positive_float("--threshold", args.threshold)
-    args.threshold_frac = _positive_float("--threshold-frac", args.threshold_frac)
-    args.dpi = _positive_int("--dpi", args.dpi)
-    if args.out is None and len(args.paths) > 1:
-        raise ConfigError(f"{len(args.paths)} input paths given: pass --out DIR to say where the report goes")
-    if args.threshold_frac is not None and args.threshold_frac > 1:
-        raise ConfigError(f"--threshold-frac={args.threshold_frac} is outside (0, 1]")
+    band = _positive_float("--band", args.band)
+    threshold = _positive_float("--threshold", args.threshold)
+    threshold_frac = _positive_float("--threshold-frac", args.threshold_frac)
+    dpi = _positive_int("--dpi", args.dpi)
+    if threshold_frac is not None and threshold_frac > 1:
+        raise ConfigError(f"--threshold-frac={threshold_frac} is outside (0, 1]")
     for opt, val in (("--paper-setting", args.paper_setting), ("--paper-model", args.paper_model)):
         if val is not None and args.paper is None:
             raise ConfigError(f"{opt}={val!r} needs --paper CSV (it selects rows of the paper table)")
-    out = Path(args.out) if args.out else Path(args.paths[0]) / "figures"
-    cmp = compare(
-        args.paths,
-        group_by=args.group_by,
-        band_half_width=args.band,
-        threshold=args.threshold,
-        threshold_frac=args.threshold_frac if args.threshold is None else 0.1,
-        split=not args.merge,
-    )
-    _check_metrics(args.metric, cmp.runs)
-    from .phase import read_sweep_summary
-
-    if args.summary is not None:
-        sweep = read_sweep_summary(args.summary)
-        if sweep is None:
-            raise ConfigError(f"--summary={args.summary!r} is not a sweep summary.json written by stare-lab simulate")
-    else:
-        sweep = read_sweep_summary(args.paths[0], cmp.warnings) if len(args.paths) == 1 else None
-    files = write_report(
-        cmp, out, fmt=args.fmt, metrics=args.metric, paper=args.paper, paper_setting=args.paper_setting,
-        paper_model=args.paper_model, dpi=args.dpi, inputs=[str(p) for p in args.paths], sweep=sweep,
-    )
-    if sweep and sweep.get("headline"):
-        print(sweep["headline"])
+    res = analyze(args.paths, args.out, group_by=args.group_by, band=band, threshold=threshold,
+                  threshold_frac=threshold_frac if threshold_frac is not None else 0.1, merge=args.merge,
+                  metrics=args.metric, fmt=args.fmt, dpi=dpi, paper=args.paper, paper_setting=args.paper_setting,
+                  paper_model=args.paper_model, summary=args.summary)
+    cmp, files = res.comparison, res.files
+    print(f"verdict: {res.verdict}")
     for row in cmp.summary_rows():
         h0, h1 = row["initial_entropy"][0], row["final_entropy"][0]
-        band = row["frac_in_band"]
-        band_s = f", in band {band[0]:.2f}" if band[2] else ""
+        band_frac = row["frac_in_band"]
+        band_s = f", in band {band_frac[0]:.2f}" if band_frac[2] else ""
         print(f"  {row['label']:<24} runs {row['n_runs']}  entropy {h0:.3g} -> {h1:.3g} nats{band_s}")
     n_warn, n_note = len(set(cmp.warnings)), len(cmp.notes)
     counts = [f"{n} {word}{'s' * (n != 1)}" for n, word in ((n_warn, "warning"), (n_note, "note")) if n]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+import yaml
 
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
 from stare_lab.errors import RunError
@@ -95,8 +96,6 @@ def _yaml_warning(run_dir: Path, warning: str) -> str:
     cfg = run_dir / "config.yaml"
     if not warning.startswith(f"{cfg}: unreadable") or "<unicode string>" not in warning:
         return warning
-    import yaml
-
     try:
         yaml.safe_load(cfg.read_text(encoding="utf-8", errors="replace"))
     except yaml.MarkedYAMLError as err:

@@ -29,9 +29,11 @@ import numpy as np
 
 from stare_lab import critical
 
+from .plots import _figure, _style, method_style
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "run_critical_rows", "W_KEY"]
+__all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "critical_line", "run_critical_rows", "W_KEY"]
 
 W_KEY = "loss.stare.reweight_w"
 
@@ -85,8 +87,6 @@ def phase_figure(summary: dict[str, Any]) -> Any:
             by_method.setdefault(entry.get("method", "?"), {})[(float(point[W_KEY]), point.get(other))] = dev
     if not by_method:
         return None
-    from .plots import _figure, _style, method_color
-
     crit = summary.get("critical") or {}
     with _style():
         fig, axes = _figure(1, len(by_method), w=4.4, h=3.2)
@@ -94,7 +94,8 @@ def phase_figure(summary: dict[str, Any]) -> Any:
             ws = sorted({w for w, _ in cells})
             c = crit.get(method) or {}
             if other is None:
-                ax.plot(ws, [cells[(w, None)] for w in ws], "o-", color=method_color(method), label=method)
+                colour, ls, marker = method_style(method)
+                ax.plot(ws, [cells[(w, None)] for w in ws], color=colour, ls=ls, marker=marker or "o", label=method)
                 ax.axhline(band, color="k", ls=":", lw=1, label=f"band {band:g} nats")
                 ax.set(xlabel="W (stare.reweight_w)", ylabel="mean |H − H_tgt|, 2nd half (nats)", yscale="symlog",
                        title=f"{method}: band deviation over W")
@@ -124,8 +125,8 @@ def _mark(ax, c: dict[str, Any]) -> None:
         v = _num(c.get(key))
         if v is not None and math.isfinite(v):
             ax.axvline(v, color="k", ls=style, lw=1, label=f"{name} {v:.3g}")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(frameon=False, fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # below the panel, outside the data
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
 
 
 def critical_rows(summary: dict[str, Any]) -> list[list[Any]]:
@@ -139,6 +140,24 @@ def critical_rows(summary: dict[str, Any]) -> list[list[Any]]:
                          s.get("predicted_w_measured_drift"), s.get("predicted_w_grpo"), s.get("tolerance"),
                          "" if ok is None else ("yes" if ok else "no")])
     return rows
+
+
+def critical_line(summary: dict[str, Any]) -> str | None:
+    """One line with each STARE method's measured and predicted critical W of a sweep (its top-level slice), or None
+    without a W grid: ``o1: measured 1.3, first-order prediction 1.28 (within the tolerance 0.105); GRPO-only
+    estimate 1.35``."""
+    parts = []
+    for method, c in sorted((summary.get("critical") or {}).items()):
+        def f(x: Any) -> str:
+            v = _num(x)
+            return "-" if v is None else f"{v:.3g}"
+
+        ok = c.get("predicted_w_within_tolerance")
+        within = "" if ok is None else f" ({'within' if ok else 'outside'} the tolerance {f(c.get('tolerance'))})"
+        meas = "none of the grid" if c.get("measured_w") is None else f(c.get("measured_w"))
+        parts.append(f"{method}: measured {meas}, first-order prediction {f(c.get('predicted_w'))}{within}; "
+                     f"GRPO-only estimate {f(c.get('predicted_w_grpo'))}")
+    return "; ".join(parts) or None
 
 
 def run_critical_rows(cmp: Any) -> list[list[Any]]:

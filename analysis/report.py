@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import io
 import json
 import logging
 import math
@@ -28,9 +27,10 @@ from typing import Any, Sequence
 
 from stare_lab.errors import ConfigError, RunError
 
-from . import plots, stats
+from . import phase, plots, stats
 from .compare import Comparison
 from .paper import check_paper_filters, load_paper_table, paper_comparison
+from .verdict import comparison_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Doc:
         self.blocks.append(("h", level, text))
 
     def p(self, text: str) -> None:
-        """A paragraph; `backticks` become code."""
+        """A paragraph; `backticks` become code, **stars** bold."""
         self.blocks.append(("p", text))
 
     def ul(self, items: Sequence[str]) -> None:
@@ -142,9 +142,10 @@ class Doc:
 
     @staticmethod
     def _inline(text: str) -> str:
-        parts = re.split(r"(`[^`]*`)", text)
+        parts = re.split(r"(`[^`]*`|\*\*[^*]+\*\*)", text)
         return "".join(
             f"<code>{html.escape(p[1:-1])}</code>" if p.startswith("`") and p.endswith("`") and len(p) > 1
+            else f"<strong>{html.escape(p[2:-2])}</strong>" if p.startswith("**") and p.endswith("**") and len(p) > 4
             else html.escape(p)
             for p in parts
         )
@@ -188,12 +189,14 @@ class Doc:
 
 @dataclasses.dataclass
 class ReportFiles:
-    """What :func:`write_report` wrote: ``markdown``, ``html`` and ``json`` paths and the figure paths by name."""
+    """What :func:`write_report` wrote: ``markdown``, ``html`` and ``json`` paths, the figure paths by name and the
+    verdict line at the top of the report."""
 
     markdown: Path
     html: Path
     figures: dict[str, Path]
     json: Path | None = None
+    verdict: str = ""
 
 
 def _runs_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
@@ -301,19 +304,31 @@ def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str], tables: di
     doc.table(header, rows)
 
 
-def report_data(cmp: Comparison, tables: dict[str, Any], title: str, inputs: Sequence[str]) -> dict[str, Any]:
-    """The content of ``report.json``: ``title``, ``inputs``, ``settings`` (band, threshold, threshold fraction,
-    confidence, group-by keys), ``runs`` — one entry per run: ``path``, ``source``, ``method``, ``seed``, ``group``
-    and ``summary`` (:func:`analysis.stats.run_summary` with the run's own settings: the statistics of its
-    ``summary.json``) — ``tables`` (the numbers of the report's tables, by section) and ``notes`` / ``warnings``.
-    Non-finite numbers are null."""
+def run_summaries(cmp: Comparison) -> dict[int, dict[str, Any]]:
+    """``id(run)`` → :func:`analysis.stats.run_summary` of every run with its own settings (the statistics of its
+    ``summary.json``), computed once for the verdict and ``report.json``."""
+    return {id(r): stats.run_summary(r) for r in cmp.runs}
+
+
+def report_data(
+    cmp: Comparison, tables: dict[str, Any], title: str, inputs: Sequence[str],
+    summaries: dict[int, dict[str, Any]] | None = None, verdict: str | None = None,
+) -> dict[str, Any]:
+    """The content of ``report.json``: ``title``, ``verdict`` (the line at the top of the report), ``inputs``,
+    ``settings`` (band, threshold, threshold fraction, confidence, group-by keys), ``runs`` — one entry per run:
+    ``path``, ``source``, ``method``, ``seed``, ``group`` and ``summary`` (:func:`analysis.stats.run_summary` with the
+    run's own settings: the statistics of its ``summary.json``; ``summaries`` if given, see :func:`run_summaries`) —
+    ``tables`` (the numbers of the report's tables, by section) and ``notes`` / ``warnings``. Non-finite numbers are
+    null."""
+    summaries = run_summaries(cmp) if summaries is None else summaries
     runs = []
     for g in cmp.groups:
         for r in g.runs:
             runs.append({"path": str(r.path), "source": r.source, "method": r.method, "seed": r.seed,
-                         "group": g.label, "summary": stats.run_summary(r)})
+                         "group": g.label, "summary": summaries[id(r)]})
     return _jsonable({
         "title": title,
+        "verdict": verdict if verdict is not None else comparison_verdict(cmp, summaries),
         "inputs": list(inputs),
         "settings": {"band_half_width": cmp.band_half_width, "threshold": cmp.threshold,
                      "threshold_frac": cmp.threshold_frac, "confidence": cmp.confidence,
@@ -328,8 +343,6 @@ def report_data(cmp: Comparison, tables: dict[str, Any], title: str, inputs: Seq
 def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, add_figure: Any) -> None:
     """Critical STARE strength (docs/theory.md §7): the sweep's phase diagram and measured vs predicted W, and the
     critical W of every group whose runs log the decomposition terms (:mod:`analysis.phase`)."""
-    from . import phase
-
     crit_rows = phase.critical_rows(sweep) if sweep else []
     run_rows = phase.run_critical_rows(cmp)
     fig = phase.phase_figure(sweep) if sweep else None
@@ -422,25 +435,24 @@ def _write(
     sweep: dict[str, Any] | None = None,
 ) -> ReportFiles:
     figures: dict[str, Path] = {}
-    images: dict[str, tuple[str, bytes]] = {}
+    built: list[tuple[Any, Path]] = []  # written together at the end (plots.save_figures: on all cores)
 
     def add_figure(doc: Doc, name: str, fig: Any, alt: str) -> None:
         if fig is None:
             return
-        path = plots.save_figure(fig, out / f"{name}.{fmt}", dpi)
+        path = out / f"{name}.{fmt}"
         figures[name] = path
-        if fmt == "pdf":
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=dpi)
-            images[path.name] = ("image/png", buf.getvalue())
-        else:
-            images[path.name] = (_MIME[fmt], path.read_bytes())
+        built.append((fig, path))
         doc.img(path.name, alt)
 
     doc = Doc()
     doc.h(1, title)
-    if sweep and sweep.get("headline"):
-        doc.p(f"Headline: {sweep['headline']}")
+    summaries = run_summaries(cmp)
+    verdict = comparison_verdict(cmp, summaries, per_setting=not (sweep and sweep.get("critical")))
+    doc.p(f"**Verdict:** {verdict}")
+    crit = phase.critical_line(sweep) if sweep else None
+    if crit:
+        doc.p(f"**Critical W:** {crit}")
     n_runs = len(cmp.runs)
     doc.p(
         f"{n_runs} run{'s' * (n_runs != 1)} in {len(cmp.groups)} group{'s' * (len(cmp.groups) != 1)} "
@@ -452,9 +464,11 @@ def _write(
 
     doc.h(2, "1. Entropy dynamics")
     doc.p(
-        "Lines: mean over seeds; shaded: 95% band (mean ± t·s/√n, none for a single seed); grey band: the target "
-        f"entropy H_tgt ± {cmp.band_half_width:g} nats (`loss.stare.target_entropy`). Gate: fraction of seeds with "
-        "the STARE gate on. W (STARE weight on L+) and M (on L−) as logged."
+        "Lines: mean over seeds, one colour, line style and marker per method; shaded in the method's colour: 95% "
+        "band (mean ± t·s/√n, none for a single seed); gold, hatched: the target band H_tgt ± "
+        f"{cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when groups differ, each "
+        "labelled in the legend). Gate: fraction of seeds with the STARE gate on. W (STARE weight on L+) and M "
+        "(on L−) as logged."
     )
     add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
 
@@ -515,12 +529,15 @@ def _write(
     else:
         doc.p("None.")
 
+    pngs = plots.save_figures(built, dpi, png_copies=fmt == "pdf")
+    images = {path.name: ("image/png", png) if fmt == "pdf" else (_MIME[fmt], path.read_bytes())
+              for (_, path), png in zip(built, pngs)}
     md_path = out / "report.md"
     html_path = out / "report.html"
     md_path.write_text(doc.to_markdown(), encoding="utf-8")
     html_path.write_text(doc.to_html(images, title), encoding="utf-8")
     json_path = out / "report.json"
-    json_path.write_text(json.dumps(report_data(cmp, tables, title, inputs), indent=1, allow_nan=False) + "\n",
-                         encoding="utf-8")
+    data = report_data(cmp, tables, title, inputs, summaries, verdict)
+    json_path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     logger.debug("wrote %s and %s (%d figures)", md_path, html_path, len(figures))
-    return ReportFiles(md_path, html_path, figures, json_path)
+    return ReportFiles(md_path, html_path, figures, json_path, verdict)

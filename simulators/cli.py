@@ -5,49 +5,55 @@ Example::
 
     stare-lab simulate --preset demo --out runs/demo
     stare-lab simulate --preset demo --methods grpo,o1 --sweep stare.reweight_w=1.1,1.2,1.3,1.4,1.5,1.6,1.8,2.0
+    stare-lab simulate --preset collapse --seeds 3,7 lr=0.5      # exactly seeds 3 and 7
+    stare-lab simulate --list-keys --preset transformer           # every override key, its value and range
 
-Writes ``OUT/<method>[/<grid point>]/seed<k>/`` run directories, ``OUT/summary.json`` and PNGs under
-``OUT/figures`` (by ``stare-lab analyze`` through the front door, given exactly this sweep's run directories and its
-summary, when available, else minimal plots of our own; ``--no-plots`` skips them), and prints one headline line,
-a table per group and one-line notes (:mod:`simulators.notes`: why a STARE method did not hold the band, reasoned
-from direction and regime; plan notes about the request). With ``--sweep KEY=V1,V2,…`` (repeatable) the runs cover
-the grid; with a ``stare.reweight_w`` grid the summary holds the measured and predicted critical W
-(``critical.<method>``, :mod:`simulators.grid`) and analyze draws the phase diagram. Tabular runs are batched and
-spread over ``--workers`` processes (default: all cores). Any ``key=value`` overrides a config field of the
-preset's simulator (``stare.*`` is short for ``loss.stare.*``), except the keys a method sets (use ``--methods``)
-and ``steps`` together with ``--steps``. On tabular presets an explicit ``stare.target_entropy=X`` replaces the
-preset's ``target_entropy_rel`` (giving both is an error unless ``target_entropy_rel=null``). ``--overwrite``
-removes the previous sweep's runs that the new one drops (see :mod:`simulators.sweep`). This module imports nothing
-heavy at registration time.
+Writes ``OUT/<method>[/<grid point>]/seed<k>/`` run directories, ``OUT/summary.json`` and the report with its
+figures under ``OUT/figures`` (made by the analysis wing's ``analyze`` function, found under the entry-point group
+``stare_lab.reports`` — this wing never imports ``analysis``; ``--no-plots`` skips it), and prints one headline
+line, a table per group and one-line notes (:mod:`simulators.notes`: why a STARE method did not hold the band,
+reasoned from direction and regime; plan notes about the request). Seeds: ``--seeds N`` runs the first N seeds
+0 … N−1, ``--seeds A,B,…`` exactly those seeds, ``--seed S`` the one seed S. With ``--sweep KEY=V1,V2,…``
+(repeatable) the runs cover the grid; with a ``stare.reweight_w`` grid the summary holds the measured and predicted
+critical W (``critical.<method>``, :mod:`simulators.grid`) and the report draws the phase diagram. Tabular runs are
+batched and spread over ``--workers`` processes (default: all cores). Any ``key=value`` overrides a config field of
+the preset's simulator (``stare.*`` is short for ``loss.stare.*``; ``--list-keys`` lists them), except the keys a
+method sets (use ``--methods``) and ``steps`` together with ``--steps``. On tabular presets an explicit
+``stare.target_entropy=X`` replaces the preset's ``target_entropy_rel`` (giving both is an error unless
+``target_entropy_rel=null``). ``--overwrite`` removes the previous sweep's runs that the new one drops (see
+:mod:`simulators.sweep`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import logging
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from tqdm import tqdm
 
-__all__ = ["register", "handler"]
+from stare_lab.errors import ConfigError
+
+from .presets import DEFAULT_METHODS, DEFAULT_PRESET, METHODS, PRESETS, get_preset, preset_names
+
+__all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP"]
+
+#: the entry-point group where the analysis wing publishes its report function (pyproject.toml)
+REPORT_GROUP = "stare_lab.reports"
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``simulate`` sub-parser to the front door's ``subparsers`` and set its handler."""
-    from .presets import DEFAULT_METHODS, DEFAULT_PRESET, METHODS, PRESETS
-
     p = subparsers.add_parser(
         "simulate",
         help="run tabular / small-transformer policy simulations (simulators)",
         description=(
             "Run a simulator preset for methods x seeds; writes OUT/<method>/seed<k>/ run directories, "
-            "OUT/summary.json, plots and a table. Tabular presets: "
-            + ", ".join(PRESETS)
-            + "; transformer presets come from simulators.transformer."
+            "OUT/summary.json, the report with its figures (OUT/figures) and a table. Presets: "
+            + ", ".join(preset_names()) + " (--list-presets describes them). Override any config key with "
+            "KEY=VALUE (--list-keys lists them with their values and ranges)."
         ),
     )
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name (default {DEFAULT_PRESET})")
@@ -56,9 +62,11 @@ def register(subparsers) -> argparse.ArgumentParser:
         default=None,
         help=f"comma-separated methods from {{{', '.join(METHODS)}}} (default: the preset's, else {','.join(DEFAULT_METHODS)})",
     )
-    # --seeds / --steps are parsed by the handler so that a bad value is one clean line (exit 1), not usage
-    p.add_argument("--seeds", default=None,
-                   help="number of seeds, 0..N-1 (default: the preset's; 3 for tabular presets)")
+    # --seeds / --seed / --steps are parsed by the handler so that a bad value is one clean line (exit 1), not usage
+    p.add_argument("--seeds", default=None, metavar="N | A,B,...",
+                   help="N: the first N seeds 0..N-1; A,B,...: exactly these seeds (default: the preset's; 0,1,2 for "
+                        "tabular presets)")
+    p.add_argument("--seed", default=None, metavar="S", help="run the one seed S (instead of --seeds)")
     p.add_argument("--steps", default=None, help="steps per run (default: the preset's)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="run a grid over KEY (repeatable: the product of all grids), e.g. stare.reweight_w=1.1,1.3,1.5")
@@ -68,21 +76,21 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing runs in OUT; runs of the previous sweep in OUT that this one drops are "
                         "removed (only those listed in OUT/summary.json)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-plots", action="store_true", help="skip the report and its figures")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    p.add_argument("--list-keys", action="store_true",
+                   help="list the override keys of --preset with the preset's values and their ranges, and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lr=0.5 stare.reweight_w=1.5")
     p.set_defaults(func=handler, extra_overrides=[])  # key=value words after options reach extra_overrides
     return p
 
 
 def _int_option(name: str, text: str | None) -> int | None:
-    """``--seeds`` / ``--steps`` as an integer ≥ 1 (None if not given).
+    """``--steps`` / ``--workers`` as an integer ≥ 1 (None if not given).
 
     Raises:
         ConfigError: naming the option, its value and what is allowed.
     """
-    from stare_lab.errors import ConfigError
-
     if text is None:
         return None
     try:
@@ -92,6 +100,46 @@ def _int_option(name: str, text: str | None) -> int | None:
     if value < 1:
         raise ConfigError(f"--{name}={value} must be an integer >= 1")
     return value
+
+
+def parse_seeds(seeds: str | None, seed: str | None) -> int | list[int] | None:
+    """The seeds of ``--seeds`` / ``--seed``: ``--seeds N`` → the count N (seeds 0 … N−1), ``--seeds A,B,…`` → the
+    list [A, B, …], ``--seed S`` → [S]; None when neither is given (the preset's seeds).
+
+    Raises:
+        ConfigError: both options, a count < 1, a seed that is not an integer ≥ 0, an empty item, a repeated seed.
+    """
+    if seeds is not None and seed is not None:
+        raise ConfigError(f"--seeds={seeds!r} and --seed={seed!r} both choose the seeds: give one of them")
+    if seed is not None:
+        try:
+            value = int(seed.strip())
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ConfigError(f"--seed={seed!r} must be an integer >= 0")
+        return [value]
+    if seeds is None:
+        return None
+    text = seeds.strip()
+    if "," not in text:
+        try:
+            count = int(text)
+        except ValueError:
+            raise ConfigError(f"--seeds={seeds!r} must be a count N >= 1 or a comma-separated list of seeds") from None
+        if count < 1:
+            raise ConfigError(f"--seeds={count} must be a count >= 1 (a single chosen seed: --seed S)")
+        return count
+    items = [x.strip() for x in text.split(",")]
+    try:
+        values = [int(x) for x in items]
+    except ValueError:
+        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be an integer >= 0") from None
+    if any(v < 0 for v in values):
+        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be an integer >= 0")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--seeds={seeds!r} lists a seed twice")
+    return values
 
 
 def _critical_lines(summary: dict) -> list[str]:
@@ -112,37 +160,37 @@ def _critical_lines(summary: dict) -> list[str]:
     return lines
 
 
-def _plots(out: Path, summary: dict, run_dirs: list[Path], group_by: list[str] = ()) -> str:
-    """PNGs via ``stare-lab analyze`` of exactly ``run_dirs`` (this sweep's runs; through the front door: no
-    sideways import of ``analysis``) and the sweep's ``summary.json`` (headline, phase diagram); if that is not
-    available or fails, the sweep's fallback plots. Returns a one-line note."""
-    from stare_lab.cli import main as front_door
-
-    err = io.StringIO()
-    extra = ["--summary", str(out / "summary.json")]
-    for key in group_by:
-        extra += ["--group-by", key]
+def _report_function():
+    """The analysis wing's ``analyze`` function from the entry-point group :data:`REPORT_GROUP`, or the reason why
+    it is unavailable (a string)."""
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            rc = front_door(["analyze", *map(str, run_dirs), "--out", str(out / "figures"), *extra])
-    except SystemExit as exc:  # argparse inside analyze
-        rc = exc.code if isinstance(exc.code, int) else 1
-    if rc == 0:
-        return f"figures: {out / 'figures'} (stare-lab analyze)"
-    from .sweep import fallback_plots
+        eps = [ep for ep in metadata.entry_points(group=REPORT_GROUP) if ep.name == "analyze"]
+    except Exception as err:  # noqa: BLE001 - broken metadata: no report, but the runs are done
+        return f"cannot read the installed entry points ({err})"
+    if not eps:
+        return f"no installed package provides the {REPORT_GROUP} entry point 'analyze' (install the project)"
+    try:
+        return eps[0].load()
+    except Exception as err:  # noqa: BLE001 - e.g. matplotlib missing: the sweep's results stand without figures
+        return f"{type(err).__name__}: {err}"
 
-    paths = fallback_plots(out, summary)
-    reason = (err.getvalue().strip().splitlines() or ["analyze failed"])[-1]
-    logger.debug("stare-lab analyze unavailable (%s); wrote fallback plots", reason)
-    return f"figures: {', '.join(str(p) for p in paths)} (fallback plots; stare-lab analyze: {reason})"
+
+def _figures(analyze, out: Path, run_dirs: list[Path], group_by: list[str]) -> str:
+    """The report of exactly this sweep's runs (``run_dirs``) and its ``summary.json``, written into
+    ``OUT/figures`` by one call of the analysis wing's ``analyze`` (:func:`_report_function`; a string: why it is
+    unavailable). Returns the line to print."""
+    if isinstance(analyze, str):
+        return f"figures: not written ({analyze})"
+    res = analyze([str(d) for d in run_dirs], out / "figures", summary=out / "summary.json", group_by=group_by)
+    return (f"figures: {len(res.files.figures)} in {out / 'figures'}; report: {res.files.markdown.name}, "
+            f"{res.files.html.name}, report.json")
 
 
 def handler(args: argparse.Namespace) -> int:
     """Run the sweep described by ``args``; returns 0. User errors raise StareLabError (the front door prints one
     line and exits 1)."""
-    from stare_lab.errors import ConfigError
-
-    from .presets import METHODS, get_preset, preset_names
+    # here, not at the top: the front door imports every wing's cli to build its parser, and these pull in torch
+    from .keys import format_keys
     from .notes import plan_notes
     from .sweep import format_table, plan_sweep, run_sweep
 
@@ -150,6 +198,9 @@ def handler(args: argparse.Namespace) -> int:
         for name in preset_names():
             spec = get_preset(name)
             print(f"{name:<16} [{spec['kind']}] {spec['description']}")
+        return 0
+    if args.list_keys:
+        print(format_keys(args.preset))
         return 0
     t0 = time.perf_counter()
     methods = None
@@ -164,8 +215,8 @@ def handler(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: --resume continues the runs, --overwrite "
                           "replaces them")
-    seeds, steps = _int_option("seeds", args.seeds), _int_option("steps", args.steps)
-    workers = _int_option("workers", args.workers)
+    seeds = parse_seeds(args.seeds, args.seed)
+    steps, workers = _int_option("steps", args.steps), _int_option("workers", args.workers)
     out = Path(args.out) if args.out is not None else Path("runs") / args.preset
     plan = plan_sweep(
         args.preset,
@@ -181,14 +232,15 @@ def handler(args: argparse.Namespace) -> int:
     )
     notes = plan_notes(plan)
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
-    from tqdm import tqdm
-
+    report = []  # the report function, loaded while the runs compute (it imports the plotting library)
+    meanwhile = None if args.no_plots else lambda: report.append(_report_function())
     with tqdm(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
-        summary = run_sweep(plan, progress=bar.update)
+        summary = run_sweep(plan, progress=bar.update, meanwhile=meanwhile)
     print(summary["headline"])
     grid = f" x {len(plan.groups)} group(s)" if plan.grid else ""
+    seeds_s = ",".join(map(str, plan.seeds))
     print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
-          f"-> {out}")
+          f"[{seeds_s}] -> {out}")
     print(format_table(summary))
     for line in _critical_lines(summary):
         print(line)
@@ -196,7 +248,7 @@ def handler(args: argparse.Namespace) -> int:
         print(note)
     if not args.no_plots:
         group_by = [k for k, _ in plan.grid if not k.startswith("loss.stare.")]
-        print(_plots(out, summary, list(plan.run_dirs.values()), group_by))
+        print(_figures(report[0], out, list(plan.run_dirs.values()), group_by))
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -24,6 +24,7 @@ import statistics
 from typing import Any
 
 from stare_lab.config import parse_overrides
+from stare_lab.critical import measured_critical_w, tolerance
 from stare_lab.errors import ConfigError
 
 __all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY"]
@@ -93,8 +94,6 @@ def critical_summary(
     ``critical_w``, ``critical_w_measured_drift``, ``w_star_at_crossing``). Empty without a W grid. With other grid
     keys the top-level values are those of the slice at ``base`` (the preset's own values of those keys) when the
     grid has it, else of the first slice."""
-    from stare_lab.critical import measured_critical_w, tolerance
-
     w_values = next((v for k, v in grid if k == W_KEY), None)
     if not w_values:
         return {}

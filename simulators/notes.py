@@ -1,4 +1,5 @@
-"""What ``stare-lab simulate`` tells the user after a sweep: the one-line headline and the notes.
+"""What ``stare-lab simulate`` tells the user after a sweep: the one-line headline (the core's verdict,
+:mod:`stare_lab.verdict`, plus the critical W of a W sweep) and the notes.
 
 The notes reason from direction and regime, in this order (docs/theory.md §6–§7), for each STARE group that did not
 hold the band on every seed:
@@ -22,10 +23,18 @@ overrides without a STARE method change nothing; a target above the reward-optim
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
+from stare_lab.losses import loss_needs
+from stare_lab.verdict import push_label, verdict
+
+from .grid import W_KEY
+from .presets import METHODS
 from .run_stats import REGIME_RATIO
+from .tabular import init_state, target_warning
+from .tabular_tasks import reward_optimal_entropy
 
 __all__ = ["headline", "sweep_notes", "plan_notes", "group_facts"]
 
@@ -40,8 +49,9 @@ def _f(x: Any, spec: str = ".3g") -> str:
 
 
 def group_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per group label: ``method``, ``point``, ``stare`` (config dict of ``loss.stare`` or None), ``n`` seeds,
-    ``held`` / ``collapsed`` seed counts and the seed means (``mean``)."""
+    """Per group label: ``method``, ``point``, ``stare`` (config dict of ``loss.stare`` when the group's loss uses
+    the STARE gate and W/M — the group's ``stare`` flag of ``summary.json`` — else None), ``n`` seeds, ``held`` /
+    ``collapsed`` seed counts and the seed means (``mean``)."""
     seed0 = (summary.get("seeds") or [0])[0]
     n = len(summary.get("seeds") or [0])
     out = {}
@@ -51,7 +61,7 @@ def group_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
         mean = entry.get("mean") or {}
         out[label] = {
             "method": entry.get("method", label), "point": entry.get("point") or {},
-            "stare": (loss.get("stare") or {}) if loss.get("loss_mode") == "stare" else None,
+            "stare": (loss.get("stare") or {}) if entry.get("stare") else None,
             "n": n, "held": int(mean.get("held_runs") or 0), "collapsed": int(mean.get("collapsed_runs") or 0),
             "mean": mean, "lr": cfg.get("lr"),
         }
@@ -71,49 +81,16 @@ def _grpo_for(facts: dict[str, dict[str, Any]], g: dict[str, Any]) -> dict[str, 
     return None
 
 
-def _push(st: dict) -> str:
-    w, m = st.get("reweight_w"), st.get("reweight_m")
-    return f"W={_f(w, 'g')}" + (f", M={_f(m, 'g')}" if st.get("variant") == "C2" else "") + (
-        " adaptive" if st.get("adaptive") else "")
-
-
 def headline(summary: dict[str, Any]) -> str:
-    """One line that says what happened: GRPO's collapse, which STARE methods held the band (and at what reward),
-    which did not, and the critical W when the sweep measured it."""
+    """One line that says what happened: the core's verdict (:func:`stare_lab.verdict.verdict`: which methods
+    collapsed, which STARE settings held the band and at what reward, which did not), then the critical W when the
+    sweep measured it."""
     facts = group_facts(summary)
-    parts = []
-    grpo = [f for f in facts.values() if f["method"] in ("grpo", "grpo-ds")]
-    if grpo:
-        g = grpo[0]
-        m = g["mean"]
-        h = f"H {_f(m.get('initial_entropy'))} -> {_f(m.get('final_entropy'))} nats"
-        if g["collapsed"]:
-            parts.append(f"GRPO collapsed on {g['collapsed']}/{g['n']} seeds ({h}, ~step "
-                         f"{_f(m.get('steps_to_collapse'), '.0f')})")
-        elif _grpo_fell(g):
-            parts.append(f"GRPO fell below the band ({h}; no seed below 10 % of its start)")
-        else:
-            parts.append(f"GRPO did not collapse ({h})")
-    stare = {k: f for k, f in facts.items() if f["stare"] is not None}
-    held = {k: f for k, f in stare.items() if f["held"] == f["n"]}
-    if held and "critical" not in summary:
-        best = min(held, key=lambda k: _num(held[k]["mean"].get("mean_abs_dev_second_half")) or 0.0)
-        b = held[best]
-        ref = _grpo_for(facts, b)
-        rew = f" (GRPO {_f(ref['mean'].get('final_reward'))})" if ref else ""
-        parts.append(f"{best} held H_tgt={_f(b['mean'].get('target_entropy'))} on {b['n']}/{b['n']} seeds (mean "
-                     f"|H-H_tgt| {_f(b['mean'].get('mean_abs_dev_second_half'), '.3f')} over the second half) at "
-                     f"reward {_f(b['mean'].get('final_reward'))}{rew}")
-        others = [k for k in held if k != best]
-        if others:
-            parts[-1] += f"; also held: {', '.join(others)}"
-    elif not held and stare:
-        parts.append("no STARE setting held the band on every seed")
-    missed = [k for k in stare if k not in held]
-    if missed and "critical" not in summary:
-        parts.append("not held: " + ", ".join(
-            f"{k} ({_push(stare[k]['stare'])}: {stare[k]['held']}/{stare[k]['n']} seeds, |H-H_tgt| "
-            f"{_f(stare[k]['mean'].get('mean_abs_dev_second_half'), '.3f')})" for k in missed))
+    groups = [{"label": label, "method": f["method"], "stare": f["stare"], "n": f["n"], "held": f["held"],
+               "collapsed": f["collapsed"], **{k: v for k, v in f["mean"].items() if k not in ("held", "collapsed")},
+               "slice": {k: v for k, v in f["point"].items() if not k.startswith("loss.stare.")}}
+              for label, f in facts.items()]
+    parts = [verdict(groups, per_setting="critical" not in summary)] if groups else []
     for method, c in (summary.get("critical") or {}).items():
         meas = "none of the grid" if c.get("measured_w") is None else _f(c.get("measured_w"), "g")
         parts.append(f"critical W ({method}): measured {meas}, first-order prediction {_f(c.get('predicted_w'))}"
@@ -185,7 +162,7 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
         if not st.get("adaptive"):
             tip += " or o1-adaptive"
         notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds: at "
-                     f"{_push(st)} the push is below the critical strength{est_s}; try {tip} (docs/theory.md §7)")
+                     f"{push_label(st)} the push is below the critical strength{est_s}; try {tip} (docs/theory.md §7)")
     notes += _grid_direction_notes(facts)
     return notes
 
@@ -217,8 +194,6 @@ def _wrong_direction(g: dict[str, Any], ref: dict[str, Any] | None) -> str | Non
 def _grid_direction_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
     """A note when, in a W grid, a larger W ended with clearly less entropy than a smaller one (same method and
     other grid keys): the push then acts against its first-order direction."""
-    from .grid import W_KEY
-
     series: dict[tuple, list[tuple[float, float]]] = {}
     for g in facts.values():
         w = g["point"].get(W_KEY)
@@ -249,13 +224,11 @@ def plan_notes(plan) -> list[str]:
     * a STARE target above the reward-optimal entropy of a tabular task
       (:func:`simulators.tabular.target_warning`).
     """
-    from .presets import METHODS
-
     notes = []
     first = {}
     for (label, seed), c in plan.configs.items():
         first.setdefault(plan.groups.get(label, {}).get("method", label), c)
-    single = [m for m, c in first.items() if c.loss.loss_mode == "kl_cov" and int(getattr(c, "updates_per_batch", 1)) == 1]
+    single = [m for m, c in first.items() if m == "kl_cov" and int(getattr(c, "updates_per_batch", 1)) == 1]
     for m in single:
         how = (
             ", which the tabular simulator never takes (transformer presets: updates_per_batch=N, N > 1)"
@@ -267,8 +240,8 @@ def plan_notes(plan) -> list[str]:
             f"updates per batch{how}"
         )
     stare_items = [o for o in plan.overrides if o.split("=", 1)[0].strip().startswith("loss.stare.")]
-    if stare_items and not any(c.loss.loss_mode == "stare" for c in plan.configs.values()):
-        stare_methods = [m for m, spec in METHODS.items() if spec["loss"].get("loss_mode") == "stare"]
+    if stare_items and not any(g.get("stare") for g in plan.groups.values()):
+        stare_methods = [m for m, spec in METHODS.items() if loss_needs(spec["loss"]["loss_mode"]).stare]
         shown = " ".join(o[len("loss."):] if o.startswith("loss.stare.") else o for o in stare_items)
         tgt = any(o.split("=", 1)[0].strip() == "loss.stare.target_entropy" for o in stare_items)
         notes.append(
@@ -282,11 +255,6 @@ def plan_notes(plan) -> list[str]:
 
 
 def _target_notes(plan) -> list[str]:
-    import copy
-
-    from .tabular import init_state, target_warning
-    from .tabular_tasks import reward_optimal_entropy
-
     seen, notes = set(), []
     for c in plan.configs.values():
         if not c.is_stare:

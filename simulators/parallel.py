@@ -15,7 +15,11 @@ import queue
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from stare_lab.errors import RunError
+
+from .tabular import batch_key, run_batch
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +54,9 @@ def chunks(keys: list[tuple], workers: int) -> list[list[int]]:
 
 
 def _worker(q, chunk_id: int, configs, run_dirs, resume: bool) -> None:  # pragma: no cover - runs in a child
-    from .tabular import run_batch
-
+    # one core per worker; and a forked child must not enter the parent's OpenMP thread pool (it would hang when the
+    # parent had run multi-threaded torch ops before the fork, e.g. without OMP_NUM_THREADS=1)
+    torch.set_num_threads(1)
     try:
         summaries = run_batch(configs, run_dirs, resume=resume, progress=lambda n: q.put(("progress", n)))
         q.put(("done", chunk_id, summaries))
@@ -67,19 +72,22 @@ def run_many(
     resume: bool = False,
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run tabular configs into their directories over ``workers`` processes (default :func:`default_workers`);
-    returns the summaries in order. ``progress(n)`` receives the number of run-steps done.
+    returns the summaries in order. ``progress(n)`` receives the number of run-steps done. ``meanwhile()`` is
+    called once in this process while the worker processes compute (after they started: no thread is running
+    when they fork), e.g. to load what the caller needs afterwards; with one process it is called first.
 
     Raises:
         RunError: the first error of any run (the other runs still finish, as in :func:`run_batch`).
         RuntimeError: a worker died without reporting (e.g. killed).
     """
-    from .tabular import batch_key, run_batch
-
     workers = default_workers() if workers is None else max(1, int(workers))
     parts = chunks([batch_key(c) for c in configs], workers)
     if workers == 1 or len(parts) == 1:
+        if meanwhile is not None:
+            meanwhile()
         return run_batch(configs, run_dirs, resume=resume, progress=progress)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -89,6 +97,8 @@ def run_many(
                                                 resume), daemon=True)
         p.start()
         procs.append(p)
+    if meanwhile is not None:
+        meanwhile()  # the workers' messages wait in the queue
     results: dict[int, list[dict[str, Any]]] = {}
     errors: list[str] = []
     crashes: list[str] = []

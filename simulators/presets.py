@@ -4,9 +4,10 @@ A *preset* is a named bundle of config overrides for one simulator *kind*:
 
 * ``kind="tabular"`` presets live here in :data:`PRESETS` (overrides for
   :class:`simulators.tabular.TabularSimConfig`);
-* ``kind="transformer"`` presets live in ``simulators.transformer.PRESETS`` (overrides for its
-  ``TransformerSimConfig``); :func:`get_preset` finds them there, importing that module lazily (it pulls in
-  ``transformers``, which the tabular path must not pay for).
+* ``kind="transformer"`` presets live here too, in :data:`TRANSFORMER_PRESETS` (overrides for
+  ``simulators.transformer_config.TransformerSimConfig``), with :data:`TRANSFORMER_DESCRIPTIONS` and the methods ×
+  seeds each runs (:data:`TRANSFORMER_SWEEPS`). Plain data: this module imports nothing heavy, so the command
+  line can list presets and methods without loading torch.
 
 A *method* (``grpo``, ``o1``, …) is a name the simulators and analysis use for a training recipe; :data:`METHODS`
 maps it to the settings of the core's loss registry (``stare_lab.losses``) and to the simulator-level switches
@@ -43,7 +44,7 @@ from stare_lab.errors import ConfigError
 from stare_lab.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
 
 __all__ = [
-    "PRESETS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "method_overrides", "get_preset",
+    "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "method_overrides", "get_preset",
     "preset_names",
 ]
 
@@ -148,30 +149,80 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _transformer_presets() -> dict[str, dict[str, Any]] | None:
-    """``simulators.transformer.PRESETS`` or ``None`` if that module is missing or cannot be imported."""
-    try:
-        from simulators import transformer  # lazy: pulls in transformers
-    except ImportError:
-        return None
-    presets = getattr(transformer, "PRESETS", None)
-    return presets if isinstance(presets, dict) else None
+# ------------------------------------------------------------------------------------------- transformer presets
+#: The strong STARE push of the presets (adaptive bounds wide enough for o1-adaptive to move W and M).
+_OPTIM = {"lr": 1e-3, "adam_beta1": 0.95, "adam_beta2": 0.99}
+_STRONG_PUSH = {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_max": 8.0, "m_min": 0.1, "alpha": 0.05}
+#: what every transformer preset shares (the presets deep-copy it: get_preset)
+_TF_COMMON = {**_OPTIM, "eval_every": 50, "checkpoint_every": 100, "loss": {"stare": _STRONG_PUSH}}
+
+#: Transformer presets: name → overrides of ``simulators.transformer_config.TransformerSimConfig`` (``stare-lab
+#: simulate`` applies them, then the user's).
+TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
+    # GRPO, O1, C2 on one seed in ~75 s (2 cores; BENCHMARKS.md, bench_transformer.py). Task "pick" has several correct answers per prompt (here 4 prompt
+    # digits, answers of 3: 24 correct answers when the digits are distinct): token reweighting needs room to act
+    # (docs/theory.md §6; see "transformer-sort" for the single-answer control). How the settings were chosen (GRPO,
+    # R² = fit of the measured ΔH on ∇θH̄·Δθ over all RL steps; collapse = first step below 10 % of the
+    # post-warm-start entropy; seeds 0/1/2):
+    # * The old preset (5 digits, answers of 4, lr 1e-3, β1 0.9, 130 steps) gave R² 0.886 and collapse at
+    #   106/178–195 (seeds 1–2 past the preset's steps). Its misfit was spread over all phases (steps 1–10: 2 % of
+    #   the variance, 41–80: 3.5 %, the collapse 81–110: 5 %, the tail: 3 %, one grad-norm spike in the tail 2 %),
+    #   and the logit-space first-order prediction misfit as much (R² 0.87): the per-step logit change was too
+    #   large, mostly through Adam's noise component, not a few outlier steps.
+    # * Tried on seed 0 (R² / collapse step): no clip 0.873/100; clip 0.25 0.915/127; β2 0.999 0.871/none in
+    #   130; Adam ε 1e-4 0.857/111; lr warm-up 10 steps 0.868/none; 64 prompts 0.918/99; 16 prompts 0.917/none in
+    #   180; lr 7e-4 0.918/166; lr 5e-4 0.959/none (130 steps); β1 0 0.079 (!); β1 0.95 0.954/111; β1 0.97
+    #   0.951/130; β1 0.98 0.965/none. Momentum averages the sampling noise out of Δθ, so β1 0.95 halves the misfit
+    #   at the same lr — but on the 5-digit task seeds 1/2 still collapsed late (none in 250 / 168). A noisy
+    #   verifier (flip 0.1) slowed the collapse (none in 200 for seeds 0–2) and cost R²; G 16 × 16 prompts and a
+    #   longer warm start did not help either.
+    # * The smaller 4-digit / 3-answer task is learnt sooner, so GRPO reaches its collapse phase sooner: with
+    #   lr 1e-3, β1 0.95, β2 0.99 it collapses at steps 133 / 104 / 144 / 162 / 128 / 166 (seeds 0–5) with R²
+    #   0.978 / 0.959 / 0.988 over 200 steps (seeds 0–2; 0.989 / 0.965 / 0.975 for seeds 3–5 over 240); with the
+    #   256 held-out prompts of "transformer-long" (another train split) seed 0 collapsed at 191. lr 1.5e-3
+    #   collapsed at 68–99 but R² fell to 0.92 on seed 0. Its shorter sequences also make a step cheaper (with the
+    #   prompt KV shared by a group, ~0.085 s). 200 steps leave margin after the latest collapse seen.
+    # The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start entropy); at the paper's
+    # defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9 stare.target_entropy=0.3.
+    "transformer": {**_TF_COMMON, "steps": 200,
+                    "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 64}},
+    # Longer studies (several seeds: stare-lab simulate --preset transformer-long --seeds 3).
+    "transformer-long": {**_TF_COMMON, "steps": 400, "eval_samples": 16,
+                         "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 256}},
+    # Negative control: one correct answer per prompt; STARE's reweighting has nothing to act on.
+    "transformer-sort": {**_TF_COMMON, "steps": 200,
+                         "task": {"name": "sort", "num_digits": 5, "answer_len": 5, "eval_size": 64}},
+}
+
+#: Preset name → one-line description (for ``stare-lab simulate --list-presets``).
+TRANSFORMER_DESCRIPTIONS: dict[str, str] = {
+    "transformer": "tiny Qwen2 LM on 'pick' (4 digits, answers of 3: several correct answers), 200 RL steps, "
+    "lr 1e-3, beta1 0.95; GRPO collapses, gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~75 s for "
+    "grpo,o1,c2 x 1 seed on 2 cores (warm start included)",
+    "transformer-long": "as 'transformer' with 400 steps and 256 held-out prompts x 16 samples; run several seeds",
+    "transformer-sort": "negative control: 'sort' has one correct answer, so token reweighting has nothing to act on",
+}
+
+#: Preset name → the methods and seeds its sweep runs (the CLI loops over methods × seeds).
+TRANSFORMER_SWEEPS: dict[str, dict[str, list]] = {
+    "transformer": {"methods": ["grpo", "o1", "c2"], "seeds": [0]},
+    "transformer-long": {"methods": ["grpo", "grpo-ds", "o1", "c2", "o1-adaptive"], "seeds": [0, 1, 2]},
+    "transformer-sort": {"methods": ["grpo", "o1", "c2"], "seeds": [0]},
+}
+
 
 
 def preset_names(include_transformer: bool = True) -> list[str]:
-    """All preset names: the tabular ones, then (if importable) the transformer ones."""
-    names = list(PRESETS)
-    if include_transformer:
-        names += [n for n in (_transformer_presets() or {}) if n not in PRESETS]
-    return names
+    """All preset names: the tabular ones, then the transformer ones."""
+    return list(PRESETS) + ([n for n in TRANSFORMER_PRESETS if n not in PRESETS] if include_transformer else [])
 
 
 def get_preset(name: str) -> dict[str, Any]:
     """Resolve a preset name to ``{"name", "kind", "description", "overrides"}`` (a deep copy), plus the preset's
-    default ``methods`` and number of ``seeds`` where it defines them (transformer presets: ``PRESET_SWEEPS``).
+    default ``methods`` and ``seeds`` (a list) where it defines them.
 
-    Tabular presets come from :data:`PRESETS`; any other name is looked up in ``simulators.transformer.PRESETS``
-    (imported only then) and gets ``kind="transformer"``.
+    Tabular presets come from :data:`PRESETS`, transformer presets (``kind="transformer"``) from
+    :mod:`simulators.transformer_config`.
 
     Raises:
         ConfigError: unknown preset (the message lists the known names).
@@ -180,24 +231,14 @@ def get_preset(name: str) -> dict[str, Any]:
         out = copy.deepcopy(PRESETS[name])
         out["name"] = name
         return out
-    tp = _transformer_presets()
-    if tp is not None and name in tp:
-        from simulators import transformer
-
-        sweep = getattr(transformer, "PRESET_SWEEPS", {}).get(name, {})
-        out = {
-            "name": name,
-            "kind": "transformer",
-            "description": getattr(transformer, "PRESET_DESCRIPTIONS", {}).get(
-                name, "small transformer simulator (simulators.transformer)"
-            ),
-            "overrides": copy.deepcopy(tp[name]),
-        }
+    if name in TRANSFORMER_PRESETS:
+        sweep = TRANSFORMER_SWEEPS.get(name, {})
+        out = {"name": name, "kind": "transformer",
+               "description": TRANSFORMER_DESCRIPTIONS.get(name, "small transformer simulator (simulators.transformer)"),
+               "overrides": copy.deepcopy(TRANSFORMER_PRESETS[name])}
         if sweep.get("methods"):
             out["methods"] = list(sweep["methods"])
         if sweep.get("seeds"):
-            out["seeds"] = len(sweep["seeds"])
+            out["seeds"] = list(sweep["seeds"])
         return out
-    known = list(PRESETS) + [n for n in (tp or {}) if n not in PRESETS]
-    hint = "" if tp is not None else " (transformer presets unavailable: simulators.transformer not importable)"
-    raise ConfigError(f"preset={name!r} is not one of {{{', '.join(known)}}}{hint}")
+    raise ConfigError(f"preset={name!r} is not one of {{{', '.join(preset_names())}}}")

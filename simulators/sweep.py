@@ -1,5 +1,5 @@
-"""Run one preset for several methods × seeds (× grid points): validation up front, the runs, ``summary.json``, the
-end table and fallback plots.
+"""Run one preset for several methods × seeds (× grid points): validation up front, the runs, ``summary.json`` and
+the end table.
 
 Layout written under ``out``::
 
@@ -10,7 +10,8 @@ Layout written under ``out``::
                                    (simulators.run_stats) and their mean over seeds; with a W grid the critical
                                    strength (``critical.<method>``, :func:`simulators.grid.critical_summary`); the
                                    headline and the notes (:mod:`simulators.notes`)
-    out/figures/*.png              plots (by ``stare-lab analyze`` if available, else :func:`fallback_plots`)
+    out/figures/                   the report and its figures (``stare-lab simulate`` asks the analysis wing for
+                                   them; :mod:`simulators.cli`)
 
 Tabular runs go through :func:`simulators.parallel.run_many`: batched tensor computations over the machine's cores.
 Everything that can be wrong with the request (preset, method, sizes, ranges, conflicting options, overrides of
@@ -37,20 +38,31 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
+from stare_lab.losses import loss_needs
+from stare_lab.runs import read_run
+from stare_lab.verdict import group_outcome
 
+from . import tabular, transformer
 from .grid import critical_summary, method_points, parse_grid, point_label
-from .presets import METHODS, get_preset, method_overrides
+from .notes import headline, sweep_notes
+from .parallel import run_many
+from .presets import DEFAULT_METHODS, METHODS, get_preset, method_overrides
 from .run_stats import STAT_KEYS, run_stats
 from .tabular_config import resolve_target_entropy
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "SweepPlan", "plan_sweep", "run_sweep", "format_table", "fallback_plots", "check_writable_dir", "stale_runs",
-    "method_set_keys", "group_label",
+    "SweepPlan", "plan_sweep", "run_sweep", "format_table", "check_writable_dir", "stale_runs", "method_set_keys",
+    "group_label", "seed_list", "uses_stare",
 ]
+
+#: the simulator module and config class of each preset kind
+SIMULATORS = {"tabular": (tabular, tabular.TabularSimConfig), "transformer": (transformer, transformer.TransformerSimConfig)}
 
 @dataclasses.dataclass
 class SweepPlan:
@@ -80,16 +92,55 @@ def group_label(method: str, point: dict[str, Any]) -> str:
     return f"{method} [{label}]" if label else method
 
 
-def _simulator_module(kind: str):
-    if kind == "tabular":
-        from . import tabular
+def uses_stare(method: str) -> bool:
+    """Whether ``method``'s loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.losses.loss_needs`):
+    only such methods see ``loss.stare.*`` grid keys."""
+    loss = method_overrides(method)["loss"]
+    return loss_needs(loss["loss_mode"]).stare
 
-        return tabular, tabular.TabularSimConfig
+
+def seed_list(seeds: int | list[int] | tuple[int, ...] | None, default: list[int]) -> list[int]:
+    """The seeds of a sweep: None → ``default``; an integer N ≥ 1 → the first N seeds 0 … N − 1; a list → exactly
+    those (distinct integers ≥ 0, in the given order).
+
+    Raises:
+        ConfigError: a count < 1, a negative or repeated seed, an empty list, or something else.
+    """
+    if seeds is None:
+        return list(default)
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ConfigError(f"seeds={seeds!r} must be a count >= 1 (or a list of seeds)")
+        return list(range(seeds))
+    if isinstance(seeds, (list, tuple)) and seeds:
+        bad = [x for x in seeds if isinstance(x, bool) or not isinstance(x, int) or x < 0]
+        if bad:
+            raise ConfigError(f"seed {bad[0]!r} must be an integer >= 0")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"seeds {','.join(map(str, seeds))} list a seed twice")
+        return list(seeds)
+    raise ConfigError(f"seeds={seeds!r} must be a count >= 1 or a non-empty list of seeds")
+
+
+def _method_config(cls: Any, data: dict[str, Any], method: str) -> Any:
+    """``cls`` from ``data`` for ``method``; an error that the method's own settings cause (the same request
+    passes with plain ``grpo``) names the method and the settings it implies."""
     try:
-        from . import transformer
-    except ImportError as err:
-        raise ConfigError(f"transformer presets need simulators.transformer: {err}") from None
-    return transformer, transformer.TransformerSimConfig
+        return from_dict(cls, data)
+    except ConfigError as err:
+        if method == "grpo":
+            raise
+        try:
+            from_dict(cls, {**data, "method": "grpo"})
+        except ConfigError:
+            raise err from None
+        spec = method_overrides(method)
+        implied = [f"loss.loss_mode={spec['loss']['loss_mode']}"]
+        implied += [f"loss.stare.{k}={v}" for k, v in spec["loss"].get("stare", {}).items()]
+        if spec["dynamic_sampling"]:
+            implied.append("dynamic_sampling=true")
+        raise ConfigError(f"method {method!r} (which sets {', '.join(implied)}): {err}; change the override or "
+                          f"leave {method} out of --methods") from None
 
 
 def _normalise_override(item: str) -> str:
@@ -138,7 +189,7 @@ def method_set_keys(method: str) -> set[str]:
 def plan_sweep(
     preset: str,
     methods: list[str] | None,
-    seeds: int | None,
+    seeds: int | list[int] | None,
     out: str | os.PathLike,
     overrides: list[str] = (),
     steps: int | None = None,
@@ -152,7 +203,8 @@ def plan_sweep(
     Args:
         preset: preset name (``simulators.presets.get_preset``).
         methods: method names (None → the preset's ``methods`` or ``DEFAULT_METHODS``).
-        seeds: number of seeds ≥ 1 (seeds 0 … seeds−1); None → the preset's ``seeds`` or 3.
+        seeds: the first N seeds 0 … N−1 (an integer N ≥ 1) or a list of seeds (:func:`seed_list`); None → the
+            preset's ``seeds`` or 0, 1, 2.
         out: the sweep directory.
         overrides: dotted ``key=value`` config overrides (``stare.*`` is short for ``loss.stare.*``).
         steps: number of steps (overrides the preset's), ≥ 1; not together with a ``steps=`` override.
@@ -167,21 +219,18 @@ def plan_sweep(
             ``out``, ``resume`` with ``overwrite``, ``steps`` given twice, an override or grid key that one of the
             methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead), a key both
             overridden and swept, an explicit ``loss.stare.target_entropy`` together with a (non-null)
-            ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular_config.resolve_target_entropy`).
+            ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular_config.resolve_target_entropy`); an
+            error caused by a method's own settings names the method (e.g. ``o1-adaptive``, whose default
+            ``loss.stare.w_max`` caps W, with ``stare.reweight_w=2``).
         RunError: the output directory is not writable, or already holds runs (without resume / overwrite).
     """
-    from .presets import DEFAULT_METHODS
-
     if str(out).strip() == "":
         raise ConfigError("out='' is empty: give an output directory (default runs/<preset>)")
     if resume and overwrite:
         raise ConfigError("resume and overwrite exclude each other: --resume continues the runs, --overwrite replaces them")
     spec = get_preset(preset)
     kind = spec["kind"]
-    if seeds is None:
-        seeds = spec.get("seeds", 3)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"seeds={seeds!r} must be an integer >= 1")
+    seeds = seed_list(seeds, spec.get("seeds", [0, 1, 2]))
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ConfigError(f"steps={steps!r} must be an integer >= 1")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
@@ -211,18 +260,18 @@ def plan_sweep(
     both = grid_keys & {o.split("=", 1)[0].strip() for o in overrides}
     if both:
         raise ConfigError(f"{sorted(both)[0]} is both overridden and swept: give it once")
-    module, cls = _simulator_module(kind)
+    module, cls = SIMULATORS[kind]
     user_keys = {item.split("=", 1)[0].strip() for item in overrides} | grid_keys
     explicit = ("loss.stare.target_entropy" in user_keys, "target_entropy_rel" in user_keys)
     configs, run_dirs, groups = {}, {}, {}
     out = Path(out)
     for method in methods:
-        is_stare = method_overrides(method)["loss"]["loss_mode"] == "stare"
-        for point in method_points(grid, is_stare):
+        stare = uses_stare(method)
+        for point in method_points(grid, stare):
             label = group_label(method, point)
-            groups[label] = {"method": method, "point": point}
+            groups[label] = {"method": method, "point": point, "stare": stare}
             point_items = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in point.items()]
-            for seed in range(seeds):
+            for seed in seeds:
                 data = copy.deepcopy(spec["overrides"])
                 data = apply_overrides(data, overrides + point_items)
                 if kind == "tabular":  # an explicit target switches the preset's relative one off
@@ -231,7 +280,7 @@ def plan_sweep(
                 data["seed"] = seed
                 if steps is not None:
                     data["steps"] = steps
-                configs[(label, seed)] = from_dict(cls, data)
+                configs[(label, seed)] = _method_config(cls, data, method)
                 sub = point_label(point)
                 run_dirs[(label, seed)] = out / method / sub / f"seed{seed}" if sub else out / method / f"seed{seed}"
     check_writable_dir(out)
@@ -246,7 +295,7 @@ def plan_sweep(
         for key, run_dir in run_dirs.items():
             _check_resumable(run_dir, configs[key])
     return SweepPlan(
-        preset, kind, out, methods, list(range(seeds)), configs, run_dirs, module, resume, overwrite,
+        preset, kind, out, methods, seeds, configs, run_dirs, module, resume, overwrite,
         list(overrides), grid, groups, workers,
     )
 
@@ -261,8 +310,6 @@ def _check_resumable(run_dir: Path, config: Any) -> None:
     cfg_path = run_dir / "config.yaml"
     if not (run_dir / "checkpoint").is_dir() or not cfg_path.is_file():
         return
-    import yaml
-
     try:
         saved = yaml.safe_load(cfg_path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -305,8 +352,6 @@ def stale_runs(plan: SweepPlan) -> list[Path]:
     """Run directories under ``plan.out`` that the previous sweep there wrote (listed in its ``summary.json``, with
     a ``config.yaml`` whose ``source`` is ``simulator``) and that ``plan`` does not include. :func:`run_sweep`
     removes them when ``plan.overwrite`` is set; other runs under ``out`` are never touched."""
-    import yaml
-
     path = plan.out / "summary.json"
     if not path.is_file():
         return []
@@ -343,11 +388,14 @@ def _remove_run(run_dir: Path) -> None:
             break
 
 
-def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def run_sweep(
+    plan: SweepPlan, progress: Callable[[int], None] | None = None, meanwhile: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Run every planned run, write ``out/summary.json`` and return it. Tabular runs are batched and spread over
     ``plan.workers`` processes (:func:`simulators.parallel.run_many`); transformer runs go one after the other.
 
-    ``progress(n)`` is called as run-steps (tabular) or whole runs (other kinds, counted as their ``steps``) finish.
+    ``progress(n)`` is called as run-steps (tabular) or whole runs (other kinds, counted as their ``steps``) finish;
+    ``meanwhile()`` once while the runs compute (:func:`simulators.parallel.run_many`; first, for other kinds).
     With ``plan.overwrite`` the previous sweep's runs that the plan drops are removed first (:func:`stale_runs`).
     If a run fails, the error propagates (the other tabular runs finish first); folders this call created and left
     empty are removed (a tabular run removes its own directory when it failed before completing a step).
@@ -369,12 +417,12 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
     keys = list(plan.configs)
     try:
         if plan.kind == "tabular":
-            from .parallel import run_many
-
             summaries = run_many([plan.configs[k] for k in keys], [plan.run_dirs[k] for k in keys],
-                                 resume=plan.resume, progress=progress, workers=plan.workers)
+                                 resume=plan.resume, progress=progress, workers=plan.workers, meanwhile=meanwhile)
             stats = {k: {x: s.get(x) for x in STAT_KEYS} for k, s in zip(keys, summaries)}
         else:
+            if meanwhile is not None:
+                meanwhile()
             stats = {}
             for k in keys:
                 config = plan.configs[k]
@@ -393,14 +441,10 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
     for label, g in plan.groups.items():
         runs = {f"seed{s}": stats[(label, s)] for s in plan.seeds}
         mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
-        mean["collapsed_runs"] = sum(r.get("steps_to_collapse") is not None for r in runs.values())
-        band = getattr(plan.configs[(label, plan.seeds[0])], "band", 0.05)
-        mean["held_runs"] = sum(
-            isinstance(r.get("mean_abs_dev_second_half"), (int, float)) and r["mean_abs_dev_second_half"] < band
-            for r in runs.values()
-        )
+        outcome = group_outcome(list(runs.values()))  # the verdict's definitions (stare_lab.verdict)
+        mean["collapsed_runs"], mean["held_runs"] = outcome["collapsed"], outcome["held"]
         per_group[label] = {
-            "method": g["method"], "point": g["point"], "runs": runs, "mean": mean,
+            "method": g["method"], "point": g["point"], "stare": g["stare"], "runs": runs, "mean": mean,
             "run_dirs": {f"seed{s}": plan.run_dirs[(label, s)].relative_to(plan.out).as_posix() for s in plan.seeds},
         }
     summary = {
@@ -413,12 +457,10 @@ def run_sweep(plan: SweepPlan, progress: Callable[[int], None] | None = None) ->
     }
     if plan.grid:
         summary["sweep"] = {"grid": [[k, v] for k, v in plan.grid]}
-        crit_groups = {label: {**e, "is_stare": _is_stare(summary, label)} for label, e in per_group.items()}
+        crit_groups = {label: {**e, "is_stare": e["stare"]} for label, e in per_group.items()}
         critical = critical_summary(crit_groups, plan.grid, summary["band"], _base_point(plan))
         if critical:
             summary["critical"] = critical
-    from .notes import headline, sweep_notes
-
     summary["notes"] = sweep_notes(summary)
     summary["headline"] = headline(summary)
     tmp = plan.out / "summary.json.tmp"
@@ -431,7 +473,7 @@ def _base_point(plan: SweepPlan) -> dict[str, Any]:
     """The preset's own value (with the user's overrides) of each grid key: the dotted key in the preset's
     overrides, else the config dataclass default."""
     data = apply_overrides(copy.deepcopy(get_preset(plan.preset)["overrides"]), plan.overrides)
-    _, cls = _simulator_module(plan.kind)
+    _, cls = SIMULATORS[plan.kind]
     default = to_dict(cls())
     out = {}
     for key, _ in plan.grid:
@@ -443,18 +485,9 @@ def _base_point(plan: SweepPlan) -> dict[str, Any]:
     return out
 
 
-def _is_stare(summary: dict[str, Any], label: str) -> bool:
-    """Whether the group's runs use the STARE loss (from the first seed's config)."""
-    seed0 = (summary.get("seeds") or [0])[0]
-    cfg = (summary.get("config") or {}).get(f"{label}/seed{seed0}") or {}
-    return (cfg.get("loss") or {}).get("loss_mode") == "stare"
-
-
 def _stats_of(run_dir: Path, config: Any) -> dict[str, Any]:
     """:func:`simulators.run_stats.run_stats` of a finished run directory; H_tgt from its ``config.yaml``
     (``loss.stare.target_entropy``, the resolved value), collapse fraction / band from the config if it has them."""
-    from stare_lab.runs import read_run
-
     run = read_run(run_dir)
     target = ((run.config.get("loss") or {}).get("stare") or {}).get("target_entropy")
     return run_stats(
@@ -510,66 +543,3 @@ TABLE_LEGEND = (
     "first-order size (median; below 0.8 the step size is outside the theory's regime; for runs whose gate never "
     "opened a probe that is not applied); R2(dH): R^2 of the measured on the predicted one-step entropy change"
 )
-
-
-def fallback_plots(out: Path, summary: dict[str, Any]) -> list[Path]:
-    """Minimal PNGs when ``stare-lab analyze`` is unavailable: entropy, reward and gate over steps per method
-    (mean over seeds with a min–max band), and measured vs predicted one-step ΔH (all steps of all runs) with the
-    fitted slope and R². Returns the written paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from stare_lab.runs import read_run
-
-    from .run_stats import fit_line
-
-    fig_dir = out / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    data = {}
-    for label, entry in summary["methods"].items():
-        data[label] = [read_run(out / rel).metrics for rel in entry["run_dirs"].values()]
-    written = []
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for method, runs in data.items():
-        for ax, key in zip(axes, ("entropy", "reward", "gate_on")):
-            n = min(len(r) for r in runs)
-            cols = [[float(r[i][key] or 0.0) for r in runs] for i in range(n)]
-            steps = [runs[0][i]["step"] for i in range(n)]
-            mean = [sum(c) / len(c) for c in cols]
-            line = ax.plot(steps, mean, label=method)[0]
-            ax.fill_between(steps, [min(c) for c in cols], [max(c) for c in cols], alpha=0.2, color=line.get_color())
-    target = _mean([e["mean"]["target_entropy"] for e in summary["methods"].values()])
-    if target is not None:
-        axes[0].axhline(target, color="k", ls=":", lw=1, label="H_tgt")
-    for ax, title in zip(axes, ("entropy (nats)", "reward", "gate on")):
-        ax.set_title(title)
-        ax.set_xlabel("step")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = fig_dir / "dynamics.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    written.append(path)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    all_p, all_m = [], []
-    for method, runs in data.items():
-        p = [row["pred_entropy_change"] for r in runs for row in r]
-        m = [row["entropy_change"] for r in runs for row in r]
-        ax.scatter(p, m, s=4, label=method)
-        all_p += p
-        all_m += m
-    fit = fit_line(all_p, all_m)
-    lo, hi = min(all_p + all_m), max(all_p + all_m)
-    ax.plot([lo, hi], [lo, hi], "k:", lw=1)
-    ax.set_title(f"one-step dH: slope {_fmt(fit['slope'])}, R2 {_fmt(fit['r2'])}", fontsize=9)
-    ax.set_xlabel("predicted (first order)")
-    ax.set_ylabel("measured")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = fig_dir / "pred_vs_measured.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    written.append(path)
-    return written

@@ -6,6 +6,7 @@ import dataclasses
 
 from stare_lab.config import LossConfig, STAREConfig, check_choice, check_positive, check_range, config_prefix, join_key
 from stare_lab.errors import ConfigError
+from stare_lab.losses import loss_needs
 
 from .presets import METHODS, method_overrides
 
@@ -59,8 +60,11 @@ class TabularSimConfig:
             prompt fork between ``num_correct`` correct tokens, the others have one correct token and start nearly
             deterministic; Zipf-like initial probabilities; ``init_spread`` is not used).
         reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
-        num_prompts: S ≥ 1.  group_size: G ≥ 2 responses per prompt (group advantages of a single response are
-            all 0: nothing would learn).  seq_len: L ≥ 1.  vocab_size: V ≥ 2.
+        num_prompts: S ≥ 1 prompts.
+        group_size: G ≥ 2 responses per prompt (group advantages of a single response are all 0: nothing would
+            learn).
+        seq_len: L ≥ 1 positions per response.
+        vocab_size: V ≥ 2 tokens.
         num_correct: K ∈ [1, V] correct tokens per (prompt, position).
         threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
         random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
@@ -203,8 +207,9 @@ class TabularSimConfig:
 
     @property
     def is_stare(self) -> bool:
-        """True for the methods whose loss is the STARE loss (a controller and token weights are used)."""
-        return self.loss.loss_mode == "stare"
+        """True when the loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.losses.loss_needs`):
+        the run has a STARE controller."""
+        return loss_needs(self.loss.loss_mode, self.loss).stare
 
     @property
     def reward_threshold(self) -> int:

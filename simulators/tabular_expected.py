@@ -20,9 +20,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .tabular_step import Policy, StepParts, gate_decisions, quadrant_stats
+from stare_lab.step import step_gate
 
-__all__ = ["success_given_token", "top_mass_selected", "top_mass_fraction", "expected_parts"]
+from .tabular_step import Policy, StepParts, quadrant_stats
+
+__all__ = ["success_given_token", "top_mass_selected", "top_mass_fraction", "gate_decisions", "expected_parts"]
 
 #: ε of the GRPO advantage (the default of ``stare_lab.advantages.group_advantages``; docs/theory.md §3)
 GRPO_EPS = 1e-6
@@ -115,9 +117,21 @@ def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float |
     return torch.where(mass > 0, taken / mass.clamp_min(1e-300), torch.zeros_like(taken))
 
 
-def expected_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
+def gate_decisions(batch, h_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every run's STARE gate and W/M from the core's one gate rule (:func:`stare_lab.step.step_gate`: its controller
+    updated once with its gate entropy ``h_gate [R]``, nats) → (gate_on ``[R]`` bool, W ``[R]``, M ``[R]``
+    float64); (False, 1, 1) for a loss without STARE. The mean-field step has no token batch to prepare (the G → ∞
+    batch is the policy itself), so this is all of :func:`stare_lab.step.prepare_step` that applies."""
+    out = [step_gate(c.loss, ctl, h, needs=n)
+           for c, ctl, n, h in zip(batch.configs, batch.controllers, batch.needs, h_gate.tolist())]
+    f64 = torch.float64
+    return (torch.tensor([g for g, _, _ in out]), torch.tensor([w for _, w, _ in out], dtype=f64),
+            torch.tensor([m for _, _, m in out], dtype=f64))
+
+
+def expected_parts(batch, pol: Policy, h_before: torch.Tensor, step: int = 1) -> StepParts:
     """The mean-field step of every run (module docstring) as :class:`~simulators.tabular_step.StepParts`; the gate
-    sees the mean entropy over all states.
+    sees the mean entropy over all states (``step`` is not used: the mean field draws nothing).
 
     Written in masses: with inv = 1/(σ + ε) (0 for a prompt without reward variance), f⁺ = (1 − p̄)·inv,
     f⁻ = −p̄·inv, the masses m⁺_k = π_k P(r=1|k), m⁻_k = π_k P(r=0|k) and their selected parts s±_k, π_k B_k =
@@ -161,6 +175,7 @@ def expected_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
         "gate_on": gate_on.double(),
         "stare_w": w,
         "stare_m": m,
+        "skipped": torch.zeros(R, dtype=torch.float64),
         **quad,
     }
     frac_pos = apply * sel_pos.sum((1, 2, 3)) / n_states

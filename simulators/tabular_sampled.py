@@ -2,20 +2,23 @@
 logged keys).
 
 Per step and run: G responses per prompt drawn by inverse-CDF sampling from the run's own generator (uniforms
-``[S, L, G]``, then the reward draws), rewards, optional dynamic sampling (``stare_lab.advantages.filter_groups``,
-refilling up to ``ds_max_rounds`` rounds; at most S groups kept), group advantages
-(``stare_lab.advantages.group_advantages``, one call for the whole batch: groups are contiguous), the gate
-(``stare_lab.stare.STAREController``, from the batch token-mean entropy: under dynamic sampling that of the kept
-batch, as in the trainer) and the selected sets L+ / L− (``stare_lab.stare.stare_token_weights`` over the run's
-whole batch, scope ``global``). ω = W on L+, M on L− (C2) with the gate on, else 1 — exactly the weights the core
-returns for the run's config (tested).
+``[S, L, G]``, then the reward draws), rewards, optional dynamic sampling (the simulators' one rule,
+:func:`simulators.dynamic_sampling.select_groups`: refilling up to ``ds_max_rounds`` rounds, at most S groups kept;
+a step where none survives skips its update, ``skipped=1``), group advantages
+(``stare_lab.advantages.group_advantages``, one call for the whole batch: groups are contiguous), then the core's
+step preparation per run (:func:`stare_lab.step.prepare_step` on the run's kept tokens): the gate and W/M (from the
+batch token-mean entropy; under dynamic sampling that of the kept batch, as in the trainer), ω (scope ``global``),
+the token counts and every global statistic the loss declares. The D terms of docs/theory.md §7 also need the
+selected sets L+ / L− of runs whose gate is off or that have no STARE at all: ``stare_lab.stare.stare_token_weights``
+with variant C2 and marker weights selects both over the run's whole batch.
 
-Update. For ``loss_mode`` grpo/stare with token-mean aggregation and no entropy/KL/TIS term the gradient of the core
-loss at ρ = 1 is ∂loss/∂log π_a = −Â·ω/N per token, so the step is the closed form Δz = (lr/G) Σ_i Â_i ω_i
-(e_{a_i} − π)/τ (tested equal to the gradient of ``stare_lab.losses.compute_policy_loss`` through autograd). Other
-methods call ``compute_policy_loss`` per run on leaf log-probs (and a leaf entropy for ``entropy_coeff > 0``) and
-chain its gradient through ∂log π_a/∂z = (e_a − π)/τ and ∂H/∂z (core autograd); their rows carry the core's
-``loss/*`` metrics.
+Update. For the losses of :data:`CLOSED_FORMS` (token-mean aggregation, no entropy/KL/TIS term) the gradient of the
+core loss at ρ = 1 is ∂loss/∂log π_a = −Â·ω/N per token, so the step is the closed form Δz = (lr/G) Σ_i Â_i ω_i
+(e_{a_i} − π)/τ (tested equal to the gradient of ``stare_lab.losses.compute_policy_loss`` through autograd). Every
+other loss — any registered loss, also one registered outside the package — goes through ``compute_policy_loss`` per
+run on leaf log-probs (and a leaf entropy when the loss differentiates through it) with the inputs the step
+preparation built (``PreparedStep.inputs``), and its gradient is chained through ∂log π_a/∂z = (e_a − π)/τ and
+∂H/∂z (core autograd); their rows carry the core's ``loss/*`` metrics.
 """
 
 from __future__ import annotations
@@ -24,18 +27,28 @@ from typing import Any
 
 import torch
 
-from .tabular_step import Policy, StepParts, gate_decisions, quadrant_stats, scatter_parts
+from stare_lab.advantages import group_advantages
+from stare_lab.losses import compute_policy_loss
+from stare_lab.stare import stare_token_weights
+from stare_lab.step import PreparedStep, StepBatch, prepare_step
 
-__all__ = ["sampled_parts", "rollouts", "fast_path"]
+from .dynamic_sampling import select_groups
+from .tabular_step import Policy, StepParts, quadrant_stats, scatter_parts
+
+__all__ = ["sampled_parts", "rollouts", "closed_form", "CLOSED_FORMS"]
+
+#: Losses whose gradient the sampled step knows in closed form (module docstring): at ρ = 1 with token-mean
+#: aggregation both are the surrogate −Â·ω·ρ (ω ≡ 1 for grpo; STARE's ω from the step preparation).
+CLOSED_FORMS = ("grpo", "stare")
 
 
-def fast_path(config) -> bool:
-    """True when the run's update is the closed form (module docstring)."""
+def closed_form(config, needs) -> bool:
+    """True when the run's update is the closed form: a loss of :data:`CLOSED_FORMS`, token-mean aggregation and
+    nothing else in the loss (no entropy bonus, KL or importance correction: ``needs`` has no entropy gradient,
+    reference or rollout log-probs), ω precomputed over the whole batch when the loss uses STARE."""
     loss = config.loss
-    return (
-        loss.loss_mode in ("grpo", "stare") and loss.loss_agg_mode == "token-mean" and loss.entropy_coeff == 0
-        and loss.kl_coef == 0 and loss.tis_cap is None
-    )
+    return (loss.loss_mode in CLOSED_FORMS and loss.loss_agg_mode == "token-mean" and not needs.entropy_grad
+            and not needs.ref_logprobs and not needs.rollout_logprobs and (needs.token_weights or not needs.stare))
 
 
 def _draw(batch, runs: list[int], cdf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,11 +75,10 @@ def _draw(batch, runs: list[int], cdf: torch.Tensor) -> tuple[torch.Tensor, torc
 def rollouts(batch, pi: torch.Tensor) -> dict[str, Any]:
     """One step's rollout batch of every run: ``tokens [R, S, G, L]``, ``rewards [R, S, G]``, ``prompt [R, S]`` (the
     prompt of each group slot), ``valid [R, S]`` (slots holding a group; invalid ones have tokens 0 and rewards 0),
-    ``kept [R]``, ``rounds [R]`` and the first round's ``first_rewards`` / ``first_solved`` ``[R, S, G]``. Without
-    dynamic sampling slot s holds prompt s; with it, the groups with reward variance from up to ``ds_max_rounds``
-    rounds, in order (at most S; none if none survive)."""
-    from stare_lab.advantages import filter_groups
-
+    ``kept [R]``, ``rounds [R]`` and, over every group sampled in the step (all rounds, as the trainer's ``reward``),
+    the mean ``reward``, ``accuracy`` (the rule's verdict without noise) and ``pass`` (groups with ≥ 1 solved
+    response) ``[R]`` float64. Without dynamic sampling slot s holds prompt s; with it, the groups
+    :func:`simulators.dynamic_sampling.select_groups` kept, in order (at most S; none if none survive)."""
     cfg = batch.base
     R, S, G = batch.size, cfg.num_prompts, cfg.group_size
     cdf = pi.cumsum(-1)
@@ -74,44 +86,43 @@ def rollouts(batch, pi: torch.Tensor) -> dict[str, Any]:
     prompt = torch.arange(S).expand(R, S).clone()
     valid = torch.ones(R, S, dtype=torch.bool)
     rounds = [1] * R
-    out = {"first_rewards": rewards, "first_solved": solved}
+    stats = torch.stack([rewards.double().mean((-1, -2)), solved.double().mean((-1, -2)),
+                         (solved > 0).any(-1).double().mean(-1)])  # [3, R]: reward, accuracy, pass over round 1
+    out = {}
     ds = [r for r, c in enumerate(batch.configs) if c.dynamic_sampling]
     if ds:
         tokens, rewards = tokens.clone(), rewards.clone()
         for r in ds:
-            t_r, rw_r = tokens[r], rewards[r]
-            kept_t, kept_r, kept_p = [], [], []
-            n = 0
-            while True:
-                keep = filter_groups(rw_r.reshape(-1), G).view(S, G)[:, 0]
-                idx = keep.nonzero().squeeze(-1)[: S - n]
-                kept_t.append(t_r[idx])
-                kept_r.append(rw_r[idx])
-                kept_p.append(idx)
-                n += idx.numel()
-                if n >= S or rounds[r] >= cfg.ds_max_rounds:
-                    break
-                t_new, rw_new, _ = _draw(batch, [r], cdf)
-                t_r, rw_r = t_new[0], rw_new[0]
-                rounds[r] += 1
+            drawn = [(tokens[r], rewards[r], solved[r])]
+
+            def rewards_of_round(i: int, r: int = r, drawn: list = drawn) -> torch.Tensor:
+                if i == len(drawn):  # a fresh round of all S prompts from the run's generator
+                    t_new, rw_new, sv_new = _draw(batch, [r], cdf)
+                    drawn.append((t_new[0], rw_new[0], sv_new[0]))
+                return drawn[i][1].reshape(-1)
+
+            sel = select_groups(rewards_of_round, G, S, cfg.ds_max_rounds)
+            n = sel.num_kept
+            rounds[r] = sel.rounds
+            picked = [(drawn[i][0][idx], drawn[i][1][idx], idx) for i, idx in sel.picks]  # copies, before zeroing
+            all_rw, all_sv = torch.cat([d[1] for d in drawn]).double(), torch.cat([d[2] for d in drawn])
+            stats[:, r] = torch.stack([all_rw.mean(), all_sv.double().mean(), (all_sv > 0).any(-1).double().mean()])
             tokens[r].zero_()
             rewards[r].zero_()
             prompt[r].zero_()
             valid[r] = torch.arange(S) < n
             if n:
-                tokens[r, :n] = torch.cat(kept_t)
-                rewards[r, :n] = torch.cat(kept_r)
-                prompt[r, :n] = torch.cat(kept_p)
+                tokens[r, :n] = torch.cat([t for t, _, _ in picked])
+                rewards[r, :n] = torch.cat([rw for _, rw, _ in picked])
+                prompt[r, :n] = torch.cat([idx for _, _, idx in picked])
     out.update(tokens=tokens, rewards=rewards, prompt=prompt, valid=valid, rounds=rounds,
-               kept=valid.sum(-1), ds=ds)
+               kept=valid.sum(-1), ds=ds, reward=stats[0], accuracy=stats[1], pass_rate=stats[2])
     return out
 
 
 def _selected_sets(batch, logp_tok: torch.Tensor, adv: torch.Tensor, kept: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """L+ and L− ``[R, S, G, L]`` bool of every run (the core's selection over the run's kept tokens, with the
-    run's P; both sets whatever the run's variant, for the D terms)."""
-    from stare_lab.stare import stare_token_weights
-
+    run's P; both sets whatever the run's variant and gate, for the D terms)."""
     R, S, G, L = logp_tok.shape
     weights = torch.ones(R, S, G, L, dtype=torch.float32)
     lp32 = logp_tok.float()
@@ -128,48 +139,48 @@ def _selected_sets(batch, logp_tok: torch.Tensor, adv: torch.Tensor, kept: list[
     return weights == 2.0, weights == 0.5
 
 
-def _core_coefficients(batch, r: int, roll, logp_tok, adv, omega, gate_on, w, m, pol: Policy, row: dict):
+def _prepare(batch, r: int, roll, logp_tok, adv, pol: Policy, h_gate: float, step: int) -> PreparedStep:
+    """The core's preparation of run ``r``'s step over its kept tokens (n groups × G responses × L positions, all
+    valid): the gate sees ``h_gate`` (the simulator's exact token-mean entropy of that batch), the per-token entropy
+    goes in only when the loss reads it."""
+    cfg, needs = batch.configs[r], batch.needs[r]
+    G, L = cfg.group_size, cfg.seq_len
+    n = int(roll["kept"][r])
+    entropy = pol.entropy[r][roll["prompt"][r, :n]].repeat_interleave(G, dim=0) if needs.entropy else None
+    sb = StepBatch(torch.ones(n * G, L, dtype=torch.bool), adv[r, :n].reshape(-1).float(),
+                   logp_tok[r, :n].reshape(n * G, L).float(), entropy=entropy)
+    # without a kept group the step is skipped and prepare_step reads no entropy (0.0 only satisfies its check)
+    return prepare_step(sb, cfg.loss, controller=batch.controllers[r], step=step, seed=cfg.seed,
+                        batch_entropy=h_gate if n else 0.0)
+
+
+def _core_coefficients(batch, r: int, prep: PreparedStep, roll, logp_tok, row: dict):
     """Token coefficients ``[n, G, L]`` of run ``r``'s update from the core loss (module docstring) and the
     per-state weight ``[S, L]`` of ∂H/∂z in it (entropy bonus; zeros without), filling ``row`` with the loss
     metrics."""
-    from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-
     cfg = batch.configs[r]
     S, G, L = cfg.num_prompts, cfg.group_size, cfg.seq_len
     n = int(roll["kept"][r])
     ent_w = torch.zeros(S, L, dtype=torch.float64)
-    if n == 0:
+    if prep.skip:
         return torch.zeros(0, G, L, dtype=torch.float64), ent_w
     lp = logp_tok[r, :n].reshape(n * G, L).clone().requires_grad_(True)
-    prompts = roll["prompt"][r, :n]
-    ent = None
-    if cfg.loss.entropy_coeff > 0 or cfg.loss.loss_mode == "forking_tokens":
-        ent = pol.entropy[r][prompts].repeat_interleave(G, dim=0).clone()
-        if cfg.loss.entropy_coeff > 0:
-            ent.requires_grad_(True)
-    inputs = PolicyLossInputs(
-        logprobs=lp, old_logprobs=lp.detach(), advantages=adv[r, :n].reshape(-1).float(),
-        response_mask=torch.ones(n * G, L, dtype=torch.bool), entropy=ent,
-        token_weights=omega[r, :n].reshape(n * G, L) if cfg.is_stare else None,
-        gate_on=bool(gate_on[r]) if cfg.is_stare else None,
-        reweight_w=float(w[r]) if cfg.is_stare else None, reweight_m=float(m[r]) if cfg.is_stare else None,
-        generator=batch.generators[r],
-    )
-    loss, metrics = compute_policy_loss(cfg.loss.loss_mode, inputs, cfg.loss)
+    ent = prep.batch.entropy.clone().requires_grad_(True) if prep.needs.entropy_grad else None
+    loss, metrics = compute_policy_loss(cfg.loss.loss_mode, prep.inputs(lp, entropy=ent), cfg.loss)
     loss.backward()
     scale = cfg.lr * n * L  # token-mean over n·G·L tokens → per-state group update (simulators.tabular docstring)
     for key, value in metrics.items():
         row[key if "/" in key else f"loss/{key}"] = float(value)
     if ent is not None and ent.grad is not None:
         per_tok = (-scale * ent.grad).view(n, G, L).sum(1)  # [n, L]
-        ent_w.index_add_(0, prompts, per_tok)
+        ent_w.index_add_(0, roll["prompt"][r, :n], per_tok)
     return (-scale * lp.grad).view(n, G, L), ent_w
 
 
 def _fast_runs(batch) -> list[bool]:
-    """:func:`fast_path` of every run (cached on the batch)."""
+    """:func:`closed_form` of every run (cached on the batch)."""
     if getattr(batch, "_fast", None) is None or len(batch._fast) != batch.size:
-        batch._fast = [fast_path(c) for c in batch.configs]
+        batch._fast = [closed_form(c, n) for c, n in zip(batch.configs, batch.needs)]
     return batch._fast
 
 
@@ -187,10 +198,9 @@ def _state_index(batch, roll) -> torch.Tensor:
     return state
 
 
-def sampled_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
-    """The sampled step of every run of ``batch`` (module docstring) as :class:`~simulators.tabular_step.StepParts`."""
-    from stare_lab.advantages import group_advantages
-
+def sampled_parts(batch, pol: Policy, h_before: torch.Tensor, step: int) -> StepParts:
+    """The sampled step ``step`` of every run of ``batch`` (module docstring) as
+    :class:`~simulators.tabular_step.StepParts`."""
     cfg = batch.base
     R, S, L, V, G = batch.size, cfg.num_prompts, cfg.seq_len, cfg.vocab_size, cfg.group_size
     roll = rollouts(batch, pol.pi)
@@ -198,8 +208,8 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
     h_gate = h_before.clone()
     slot_h = pol.entropy.gather(1, roll["prompt"].unsqueeze(-1).expand(R, S, L)).mean(-1)  # [R, S]
     for r in roll["ds"]:  # token-mean entropy of the kept batch (all its responses have L tokens)
-        h_gate[r] = slot_h[r, : kept[r]].mean() if kept[r] else float("nan")
-    gate_on, w, m = gate_decisions(batch, h_gate)
+        if kept[r]:
+            h_gate[r] = slot_h[r, : kept[r]].mean()
     adv = group_advantages(roll["rewards"].reshape(-1), group_size=G, estimator=cfg.advantage_estimator)
     adv = adv.view(R, S, G).double()
     state = _state_index(batch, roll)
@@ -207,21 +217,23 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
     flat = state * V + token
     logp_tok = pol.logp.reshape(-1)[flat]
     psi_tok = pol.psi.reshape(-1)[flat]
+    h_list = h_gate.tolist()
+    preps = [_prepare(batch, r, roll, logp_tok, adv, pol, h_list[r], step) for r in range(R)]
     lplus, lminus = _selected_sets(batch, logp_tok, adv, kept)
-    apply = (gate_on & batch.is_stare).view(R, 1, 1, 1)
-    w32, m32 = w.float().view(R, 1, 1, 1), m.float().view(R, 1, 1, 1)
-    one = torch.ones((), dtype=torch.float32)
-    omega = torch.where(lplus & apply, w32, torch.where(lminus & apply & batch.is_c2.view(R, 1, 1, 1), m32, one))
+    omega = torch.ones(R, S, G, L, dtype=torch.float32)
+    for r, p in enumerate(preps):
+        if p.token_weights is not None:
+            omega[r, : kept[r]] = p.token_weights.view(kept[r], G, L)
     base = (batch.lr.view(R, 1, 1, 1) / G) * adv.unsqueeze(-1).expand(R, S, G, L)
     actual = base * omega.double()
     grpo = base.clone()
     rows: list[dict[str, Any]] = [{} for _ in range(R)]
     ent_w = torch.zeros(R, S, L, dtype=torch.float64)
     fast = _fast_runs(batch)
-    for r, c in enumerate(batch.configs):
+    for r, p in enumerate(preps):
         if fast[r]:
             continue
-        coef, ent_w[r] = _core_coefficients(batch, r, roll, logp_tok, adv, omega, gate_on, w, m, pol, rows[r])
+        coef, ent_w[r] = _core_coefficients(batch, r, p, roll, logp_tok, rows[r])
         n = kept[r]
         actual[r].zero_()
         grpo[r].zero_()
@@ -233,27 +245,25 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor) -> StepParts:
     n_states = S * L
     sign = torch.stack([adv > 0, adv < 0]).unsqueeze(-1).double()  # [2, R, S, G, 1]; Â = 0 (and empty slots): none
     quad = quadrant_stats(psi_tok > 0, sign.expand(2, R, S, G, L), sign * (actual * psi_tok / n_states))
-    n_tok = (roll["kept"] * G * L).clamp_min(1).double()
-    applied = apply.view(R)
+    f64 = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
+    gate_on = torch.tensor([p.gate_on for p in preps])
     scalars = {
-        "reward": roll["first_rewards"].double().mean((-1, -2)),
-        "accuracy": roll["first_solved"].double().mean((-1, -2)),
-        f"pass@{G}": (roll["first_solved"] > 0).any(-1).double().mean(-1),
+        "reward": roll["reward"],
+        "accuracy": roll["accuracy"],
+        f"pass@{G}": roll["pass_rate"],
         "gate_on": gate_on.double(),
-        "stare_w": w,
-        "stare_m": m,
+        "stare_w": f64([p.reweight_w for p in preps]),
+        "stare_m": f64([p.reweight_m for p in preps]),
+        "skipped": f64([p.skip for p in preps]),
         **quad,
     }
-    c2 = batch.is_c2.view(R, 1, 1, 1)
-    n_pos = (lplus & apply).sum((1, 2, 3)).double() / n_tok
-    n_neg = (lminus & apply & c2).sum((1, 2, 3)).double() / n_tok
-    for r, (fp, fn) in enumerate(zip(n_pos.tolist(), n_neg.tolist())):
-        if batch.configs[r].is_stare:
-            rows[r]["stare/frac_pos_selected"] = fp
-            rows[r]["stare/frac_neg_selected"] = fn
+    for r, p in enumerate(preps):
+        if p.needs.stare and p.stare_stats is not None:
+            st = p.stare_stats
+            rows[r]["stare/frac_pos_selected"] = float(st["stare/frac_pos_selected"])
+            rows[r]["stare/frac_neg_selected"] = float(st["stare/frac_neg_selected"])
         if batch.configs[r].dynamic_sampling:
             rows[r]["ds/kept_groups"] = kept[r]
             rows[r]["ds/rounds"] = roll["rounds"][r]
-            rows[r]["stare/gate_entropy"] = float(h_gate[r]) if kept[r] else None
-    plain = torch.tensor(fast)
-    return StepParts(parts, scalars, rows, applied, plain)
+            rows[r]["stare/gate_entropy"] = p.entropy
+    return StepParts(parts, scalars, rows, gate_on & batch.is_stare, torch.tensor(fast))

@@ -1,5 +1,5 @@
-"""One batched step of the tabular simulator: the policy tables, the mode's update and the diagnostics every mode
-shares (first order, D terms, push ratio, quadrants), see :mod:`simulators.tabular` for the logged keys.
+"""The pieces every tabular step shares: the run state and the batch of runs, the policy tables, the token
+decomposition of an update and the quadrant statistics (see :mod:`simulators.tabular` for the logged keys).
 
 First order. With H the entropy of a state and g = ∂H/∂z (autograd through ``stare_lab.entropy.entropy_from_logits``;
 docs/theory.md §2: ∂H/∂u_k = −π_k(log π_k + H), u = z/τ), a logit change Δz changes the entropy by ⟨g, Δz⟩ to first
@@ -11,18 +11,105 @@ docs/theory.md §2), so sign Ψ(a) = sign(s_a − s*) splits the tokens into the
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import torch
 
+from stare_lab.entropy import entropy_from_logits
+from stare_lab.losses import loss_needs
+
 __all__ = [
-    "Policy", "StepParts", "Pending", "policy_tables", "batch_step", "finish_rows", "quadrant_stats",
-    "gate_decisions", "scatter_parts",
-    "QUADRANTS",
+    "TabularState", "TabularBatch", "stack_states", "BATCH_FIELDS", "batch_key", "Policy", "StepParts",
+    "policy_tables", "scatter_parts", "quadrant_stats", "QUADRANTS",
 ]
 
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
+
+
+@dataclasses.dataclass
+class TabularState:
+    """The mutable state of one run: logits ``z [S, L, V]`` float64, ``correct [S, L, V]`` bool, the rollout
+    ``generator`` and the STARE ``controller`` (None for a loss without STARE)."""
+
+    logits: torch.Tensor
+    correct: torch.Tensor
+    generator: torch.Generator
+    controller: Any
+
+
+@dataclasses.dataclass
+class TabularBatch:
+    """R runs advanced together: ``configs`` (resolved, one per run), ``logits [R, S, L, V]`` float64,
+    ``correct [R, S, L, V]`` bool, one rollout ``generators[r]`` and ``controllers[r]`` (or None) per run. Cached per
+    run: ``needs[r]`` (:func:`stare_lab.losses.loss_needs` of its loss), the ``[R]`` float64 tensors ``lr``,
+    ``reward_noise``, ``random_reward_p``, ``top_p`` (STARE's P), ``entropy_coeff`` and the bool tensors
+    ``is_stare`` (the loss uses the STARE gate and W/M) and ``is_c2`` (its variant is C2)."""
+
+    configs: list[Any]
+    logits: torch.Tensor
+    correct: torch.Tensor
+    generators: list[torch.Generator]
+    controllers: list[Any]
+
+    def __post_init__(self) -> None:
+        f64 = lambda name: torch.tensor([float(getattr(c, name)) for c in self.configs], dtype=torch.float64)  # noqa: E731
+        self.lr = f64("lr")
+        self.reward_noise = f64("reward_noise")
+        self.random_reward_p = f64("random_reward_p")
+        self.top_p = torch.tensor([float(c.loss.stare.top_p_ratio) for c in self.configs], dtype=torch.float64)
+        self.entropy_coeff = torch.tensor([float(c.loss.entropy_coeff) for c in self.configs], dtype=torch.float64)
+        self.needs = [loss_needs(c.loss.loss_mode, c.loss) for c in self.configs]
+        self.is_stare = torch.tensor([n.stare for n in self.needs])
+        self.is_c2 = torch.tensor([n.stare and c.loss.stare.variant == "C2" for n, c in zip(self.needs, self.configs)])
+        # the selection of both sets L+ and L− (variant C2, marker weights 2 / 0.5) with each run's P, for the D terms
+        self.marker_stare = [dataclasses.replace(c.loss.stare, variant="C2") for c in self.configs]
+
+    @property
+    def size(self) -> int:
+        """R, the number of runs."""
+        return len(self.configs)
+
+    @property
+    def base(self) -> Any:
+        """The first run's config (every run shares the fields of :func:`batch_key`)."""
+        return self.configs[0]
+
+    def select(self, keep: list[int]) -> "TabularBatch":
+        """The batch of runs ``keep`` (indices into this batch), in that order."""
+        idx = torch.tensor(keep, dtype=torch.long)
+        return TabularBatch([self.configs[i] for i in keep], self.logits[idx], self.correct[idx],
+                            [self.generators[i] for i in keep], [self.controllers[i] for i in keep])
+
+    def state(self, r: int) -> TabularState:
+        """Run ``r``'s current state."""
+        return TabularState(self.logits[r], self.correct[r], self.generators[r], self.controllers[r])
+
+    def push_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[R]`` float64 (W − 1, M − 1) of each run's push at its current W and M (docs/theory.md §7): the STARE
+        controller's values, ``loss.stare.reweight_w`` for runs without STARE, M − 1 = 0 unless the variant is C2."""
+        w, m = [], []
+        for c, ctl, c2 in zip(self.configs, self.controllers, self.is_c2.tolist()):
+            w.append((ctl.reweight_w if ctl is not None else c.loss.stare.reweight_w) - 1.0)
+            m.append((ctl.reweight_m - 1.0) if c2 and ctl is not None else 0.0)
+        return torch.tensor(w, dtype=torch.float64), torch.tensor(m, dtype=torch.float64)
+
+
+def stack_states(configs: list[Any], states: list[TabularState]) -> TabularBatch:
+    """One :class:`TabularBatch` from per-run states (configs that share :func:`batch_key`)."""
+    return TabularBatch(list(configs), torch.stack([s.logits for s in states]), torch.stack([s.correct for s in states]),
+                        [s.generator for s in states], [s.controller for s in states])
+
+
+#: the config fields every run of one batch must share (shapes, mode, schedule); everything else is per run
+BATCH_FIELDS = (
+    "mode", "task", "reward", "num_prompts", "group_size", "seq_len", "vocab_size", "threshold", "steps",
+    "temperature", "checkpoint_every", "advantage_estimator", "ds_max_rounds",
+)
+
+
+def batch_key(config: Any) -> tuple:
+    """The values of :data:`BATCH_FIELDS`: runs with equal keys can share one :class:`TabularBatch`."""
+    return tuple(getattr(config, f) for f in BATCH_FIELDS)
 
 
 @dataclasses.dataclass
@@ -55,8 +142,6 @@ class StepParts:
 def policy_tables(logits: torch.Tensor, temperature: float) -> Policy:
     """π, log π = log_softmax(z/τ) (the policy's definition, docs/theory.md §1), the entropy and its gradient from the
     core (``stare_lab.entropy.entropy_from_logits`` and autograd), and Ψ, for ``logits [R, S, L, V]``."""
-    from stare_lab.entropy import entropy_from_logits
-
     z = logits.detach().clone().requires_grad_(True)
     ent = entropy_from_logits(z, temperature=temperature)
     ent.sum().backward()
@@ -65,23 +150,6 @@ def policy_tables(logits: torch.Tensor, temperature: float) -> Policy:
     pi = logp.exp()
     psi = (grad - (pi * grad).sum(-1, keepdim=True)) / temperature
     return Policy(logp, pi, ent.detach(), grad, psi)
-
-
-def gate_decisions(batch, h_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Update every run's STARE controller once with its gate entropy ``h_gate [R]`` (nats; docs/theory.md §4 step 3)
-    → (gate_on ``[R]`` bool, W ``[R]``, M ``[R]`` float64); (False, 1, 1) for runs without STARE."""
-    gates, ws, ms = [], [], []
-    for ctl, h in zip(batch.controllers, h_gate.tolist()):
-        if ctl is None:
-            gates.append(False)
-            ws.append(1.0)
-            ms.append(1.0)
-            continue
-        gates.append(bool(ctl.update(h)))
-        ws.append(float(ctl.reweight_w))
-        ms.append(float(ctl.reweight_m))
-    f64 = torch.float64
-    return torch.tensor(gates), torch.tensor(ws, dtype=f64), torch.tensor(ms, dtype=f64)
 
 
 def scatter_parts(
@@ -116,91 +184,3 @@ def quadrant_stats(high: torch.Tensor, count: torch.Tensor, contrib: torch.Tenso
         out[f"quadrant/{sign}_high/count"], out[f"quadrant/{sign}_low/count"] = hi[i], lo[i]
         out[f"quadrant/{sign}_high/dH"], out[f"quadrant/{sign}_low/dH"] = hi[2 + i], lo[2 + i]
     return out
-
-
-@dataclasses.dataclass
-class Pending:
-    """What a step's rows still need from the entropy after the update (:func:`finish_rows`): per run ``[R]``
-    float64 the entropy before, H(z + the variant that is not the step) (``h_other``; for a run whose step is not
-    plain also ``h_push`` = H(z + Δz_GRPO + push)), and the ``plain`` / ``applied`` flags."""
-
-    h_before: torch.Tensor
-    h_other: torch.Tensor
-    h_push: torch.Tensor
-    plain: torch.Tensor
-    applied: torch.Tensor
-
-    def select(self, keep: list[int]) -> "Pending":
-        idx = torch.tensor(keep, dtype=torch.long)
-        return Pending(*(getattr(self, f.name)[idx] for f in dataclasses.fields(self)))
-
-
-def batch_step(batch, pol: Policy | None = None) -> tuple[torch.Tensor, list[dict[str, Any]], Pending]:
-    """One step of every run of ``batch`` (:class:`simulators.tabular.TabularBatch`) from its policy tables ``pol``
-    (:func:`policy_tables` of ``batch.logits``; computed if not given): returns (Δz ``[R, S, L, V]`` float64, one
-    metrics row per run without ``step`` / ``time/step_s`` and without the keys that need the entropy after the
-    update, the :class:`Pending` values that :func:`finish_rows` completes them with), nothing applied. The
-    controllers are updated (once) and the generators advanced."""
-    from stare_lab.entropy import entropy_from_logits
-
-    t0 = time.perf_counter()
-    tau = batch.base.temperature
-    pol = policy_tables(batch.logits, tau) if pol is None else pol
-    h_before = pol.entropy.mean((-1, -2))
-    if batch.base.mode == "sampled":
-        from .tabular_sampled import sampled_parts as mode_parts
-    else:
-        from .tabular_expected import expected_parts as mode_parts
-    out = mode_parts(batch, pol, h_before)
-    parts = out.parts
-    first = (pol.grad.unsqueeze(0) * parts).sum(-1).mean((-1, -2))  # [4, R] nats
-    wp, mp = batch.push_weights()
-    push_fo = wp * first[2] + mp * first[3]
-    # the push's measured effect: H(z + Δz_GRPO + push) − H(z + Δz_GRPO). When the step is plain (it is Δz_GRPO, or
-    # Δz_GRPO + push for a STARE run with the gate on: no other term), one of the two is the step itself, whose
-    # entropy the next step's policy tables give; otherwise both are measured.
-    with_push = parts[1] + wp.view(-1, 1, 1, 1) * parts[2] + mp.view(-1, 1, 1, 1) * parts[3]
-    plain, applied = out.plain, out.applied
-    other = torch.where((applied | ~plain).view(-1, 1, 1, 1), parts[1], with_push)
-    variants = [other] + ([with_push] if not bool(plain.all()) else [])
-    after = batch.logits.unsqueeze(0) + torch.stack(variants)
-    ok = torch.isfinite(after).flatten(2).all(2)  # [n, R]: a diverging run is refused by the caller (check_update)
-    after = torch.where(ok.view(*ok.shape, 1, 1, 1), after, batch.logits.unsqueeze(0))
-    h_var = entropy_from_logits(after, temperature=tau).mean((-1, -2))
-    h_var = torch.where(ok, h_var, torch.full_like(h_var, float("nan")))  # NaN → null in the row
-    pending = Pending(h_before, h_var[0], h_var[-1], plain, applied)
-    scalars = {
-        "entropy": h_before,
-        "pred_entropy_change": first[0],
-        "pred/d_grpo": first[1],
-        "pred/d_lplus": first[2],
-        "pred/d_lminus": first[3],
-        "stare/push_first_order": push_fo,
-        **out.scalars,
-    }
-    names = list(scalars)
-    values = torch.stack([scalars[k].double() for k in names], dim=1).tolist()  # one host transfer
-    elapsed = time.perf_counter() - t0
-    rows = []
-    for r, vals in enumerate(values):
-        row = dict(zip(names, vals))
-        row["gate_on"] = int(row["gate_on"])
-        row.update(out.rows[r])
-        row["time/update_s"] = elapsed / batch.size
-        rows.append(row)
-    return parts[0], rows, pending
-
-
-def finish_rows(rows: list[dict[str, Any]], pending: Pending, h_after: torch.Tensor) -> None:
-    """Complete the rows of a step with the mean entropy after the update ``h_after [R]`` (the next step's
-    ``entropy``): ``entropy_change``, ``stare/push_measured``, ``stare/push_ratio``, ``stare/grpo_measured``."""
-    p = pending
-    push = torch.where(p.plain, torch.where(p.applied, h_after - p.h_other, p.h_other - h_after), p.h_push - p.h_other)
-    h_grpo = torch.where(p.plain & ~p.applied, h_after, p.h_other)
-    values = torch.stack([h_after - p.h_before, push, h_grpo - p.h_before], dim=1).tolist()
-    for row, (dh, pm, gm) in zip(rows, values):
-        fo = row["stare/push_first_order"]
-        row["entropy_change"] = dh
-        row["stare/push_measured"] = pm
-        row["stare/push_ratio"] = pm / fo if fo != 0 and pm == pm else None
-        row["stare/grpo_measured"] = gm

@@ -13,15 +13,18 @@ Reads top to bottom:
    seed); they are cached in ``warm_start.cache_dir`` (default: ``<run_dir>/../../warm_start_cache``, i.e. ``OUT/``
    of the CLI's ``OUT/<method>/seed<k>`` layout) so the methods of one sweep reuse them — each method's RL phase
    is genuine and starts from bit-identical weights.
-4. **RL** — per step: ``prompts_per_step`` train prompts × ``group_size`` responses sampled at ``temperature``
-   (a KV-cache sampling loop with a seeded ``torch.Generator``), rewards from the checker, advantages from
-   :func:`stare_lab.advantages.group_advantages`, the method's policy loss from the core registry
-   (:func:`stare_lab.losses.compute_policy_loss`), STARE token weights from
-   :func:`stare_lab.stare.stare_token_weights` (global scope over the step's batch) gated by
-   :class:`stare_lab.stare.STAREController`, AdamW (``lr``, default 1e-3, optional linear warm-up
-   ``lr_warmup_steps``; ``adam_beta1/2``, ``adam_eps``; grad-norm clip ``grad_clip``). Every forward computes a
-   group's shared prompt once and runs its G responses on that KV cache (:func:`response_logits`).
-   ``updates_per_batch = 1`` is the paper's one on-policy update (ratio ≡ 1); more updates make clipping matter.
+4. **RL** — per step (numbered from 1 by the simulators' one run driver, :mod:`simulators.driver`):
+   ``prompts_per_step`` train prompts × ``group_size`` responses sampled at ``temperature`` (a KV-cache sampling
+   loop with a seeded ``torch.Generator``), rewards from the checker, optional dynamic sampling (the simulators' one
+   rule, :mod:`simulators.dynamic_sampling`: a step where no group survives skips its update, ``skipped=1``),
+   advantages from :func:`stare_lab.advantages.group_advantages`, the core's step preparation
+   (:func:`stare_lab.step.prepare_step`: the STARE gate and W/M from :class:`stare_lab.stare.STAREController`, ω
+   over the step's batch, the token counts and the global statistics the loss declares), the method's policy loss
+   from the core registry (:func:`stare_lab.losses.compute_policy_loss` on ``PreparedStep.inputs``), AdamW (``lr``,
+   default 1e-3, optional linear warm-up ``lr_warmup_steps``; ``adam_beta1/2``, ``adam_eps``; grad-norm clip
+   ``grad_clip``). Every forward computes a group's shared prompt once and runs its G responses on that KV cache
+   (:func:`response_logits`). ``updates_per_batch = 1`` is the paper's one on-policy update (ratio ≡ 1); more
+   updates make clipping matter.
 5. **Measurement** — per step the batch token-mean entropy H̄ before the update, the measured change
    ``entropy_change`` = H̄(θ_new) − H̄(θ_old) recomputed on the *same* prompts, sampled responses and token
    positions, and the predictions:
@@ -61,7 +64,7 @@ from typing import Any
 
 import torch
 
-from stare_lab.advantages import filter_groups, group_advantages
+from stare_lab.advantages import group_advantages
 from stare_lab.config import to_dict
 from stare_lab.entropy import (
     entropy_from_logits,
@@ -70,11 +73,12 @@ from stare_lab.entropy import (
     pred_param_update,
     predicted_entropy_change,
 )
-from stare_lab.errors import RunError
-from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-from stare_lab.runs import RunWriter, read_run
-from stare_lab.stare import STAREController, stare_token_weights
+from stare_lab.losses import compute_policy_loss, loss_needs
+from stare_lab.stare import STAREController
+from stare_lab.step import StepBatch, prepare_step, step_gate
 
+from .driver import drive
+from .dynamic_sampling import select_groups
 from .run_stats import fit_line, run_stats
 from .tasks import EOS, PAD, VOCAB_SIZE, Task, make_splits, make_task
 from .transformer_config import (
@@ -194,7 +198,7 @@ class _Simulation:
 
         self.cfg = config
         self.loss_cfg = config.loss
-        self.is_stare = self.loss_cfg.loss_mode == "stare"
+        self.needs = loss_needs(config.loss.loss_mode, config.loss)
         self.task: Task = make_task(config.task)
         self.train_prompts, self.eval_prompts = make_splits(self.task, config.seed)
         self.model = build_model(config.model, config.seed)
@@ -291,14 +295,15 @@ class _Simulation:
         }
 
     # ------------------------------------------------------------------------------------------------ rollout
-    def _rollout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Sample the step's batch; for ``grpo-ds`` keep only groups with reward variance (bounded rounds)."""
-
+    def _rollout(self) -> tuple[tuple[torch.Tensor, ...] | None, dict[str, float]]:
+        """The step's batch ``(prompts, responses, mask, rewards)`` and its stats; with dynamic sampling the groups
+        the simulators' one rule keeps (:func:`simulators.dynamic_sampling.select_groups`), None when none survives.
+        ``reward``, ``accuracy`` (the true verdicts), ``pass@G`` and ``frac_zero_var_groups`` (of the rewards
+        trained on) are over every group sampled in the step (all rounds), like the trainer's ``reward``."""
         cfg, G = self.cfg, self.cfg.group_size
-        rounds = cfg.ds_max_rounds if cfg.dynamic_sampling else 1
-        kept: list[tuple[torch.Tensor, ...]] = []
-        n_kept, stats = 0, {}
-        for r in range(rounds):
+        drawn: list[tuple[torch.Tensor, ...]] = []
+
+        def rewards_of_round(i: int) -> torch.Tensor:
             prompts = self._next_prompts(cfg.prompts_per_step).repeat_interleave(G, dim=0)
             responses, mask = sample_responses(
                 self.model, prompts, self.task.max_response_len, cfg.temperature, self.generator
@@ -308,34 +313,49 @@ class _Simulation:
             if cfg.task.reward_noise > 0:  # noisy verifier: the verdict flipped with probability reward_noise
                 flip = torch.rand(correct.shape, generator=self.generator) < cfg.task.reward_noise
                 rewards = torch.where(flip, 1.0 - correct, correct)
-            if r == 0:  # accuracy / pass@G: the true verdicts; zero-variance groups: the rewards trained on
-                stats["accuracy"] = float(correct.mean())
-                stats[f"pass@{G}"] = float((correct.view(-1, G).max(dim=1).values > 0).float().mean())
-                stats["frac_zero_var_groups"] = float((rewards.view(-1, G).std(dim=1) == 0).float().mean())
-            if not cfg.dynamic_sampling:
-                return prompts, responses, mask, rewards, stats
-            keep = filter_groups(rewards, G)
-            if keep.any():
-                kept.append((prompts[keep], responses[keep], mask[keep], rewards[keep]))
-                n_kept += int(keep.sum()) // G
-            stats["ds/rounds"] = r + 1
-            if n_kept >= cfg.prompts_per_step:
-                break
-        stats["ds/kept_groups"] = n_kept
-        if not kept:  # nothing informative: the last round unfiltered (all advantages are 0)
-            return prompts, responses, mask, rewards, stats
-        out = [torch.cat(parts)[: cfg.prompts_per_step * G] for parts in zip(*kept)]
-        return out[0], out[1], out[2], out[3], stats
+            drawn.append((prompts, responses, mask, rewards, correct))
+            return rewards
+
+        if cfg.dynamic_sampling:
+            sel = select_groups(rewards_of_round, G, cfg.prompts_per_step, cfg.ds_max_rounds)
+            picks = sel.picks
+        else:
+            rewards_of_round(0)
+            picks = [(0, torch.arange(cfg.prompts_per_step))]
+        rewards = torch.cat([d[3] for d in drawn])
+        correct = torch.cat([d[4] for d in drawn])
+        stats: dict[str, float] = {
+            "reward": float(rewards.mean()),
+            "accuracy": float(correct.mean()),
+            f"pass@{G}": float((correct.view(-1, G).max(dim=1).values > 0).float().mean()),
+            "frac_zero_var_groups": float((rewards.view(-1, G).std(dim=1) == 0).float().mean()),
+        }
+        if cfg.dynamic_sampling:
+            stats.update({"ds/rounds": sel.rounds, "ds/kept_groups": sel.num_kept})
+            if sel.skip:
+                return None, stats
+        rows = [(idx[:, None] * G + torch.arange(G)).reshape(-1) for _, idx in picks]
+        batch = tuple(torch.cat([drawn[i][k][r] for (i, _), r in zip(picks, rows)]) for k in range(4))
+        return batch, stats
 
     # --------------------------------------------------------------------------------------------------- step
-    def rl_step(self) -> dict[str, Any]:
-        """One RL step (rollout, controller, update(s), measurement); returns the metrics row."""
+    def rl_step(self, step: int) -> dict[str, Any]:
+        """RL step number ``step`` (from 1): rollout, the core's step preparation (gate, W/M, ω, counts, the loss's
+        global statistics), update(s), measurement; returns the metrics row (without ``step``). A step where
+        dynamic sampling kept no group skips the update (``skipped=1``; entropy and its changes null, the
+        controller left as it is), as in the trainer."""
 
         cfg, tau = self.cfg, self.cfg.temperature
-        self.step += 1
+        self.step = step
         t0 = time.perf_counter()
-        prompts, responses, mask, rewards, row = self._rollout()
+        batch, row = self._rollout()
         t_sample = time.perf_counter() - t0
+        if batch is None:
+            gate_on, w, m = step_gate(self.loss_cfg, self.controller, None, needs=self.needs)
+            row.update(skipped=1, entropy=None, entropy_change=None, pred_entropy_change=None, gate_on=int(gate_on),
+                       stare_w=w, stare_m=m)
+            return self._finish_row(row, t0, t_sample, 0.0)
+        prompts, responses, mask, rewards = batch
         advantages = group_advantages(rewards, group_size=cfg.group_size, estimator=cfg.adv_estimator)
         lr = cfg.lr * min(1.0, self.step / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else cfg.lr
         for group in self.optimizer.param_groups:
@@ -352,18 +372,13 @@ class _Simulation:
                 old_logprobs, logits_old = logprobs.detach(), logits.detach()
                 h_bar_old = _masked_mean(entropy, mask)  # with its graph, for pred/grad_dot
                 h_before = float(h_bar_old.detach())
-                if self.is_stare:
-                    gate_on = bool(self.controller.update(h_before))
-                    weights, stare_stats = stare_token_weights(
-                        old_logprobs, advantages, mask, self.loss_cfg.stare, gate_on=gate_on,
-                        reweight_w=self.controller.reweight_w, reweight_m=self.controller.reweight_m,
-                    )
-                    row.update({k if "/" in k else f"stare/{k}": _num(v) for k, v in stare_stats.items()})
-                    row.update(gate_on=int(gate_on), stare_w=self.controller.reweight_w,
-                               stare_m=self.controller.reweight_m)
-                else:
-                    weights = torch.ones_like(old_logprobs)
-                    row.update(gate_on=0, stare_w=1.0, stare_m=1.0)
+                prep = prepare_step(
+                    StepBatch(mask, advantages, old_logprobs,
+                              entropy=entropy.detach() if self.needs.entropy else None),
+                    self.loss_cfg, controller=self.controller, step=step, seed=cfg.seed, batch_entropy=h_before,
+                )
+                row.update(prep.metrics())
+                weights = prep.token_weights if prep.token_weights is not None else torch.ones_like(old_logprobs)
                 # token-level Φ decomposition and quadrants (module docstring)
                 phi = entropy_sensitivity(logits_old, responses, temperature=tau)
                 adv_tok = advantages[:, None].expand_as(phi) if advantages.dim() == 1 else advantages
@@ -374,13 +389,8 @@ class _Simulation:
                         q = mask & sign & sel
                         row[f"quadrant/{sign_name}_{side}/count"] = int(q.sum())
                         row[f"quadrant/{sign_name}_{side}/dH"] = float(contrib[q].sum())
-            inputs = PolicyLossInputs(
-                logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, response_mask=mask,
-                entropy=entropy, token_weights=weights if self.is_stare else None,
-                gate_on=bool(row["gate_on"]), reweight_w=row["stare_w"], reweight_m=row["stare_m"],
-                generator=torch.Generator().manual_seed(4_000_037 * cfg.seed + 31 * self.step + update),
-            )
-            loss, loss_metrics = compute_policy_loss(self.loss_cfg.loss_mode, inputs, self.loss_cfg)
+            loss, loss_metrics = compute_policy_loss(self.loss_cfg.loss_mode, prep.inputs(logprobs, entropy=entropy),
+                                                     self.loss_cfg)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward(retain_graph=update == 0)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
@@ -392,9 +402,12 @@ class _Simulation:
         t_update = time.perf_counter() - t0 - t_sample
         self.last_batch = (prompts, responses, mask, {n: t.detach() for n, t in theta_old.items()})  # for tests
         row.update(self._measure(prompts, responses, mask, theta_old, logits_old, h_bar_old))
-        row.update(step=self.step, entropy=h_before, reward=float(rewards.mean()),
-                   response_length=float(mask.sum(dim=1).float().mean()))
-        if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+        row.update(skipped=0, entropy=h_before, response_length=float(mask.sum(dim=1).float().mean()))
+        return self._finish_row(row, t0, t_sample, t_update)
+
+    def _finish_row(self, row: dict[str, Any], t0: float, t_sample: float, t_update: float) -> dict[str, Any]:
+        """The periodic held-out evaluation (every ``eval_every`` steps and at the last) and the timings."""
+        if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
             row.update(self.evaluate())
         row["time/sample_s"], row["time/update_s"] = t_sample, t_update
         row["time/step_s"] = time.perf_counter() - t0
@@ -425,24 +438,18 @@ class _Simulation:
 
     # --------------------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, controller, RNG and data cursor (the driver adds the step and the config)."""
         return {
-            "step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "controller": self.controller.state_dict(),
             "generator": self.generator.get_state(),
             "cursor": list(self.cursor),
-            "method": self.cfg.method,
-            "seed": self.cfg.seed,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["method"] != self.cfg.method or state["seed"] != self.cfg.seed:
-            raise RunError(
-                f"checkpoint is for method={state['method']!r} seed={state['seed']}, not "
-                f"method={self.cfg.method!r} seed={self.cfg.seed}"
-            )
-        self.step = int(state["step"])
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        """Restore :meth:`state_dict` after ``step`` completed steps."""
+        self.step = int(step)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.controller.load_state_dict(state["controller"])
@@ -478,47 +485,65 @@ def summarize(rows: list[dict[str, Any]], warm_info: dict[str, float], config: T
 
 
 # ------------------------------------------------------------------------------------------------------- run
+class _OneRun:
+    """One :class:`_Simulation` as a :class:`simulators.driver.Engine` (transformer runs are not batched)."""
+
+    def __init__(self, sim: _Simulation) -> None:
+        self.sim = sim
+
+    def advance(self, step: int) -> list[dict[str, Any]]:
+        row = self.sim.rl_step(step)
+        if step % 10 == 0:
+            cfg = self.sim.cfg
+            logger.info("%s seed %d step %d: H=%s acc=%.3f", cfg.method, cfg.seed, step,
+                        "-" if row["entropy"] is None else f"{row['entropy']:.3f}", row["accuracy"])
+        return [row]
+
+    def payload(self, j: int) -> dict[str, Any]:
+        return self.sim.state_dict()
+
+    def state(self, j: int) -> _Simulation:
+        return self.sim
+
+
+class TransformerSimulator:
+    """The transformer simulator as the run driver sees it (:class:`simulators.driver.Simulator`)."""
+
+    @staticmethod
+    def _resolved(config: TransformerSimConfig) -> dict[str, Any]:
+        return {"source": "simulator", "simulator": "transformer", **to_dict(config)}
+
+    def fresh(self, config: TransformerSimConfig, run_dir: Path) -> tuple[_Simulation, dict[str, Any]]:
+        return _Simulation(config, run_dir), self._resolved(config)
+
+    def restore(self, config: TransformerSimConfig, run_dir: Path, saved: dict[str, Any]):
+        sim = _Simulation(config, run_dir)
+        sim.load_state_dict(saved["state"], saved["step"])
+        return sim, self._resolved(config)
+
+    def group(self, config: TransformerSimConfig) -> int:
+        return id(config)  # every run alone
+
+    def engine(self, configs: list[TransformerSimConfig], states: list[_Simulation]) -> _OneRun:
+        return _OneRun(states[0])
+
+    def summarize(self, config: TransformerSimConfig, rows: list[dict[str, Any]], sim: _Simulation) -> dict:
+        return summarize(rows, sim.warm_info, config)
+
+
 def run(config: TransformerSimConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Run one method × one seed and write one run directory (docs/design.md §4); returns the summary dict.
 
-    ``run_dir/checkpoint/state.pt`` (model, optimizer, controller, RNG, data cursor, step) is written every
-    ``checkpoint_every`` steps and at the end. With ``resume=True`` the run continues from it, bit-identical to an
-    uninterrupted run (metrics rows past the checkpoint are dropped); without a checkpoint it starts afresh.
-    torch runs with ``$OMP_NUM_THREADS`` threads (1 if unset: on a busy 2-core machine 2 threads were 10–40× slower).
+    Through the simulators' one run driver (:func:`simulators.driver.drive`): steps numbered from 1,
+    ``run_dir/checkpoint/state.pt`` (model, optimizer, controller, RNG, data cursor) every ``checkpoint_every`` steps
+    and at the end; with ``resume=True`` the run continues from it, bit-identical to an uninterrupted run (metrics
+    rows past the checkpoint are dropped; only ``steps`` / ``checkpoint_every`` may differ); without a checkpoint it
+    starts afresh. torch runs with ``$OMP_NUM_THREADS`` threads (1 if unset: on a busy 2-core machine 2 threads
+    were 10–40× slower).
 
     Raises:
         ConfigError: invalid config. RunError: ``run_dir`` already holds a run and ``resume`` is False, or the
-            checkpoint belongs to another method/seed.
+            checkpoint was written with another config.
     """
-
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    run_dir = Path(run_dir)
-    ckpt_path = run_dir / "checkpoint" / "state.pt"
-    resuming = resume and ckpt_path.is_file()
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        raise RunError(f"{str(run_dir)!r} already holds a run (metrics.jsonl); resume it or choose another directory")
-    sim = _Simulation(config, run_dir)
-    resolved = {"source": "simulator", "simulator": "transformer", **to_dict(config)}
-    writer = RunWriter(run_dir, resolved, resume=resume, overwrite=resume and not resuming)
-    try:
-        if resuming:
-            sim.load_state_dict(torch.load(ckpt_path, weights_only=False))
-            writer.truncate_after(sim.step)
-            logger.info("resumed %s at step %d", run_dir, sim.step)
-        while sim.step < config.steps:
-            row = sim.rl_step()
-            writer.log(row)
-            if sim.step % config.checkpoint_every == 0 or sim.step == config.steps:
-                ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = ckpt_path.with_suffix(".tmp")
-                torch.save(sim.state_dict(), tmp)
-                os.replace(tmp, ckpt_path)
-            if sim.step % 10 == 0:
-                logger.info("%s seed %d step %d: H=%.3f acc=%.3f", config.method, config.seed, sim.step,
-                            row["entropy"], row["accuracy"])
-        rows = read_run(run_dir).metrics
-        summary = summarize(rows, sim.warm_info, config)
-        writer.write_summary(summary)
-    finally:
-        writer.close()
-    return summary
+    return drive(TransformerSimulator(), [config], [run_dir], resume=resume)[0]

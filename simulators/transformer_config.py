@@ -3,8 +3,9 @@
 :class:`TransformerSimConfig` (one method × one seed) with its sub-configs :class:`ModelConfig` and
 :class:`WarmStartConfig` (the task's is :class:`simulators.tasks.TaskConfig`, the loss's the core
 :class:`~stare_lab.config.LossConfig`), built with the :mod:`stare_lab.config` machinery so every error names the
-full dotted key; :data:`PRESETS` (preset name → overrides) and :data:`PRESET_SWEEPS` (methods × seeds a preset
-runs); :func:`config_from_preset`. Re-exported by :mod:`simulators.transformer`.
+full dotted key; :func:`config_from_preset`. The presets themselves (:data:`PRESETS`: preset name → overrides,
+:data:`PRESET_SWEEPS`: the methods × seeds a preset runs) are plain data in :mod:`simulators.presets`, re-exported
+here and by :mod:`simulators.transformer`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from stare_lab.config import (
     join_key,
 )
 from stare_lab.errors import ConfigError
+from stare_lab.methods import METHODS
 
+from .presets import TRANSFORMER_DESCRIPTIONS as PRESET_DESCRIPTIONS
+from .presets import TRANSFORMER_PRESETS as PRESETS
+from .presets import TRANSFORMER_SWEEPS as PRESET_SWEEPS
 from .tasks import TaskConfig
 
 __all__ = [
@@ -113,7 +118,8 @@ class TransformerSimConfig:
     """One small-transformer run: one method, one seed. Every default is here and lands in ``config.yaml``.
 
     Attributes:
-        method: one of :data:`simulators.presets.METHODS` (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, …).
+        method: one of :data:`stare_lab.methods.METHODS` (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, …, and
+            methods registered with :func:`stare_lab.methods.register_method`).
         seed: seeds model init, prompts, sampling, everything (same seed ⇒ same numbers).
         steps: RL steps (≥ 1).
         prompts_per_step: prompts per RL batch (≥ 1).
@@ -130,7 +136,9 @@ class TransformerSimConfig:
         adv_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (:func:`stare_lab.advantages.group_advantages`).
         dynamic_sampling: DAPO dynamic sampling (set by method ``grpo-ds``): keep groups with non-zero reward
             variance until ``prompts_per_step`` groups are collected or ``ds_max_rounds`` (≥ 1) rollout rounds are
-            spent; then train on what was kept (if nothing, on the last round unfiltered: all advantages 0).
+            spent (the simulators' one rule, :mod:`simulators.dynamic_sampling`); then train on what was kept (if
+            nothing, the step skips its update: ``skipped=1``).
+        ds_max_rounds: ≥ 1 rollout rounds per step under dynamic sampling.
         entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
         eval_every: held-out evaluation period in steps (≥ 1; the last step always evaluates).
         eval_samples: samples per held-out prompt k (≥ 1): ``eval/accuracy`` = mean reward, ``eval/pass@k``.
@@ -168,8 +176,6 @@ class TransformerSimConfig:
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
-        from .presets import METHODS
-
         p = config_prefix("")
         check_choice(join_key(p, "method"), self.method, list(METHODS))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -199,84 +205,6 @@ class TransformerSimConfig:
         if spec.get("entropy_bonus") and self.loss.entropy_coeff == 0:
             self.loss.entropy_coeff = self.entropy_bonus_coeff
         self.loss.validate(join_key(p, "loss"))
-
-
-# --------------------------------------------------------------------------------------------------- presets
-#: The strong STARE push of the presets (adaptive bounds wide enough for o1-adaptive to move W and M).
-_OPTIM = {"lr": 1e-3, "adam_beta1": 0.95, "adam_beta2": 0.99}
-_STRONG_PUSH = {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_max": 8.0, "m_min": 0.1, "alpha": 0.05}
-
-#: Preset name → overrides of :class:`TransformerSimConfig` (``simulators/cli.py`` applies them, then the user's).
-PRESETS: dict[str, dict[str, Any]] = {
-    # GRPO, O1, C2 on one seed in ~75 s (2 cores). Task "pick" has several correct answers per prompt (here 4 prompt
-    # digits, answers of 3: 24 correct answers when the digits are distinct): token reweighting needs room to act
-    # (docs/theory.md §6; see "transformer-sort" for the single-answer control). How the settings were chosen (GRPO,
-    # R² = fit of the measured ΔH on ∇θH̄·Δθ over all RL steps; collapse = first step below 10 % of the
-    # post-warm-start entropy; seeds 0/1/2):
-    # * The old preset (5 digits, answers of 4, lr 1e-3, β1 0.9, 130 steps) gave R² 0.886 and collapse at
-    #   106/178–195 (seeds 1–2 past the preset's steps). Its misfit was spread over all phases (steps 1–10: 2 % of
-    #   the variance, 41–80: 3.5 %, the collapse 81–110: 5 %, the tail: 3 %, one grad-norm spike in the tail 2 %),
-    #   and the logit-space first-order prediction misfit as much (R² 0.87): the per-step logit change was too
-    #   large, mostly through Adam's noise component, not a few outlier steps.
-    # * Tried on seed 0 (R² / collapse step): no clip 0.873/100; clip 0.25 0.915/127; β2 0.999 0.871/none in
-    #   130; Adam ε 1e-4 0.857/111; lr warm-up 10 steps 0.868/none; 64 prompts 0.918/99; 16 prompts 0.917/none in
-    #   180; lr 7e-4 0.918/166; lr 5e-4 0.959/none (130 steps); β1 0 0.079 (!); β1 0.95 0.954/111; β1 0.97
-    #   0.951/130; β1 0.98 0.965/none. Momentum averages the sampling noise out of Δθ, so β1 0.95 halves the misfit
-    #   at the same lr — but on the 5-digit task seeds 1/2 still collapsed late (none in 250 / 168). A noisy
-    #   verifier (flip 0.1) slowed the collapse (none in 200 for seeds 0–2) and cost R²; G 16 × 16 prompts and a
-    #   longer warm start did not help either.
-    # * The smaller 4-digit / 3-answer task is learnt sooner, so GRPO reaches its collapse phase sooner: with
-    #   lr 1e-3, β1 0.95, β2 0.99 it collapses at steps 133 / 104 / 144 / 162 / 128 / 166 (seeds 0–5) with R²
-    #   0.978 / 0.959 / 0.988 over 200 steps (seeds 0–2; 0.989 / 0.965 / 0.975 for seeds 3–5 over 240); with the
-    #   256 held-out prompts of "transformer-long" (another train split) seed 0 collapsed at 191. lr 1.5e-3
-    #   collapsed at 68–99 but R² fell to 0.92 on seed 0. Its shorter sequences also make a step cheaper (with the
-    #   prompt KV shared by a group, ~0.085 s). 200 steps leave margin after the latest collapse seen.
-    # The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start entropy); at the paper's
-    # defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9 stare.target_entropy=0.3.
-    "transformer": {
-        "steps": 200,
-        **_OPTIM,
-        "eval_every": 50,
-        "checkpoint_every": 100,
-        "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 64},
-        "loss": {"stare": _STRONG_PUSH},
-    },
-    # Longer studies (several seeds: stare-lab simulate --preset transformer-long --seeds 3).
-    "transformer-long": {
-        "steps": 400,
-        **_OPTIM,
-        "eval_every": 50,
-        "checkpoint_every": 100,
-        "eval_samples": 16,
-        "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 256},
-        "loss": {"stare": _STRONG_PUSH},
-    },
-    # Negative control: one correct answer per prompt; STARE's reweighting has nothing to act on.
-    "transformer-sort": {
-        "steps": 200,
-        **_OPTIM,
-        "eval_every": 50,
-        "checkpoint_every": 100,
-        "task": {"name": "sort", "num_digits": 5, "answer_len": 5, "eval_size": 64},
-        "loss": {"stare": _STRONG_PUSH},
-    },
-}
-
-#: Preset name → one-line description (for ``stare-lab simulate --list-presets``).
-PRESET_DESCRIPTIONS: dict[str, str] = {
-    "transformer": "tiny Qwen2 LM on 'pick' (4 digits, answers of 3: several correct answers), 180 RL steps, "
-    "lr 1e-3, beta1 0.95; GRPO collapses, gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~70 s for "
-    "grpo,o1,c2 x 1 seed",
-    "transformer-long": "as 'transformer' with 400 steps and 256 held-out prompts x 16 samples; run several seeds",
-    "transformer-sort": "negative control: 'sort' has one correct answer, so token reweighting has nothing to act on",
-}
-
-#: Preset name → the methods and seeds its sweep runs (the CLI loops over methods × seeds).
-PRESET_SWEEPS: dict[str, dict[str, list]] = {
-    "transformer": {"methods": ["grpo", "o1", "c2"], "seeds": [0]},
-    "transformer-long": {"methods": ["grpo", "grpo-ds", "o1", "c2", "o1-adaptive"], "seeds": [0, 1, 2]},
-    "transformer-sort": {"methods": ["grpo", "o1", "c2"], "seeds": [0]},
-}
 
 
 def config_from_preset(

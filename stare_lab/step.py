@@ -6,8 +6,8 @@ rollouts — and calls :func:`prepare_step` once. Over the whole step (all ranks
 
 * the token and sequence counts (the loss normalisers ``global_num_tokens`` / ``global_num_sequences``) and the
   batch token-mean entropy H̄ — all the step's named sums in ONE collective;
-* the STARE gate and W/M, decided by the :class:`~stare_lab.stare.STAREController` (docs/theory.md §4 step 3) — the
-  one place the gate is decided;
+* the STARE gate and W/M, decided by the :class:`~stare_lab.stare.STAREController` (docs/theory.md §4 step 3) through
+  :func:`step_gate`, the one place the gate is decided;
 * ω and its statistics for scope ``global`` (docs/theory.md §4 step 4), exact over all ranks
   (:mod:`stare_lab.global_select` reduces radix histograms; nothing is gathered);
 * each global statistic the loss declared at registration (:class:`~stare_lab.loss_registry.LossNeeds`,
@@ -48,6 +48,7 @@ __all__ = [
     "StepBatch",
     "PreparedStep",
     "prepare_step",
+    "step_gate",
     "TokenMean",
     "TopQuantile",
     "StepGenerator",
@@ -463,12 +464,8 @@ def prepare_step(
     skip = n_tok == 0
     h_bar = None if skip else (float(batch_entropy) if batch_entropy is not None else means.get("entropy"))
 
-    # (2) the gate and W/M, decided by the controller (the one place)
-    gate_on, w, m = False, 1.0, 1.0
-    if needs.stare:
-        if not skip and h_bar is not None:
-            controller.update(h_bar)
-        gate_on, w, m = bool(controller.gate_on), float(controller.reweight_w), float(controller.reweight_m)
+    # (2) the gate and W/M, decided by the controller (the one place: step_gate)
+    gate_on, w, m = step_gate(cfg, controller, None if skip else h_bar, needs=needs)
 
     # (3) ω (scope global) and (4) top quantiles, over all ranks
     weights, stare_stats = None, None
@@ -496,6 +493,43 @@ def prepare_step(
                         entropy=h_bar, skip=skip, gate_on=gate_on, reweight_w=w, reweight_m=m,
                         token_weights=weights, stare_stats=stare_stats, global_stats=stats,
                         num_groups=int(host["num_groups"]) if "num_groups" in host else None)
+
+
+def step_gate(
+    config: LossConfig | Mapping[str, Any] | None,
+    controller: STAREController | None,
+    batch_entropy: float | None,
+    *,
+    needs: LossNeeds | None = None,
+) -> tuple[bool, float, float]:
+    """The step's STARE gate and W/M — the one rule, used by :func:`prepare_step` and by callers without a token
+    batch (the tabular simulator's mean-field mode, whose "batch" is the policy itself).
+
+    A loss without STARE (``needs.stare`` False): ``(False, 1.0, 1.0)`` (ω ≡ 1). Otherwise ``controller.update(H̄)``
+    once (docs/theory.md §4 step 3) when ``batch_entropy`` is given — None (no valid token: a skipped step, or no
+    entropy measured) leaves the controller as it is — and the controller's ``(gate_on, reweight_w, reweight_m)``.
+
+    Args:
+        config: the :class:`LossConfig` (or a mapping of its keys).
+        controller: the run's controller; None → a fresh one (only without ``stare.adaptive``).
+        batch_entropy: H̄ (nats) of the step, or None.
+        needs: :func:`~stare_lab.loss_registry.loss_needs` of the config, if the caller has it (saves the lookup).
+
+    Raises:
+        ConfigError: unknown loss or bad config; ``stare.adaptive`` without a controller.
+    """
+    cfg = _as_config(config)
+    needs = loss_needs(cfg.loss_mode, cfg) if needs is None else needs
+    if not needs.stare:
+        return False, 1.0, 1.0
+    if controller is None:
+        if cfg.stare.adaptive:
+            raise ConfigError("stare.adaptive=true needs the run's STAREController (its W/M carry over steps): "
+                              "pass controller=")
+        controller = STAREController(cfg.stare)
+    if batch_entropy is not None:
+        controller.update(batch_entropy)
+    return bool(controller.gate_on), float(controller.reweight_w), float(controller.reweight_m)
 
 
 def _field(batch: StepBatch, field: str) -> Tensor | None:

@@ -4,6 +4,7 @@ report, phase diagram, measured vs predicted critical W) and the critical W of r
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -43,15 +44,21 @@ def test_phase_figure_and_critical_rows(sweep_dir):
 
 
 def test_analyze_a_sweep_directory(sweep_dir, tmp_path, capsys):
-    """``stare-lab analyze SWEEP_DIR`` finds the sweep summary: the headline is the first paragraph of the report
-    (and printed), the phase diagram and the critical-W table are in it."""
+    """``stare-lab analyze SWEEP_DIR`` finds the sweep summary: the report opens with its verdict (printed too) and
+    the sweep's critical W, and has the phase diagram and the critical-W table. The verdict has the sweep
+    headline's clauses (same numbers; analyze labels groups ``(lr=1)`` where simulate writes ``[lr=1]``)."""
     out = tmp_path / "rep"
     assert main(["analyze", str(sweep_dir), "--out", str(out), "--group-by", "lr"]) == 0
-    headline = read_sweep_summary(sweep_dir)["headline"]
-    assert headline in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert f"verdict: {report['verdict']}" in printed
     md = (out / "report.md").read_text().splitlines()
-    first_para = next(line for line in md[1:] if line.strip())
-    assert first_para == f"Headline: {headline}"
+    paras = [line for line in md[1:] if line.strip()]
+    assert paras[0] == f"**Verdict:** {report['verdict']}" and paras[1].startswith("**Critical W:** o1: measured 2,")
+    headline = read_sweep_summary(sweep_dir)["headline"]
+    numbers = lambda text: re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?", re.sub(r"[\[(][^\])]*=[^\])]*[\])]", "", text))  # noqa: E731
+    assert len(numbers(report["verdict"])) >= 6  # labels removed, the entropies etc. stay
+    assert numbers(report["verdict"]) == numbers(headline.split("; critical W")[0])
     text = "\n".join(md)
     assert "## Critical STARE strength" in text and (out / "phase.png").is_file()
     assert "| o1 | lr=1 |" in text

@@ -68,3 +68,41 @@ def test_report_json_equals_every_summary_json(tmp_path):
         assert table[method, source]["final_entropy"]["n"] == 2
     assert {t["group"] for t in report["tables"]["runs"]} == {row["group"] for row in table.values()}
     assert report["settings"]["band_half_width"] == 0.05
+
+
+def test_a_sweep_table_summaries_and_report_agree(tmp_path, capsys):
+    """A sweep with a grid (layout OUT/<method>/<point>/seed<k>): simulate's table, the sweep's summary.json, each
+    run's summary.json and analyze's report.json carry the same numbers — per run exactly, per group the table's
+    cells are the seed means of the runs' summary.json values (as printed), and the report's verdict has the
+    headline's numbers (labels aside: simulate writes ``[W=1.5]``, analyze ``(reweight_w=1.5)``)."""
+    import re
+
+    sweep = tmp_path / "sweep"
+    assert main(["simulate", "--methods", "grpo,c2", "--seeds", "2", "--steps", "30", "--out", str(sweep),
+                 "--sweep", "stare.reweight_w=1.5,3", "--no-plots", *SMALL]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    summary = json.loads((sweep / "summary.json").read_text())
+    out = tmp_path / "report"
+    assert main(["analyze", str(sweep), "--out", str(out), "--group-by", "loss.stare.reweight_w"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    by_path = {r["path"]: r["summary"] for r in report["runs"]}
+    assert len(by_path) == 2 + 2 * 2  # grpo × 2 seeds, c2 × 2 W × 2 seeds
+    for label, group in summary["methods"].items():
+        runs = {}
+        for seed, rel in group["run_dirs"].items():
+            own = json.loads((sweep / rel / "summary.json").read_text())
+            assert rel.count("/") == (2 if group["point"] else 1)  # c2/W=1.5/seed0, grpo/seed0
+            for key in SUMMARY_KEYS:
+                assert group["runs"][seed][key] == own[key], (label, seed, key)  # sweep summary = run summary
+                assert by_path[str(sweep / rel)][key] == own[key], (label, seed, key)  # report.json = run summary
+            runs[seed] = own
+        table = printed[next(i for i, line in enumerate(printed) if line.startswith("method")):]
+        row = next(line for line in table if line.startswith(label + " "))
+        mean = lambda key: sum(r[key] for r in runs.values()) / len(runs)  # noqa: E731
+        cells = row[len(label):].split()
+        assert cells[0] == f"{mean('initial_entropy'):.3f}" and cells[1] == f"{mean('final_entropy'):.3f}"
+        assert f"{mean('final_reward'):.3f}" in cells and f"{mean('mean_abs_dev_second_half'):.3f}" in cells
+        assert group["mean"]["final_entropy"] == pytest.approx(mean("final_entropy"), rel=1e-12)
+    numbers = lambda text: re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?", re.sub(r"[\[(][^\])]*=[^\])]*[\])]", "", text))  # noqa: E731
+    assert numbers(report["verdict"]) == numbers(summary["headline"].split("; critical W")[0])
+    assert len(numbers(report["verdict"])) >= 6

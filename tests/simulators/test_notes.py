@@ -15,7 +15,7 @@ def summary(groups, lr=1.0, seeds=3):
     for label, (method, point, mean, stare) in groups.items():
         base = {"initial_entropy": 1.74, "target_entropy": 0.4, "gate_on_frac": 0.6, "push_ratio": 0.97,
                 "held_runs": 0, "collapsed_runs": 0, "final_reward": 0.9}
-        methods[label] = {"method": method, "point": point, "mean": {**base, **mean}}
+        methods[label] = {"method": method, "point": point, "stare": stare is not None, "mean": {**base, **mean}}
         loss = {"loss_mode": "stare", "stare": {"reweight_w": 1.1, "reweight_m": 0.9, "variant": "O1",
                                                  "adaptive": False, "gate": "entropy", **(stare or {})}}
         config[f"{label}/seed0"] = {"lr": lr, "loss": loss if stare is not None else {"loss_mode": "grpo"}}
@@ -66,7 +66,7 @@ def test_no_weak_push_note_when_grpo_did_not_collapse():
     assert len(notes) == 1 and notes[0].startswith("note: GRPO did not collapse at these settings")
     assert "weak" in notes[0] and "not a sign of a weak push" in notes[0]
     assert "critical strength" not in notes[0] and "try" not in notes[0]
-    assert headline(s).startswith("GRPO did not collapse (H 1.74 -> 0.7 nats)")
+    assert headline(s).startswith("grpo did not collapse (H 1.74 -> 0.7 nats)")
 
 
 def test_gate_never_opened_and_gate_disabled():
@@ -87,8 +87,8 @@ def test_held_gives_no_note_and_leads_the_headline():
     notes = sweep_notes(s)
     assert len(notes) == 1 and notes[0].startswith("note: o1 did not hold")
     line = headline(s)
-    assert line.startswith("GRPO collapsed on 3/3 seeds (H 1.74 -> 0.16 nats, ~step 510)")
-    assert "o1-adaptive held H_tgt=0.4 on 3/3 seeds" in line and "reward 0.9 (GRPO 0.9)" in line
+    assert line.startswith("grpo collapsed on 3/3 seeds (H 1.74 -> 0.16 nats, ~step 510)")
+    assert "o1-adaptive held H_tgt=0.4 on 3/3 seeds" in line and "reward 0.9 (grpo 0.9)" in line
     assert "not held: o1 (W=1.1: 0/3 seeds, |H-H_tgt| 0.126)" in line
 
 

@@ -36,7 +36,7 @@ def test_layout_summary_and_table(tmp_path, capsys):
             run_dir = out / method / f"seed{seed}"
             assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.json").is_file()
             r = rows(run_dir)
-            assert [x["step"] for x in r] == list(range(5))
+            assert [x["step"] for x in r] == list(range(1, 6))
             for key in ("step", "entropy", "reward", "gate_on", "stare_w", "stare_m", "pred_entropy_change",
                         "entropy_change"):
                 assert key in r[0]
@@ -80,16 +80,31 @@ def test_plots_are_written(tmp_path):
     assert len(pngs) >= 2
 
 
-def test_fallback_plots(tmp_path):
-    """The sweep's own minimal plots (used when `stare-lab analyze` is unavailable)."""
-    pytest.importorskip("matplotlib") if os.environ.get("CI") != "true" else None
-    from simulators.sweep import fallback_plots
+def test_figures_come_from_one_call_of_the_analysis_function(tmp_path, monkeypatch, capsys):
+    """simulate asks the analysis wing for its report once, through the entry point stare_lab.reports (no import of
+    analysis in the simulators), with exactly the sweep's run directories and its summary.json; when no report
+    function is installed the runs and summary stand and the line says why there are no figures."""
+    import simulators.cli as cli
 
+    assert callable(cli._report_function())  # installed: analysis.analyze.analyze
+    calls = []
+
+    def fake(paths, out, **kw):
+        calls.append((list(paths), out, kw))
+        raise SystemExit("not reached")  # the figures line is printed after the call; stop here
+
+    monkeypatch.setattr(cli, "_report_function", lambda: fake)
     out = tmp_path / "f"
-    assert simulate("--methods", "grpo", "--seeds", "2", "--steps", "4", "--out", str(out), "--no-plots", *SMALL) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    paths = fallback_plots(out, summary)
-    assert [p.name for p in paths] == ["dynamics.png", "pred_vs_measured.png"] and all(p.stat().st_size for p in paths)
+    with pytest.raises(SystemExit):
+        simulate("--methods", "grpo,o1", "--seeds", "1", "--steps", "3", "--out", str(out), *SMALL)
+    assert calls == [([str(out / "grpo" / "seed0"), str(out / "o1" / "seed0")], out / "figures",
+                      {"summary": out / "summary.json", "group_by": []})]
+    monkeypatch.setattr(cli, "_report_function", lambda: "no installed package provides it")
+    capsys.readouterr()
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "3", "--out", str(out), "--overwrite",
+                    *SMALL) == 0
+    assert "figures: not written (no installed package provides it)" in capsys.readouterr().out
+    assert (out / "summary.json").is_file() and not (out / "figures").exists()
 
 
 @pytest.mark.parametrize(
@@ -111,7 +126,16 @@ def test_fallback_plots(tmp_path):
         # review item 10: a group of one response has all-zero advantages
         (["group_size=1"], "group_size=1 is outside [2, inf]"),
         # review item 14: a non-integer --seeds is one line and exit 1, not argparse usage and exit 2
-        (["--seeds", "1.5"], "--seeds='1.5' must be an integer >= 1"),
+        (["--seeds", "1.5"], "--seeds='1.5' must be a count N >= 1 or a comma-separated list of seeds"),
+        (["--seeds", "3,3"], "--seeds='3,3' lists a seed twice"),
+        (["--seeds", "3,x"], "--seeds='3,x': every seed of the list must be an integer >= 0"),
+        (["--seeds", "3,"], "--seeds='3,': every seed of the list must be an integer >= 0"),
+        (["--seed", "-1"], "--seed='-1' must be an integer >= 0"),
+        (["--seeds", "2", "--seed", "1"], "--seeds='2' and --seed='1' both choose the seeds: give one of them"),
+        # issue 16: an error caused by a method's own defaults names the method
+        (["--methods", "grpo,o1-adaptive", "stare.reweight_w=2"],
+         "method 'o1-adaptive' (which sets loss.loss_mode=stare, loss.stare.variant=O1, loss.stare.adaptive=True): "
+         "loss.stare.w_max=1.5 is below loss.stare.reweight_w=2.0"),
         (["--steps", "two"], "--steps='two' must be an integer >= 1"),
         # review item 15: no silent fallback / silently ignored settings
         (["--methods", ""], "--methods='' names no method"),
@@ -220,7 +244,7 @@ def test_divergence_names_lr_and_step_and_leaves_nothing(tmp_path, capsys):
     assert simulate("--preset", "collapse", "--methods", "clip_cov", "--seeds", "1", "--steps", "3", "--out",
                     str(out), "--no-plots", "lr=1e308", *SMALL) == 1
     err = capsys.readouterr().err
-    assert "lr=1e+308 made the logits non-finite at step 0; lower lr" in err and len(err.strip().splitlines()) == 1
+    assert "lr=1e+308 made the logits non-finite at step 1; lower lr" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
 
 
@@ -249,7 +273,7 @@ def test_divergence_keeps_finished_runs(tmp_path):
     out = tmp_path / "k"
     plan = plan_sweep("collapse", ["grpo", "clip_cov"], 1, out, overrides=SMALL, steps=2, workers=1)
     plan.configs[("clip_cov", 0)].lr = 1e308  # only this run diverges
-    with pytest.raises(RunError, match="lr=1e\\+308 made the logits non-finite at step 0"):
+    with pytest.raises(RunError, match="lr=1e\\+308 made the logits non-finite at step 1"):
         run_sweep(plan)
     assert len(rows(out / "grpo" / "seed0")) == 2
     assert not (out / "clip_cov").exists()  # created by this sweep and left empty by the failed run: removed
@@ -275,8 +299,8 @@ def test_overwrite_with_fewer_runs_covers_exactly_the_new_runs(tmp_path, capsys)
     assert list(summary["methods"]) == ["grpo"] and list(summary["config"]) == ["grpo/seed0"]
     assert "o1" not in text.split("figures:")[0]
     report = out / "figures" / "report.md"
-    if report.is_file():  # stare-lab analyze ran: it saw exactly the one planned run
-        assert "stare-lab analyze" in text
+    if report.is_file():  # the analysis wing wrote the report: it saw exactly the one planned run
+        assert "report: report.md" in text
         lines = [ln for ln in report.read_text().splitlines() if ln.startswith("| grpo |")]
         assert lines and "| o1 |" not in report.read_text()
 
@@ -284,24 +308,72 @@ def test_overwrite_with_fewer_runs_covers_exactly_the_new_runs(tmp_path, capsys)
 def test_resume_with_fewer_runs_reports_only_the_planned_runs(tmp_path, monkeypatch):
     """Review item 2 (--resume): stale runs stay on disk (resume removes nothing) but the analysis call gets exactly
     the planned run directories."""
-    import stare_lab.cli as front
+    import simulators.cli as cli
 
     out = tmp_path / "rs"
     assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--no-plots",
                     *SMALL) == 0
     calls = []
-    real_main = front.main
 
-    def spy(argv=None):
-        calls.append(list(argv))
-        return 1  # pretend analyze failed: the sweep falls back to its own plots
+    def spy(paths, out_dir, **kw):
+        calls.append(list(paths))
+        raise RuntimeError("stop")
 
-    monkeypatch.setattr(front, "main", spy)
-    assert real_main(["simulate", "--methods", "grpo", "--seeds", "1", "--steps", "4", "--out", str(out),
-                      "--resume", *SMALL]) == 0
-    assert calls == [["analyze", str(out / "grpo" / "seed0"), "--out", str(out / "figures"), "--summary",
-                      str(out / "summary.json")]]
+    monkeypatch.setattr(cli, "_report_function", lambda: spy)
+    with pytest.raises(RuntimeError, match="stop"):
+        simulate("--methods", "grpo", "--seeds", "1", "--steps", "4", "--out", str(out), "--resume", *SMALL)
+    assert calls == [[str(out / "grpo" / "seed0")]]
     assert (out / "o1" / "seed1" / "metrics.jsonl").is_file()
+
+
+def test_chosen_seeds(tmp_path, capsys):
+    """--seeds A,B runs exactly those seeds (directories seed3, seed7; summary seeds [3, 7]); --seed S the one seed
+    S; --seeds N is the count N (seeds 0..N-1). A chosen seed gives the same numbers as in any other sweep."""
+    out = tmp_path / "s"
+    assert simulate("--methods", "grpo", "--seeds", "3,7", "--steps", "3", "--out", str(out), "--no-plots",
+                    *SMALL) == 0
+    assert "1 method(s) x 2 seed(s) [3,7]" in capsys.readouterr().out
+    assert sorted(p.name for p in (out / "grpo").iterdir()) == ["seed3", "seed7"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [3, 7] and list(summary["methods"]["grpo"]["runs"]) == ["seed3", "seed7"]
+    one = tmp_path / "one"
+    assert simulate("--methods", "grpo", "--seed", "7", "--steps", "3", "--out", str(one), "--no-plots", *SMALL) == 0
+    assert rows(one / "grpo" / "seed7") == rows(out / "grpo" / "seed7")
+    assert json.loads((one / "grpo" / "seed7" / "summary.json").read_text())["seed"] == 7
+    count = tmp_path / "count"
+    assert simulate("--methods", "grpo", "--seeds", "2", "--steps", "3", "--out", str(count), "--no-plots",
+                    *SMALL) == 0
+    assert sorted(p.name for p in (count / "grpo").iterdir()) == ["seed0", "seed1"]
+
+
+def test_unknown_option_prints_the_subcommands_usage(capsys):
+    from stare_lab.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--bogus"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("usage: stare-lab simulate") and "--bogus" in err
+
+
+def test_list_keys(capsys):
+    """--list-keys: every override key of the preset with its value and its documented range; the keys a method
+    sets are marked. Every key of every preset has a description (a new field without one fails here)."""
+    from simulators.keys import preset_keys
+    from simulators.presets import preset_names
+
+    assert simulate("--list-keys") == 0
+    lines = capsys.readouterr().out.splitlines()
+    lr = next(ln for ln in lines if ln.startswith("lr "))
+    assert lr.split()[:3] == ["lr", "float", "2"] and "SGD step size > 0" in lr  # the demo preset's lr
+    w = next(ln for ln in lines if ln.startswith("loss.stare.reweight_w "))
+    assert w.split()[:3] == ["loss.stare.reweight_w", "float", "1.1"] and "W ≥ 1" in w
+    assert "[set by the method" in next(ln for ln in lines if ln.startswith("loss.stare.variant "))
+    assert simulate("--list-keys", "--preset", "transformer") == 0
+    out = capsys.readouterr().out
+    assert next(ln for ln in out.splitlines() if ln.startswith("steps ")).split()[:3] == ["steps", "int", "200"]
+    assert "model.hidden_size" in out
+    for preset in preset_names():
+        assert [k.key for k in preset_keys(preset) if not k.doc] == [], preset
 
 
 def test_headline_first_notes_after_the_table(tmp_path, capsys):
@@ -311,7 +383,7 @@ def test_headline_first_notes_after_the_table(tmp_path, capsys):
     assert simulate("--methods", "grpo,o1", "--seeds", "1", "--steps", "60", "--out", str(out), "--no-plots",
                     *SMALL) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("GRPO ") and "not held: o1" in lines[0]
+    assert lines[0].startswith("grpo ") and "not held: o1" in lines[0]
     table = next(i for i, ln in enumerate(lines) if ln.startswith("method"))
     notes = [i for i, ln in enumerate(lines) if ln.startswith("note: o1")]
     assert notes and notes[0] > table

@@ -21,7 +21,8 @@ from simulators.tabular import (
 )
 from simulators.tabular_expected import success_given_token, top_mass_fraction
 from simulators.tabular_sampled import rollouts
-from simulators.tabular_step import batch_step, policy_tables
+from simulators.tabular_engine import batch_step
+from simulators.tabular_step import policy_tables
 from stare_lab.config import LossConfig
 from stare_lab.errors import ConfigError, RunError
 
@@ -364,7 +365,7 @@ def test_batched_equals_one_run_at_a_time(tmp_path, mode):
         assert rows_of(tmp_path / "batch" / str(i)) == rows_of(tmp_path / "single" / str(i))
         a = torch.load(tmp_path / "batch" / str(i) / "checkpoint" / "state.pt", weights_only=False)
         b = torch.load(tmp_path / "single" / str(i) / "checkpoint" / "state.pt", weights_only=False)
-        assert torch.equal(a["logits"], b["logits"])
+        assert torch.equal(a["state"]["logits"], b["state"]["logits"])
 
 
 @pytest.mark.parametrize("method", ["o1-adaptive", "grpo-ds"])
@@ -385,7 +386,7 @@ def test_interrupt_and_resume_is_bit_exact(tmp_path, method):
     assert rows_of(tmp_path / "cut") == rows_of(tmp_path / "full")
     a = torch.load(tmp_path / "full" / "checkpoint" / "state.pt", weights_only=False)
     b = torch.load(tmp_path / "cut" / "checkpoint" / "state.pt", weights_only=False)
-    assert torch.equal(a["logits"], b["logits"]) and a["controller"] == b["controller"]
+    assert torch.equal(a["state"]["logits"], b["state"]["logits"]) and a["state"]["controller"] == b["state"]["controller"]
 
 
 def test_extend_a_finished_run(tmp_path):
@@ -418,7 +419,7 @@ def test_gate_off_is_grpo_bit_for_bit(tmp_path, mode, how):
         run(cfg, tmp_path / method)
         out[method] = (
             [[r[k] for k in keys] for r in rows_of(tmp_path / method)],
-            torch.load(tmp_path / method / "checkpoint" / "state.pt", weights_only=False)["logits"],
+            torch.load(tmp_path / method / "checkpoint" / "state.pt", weights_only=False)["state"]["logits"],
         )
         assert all(r["gate_on"] == 0 for r in rows_of(tmp_path / method))
     for method in ("o1", "c2"):
@@ -516,7 +517,7 @@ def test_a_diverging_run_stops_alone(tmp_path):
     finite lr: |Δz| ≤ 2·lr·W since Σ_i Â_i² ≤ G − 1; the core-loss path scales ∂loss/∂z by lr·n·L, which
     overflows at lr = 1e308.)"""
     good, bad = tiny(steps=3), tiny(steps=3, lr=1e308, method="clip_cov")
-    with pytest.raises(RunError, match=r"lr=1e\+308 made the logits non-finite at step 0"):
+    with pytest.raises(RunError, match=r"lr=1e\+308 made the logits non-finite at step 1"):
         run_batch([good, bad], [tmp_path / "good", tmp_path / "bad"])
     assert len(rows_of(tmp_path / "good")) == 3 and (tmp_path / "good" / "summary.json").is_file()
     assert not (tmp_path / "bad").exists()

@@ -126,8 +126,8 @@ def test_lr_warmup_and_adam_eps(tmp_path):
     sim = T._Simulation(_cfg(tmp_path, "lr_warmup_steps=4", "adam_eps=1e-6", "lr=0.002"), tmp_path / "run")
     assert sim.optimizer.param_groups[0]["eps"] == 1e-6
     lrs = []
-    for _ in range(5):
-        sim.rl_step()
+    for step in range(1, 6):
+        sim.rl_step(step)
         lrs.append(sim.optimizer.param_groups[0]["lr"])
     assert lrs == pytest.approx([0.0005, 0.001, 0.0015, 0.002, 0.002])
     with pytest.raises(ConfigError, match=r"lr_warmup_steps=-1"):
@@ -141,8 +141,8 @@ def test_grad_dot_prediction_equals_directional_finite_difference(tmp_path):
     along the step's own Δθ, evaluated independently with functional_call (ε = 0.05; float32)."""
     cfg = _cfg(tmp_path, "steps=2")
     sim = T._Simulation(cfg, tmp_path / "run")
-    for _ in range(2):
-        row = sim.rl_step()
+    for step in (1, 2):
+        row = sim.rl_step(step)
         prompts, responses, mask, theta_old = sim.last_batch
         new = {n: p.detach().clone() for n, p in sim.model.named_parameters()}
 
@@ -209,7 +209,7 @@ def test_resume_continues_bit_identically(tmp_path):
         T.run(_cfg(tmp_path, method="c2"), tmp_path / "part")
     T.run(_cfg(tmp_path, method="c2"), tmp_path / "part", resume=True)
     assert _rows(tmp_path / "part") == _rows(tmp_path / "full")
-    with pytest.raises(RunError, match="checkpoint is for method='c2'"):
+    with pytest.raises(RunError, match="method='o1' differs from the checkpoint's 'c2'"):
         T.run(_cfg(tmp_path, method="o1"), tmp_path / "part", resume=True)
 
 

@@ -1,0 +1,102 @@
+"""``analyze``: run directories in, the report out (figures, ``report.md``, ``report.html``, ``report.json``) — the
+one function behind ``stare-lab analyze`` and behind the figures of ``stare-lab simulate``.
+
+``stare-lab simulate`` reaches it without importing this wing (the wings import only the core, docs/design.md):
+it is published under the entry-point group ``stare_lab.reports`` as ``analyze`` (``pyproject.toml``), and the
+simulate command looks it up there with :mod:`importlib.metadata`, like the front door finds the commands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib.figure  # noqa: F401 - the report's figures (imported here, with the function that draws them)
+
+from stare_lab.errors import ConfigError
+
+from .compare import Comparison, compare
+from .phase import read_sweep_summary
+from .report import ReportFiles, write_report
+
+__all__ = ["Analysis", "analyze"]
+
+
+@dataclasses.dataclass
+class Analysis:
+    """What :func:`analyze` produced: the grouped runs, the written files, the sweep summary it used (or None) and
+    the report's verdict line."""
+
+    comparison: Comparison
+    files: ReportFiles
+    sweep: dict[str, Any] | None
+    verdict: str
+
+
+def analyze(
+    paths: Sequence[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    *,
+    group_by: Sequence[str] = (),
+    band: float = 0.05,
+    threshold: float | None = None,
+    threshold_frac: float = 0.1,
+    merge: bool = False,
+    metrics: Sequence[str] = (),
+    fmt: str = "png",
+    dpi: int = 90,
+    paper: str | os.PathLike | None = None,
+    paper_setting: str | None = None,
+    paper_model: str | None = None,
+    summary: str | os.PathLike | None = None,
+) -> Analysis:
+    """Group the runs found under ``paths`` (:func:`analysis.compare`) and write the report into ``out``.
+
+    Args:
+        paths: run directories or folders above them.
+        out: the report folder; default ``PATH/figures`` for a single path (required for several).
+        group_by, band, threshold, threshold_frac, merge: as :func:`analysis.compare` (``merge`` = not split).
+        metrics: extra metric keys to plot and tabulate (each must be logged by some run).
+        fmt, dpi, paper, paper_setting, paper_model: as :func:`analysis.report.write_report`.
+        summary: a sweep's ``summary.json`` (``stare-lab simulate``): its grid and critical W go into the report;
+            default: the ``summary.json`` of a single given directory, if it is a sweep's.
+
+    Returns:
+        An :class:`Analysis`.
+
+    Raises:
+        ConfigError: several paths without ``out``, a ``--metric`` no run logs, a ``summary`` that is not a sweep
+            summary, bad report options. RunError / DataError: unreadable runs or output folder.
+    """
+    if out is None and len(paths) > 1:
+        raise ConfigError(f"{len(paths)} input paths given: pass --out DIR to say where the report goes")
+    out = Path(out) if out is not None else Path(paths[0]) / "figures"
+    cmp = compare(paths, group_by=group_by, band_half_width=band, threshold=threshold,
+                  threshold_frac=threshold_frac if threshold is None else 0.1, split=not merge)
+    _check_metrics(metrics, cmp.runs)
+    if summary is not None:
+        sweep = read_sweep_summary(summary)
+        if sweep is None:
+            raise ConfigError(f"--summary={str(summary)!r} is not a sweep summary.json written by stare-lab simulate")
+    else:
+        sweep = read_sweep_summary(paths[0], cmp.warnings) if len(paths) == 1 else None
+    files = write_report(cmp, out, fmt=fmt, metrics=metrics, paper=paper, paper_setting=paper_setting,
+                         paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep)
+    return Analysis(cmp, files, sweep, files.verdict)
+
+
+def _check_metrics(metrics: Sequence[str], runs: list) -> None:
+    """Raise :class:`ConfigError` for a metric key that no run logs as a number (a typo would otherwise give an
+    empty panel), naming the closest keys the runs do log."""
+    logged = sorted({k for r in runs for k in r.columns})
+    for key in metrics:
+        if key not in logged:
+            close = difflib.get_close_matches(key, logged, n=3, cutoff=0.5)
+            if close:
+                hint = f"; did you mean {'one of ' if len(close) > 1 else ''}{', '.join(repr(c) for c in close)}?"
+            else:
+                hint = f"; they log {len(logged)} keys, e.g. {', '.join(logged[:6])}"
+            raise ConfigError(f"--metric {key!r} is not logged (as a number) by any of the {len(runs)} runs{hint}")
