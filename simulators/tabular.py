@@ -34,7 +34,7 @@ group: the update is skipped and the controller left as it is; the trainer's key
 before the update (without dynamic sampling exactly the batch token-mean entropy, since every response visits every
 position); ``entropy_change`` = the same mean after minus before; ``pred_entropy_change`` = the exact first order
 ⟨∂H/∂z, Δz⟩ of this step's Δz averaged the same way (∂H/∂z by autograd through ``stare_lab.entropy``; equal to
-``stare_lab.entropy.predicted_entropy_change``); quadrant counts and summed first-order ΔH contributions (Â sign ×
+``stare_lab.first_order.predicted_entropy_change``); quadrant counts and summed first-order ΔH contributions (Â sign ×
 surprisal above/below the critical surprisal s*, docs/theory.md §2); ``reward`` (mean reward), ``accuracy`` and
 ``pass@G`` (the verifiable rule without noise) over every response sampled in the step (all dynamic-sampling rounds,
 as the trainer's ``reward``); ``time/*``; and the decomposition of docs/theory.md §7 (nats, same averaging):

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from stare_lab.advantages import group_advantages
+from stare_lab.decomposition import MARKER_M, MARKER_W
 from stare_lab.losses import compute_policy_loss
 from stare_lab.stare import stare_token_weights
 from stare_lab.step import PreparedStep, StepBatch, prepare_step
@@ -133,10 +134,10 @@ def _selected_sets(batch, logp_tok: torch.Tensor, adv: torch.Tensor, kept: list[
             continue
         w, _ = stare_token_weights(
             lp32[r, :n].view(n * G, L), adv[r, :n].view(n * G), mask[: n * G], batch.marker_stare[r],
-            gate_on=True, reweight_w=2.0, reweight_m=0.5,
+            gate_on=True, reweight_w=MARKER_W, reweight_m=MARKER_M,
         )
         weights[r, :n] = w.view(n, G, L)
-    return weights == 2.0, weights == 0.5
+    return weights == MARKER_W, weights == MARKER_M
 
 
 def _prepare(batch, r: int, roll, logp_tok, adv, pol: Policy, h_gate: float, step: int) -> PreparedStep:

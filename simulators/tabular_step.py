@@ -3,7 +3,7 @@ decomposition of an update and the quadrant statistics (see :mod:`simulators.tab
 
 First order. With H the entropy of a state and g = ∂H/∂z (autograd through ``stare_lab.entropy.entropy_from_logits``;
 docs/theory.md §2: ∂H/∂u_k = −π_k(log π_k + H), u = z/τ), a logit change Δz changes the entropy by ⟨g, Δz⟩ to first
-order (= ``stare_lab.entropy.predicted_entropy_change``). A token a sampled with coefficient c in
+order (= ``stare_lab.first_order.predicted_entropy_change``). A token a sampled with coefficient c in
 Δz = Σ c (e_a − π)/τ contributes c·Ψ(a) with Ψ(a) = ⟨g, e_a − π⟩/τ = Φ(a)/τ² (Φ the entropy sensitivity of
 docs/theory.md §2), so sign Ψ(a) = sign(s_a − s*) splits the tokens into the four quadrants.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from stare_lab.decomposition import selection_stare
 from stare_lab.entropy import entropy_from_logits
 from stare_lab.losses import loss_needs
 
@@ -61,8 +62,8 @@ class TabularBatch:
         self.needs = [loss_needs(c.loss.loss_mode, c.loss) for c in self.configs]
         self.is_stare = torch.tensor([n.stare for n in self.needs])
         self.is_c2 = torch.tensor([n.stare and c.loss.stare.variant == "C2" for n, c in zip(self.needs, self.configs)])
-        # the selection of both sets L+ and L− (variant C2, marker weights 2 / 0.5) with each run's P, for the D terms
-        self.marker_stare = [dataclasses.replace(c.loss.stare, variant="C2") for c in self.configs]
+        # the selection of both sets L+ and L− (stare_lab.decomposition: C2, marker weights) with each run's P, for the D terms
+        self.marker_stare = [selection_stare(c.loss.stare) for c in self.configs]
 
     @property
     def size(self) -> int:

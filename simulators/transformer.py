@@ -32,12 +32,12 @@ Reads top to bottom:
    * ``pred_entropy_change`` = ``pred/grad_dot`` = ∇θH̄(θ_old) · Δθ with Δθ the actual parameter change of the step
      (all its updates); exact to first order in Δθ for any model and optimizer (docs/theory.md §2, last line).
    * ``pred/logit_first_order`` = token-mean over positions of Σ_k ∂H_t/∂z_{t,k} · Δz_{t,k} with Δz the actual
-     change of the logits at each position (:func:`stare_lab.entropy.predicted_entropy_change`): exact to first
+     change of the logits at each position (:func:`stare_lab.first_order.predicted_entropy_change`): exact to first
      order in the logit change; its gap to ``entropy_change`` is the second-order part.
    * ``pred/phi_tokens`` = (1/N) Σ_t ω_t Â_t Φ_t — the token-level Φ decomposition (docs/theory.md §2): the sum over
      the N valid tokens of the first-order entropy change that token's *own* policy-gradient logit step
      Δz_t = η ω_t Â_t (e_{a_t} − π_t) would cause at its own position, as if positions were independent (free
-     logits), with Φ_t = :func:`stare_lab.entropy.entropy_sensitivity` at the sampled token and η = 1 (a unit
+     logits), with Φ_t = :func:`stare_lab.first_order.entropy_sensitivity` at the sampled token and η = 1 (a unit
      logit step; the token-mean's 1/N included). Its scale is therefore arbitrary: compare it by R² and the fitted
      slope (= the effective per-token logit step), which ``summary.json`` reports.
 
@@ -66,13 +66,8 @@ import torch
 
 from stare_lab.advantages import group_advantages
 from stare_lab.config import to_dict
-from stare_lab.entropy import (
-    entropy_from_logits,
-    entropy_sensitivity,
-    logprobs_from_logits,
-    pred_param_update,
-    predicted_entropy_change,
-)
+from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
+from stare_lab.first_order import entropy_sensitivity, pred_param_update, predicted_entropy_change
 from stare_lab.losses import compute_policy_loss, loss_needs
 from stare_lab.stare import STAREController
 from stare_lab.step import StepBatch, prepare_step, step_gate

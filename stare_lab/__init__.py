@@ -3,7 +3,7 @@
 Submodules: :mod:`stare_lab.losses` (the policy losses; registry in :mod:`stare_lab.loss_registry`),
 :mod:`stare_lab.stare` (token weights, gate, controller), :mod:`stare_lab.step` (the step batch and its one
 preparation: gate, ω, counts, each loss's global statistics; over ranks with :mod:`stare_lab.collective` and
-:mod:`stare_lab.global_select`), :mod:`stare_lab.advantages`, :mod:`stare_lab.entropy`, :mod:`stare_lab.config`,
+:mod:`stare_lab.global_select`), :mod:`stare_lab.advantages`, :mod:`stare_lab.entropy`, :mod:`stare_lab.first_order`, :mod:`stare_lab.config`,
 :mod:`stare_lab.runs`, :mod:`stare_lab.summary` (the one run summary), :mod:`stare_lab.cli`. ``import stare_lab`` needs only torch and numpy.
 """
 

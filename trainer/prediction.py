@@ -44,17 +44,14 @@ import torch
 from torch import Tensor
 
 from stare_lab.config import LossConfig
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
+from stare_lab.critical import KEY_D_GRPO
+from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
+from stare_lab.first_order import adam_preconditioner, linearised_entropy_change, param_dot
 
 __all__ = ["EntropyPrediction", "KEY_PRED"]
 
 #: The row key of ∇θH̄·Δθ (docs/design.md §4); the D terms' keys are :mod:`stare_lab.critical`'s.
 KEY_PRED = "pred_entropy_change"
-
-
-def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
-    """Σ_params Σ a·b in float64."""
-    return float(sum(torch.dot(x.reshape(-1).double(), y.reshape(-1).double()) for x, y in zip(a, b)))
 
 
 @dataclasses.dataclass
@@ -67,7 +64,8 @@ class _Probes:
 
 class EntropyPrediction:
     """The probes of one step: :meth:`before_update` (gradients, collective), then the update, then
-    :meth:`after_update` (the dot products; one collective under ZeRO-3).
+    :meth:`after_update` (the dot products; one collective under ZeRO-3). The objectives and the selection of
+    L+/L− are the core's (:mod:`stare_lab.decomposition`), shared with the transformer simulator.
 
     Args:
         policy: the :class:`trainer.policy.PolicyEngine`.
@@ -78,41 +76,22 @@ class EntropyPrediction:
 
     def __init__(self, policy: Any, comm: Any, loss: LossConfig, grad_clip: float) -> None:
         self.policy, self.comm, self.loss, self.grad_clip = policy, comm, loss, float(grad_clip)
-        self.c2 = loss.loss_mode == "stare" and loss.stare.variant == "C2"
-        st = loss.stare
-        # the selection only: L+ (ω > 1) and L− (ω < 1) as STARE would pick them, gate forced on
-        self.select_cfg = dataclasses.replace(loss, loss_mode="stare", entropy_coeff=0.0, kl_coef=0.0, tis_cap=None,
-                                              stare=dataclasses.replace(st, variant="C2", gate="always",
-                                                                        scope="global", adaptive=False,
-                                                                        reweight_w=2.0, reweight_m=0.5))
-        self.grpo_cfg = dataclasses.replace(loss, loss_mode="grpo")
-        self.part_cfg = dataclasses.replace(loss, loss_mode="stare", entropy_coeff=0.0, kl_coef=0.0,
-                                            stare=dataclasses.replace(st, gate="always", scope="global",
-                                                                      adaptive=False))
 
     def before_update(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any) -> _Probes:
         """∇θH̄ and the gradients of the GRPO, L+ (and L−) objectives, each followed by clearing the accumulated
         gradients (so the update that follows is unchanged). Collective."""
-        from stare_lab.losses import compute_policy_loss
-        from stare_lab.step import prepare_step
-
-        policy, n_tok = self.policy, prep.num_tokens
+        policy, n_tok, loss = self.policy, prep.num_tokens, self.loss
 
         def entropy_mean(mb: Any, lp: Tensor, ent: Tensor | None) -> Tensor:
             mask = batch.response_mask.index_select(0, mb.rows)[:, : ent.shape[1]].to(ent.device)
             return torch.where(mask, ent.float(), torch.zeros((), device=ent.device)).sum() / n_tok
 
         grad_h = policy.gradient(batch, plan, entropy_mean, need_entropy=True, entropy_grad=True)
-        sel = prepare_step(step_batch, self.select_cfg, collective=self.comm.collective)
-        w = sel.token_weights if sel.token_weights is not None else torch.ones(step_batch.shape)
-        parts = {KEY_D_LPLUS: (w > 1).float()}
-        if self.c2:
-            parts[KEY_D_LMINUS] = (w < 1).float()
+        parts = selected_parts(step_batch, loss, collective=self.comm.collective)
         bonus = prep.needs.entropy_grad
 
         def grpo(mb: Any, lp: Tensor, ent: Tensor | None) -> Tensor:
-            return compute_policy_loss("grpo", prep.inputs(lp, mb.rows, entropy=ent if bonus else None),
-                                       self.grpo_cfg)[0]
+            return grpo_objective(prep.inputs(lp, mb.rows, entropy=ent if bonus else None), loss)
 
         grads = {KEY_D_GRPO: policy.gradient(batch, plan, grpo, need_entropy=bonus, entropy_grad=bonus)}
         for key, ind in parts.items():
@@ -121,29 +100,23 @@ class EntropyPrediction:
                 # the part objectives have no bonus: the old entropies only stand in for the input the run's
                 # preparation requires with entropy_coeff > 0
                 inputs = prep.inputs(lp, mb.rows, entropy=cut(step_batch.entropy) if bonus else None)
-                omega = cut(ind)
-                inputs = dataclasses.replace(inputs, token_weights=omega, gate_on=True, reweight_w=None,
-                                             reweight_m=None, stare_stats=None)
-                return compute_policy_loss("stare", inputs, self.part_cfg)[0]
+                return part_objective(inputs, cut(ind), loss)
 
             grads[key] = policy.gradient(batch, plan, part)
-        before = _dot(grad_h, policy.local_view("param"))
+        before = param_dot(grad_h, policy.local_view("param"))
         return _Probes(grad_h, grads, before, policy.adam_settings()["lr"])
 
     def after_update(self, probes: _Probes, grad_norm: float | None) -> dict[str, float]:
         """The row entries (nats): ``pred_entropy_change`` and the D terms of the step just taken."""
         policy = self.policy
         adam = policy.adam_settings()  # after the step: "step" = t, the number of this update
-        t = max(adam["step"], 1.0)
         clip = 1.0
         if self.grad_clip > 0 and grad_norm is not None and math.isfinite(grad_norm):
             clip = min(1.0, self.grad_clip / (grad_norm + 1e-6))
-        scale = probes.lr * (1 - adam["beta1"]) / (1 - adam["beta1"] ** t) * clip
-        bc2 = 1 - adam["beta2"] ** t
-        precond = [scale / ((v.double() / bc2).sqrt() + adam["eps"]) for v in policy.local_view("exp_avg_sq")]
+        precond = adam_preconditioner(policy.local_view("exp_avg_sq"), lr=probes.lr, beta1=adam["beta1"],
+                                      beta2=adam["beta2"], eps=adam["eps"], step=max(adam["step"], 1.0), clip=clip)
         gh = probes.grad_entropy
-        sums = {KEY_PRED: _dot(gh, policy.local_view("param")) - probes.before}
+        sums = {KEY_PRED: param_dot(gh, policy.local_view("param")) - probes.before}
         for key, g in probes.grads.items():
-            sums[key] = -float(sum(torch.dot((a.double() * p).reshape(-1), b.reshape(-1).double())
-                                   for a, p, b in zip(gh, precond, g)))
+            sums[key] = linearised_entropy_change(gh, precond, g)
         return self.comm.sum(sums) if policy.partitioned else sums

@@ -242,8 +242,8 @@ def test_marker_selection_gives_the_cores_weights():
 
 def test_first_order_is_the_cores_predicted_entropy_change():
     """⟨∂H/∂z, Δz⟩ with ∂H/∂z by autograd through the core's entropy equals
-    ``stare_lab.entropy.predicted_entropy_change`` (docs/theory.md §2), for τ ≠ 1 too."""
-    from stare_lab.entropy import predicted_entropy_change
+    ``stare_lab.first_order.predicted_entropy_change`` (docs/theory.md §2), for τ ≠ 1 too."""
+    from stare_lab.first_order import predicted_entropy_change
 
     z = torch.randn(2, 3, 4, 6, dtype=torch.float64)
     dz = torch.randn_like(z)

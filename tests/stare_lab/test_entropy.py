@@ -15,12 +15,10 @@ import os
 import pytest
 import torch
 
-from stare_lab.entropy import (
+from stare_lab.entropy import default_chunk_rows, entropy_from_logits, logprobs_from_logits
+from stare_lab.first_order import (
     critical_surprisal,
-    default_chunk_rows,
-    entropy_from_logits,
     entropy_sensitivity,
-    logprobs_from_logits,
     pred_expected_pg,
     pred_grpo_group,
     pred_param_update,
