@@ -40,6 +40,11 @@ Reads top to bottom:
      logits), with Φ_t = :func:`stare_lab.first_order.entropy_sensitivity` at the sampled token and η = 1 (a unit
      logit step; the token-mean's 1/N included). Its scale is therefore arbitrary: compare it by R² and the fitted
      slope (= the effective per-token logit step), which ``summary.json`` reports.
+   * ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2), with ``measure_decomposition`` (default on):
+     D_X = ∇θH̄(θ_old) · (−P ⊙ g_X), the part of the first update's AdamW step that the gradient g_X of the GRPO
+     objective (ω ≡ 1) or of the selected L+ (L−) tokens' surrogate carries, P the step's AdamW preconditioner
+     (:mod:`stare_lab.decomposition`, the trainer's split too). W*(t) = 1 − D_GRPO/D_L+ (docs/theory.md §7) and
+     the predicted critical W are in ``summary.json`` (:func:`stare_lab.critical.decomposition_summary`).
 
    Quadrants (``quadrant/{pos,neg}_{high,low}/{count,dH}``): tokens by sign of Â and by surprisal above / below the
    critical surprisal s* (equivalently Φ_t > 0 / ≤ 0, docs/theory.md §2), dH = their summed ``pred/phi_tokens`` term.
@@ -57,6 +62,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -66,8 +72,16 @@ import torch
 
 from stare_lab.advantages import group_advantages
 from stare_lab.config import to_dict
+from stare_lab.critical import KEY_D_GRPO
+from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
 from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
-from stare_lab.first_order import entropy_sensitivity, pred_param_update, predicted_entropy_change
+from stare_lab.first_order import (
+    adam_preconditioner,
+    entropy_sensitivity,
+    linearised_entropy_change,
+    param_dot,
+    predicted_entropy_change,
+)
 from stare_lab.losses import compute_policy_loss, loss_needs
 from stare_lab.stare import STAREController
 from stare_lab.step import StepBatch, prepare_step, step_gate
@@ -367,12 +381,13 @@ class _Simulation:
                 old_logprobs, logits_old = logprobs.detach(), logits.detach()
                 h_bar_old = _masked_mean(entropy, mask)  # with its graph, for pred/grad_dot
                 h_before = float(h_bar_old.detach())
-                prep = prepare_step(
-                    StepBatch(mask, advantages, old_logprobs,
-                              entropy=entropy.detach() if self.needs.entropy else None),
-                    self.loss_cfg, controller=self.controller, step=step, seed=cfg.seed, batch_entropy=h_before,
-                )
+                step_batch = StepBatch(mask, advantages, old_logprobs,
+                                       entropy=entropy.detach() if self.needs.entropy else None)
+                prep = prepare_step(step_batch, self.loss_cfg, controller=self.controller, step=step, seed=cfg.seed,
+                                    batch_entropy=h_before)
                 row.update(prep.metrics())
+                d_grads = (self._decomposition_grads(step_batch, prep, logprobs, entropy, theta_old)
+                           if cfg.measure_decomposition else {})
                 weights = prep.token_weights if prep.token_weights is not None else torch.ones_like(old_logprobs)
                 # token-level Φ decomposition and quadrants (module docstring)
                 phi = entropy_sensitivity(logits_old, responses, temperature=tau)
@@ -391,12 +406,13 @@ class _Simulation:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
             self.optimizer.step()
             if update == 0:
+                precond = self._preconditioner(lr, float(grad_norm)) if d_grads else None
                 row["loss/value"] = float(loss.detach())
                 row["grad_norm"] = float(grad_norm)
                 row.update({k if "/" in k else f"loss/{k}": _num(v) for k, v in loss_metrics.items()})
         t_update = time.perf_counter() - t0 - t_sample
         self.last_batch = (prompts, responses, mask, {n: t.detach() for n, t in theta_old.items()})  # for tests
-        row.update(self._measure(prompts, responses, mask, theta_old, logits_old, h_bar_old))
+        row.update(self._measure(prompts, responses, mask, theta_old, logits_old, h_bar_old, d_grads, precond))
         row.update(skipped=0, entropy=h_before, response_length=float(mask.sum(dim=1).float().mean()))
         return self._finish_row(row, t0, t_sample, t_update)
 
@@ -408,10 +424,32 @@ class _Simulation:
         row["time/step_s"] = time.perf_counter() - t0
         return row
 
-    def _measure(self, prompts, responses, mask, theta_old, logits_old, h_bar_old) -> dict[str, float]:
-        """Measured ΔH on the same positions, and the ∇θH̄·Δθ and logit-space first-order predictions.
+    def _decomposition_grads(self, step_batch, prep, logprobs, entropy, theta_old) -> dict[str, list]:
+        """The gradients at θ_old of the GRPO objective and of the L+ (L−) parts (:mod:`stare_lab.decomposition`),
+        through the first update's graph (kept)."""
+        params = list(theta_old.values())
+        inputs = prep.inputs(logprobs, entropy=entropy)
+        grad = lambda obj: torch.autograd.grad(obj, params, retain_graph=True, allow_unused=True)  # noqa: E731
+        grads = {KEY_D_GRPO: grad(grpo_objective(inputs, self.loss_cfg))}
+        for key, indicator in selected_parts(step_batch, self.loss_cfg).items():
+            grads[key] = grad(part_objective(inputs, indicator, self.loss_cfg))
+        return grads
+
+    def _preconditioner(self, lr: float, grad_norm: float) -> list[torch.Tensor]:
+        """AdamW's P of the update just taken (first update of the step), in the order of ``named_parameters``."""
+        cfg, state = self.cfg, self.optimizer.state
+        params = [p for _, p in self.model.named_parameters()]
+        clip = min(1.0, cfg.grad_clip / (grad_norm + 1e-6)) if math.isfinite(grad_norm) else 1.0
+        return adam_preconditioner([state[p]["exp_avg_sq"] for p in params], lr=lr, beta1=cfg.adam_beta1,
+                                   beta2=cfg.adam_beta2, eps=cfg.adam_eps, step=float(state[params[0]]["step"]),
+                                   clip=clip)
+
+    def _measure(self, prompts, responses, mask, theta_old, logits_old, h_bar_old, d_grads, precond
+                 ) -> dict[str, float]:
+        """Measured ΔH on the same positions, the ∇θH̄·Δθ and logit-space first-order predictions and the D terms.
         ``theta_old``: the differentiable copies of θ_old the first forward ran through; ``h_bar_old``: H̄(θ_old)
-        with that graph."""
+        with that graph; ``d_grads`` / ``precond``: :meth:`_decomposition_grads` and :meth:`_preconditioner` (empty /
+        None when not measured)."""
         tau = self.cfg.temperature
         h_before = float(h_bar_old.detach())
         with torch.no_grad():
@@ -422,14 +460,17 @@ class _Simulation:
         names = list(theta_old)
         current = dict(self.model.named_parameters())
         deltas = [current[n].detach() - theta_old[n].detach() for n in names]
-        grad_dot = float(pred_param_update(h_bar_old, [theta_old[n] for n in names], deltas))
-        return {
+        grad_h = torch.autograd.grad(h_bar_old, [theta_old[n] for n in names], allow_unused=True)
+        grad_dot = param_dot(grad_h, deltas)
+        out = {
             "entropy_change": h_after - h_before,
             "pred_entropy_change": grad_dot,
             "pred/grad_dot": grad_dot,
             "pred/logit_first_order": float(_masked_mean(logit_pred, mask)),
             "entropy_after": h_after,
         }
+        out.update({key: linearised_entropy_change(grad_h, precond, g) for key, g in d_grads.items()})
+        return out
 
     # --------------------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
@@ -465,7 +506,11 @@ def summarize(rows: list[dict[str, Any]], warm_info: dict[str, float], config: T
     k = config.eval_samples
     evals = [r for r in rows if "eval/accuracy" in r]
     out: dict[str, Any] = {"method": config.method, "seed": config.seed, **warm_info}
-    out.update(run_stats(rows, config.loss.stare.target_entropy))
+    st = config.loss.stare
+    c2 = config.loss.loss_mode == "stare" and st.variant == "C2"
+    # D terms summed over 5 % of the run per window (sampled runs), as the trainer and analyze do
+    out.update(run_stats(rows, st.target_entropy, reweight_m=st.reweight_m if c2 else 1.0,
+                         window=max(1, len(rows) // 20)))
     out.update({
         "initial_accuracy": rows[0]["accuracy"] if rows else None,
         "final_accuracy": rows[-1]["accuracy"] if rows else None,

@@ -143,6 +143,10 @@ class TransformerSimConfig:
         eval_every: held-out evaluation period in steps (≥ 1; the last step always evaluates).
         eval_samples: samples per held-out prompt k (≥ 1): ``eval/accuracy`` = mean reward, ``eval/pass@k``.
         checkpoint_every: checkpoint period in steps (≥ 1; the last step always checkpoints).
+        measure_decomposition: log the D terms of docs/theory.md §7 per step (``pred/d_grpo``, ``pred/d_lplus``,
+            ``pred/d_lminus`` for C2: the first update's Adam-linearised split, :mod:`stare_lab.decomposition`), from
+            which ``summary.json`` and ``analyze`` give W*(t) and the predicted critical W. Two to three extra
+            backward passes per step.
         task, model, warm_start: sub-configs.
         loss: the core :class:`~stare_lab.config.LossConfig`; ``loss_mode``, ``stare.variant`` / ``stare.adaptive``
             (and ``entropy_coeff`` for ``entropy_bonus``) are set from ``method`` by the shared method table
@@ -170,6 +174,7 @@ class TransformerSimConfig:
     eval_every: int = 20
     eval_samples: int = 8
     checkpoint_every: int = 20
+    measure_decomposition: bool = True
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
@@ -195,8 +200,9 @@ class TransformerSimConfig:
         check_range(join_key(p, "grad_clip"), self.grad_clip, 0, None, lo_open=True, allow_inf=True)
         check_choice(join_key(p, "adv_estimator"), self.adv_estimator, ["grpo", "dr_grpo", "rloo", "qae"])
         check_range(join_key(p, "entropy_bonus_coeff"), self.entropy_bonus_coeff, 0, None, lo_open=True)
-        if not isinstance(self.dynamic_sampling, bool):
-            raise ConfigError(f"{join_key(p, 'dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")
+        for name in ("dynamic_sampling", "measure_decomposition"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{join_key(p, name)}={getattr(self, name)!r} must be true or false")
         spec = METHODS[self.method]  # what the method implies (docs/theory.md §3–4), shared with the tabular simulator
         self.loss.loss_mode = spec["loss"]["loss_mode"]
         for key, value in spec["loss"].get("stare", {}).items():

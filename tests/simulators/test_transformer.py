@@ -236,3 +236,30 @@ def test_transformer_preset_claims(tmp_path):
     assert o["steps_to_collapse"] is None and o["mean_abs_dev_second_half"] < 0.1, o
     assert o["final_entropy"] > 0.5 * o["target_entropy"] and o["gate_on_frac"] > 0.2, o
     assert o["fit/grad_dot/r2"] >= 0.95, o
+
+
+@pytest.mark.parametrize("method", ["o1", "c2"])
+def test_decomposition_adds_up_to_the_first_adam_step(tmp_path, method):
+    """On the run's first AdamW step (no momentum yet, no weight decay, one on-policy update) the applied update is
+    exactly −P ⊙ g_applied and the STARE gradient is g_GRPO + (W − 1)·g_L+ (+ (M − 1)·g_L−), so
+    D_GRPO + (W − 1)·D_L+ + (M − 1)·D_L− must equal ∇θH̄·Δθ (pred_entropy_change, itself checked by finite
+    differences above). The gate is forced on so the reweighting acts; W = 3 (and M = 0.5) make the parts count."""
+    cfg = _cfg(tmp_path, "steps=1", "loss.stare.gate=always", "loss.stare.reweight_w=3.0",
+               "loss.stare.reweight_m=0.5", method=method)
+    row = T._Simulation(cfg, tmp_path / "run").rl_step(1)
+    assert row["gate_on"] == 1 and row["stare_w"] == 3.0
+    total = row["pred/d_grpo"] + 2.0 * row["pred/d_lplus"]
+    if method == "c2":
+        total += -0.5 * row["pred/d_lminus"]
+    else:
+        assert "pred/d_lminus" not in row
+    assert row["pred/d_lplus"] != 0.0
+    assert total == pytest.approx(row["pred_entropy_change"], rel=1e-4, abs=1e-9)
+
+
+def test_decomposition_can_be_turned_off_and_errors(tmp_path):
+    row = T._Simulation(_cfg(tmp_path, "steps=1", "measure_decomposition=false", method="o1"),
+                        tmp_path / "run").rl_step(1)
+    assert "pred/d_grpo" not in row and "pred_entropy_change" in row
+    with pytest.raises(ConfigError, match=r"measure_decomposition=3 must be true or false"):
+        T.config_from_preset(None, ["measure_decomposition=3"])
