@@ -12,7 +12,8 @@ hold the band on every seed:
    then nothing is said about STARE being too weak;
 4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
    the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`) from the GRPO
-   runs where they cross H_tgt.
+   runs where they cross H_tgt — or, when that is below the run's W but the group's own second-half W* is above
+   it, the latter (the drift grew after the crossing); when both are below W, the drift is mostly second order.
 
 Independently of 1–4, every group (GRPO's probe push included, and a STARE group that held the band) whose push
 acted at less than :data:`~simulators.run_stats.REGIME_RATIO` of its first-order size gets a regime warning.
@@ -149,6 +150,15 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
             continue
         est = _num((ref or {}).get("mean", {}).get("w_star_at_crossing")) if ref else None
         w_now = _num(st.get("reweight_w")) or 1.0
+        own = _num(m.get("critical_w"))  # the first-order critical W along this group's own runs (second half)
+        if est is not None and est <= w_now and own is not None and own > w_now:
+            notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds: at "
+                         f"{push_label(st)} the push is below the critical strength along its own runs (first-order "
+                         f"W* over the second half ≈ {own:.2f}, mean over seeds), although W* where GRPO crosses "
+                         f"H_tgt is {est:.2f}: the drift to cancel grew after the crossing; try "
+                         f"stare.reweight_w ≥ {own:.2f}{'' if st.get('adaptive') else ' or o1-adaptive'} "
+                         "(docs/theory.md §7)")
+            continue
         if est is not None and est <= w_now:  # the first order says this W suffices, and it did not: second order
             notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds although the "
                          f"first-order estimate where GRPO crosses H_tgt (W* ≈ {est:.2f}, mean over seeds) is below "

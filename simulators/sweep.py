@@ -43,7 +43,6 @@ import yaml
 from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
 from stare_lab.losses import loss_needs
-from stare_lab.runs import read_run
 from stare_lab.verdict import group_outcome
 
 from . import tabular, transformer
@@ -51,7 +50,7 @@ from .grid import critical_summary, method_points, parse_grid, point_label
 from .notes import headline, sweep_notes
 from .parallel import run_many
 from .presets import DEFAULT_METHODS, METHODS, get_preset, method_overrides
-from .run_stats import STAT_KEYS, run_stats
+from .run_stats import STAT_KEYS
 from .tabular_config import resolve_target_entropy
 
 logger = logging.getLogger(__name__)
@@ -429,7 +428,8 @@ def run_sweep(
                 summary = plan.module.run(config, plan.run_dirs[k], resume=plan.resume)
                 if progress is not None:
                     progress(int(getattr(config, "steps", 1)))
-                stats[k] = {**_stats_of(plan.run_dirs[k], config), "run_summary": summary}
+                # the run's own summary.json numbers (one definition: run_stats with the run's M and window)
+                stats[k] = {**{x: summary.get(x) for x in STAT_KEYS}, "run_summary": summary}
     except BaseException:
         for d in sorted(created, key=lambda p: len(p.parts), reverse=True):  # deepest first
             try:
@@ -483,16 +483,6 @@ def _base_point(plan: SweepPlan) -> dict[str, Any]:
             ref = ref.get(part) if isinstance(ref, dict) else None
         out[key] = node if node is not None else ref
     return out
-
-
-def _stats_of(run_dir: Path, config: Any) -> dict[str, Any]:
-    """:func:`simulators.run_stats.run_stats` of a finished run directory; H_tgt from its ``config.yaml``
-    (``loss.stare.target_entropy``, the resolved value), collapse fraction / band from the config if it has them."""
-    run = read_run(run_dir)
-    target = ((run.config.get("loss") or {}).get("stare") or {}).get("target_entropy")
-    return run_stats(
-        run.metrics, target, getattr(config, "collapse_frac", 0.1), getattr(config, "band", 0.05)
-    )
 
 
 def _clear_run(run_dir: Path) -> None:

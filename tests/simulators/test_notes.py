@@ -121,3 +121,16 @@ def test_a_first_order_estimate_below_the_failed_w_points_to_second_order():
     notes = sweep_notes(s)
     assert len(notes) == 1 and "mostly second order" in notes[0] and "W* ≈ 1.06" in notes[0]
     assert "≥ 1.06" not in notes[0]
+
+
+def test_own_critical_w_above_the_failed_w_says_below_critical_along_the_run():
+    """transformer preset: W* at GRPO's crossing 2.05 < W = 5, but along the O1 run itself the second-half W* is
+    6.17 > 5 (and 4.03 < 5 along C2, which held): the note names the run's own estimate, not second order."""
+    grpo = ("grpo", {}, {"final_entropy": 0.12, "collapsed_runs": 1, "steps_to_collapse": 136,
+                         "w_star_at_crossing": 2.05, "gate_on_frac": 0.0}, None)
+    s = summary({"grpo": grpo, "o1": ("o1", {}, {"final_entropy": 0.57, "mean_abs_dev_second_half": 0.09,
+                                                 "critical_w": 6.17}, {"reweight_w": 5.0})}, seeds=1)
+    notes = sweep_notes(s)
+    assert len(notes) == 1 and "below the critical strength along its own runs" in notes[0]
+    assert "≈ 6.17" in notes[0] and "GRPO crosses H_tgt is 2.05" in notes[0]
+    assert "stare.reweight_w ≥ 6.17 or o1-adaptive" in notes[0] and "second order" not in notes[0]
