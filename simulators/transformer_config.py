@@ -145,7 +145,7 @@ class TransformerSimConfig:
         checkpoint_every: checkpoint period in steps (≥ 1; the last step always checkpoints).
         measure_decomposition: log the D terms of docs/theory.md §7 per step (``pred/d_grpo``, ``pred/d_lplus``,
             ``pred/d_lminus`` for C2: the first update's Adam-linearised split, :mod:`stare_lab.decomposition`), from
-            which ``summary.json`` and ``analyze`` give W*(t) and the predicted critical W. Two to three extra
+            which ``summary.json`` and ``analyze`` give W*(t) and the predicted critical W. Two (C2: three) extra
             backward passes per step.
         task, model, warm_start: sub-configs.
         loss: the core :class:`~stare_lab.config.LossConfig`; ``loss_mode``, ``stare.variant`` / ``stare.adaptive``
