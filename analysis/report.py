@@ -353,7 +353,8 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
         "With the gate on, a step's first-order entropy change splits as D_GRPO + (W − 1)·D_L+ (+ (M − 1)·D_L− for "
         "C2), so W*(t) = 1 − D_GRPO(t)/D_L+(t) cancels the drift (docs/theory.md §7; `stare_lab.critical`). The critical "
         "W along a run is the largest W*(t) over its second half (meaningful on a run that holds the band); the "
-        "GRPO-only estimate is W* where the entropy first falls below H_tgt (conservative)."
+        "GRPO-only estimate is W* where the entropy first falls below H_tgt (the larger of the two where W*(t) falls "
+        "as the reward saturates, as in the tabular tasks; not on every model — compare both)."
     )
     if fig is not None:
         doc.p("Phase diagram: band deviation = mean over seeds of the mean |H − H_tgt| over the second half of each "
