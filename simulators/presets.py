@@ -184,7 +184,9 @@ TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     #   prompt KV shared by a group, ~0.085 s). 200 steps leave margin after the latest collapse seen.
     # The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start entropy); at the paper's
     # defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9 stare.target_entropy=0.3.
-    "transformer": {**_TF_COMMON, "steps": 200,
+    # The D terms (measure_decomposition: W*(t), the critical W) cost ~60 % of the RL time here, so this quick
+    # preset leaves them off; "transformer-long" logs them (BENCHMARKS.md: the transformer's critical W).
+    "transformer": {**_TF_COMMON, "steps": 200, "measure_decomposition": False,
                     "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 64}},
     # Longer studies (several seeds: stare-lab simulate --preset transformer-long --seeds 3).
     "transformer-long": {**_TF_COMMON, "steps": 400, "eval_samples": 16,
@@ -198,7 +200,8 @@ TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
 TRANSFORMER_DESCRIPTIONS: dict[str, str] = {
     "transformer": "tiny Qwen2 LM on 'pick' (4 digits, answers of 3: several correct answers), 200 RL steps, "
     "lr 1e-3, beta1 0.95; GRPO collapses, gated STARE (W 5, M 0.2, H_tgt 0.7) holds the entropy; ~75 s for "
-    "grpo,o1,c2 x 1 seed on 2 cores (warm start included)",
+    "grpo,o1,c2 x 1 seed on 2 cores (warm start included); add measure_decomposition=true for W* and the "
+    "critical W (~60 % more RL time)",
     "transformer-long": "as 'transformer' with 400 steps and 256 held-out prompts x 16 samples; run several seeds",
     "transformer-sort": "negative control: 'sort' has one correct answer, so token reweighting has nothing to act on",
 }
