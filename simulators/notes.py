@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from typing import Any
 
 from stare_lab.losses import loss_needs
@@ -64,9 +65,16 @@ def group_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "method": entry.get("method", label), "point": entry.get("point") or {},
             "stare": (loss.get("stare") or {}) if entry.get("stare") else None,
             "n": n, "held": int(mean.get("held_runs") or 0), "collapsed": int(mean.get("collapsed_runs") or 0),
-            "mean": mean, "lr": cfg.get("lr"),
+            "mean": mean, "lr": cfg.get("lr"), "runs": list((entry.get("runs") or {}).values()),
         }
     return out
+
+
+def _seed_median(g: dict[str, Any], key: str) -> float | None:
+    """Median over the group's seeds of a per-run statistic (the statistic the headline's critical-W line uses,
+    :func:`simulators.grid.critical_summary`); the seed mean for a summary without per-seed runs."""
+    vals = [v for v in (_num(r.get(key)) for r in g.get("runs") or []) if v is not None]
+    return float(statistics.median(vals)) if vals else _num(g["mean"].get(key))
 
 
 def _same_slice(a: dict, b: dict) -> bool:
@@ -148,25 +156,25 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          f"{_f(m.get('target_entropy'))}), so {label} not holding the band is not a sign of a weak "
                          "push: there is no drift below the target to cancel; run more steps or lower the target")
             continue
-        est = _num((ref or {}).get("mean", {}).get("w_star_at_crossing")) if ref else None
+        est = _seed_median(ref, "w_star_at_crossing") if ref else None
         w_now = _num(st.get("reweight_w")) or 1.0
-        own = _num(m.get("critical_w"))  # the first-order critical W along this group's own runs (second half)
+        own = _seed_median(g, "critical_w")  # the first-order critical W along this group's own runs (second half)
         if est is not None and est <= w_now and own is not None and own > w_now:
             notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds: at "
                          f"{push_label(st)} the push is below the critical strength along its own runs (first-order "
-                         f"W* over the second half ≈ {own:.2f}, mean over seeds), although W* where GRPO crosses "
+                         f"W* over the second half ≈ {own:.2f}, median over seeds), although W* where GRPO crosses "
                          f"H_tgt is {est:.2f}: the drift to cancel grew after the crossing; try "
                          f"stare.reweight_w ≥ {own:.2f}{'' if st.get('adaptive') else ' or o1-adaptive'} "
                          "(docs/theory.md §7)")
             continue
         if est is not None and est <= w_now:  # the first order says this W suffices, and it did not: second order
             notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds although the "
-                         f"first-order estimate where GRPO crosses H_tgt (W* ≈ {est:.2f}, mean over seeds) is below "
+                         f"first-order estimate where GRPO crosses H_tgt (W* ≈ {est:.2f}, median over seeds) is below "
                          f"W={w_now:g}: the drift at H_tgt is then mostly second order (sampling noise, ∝ lr²), which "
                          "the D terms leave out; try a larger stare.reweight_w / smaller reweight_m, o1-adaptive, or "
                          "a smaller lr (docs/theory.md §7)")
             continue
-        est_s = (f" (the conservative first-order estimate for O1 where GRPO crosses H_tgt, mean over seeds: "
+        est_s = (f" (the conservative first-order estimate for O1 where GRPO crosses H_tgt, median over seeds: "
                  f"W* ≈ {est:.2f})") if est is not None else ""
         tip = f"stare.reweight_w ≥ {est:.2f}" if est is not None else "a larger stare.reweight_w / smaller reweight_m"
         if not st.get("adaptive"):
