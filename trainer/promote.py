@@ -8,7 +8,8 @@ directories (``config.yaml`` → ``loss.stare``), merges them into a trainer bas
   commented provenance block, plus ``OUT.provenance.json`` with the same facts machine-readable; or
 * ``--format verl``: Hydra ``key=value`` overrides for the STARE reference implementation (hp-luo/STARE, a verl
   fork: ``actor_rollout_ref.actor.policy_loss.loss_mode=stare``, ``actor_rollout_ref.actor.stare.*``), one per line,
-  with the provenance as ``#`` comment lines.
+  with the provenance as ``#`` comment lines. Only the STARE and loss keys have lines
+  (:data:`VERL_CARRIED_KEYS`); any other command-line override (``optim.lr=…``) is named in a warning.
 
 What is deliberately NOT copied from a toy run: the target entropy (entropy scales differ between a simulator and an
 LLM). It comes from the base config (default), ``--target-entropy X``, or ``--target-entropy-frac F`` × the initial
@@ -59,6 +60,10 @@ PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive
 _VERL_STARE_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy", "adaptive", "alpha",
                     "w_max", "m_min")
 _DEFAULT_BAND = 0.05
+#: the trainer keys ``--format verl`` writes a line for (:func:`_verl_lines`); other overrides are warned about
+VERL_CARRIED_KEYS = frozenset([f"loss.stare.{k}" for k in _VERL_STARE_KEYS] + [
+    "loss.loss_mode", "loss.clip_ratio_low", "loss.clip_ratio_high", "loss.clip_ratio_c", "loss.loss_agg_mode",
+    "loss.entropy_coeff"])
 
 
 def _model_size_b(path: str) -> float | None:
@@ -249,6 +254,10 @@ def promote(
         tgt_source = "the command line override loss.stare.target_entropy"
     notices.insert(0, f"target entropy {tgt:g} nats from {tgt_source} (never copied from a simulation)")
     warnings = _push_warnings(cfg.loss.stare, base_w, base_m, user_keys) + _seed_warnings(found["runs"])
+    if fmt == "verl" and _verl_dropped(user_keys):
+        warnings.append(
+            f"--format verl emits only the STARE and loss keys; not carried: {', '.join(_verl_dropped(user_keys))} "
+            "(set them in the verl launch script, or write the trainer YAML with --format stare-lab)")
 
     provenance = {
         "promoted_by": f"stare-lab promote (stare_lab {__version__})",
@@ -272,6 +281,12 @@ def promote(
     else:
         text = header + "\n".join(_verl_lines(cfg)) + "\n"
     return text, provenance, notices
+
+
+def _verl_dropped(user_keys: set[str]) -> list[str]:
+    """The command-line override keys that ``--format verl`` has no line for (only the STARE and loss keys of
+    :func:`_verl_lines` are emitted; the rest of a verl run is set in its own launch script)."""
+    return sorted(k for k in user_keys if k not in VERL_CARRIED_KEYS)
 
 
 #: a promoted push |W − 1| or |1 − M| more than this many times the base config's is warned about

@@ -91,6 +91,19 @@ def test_verl_format(sweep, base):
     assert all(k.startswith("actor_rollout_ref.actor.") for k in kv)
 
 
+def test_verl_format_names_the_overrides_it_cannot_carry(sweep, base):
+    """optim.lr has no verl line: it must be named in a warning (header and provenance), not dropped silently;
+    a loss key it does carry is written and not warned about."""
+    text, prov, _ = promote([sweep], "c2", base, fmt="verl", target_entropy=0.25,
+                            overrides=["optim.lr=2e-6", "loss.clip_ratio_high=0.3"])
+    warned = [w for w in prov["warnings"] if "not carried" in w]
+    assert len(warned) == 1 and "optim.lr" in warned[0] and "clip_ratio_high" not in warned[0]
+    assert f"# WARNING: {warned[0]}" in text
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.3" in text.splitlines()
+    _, prov2, _ = promote([sweep], "c2", base, target_entropy=0.25, overrides=["optim.lr=2e-6"])
+    assert not [w for w in prov2["warnings"] if "not carried" in w]  # the YAML carries every key
+
+
 def test_size_guidance_and_user_override(sweep, base, tmp_path):
     data = yaml.safe_load(base.read_text())
     data["model"]["path"] = "models/Qwen2.5-32B-Base"
