@@ -11,9 +11,11 @@ hold the band on every seed:
 3. GRPO itself did not collapse (no seed below 10 % of its initial entropy and its entropy not below the band):
    then nothing is said about STARE being too weak;
 4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
-   the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`) from the GRPO
-   runs where they cross H_tgt — or, when that is below the run's W but the group's own second-half W* is above
-   it, the latter (the drift grew after the crossing); when both are below W, the drift is mostly second order.
+   the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`, seed median)
+   where the entropy first crosses H_tgt (the group's own value, with its M for C2; else GRPO's) — or, when that
+   is below the run's W but the group's own second-half W* is above it, the latter (the drift grew after the
+   crossing); when both are below W, the drift is mostly second order. A group whose entropy first reached H_tgt
+   in the second half is told to run more steps instead. An adaptive group is told to raise ``stare.w_max``.
 
 Independently of 1–4, every group (GRPO's probe push included, and a STARE group that held the band) whose push
 acted at less than :data:`~simulators.run_stats.REGIME_RATIO` of its first-order size gets a regime warning.
@@ -156,33 +158,50 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          f"{_f(m.get('target_entropy'))}), so {label} not holding the band is not a sign of a weak "
                          "push: there is no drift below the target to cancel; run more steps or lower the target")
             continue
-        est = _seed_median(ref, "w_star_at_crossing") if ref else None
-        w_now = _num(st.get("reweight_w")) or 1.0
-        own = _seed_median(g, "critical_w")  # the first-order critical W along this group's own runs (second half)
-        if est is not None and est <= w_now and own is not None and own > w_now:
-            notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds: at "
-                         f"{push_label(st)} the push is below the critical strength along its own runs (first-order "
-                         f"W* over the second half ≈ {own:.2f}, median over seeds), although W* where GRPO crosses "
-                         f"H_tgt is {est:.2f}: the drift to cancel grew after the crossing; try "
-                         f"stare.reweight_w ≥ {own:.2f}{'' if st.get('adaptive') else ' or o1-adaptive'} "
-                         "(docs/theory.md §7)")
-            continue
-        if est is not None and est <= w_now:  # the first order says this W suffices, and it did not: second order
-            notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds although the "
-                         f"first-order estimate where GRPO crosses H_tgt (W* ≈ {est:.2f}, median over seeds) is below "
-                         f"W={w_now:g}: the drift at H_tgt is then mostly second order (sampling noise, ∝ lr²), which "
-                         "the D terms leave out; try a larger stare.reweight_w / smaller reweight_m, o1-adaptive, or "
-                         "a smaller lr (docs/theory.md §7)")
-            continue
-        est_s = (f" (the conservative first-order estimate for O1 where GRPO crosses H_tgt, median over seeds: "
-                 f"W* ≈ {est:.2f})") if est is not None else ""
-        tip = f"stare.reweight_w ≥ {est:.2f}" if est is not None else "a larger stare.reweight_w / smaller reweight_m"
-        if not st.get("adaptive"):
-            tip += " or o1-adaptive"
-        notes.append(f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds: at "
-                     f"{push_label(st)} the push is below the critical strength{est_s}; try {tip} (docs/theory.md §7)")
+        notes.append(_weak_push_note(label, g, st, ref))
     notes += _grid_direction_notes(facts)
     return notes
+
+
+def _raise_tip(st: dict[str, Any], w: float) -> str:
+    """How to get a W of at least ``w``: the fixed weight, or the adaptive schedule's cap (which bounds W)."""
+    if st.get("adaptive"):
+        return f"stare.w_max ≥ {w:.2f} (the adaptive schedule's cap on W, now {_f(st.get('w_max'), 'g')})"
+    return f"stare.reweight_w ≥ {w:.2f} or o1-adaptive"
+
+
+def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict[str, Any] | None) -> str:
+    """Case 4 of the module docstring: a group in the regime, gate opened, GRPO fell, band not held."""
+    head = f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds"
+    crossing, steps = _seed_median(g, "crossing_step"), _seed_median(g, "steps")
+    if crossing is not None and steps and crossing > steps / 2:
+        return (f"{head}: its entropy first reached H_tgt at step {crossing:.0f} of {steps:.0f}, inside the second "
+                "half over which the band is judged, so the controller had no time to settle; run more steps")
+    c2 = st.get("variant") == "C2"
+    # W* where the entropy first crosses H_tgt: the group's own value (with its M for C2; the trajectory equals
+    # GRPO's up to the crossing), else GRPO's (M = 1)
+    est = _seed_median(g, "w_star_at_crossing")
+    if est is None or not c2:
+        est = (_seed_median(ref, "w_star_at_crossing") if ref else None) or est
+    est_what = f"with M={_f(st.get('reweight_m'), 'g')}" if c2 and _seed_median(g, "w_star_at_crossing") else "for O1"
+    w_now = _num(st.get("reweight_w")) or 1.0
+    own = _seed_median(g, "critical_w")  # the first-order critical W along this group's own runs (second half)
+    if est is not None and est <= w_now and own is not None and own > w_now:
+        return (f"{head}: at {push_label(st)} the push is below the critical strength along its own runs (first-order "
+                f"W* over the second half ≈ {own:.2f}, median over seeds), although W* where the entropy crosses "
+                f"H_tgt is {est:.2f}: the drift to cancel grew after the crossing; try {_raise_tip(st, own)} "
+                "(docs/theory.md §7)")
+    if est is not None and est <= w_now:  # the first order says this W suffices, and it did not: second order
+        return (f"{head} although the first-order estimate where the entropy crosses H_tgt (W* ≈ {est:.2f} "
+                f"{est_what}, median over seeds) is below W={w_now:g}: the drift at H_tgt is then mostly second "
+                "order (sampling noise, ∝ lr²), which the D terms leave out; try a larger push "
+                f"({'stare.w_max / stare.m_min' if st.get('adaptive') else 'stare.reweight_w / reweight_m, o1-adaptive'})"
+                " or a smaller lr (docs/theory.md §7)")
+    est_s = (f" (the conservative first-order estimate {est_what} where the entropy crosses H_tgt, median over "
+             f"seeds: W* ≈ {est:.2f})") if est is not None else ""
+    tip = _raise_tip(st, est) if est is not None else (
+        "a larger stare.w_max" if st.get("adaptive") else "a larger stare.reweight_w / smaller reweight_m or o1-adaptive")
+    return f"{head}: at {push_label(st)} the push is below the critical strength{est_s}; try {tip} (docs/theory.md §7)"
 
 
 def _grpo_fell(ref: dict[str, Any]) -> bool:

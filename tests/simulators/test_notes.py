@@ -132,5 +132,31 @@ def test_own_critical_w_above_the_failed_w_says_below_critical_along_the_run():
                                                  "critical_w": 6.17}, {"reweight_w": 5.0})}, seeds=1)
     notes = sweep_notes(s)
     assert len(notes) == 1 and "below the critical strength along its own runs" in notes[0]
-    assert "≈ 6.17" in notes[0] and "GRPO crosses H_tgt is 2.05" in notes[0]
+    assert "≈ 6.17" in notes[0] and "entropy crosses H_tgt is 2.05" in notes[0]
     assert "stare.reweight_w ≥ 6.17 or o1-adaptive" in notes[0] and "second order" not in notes[0]
+
+
+def test_c2_quotes_its_own_crossing_estimate_and_adaptive_names_w_max():
+    """demo: C2's own W* at the crossing (with its M = 0.9) is 1.25, O1's (GRPO's) 1.35: the C2 note quotes 1.25;
+    an adaptive group is told to raise w_max (its schedule's cap), not reweight_w."""
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "c2": ("c2", {}, {"final_entropy": 0.357, "mean_abs_dev_second_half": 0.051, "held_runs": 2,
+                                   "w_star_at_crossing": 1.25}, {"variant": "C2"}),
+                 "o1-adaptive": ("o1-adaptive", {}, {"final_entropy": 0.30, "mean_abs_dev_second_half": 0.1,
+                                                     "w_star_at_crossing": 1.47},
+                                 {"adaptive": True, "w_max": 1.3})})
+    notes = sweep_notes(s)
+    c2 = next(n for n in notes if n.startswith("note: c2"))
+    assert "W* ≈ 1.25" in c2 and "with M=0.9" in c2 and "1.47" not in c2
+    ad = next(n for n in notes if n.startswith("note: o1-adaptive"))
+    assert "stare.w_max ≥ 1.47" in ad and "now 1.3" in ad and "reweight_w" not in ad
+
+
+def test_a_crossing_in_the_second_half_says_run_longer():
+    """40-step transformer run: the entropy first reached H_tgt at step 30 of 40, so the band (judged over steps
+    21–40) says nothing about the push: the note asks for more steps instead of blaming second order."""
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "c2": ("c2", {}, {"final_entropy": 0.5, "mean_abs_dev_second_half": 0.12, "crossing_step": 30,
+                                   "steps": 40, "w_star_at_crossing": 1.2}, {"variant": "C2", "reweight_w": 5.0})})
+    (note,) = sweep_notes(s)
+    assert "step 30 of 40" in note and "run more steps" in note and "second order" not in note
