@@ -11,6 +11,7 @@ from stare_lab.errors import ConfigError
 from stare_lab.verdict import group_outcome, verdict
 
 from .compare import Comparison
+from .grouping import experiment_slice
 from .load import RunData
 
 __all__ = ["uses_stare", "comparison_verdict"]
@@ -34,12 +35,15 @@ def uses_stare(run: RunData) -> bool:
 
 def comparison_verdict(cmp: Comparison, summaries: Mapping[int, dict[str, Any]], *, per_setting: bool = True) -> str:
     """The verdict of ``cmp``'s groups; ``summaries`` maps ``id(run)`` to the run's summary statistics. The reward
-    of a STARE group is compared with the baseline whose non-STARE ``group_by`` values are the same."""
+    of a STARE group is compared with the baseline of the same experiment (:func:`analysis.grouping.experiment_slice`:
+    source, sweep folder, simulator kind / preset, target entropy and the non-STARE ``group_by`` values); none is
+    named when no baseline shares all of them."""
     groups = []
+    cache: dict = {}
     for g in cmp.groups:
         first = g.runs[0]
         stare = (first.config_value("loss.stare") or {}) if uses_stare(first) else None
         groups.append({"label": g.label, "method": g.method, "stare": stare,
-                       "slice": {k: v for k, v in g.key_values if not k.startswith("loss.stare.")},
+                       "slice": experiment_slice(g.runs, g.key_values, cache),
                        **group_outcome([summaries[id(r)] for r in g.runs])})
     return verdict(groups, per_setting=per_setting)
