@@ -48,9 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "analyze",
         help="plots and a report from run directories (analysis)",
         description="Find runs (recursively) under the given directories, group them by method (runs of one method "
-        "whose simulator kind/preset, loss.stare settings or target entropy differ are separate groups unless "
-        "--merge; more splits with --group-by), aggregate seeds (mean and 95% band), and write figures, report.md "
-        "and a self-contained report.html.",
+        "whose sweep folder, simulator kind/preset, loss.stare settings or target entropy differ are separate groups "
+        "unless --merge; more splits with --group-by), aggregate seeds (mean and 95% band), and write figures, "
+        "report.md and a self-contained report.html.",
     )
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories or folders above them")
     p.add_argument("--out", help="output folder (default: PATH/figures for a single PATH; required for several)")
@@ -60,9 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--group-by", action="append", default=[], metavar="CONFIG_KEY",
                    help="dotted config key that splits methods into groups (e.g. loss.stare.reweight_w); repeatable")
     p.add_argument("--merge", action="store_true",
-                   help="average all runs of a method even when their simulator kind/preset, loss.stare settings or "
-                   "target entropy differ (default: such runs are separate groups, e.g. 'c2 [transformer]', "
-                   "'c2 (W=5)')")
+                   help="average all runs of a method even when their sweep folder, simulator kind/preset, loss.stare "
+                   "settings or target entropy differ (default: such runs are separate groups, e.g. "
+                   "'c2 [transformer]', 'c2 (W=5)')")
     p.add_argument("--band", default=0.05, metavar="NATS",
                    help="half-width of the target-entropy band (default 0.05 nats)")
     g = p.add_mutually_exclusive_group()
