@@ -24,7 +24,7 @@ import numpy as np
 
 from . import stats
 from .compare import QUADRANTS, Comparison
-from .verdict import uses_stare
+from .verdict import uses_m, uses_stare
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,8 @@ def _shade_targets(ax, cmp: Comparison) -> None:
 
 def plot_dynamics(cmp: Comparison) -> Any:
     """Entropy (nats, with the target band shaded), reward, gate state and STARE W/M over steps, one line per
-    group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on."""
+    group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on. W is drawn for the groups whose
+    loss uses STARE, M only for those that apply it (variant C2, :func:`analysis.verdict.uses_m`)."""
     styles = _styles(cmp)
     with _style():
         fig, axes = _figure(2, 2, sharex=True, margins={"left": 0.08, "right": 0.99, "wspace": 0.22,
@@ -239,16 +240,21 @@ def plot_dynamics(cmp: Comparison) -> Any:
             # gate and W/M are often identical across methods (e.g. o1 and c2 share W, M and the gate): wider
             # lines first, so a line drawn later on top leaves the earlier one visible around it
             _draw(ax_g, cmp.series(g, "gate_on"), st, g.label, band=False, lw=lw)
-            _draw(ax_w, cmp.series(g, "stare_w"), st, g.label, band=False, lw=lw)
-            m = cmp.series(g, "stare_m").finite()
-            if m.x.size:
-                ax_w.plot(m.x, m.mean, color=st[0], ls=st[1], alpha=0.55, lw=lw)
+            # W only where the loss uses it (STARE), M only where it does (C2): O1 and GRPO log a stare_m (O1's
+            # adaptive controller even moves it) that their loss never applies
+            if any(uses_stare(r) for r in g.runs):
+                _draw(ax_w, cmp.series(g, "stare_w"), st, g.label, band=False, lw=lw)
+            if any(uses_m(r) for r in g.runs):
+                m = cmp.series(g, "stare_m").finite()
+                if m.x.size:
+                    ax_w.plot(m.x, m.mean, color=st[0], ls=st[1], alpha=0.55, lw=lw)
         ax_h.set(title="entropy (batch token-mean)", ylabel="entropy (nats)")
         ax_h.set_ylim(bottom=0)
         ax_r.set(title="mean reward" + (f" (moving average, {k_r} steps)" if k_r > 1 else ""), ylabel="reward")
         ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
         ax_g.set_ylim(-0.05, 1.05)
-        ax_w.set(title="STARE weights: W (above 1), M (below 1, faint)", ylabel="weight", xlabel="step")
+        ax_w.axhline(1.0, color="0.5", lw=0.6)  # 1 = no reweighting (the baselines)
+        ax_w.set(title="STARE weights: W (> 1); M (< 1, faint; C2 only)", ylabel="weight", xlabel="step")
         _figure_legend(fig, ax_h, panel_height=2 * 2.3)
     return fig
 

@@ -14,7 +14,7 @@ from .compare import Comparison
 from .grouping import experiment_slice
 from .load import RunData
 
-__all__ = ["uses_stare", "comparison_verdict"]
+__all__ = ["uses_stare", "uses_m", "comparison_verdict"]
 
 
 def uses_stare(run: RunData) -> bool:
@@ -31,6 +31,12 @@ def uses_stare(run: RunData) -> bool:
         return loss_needs(mode, run.config_value("loss") or None).stare
     except ConfigError:
         return False
+
+
+def uses_m(run: RunData) -> bool:
+    """Whether the run's loss applies M (×M on the negative-advantage high-surprisal set L−): STARE variant C2
+    (``loss.stare.variant``, docs/theory.md §1). O1 and the baselines log ``stare_m`` but never use it."""
+    return uses_stare(run) and str(run.config_value("loss.stare.variant", "")).upper() == "C2"
 
 
 def comparison_verdict(cmp: Comparison, summaries: Mapping[int, dict[str, Any]], *, per_setting: bool = True) -> str:
