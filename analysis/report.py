@@ -468,8 +468,9 @@ def _write(
         "Lines: mean over seeds, one colour, line style and marker per method; shaded in the method's colour: 95% "
         "band (mean ± t·s/√n, none for a single seed); gold, hatched: the target band H_tgt ± "
         f"{cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when groups differ, each "
-        "labelled in the legend). Gate: fraction of seeds with the STARE gate on. W (STARE weight on L+) and M "
-        "(on L−) as logged."
+        "labelled in the legend). Gate: fraction of seeds with the STARE gate on. W (STARE weight on L+) as logged, "
+        "for the groups whose loss uses STARE; M (on L−) only for variant C2 (`loss.stare.variant`): O1 never "
+        "applies M, whatever M its runs log."
     )
     add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
 
