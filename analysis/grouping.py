@@ -19,8 +19,8 @@ from stare_lab.errors import ConfigError
 
 from .load import RunData
 
-__all__ = ["KIND_KEYS", "SWEEP_KEY", "setting_signature", "experiment_slice", "sweep_root", "check_group_by", "split_labels",
-           "group_key_value", "fmt_value"]
+__all__ = ["KIND_KEYS", "SWEEP_KEY", "setting_signature", "experiment_slice", "sweep_root", "check_group_by",
+           "split_labels", "group_key_value", "fmt_value"]
 
 
 def fmt_value(v: Any) -> str:

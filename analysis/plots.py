@@ -4,6 +4,7 @@ Each ``plot_*`` function takes a :class:`analysis.compare.Comparison` and return
 (or None when the runs lack the data), so it works the same from the CLI and from a notebook. One style for all:
 a fixed colour, line style and marker per method (:func:`method_style`: O1 and C2, say, differ in all three), the
 next line styles and darker-to-lighter shades of its colour for further groups of a method, seed mean as the line and the 95% band (mean ± t·s/√n) shaded,
+cut to the values the statistic can take (:func:`analysis.stats.known_range`: entropies ≥ 0, fractions in [0, 1]),
 entropies in nats. Legends sit outside the data: one legend per figure below its panels (the target bands labelled
 in it), the fit numbers of the prediction scatters below each column.
 """
@@ -235,7 +236,7 @@ def plot_dynamics(cmp: Comparison) -> Any:
         widths = _overlap_widths(len(cmp.groups))
         for g, lw in zip(cmp.groups, widths):
             st = styles[g.label]
-            _draw(ax_h, cmp.series(g, "entropy"), st, g.label)
+            _draw(ax_h, cmp.series(g, "entropy").clipped(stats.known_range("entropy")), st, g.label)
             _draw(ax_r, cmp.series(g, "reward", smooth=k_r), st, g.label, stride=k_r // 2)
             # gate and W/M are often identical across methods (e.g. o1 and c2 share W, M and the gate): wider
             # lines first, so a line drawn later on top leaves the earlier one visible around it
@@ -336,7 +337,8 @@ def plot_quadrants(cmp: Comparison) -> Any:
             arrow = "H↑" if sign > 0 else "H↓"
             for g in cmp.groups:
                 st = styles[g.label]
-                _draw(axes[0, j], cmp.quadrant_share(g, q, smooth=k), st, g.label, stride=k // 2)
+                share = cmp.quadrant_share(g, q, smooth=k).clipped((0.0, 1.0))
+                _draw(axes[0, j], share, st, g.label, stride=k // 2)
                 _draw(axes[1, j], cmp.series(g, f"quadrant/{q}/dH", smooth=k), st, g.label, stride=k // 2)
             axes[0, j].set(title=f"{desc} ({arrow}){suffix}", ylabel="share of tokens" if j == 0 else None)
             axes[1, j].axhline(0.0, color="k", lw=0.6)
@@ -357,7 +359,8 @@ def plot_cross_source(cmp: Comparison, key: str = "entropy") -> Any:
         ax = axes[0, 0]
         drawn = 0
         for g in cmp.groups:
-            agg = cmp.normalised_series(g, key)
+            agg = cmp.normalised_series(g, key)  # a ratio of values ≥ 0 is ≥ 0
+            agg = agg.clipped((0.0, math.inf)) if stats.known_range(key)[0] >= 0 else agg
             drawn += int(agg.finite().x.size > 0)
             _draw(ax, agg, styles[g.label], g.label)
         if drawn == 0:
@@ -387,7 +390,7 @@ def plot_metrics(cmp: Comparison, keys: Sequence[str]) -> Any:
         for i, key in enumerate(keys):
             ax = axes[i // ncols, i % ncols]
             for g in cmp.groups:
-                _draw(ax, cmp.series(g, key), styles[g.label], g.label)
+                _draw(ax, cmp.series(g, key).clipped(stats.known_range(key)), styles[g.label], g.label)
             ax.set(title=key, xlabel="step")
         for i in range(len(keys), nrows * ncols):
             axes[i // ncols, i % ncols].set_visible(False)
