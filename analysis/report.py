@@ -382,7 +382,9 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
     )
     if fig is not None:
         doc.p("Phase diagram: band deviation = mean over seeds of the mean |H − H_tgt| over the second half of each "
-              "run; the band holds below the boundary.")
+              "run; the band holds below the boundary. Over W alone the deviation is on a log axis down to a floor "
+              f"(10^-{phase.FLOOR_DECADES} × the band, rounded down to a power of ten); smaller deviations are drawn "
+              "on the floor with hollow markers, its tick reads '≤ floor'.")
         add_figure(doc, "phase", fig, "band deviation over the sweep grid")
     if crit_rows:
         doc.p("Measured critical W = the smallest grid W whose runs hold the band on every seed; first-order "
