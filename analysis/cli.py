@@ -82,8 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    """Handler of ``stare-lab analyze`` (:func:`analysis.analyze.analyze`); prints the verdict, where the report went
-    and a one-line summary per group."""
+    """Handler of ``stare-lab analyze`` (:func:`analysis.analyze.analyze`); prints the verdict, the sweep's critical
+    W (the report's line, when a sweep over W is analysed), where the report went and a one-line summary per
+    group."""
     from .analyze import analyze  # here, not at the top: the front door imports every wing's cli to build its parser
 
     t0 = time.perf_counter()
@@ -102,6 +103,8 @@ def run_analyze(args: argparse.Namespace) -> int:
                   paper_model=args.paper_model, summary=args.summary)
     cmp, files = res.comparison, res.files
     print(f"verdict: {res.verdict}")
+    if res.critical:
+        print(f"critical W: {res.critical}")
     for row in cmp.summary_rows():
         h0, h1 = row["initial_entropy"][0], row["final_entropy"][0]
         band_frac = row["frac_in_band"]

@@ -110,3 +110,13 @@ def test_phase_curve_has_an_honest_log_axis():
     assert any(list(line.get_ydata()) == [0.05, 0.05] for line in ax.get_lines())  # the band boundary
     lo, hi = ax.get_ylim()
     assert lo < 1e-4 and hi > 0.11
+
+
+def test_analyze_prints_the_critical_w_line_of_the_report(sweep_dir, tmp_path, capsys):
+    """Review finding: report.md had '**Critical W:** o1: measured …' but the terminal verdict left it out."""
+    out = tmp_path / "rep"
+    assert main(["analyze", str(sweep_dir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    crit = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("**Critical W:** "))
+    assert printed[1] == "critical W: " + crit[len("**Critical W:** "):] and printed[0].startswith("verdict: ")
+    assert "o1: measured" in printed[1]
