@@ -224,8 +224,9 @@ def _shade_targets(ax, cmp: Comparison) -> None:
 
 def plot_dynamics(cmp: Comparison) -> Any:
     """Entropy (nats, with the target band shaded), reward, gate state and STARE W/M over steps, one line per
-    group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on. W is drawn for the groups whose
-    loss uses STARE, M only for those that apply it (variant C2, :func:`analysis.verdict.uses_m`)."""
+    group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on — lines, or, when a method has
+    more than :data:`MAX_GATE_LINES` groups (a sweep's grid), one image row per STARE group. W is drawn for the
+    groups whose loss uses STARE, M only for those that apply it (variant C2, :func:`analysis.verdict.uses_m`)."""
     styles = _styles(cmp)
     with _style():
         fig, axes = _figure(2, 2, sharex=True, margins={"left": 0.08, "right": 0.99, "wspace": 0.22,
@@ -234,13 +235,18 @@ def plot_dynamics(cmp: Comparison) -> Any:
         _shade_targets(ax_h, cmp)
         k_r = _smooth_window(cmp, "reward", 200)
         widths = _overlap_widths(len(cmp.groups))
+        per_method: dict[str, int] = {}
+        for g in cmp.groups:
+            per_method[g.method] = per_method.get(g.method, 0) + 1
+        gate_rows = max(per_method.values(), default=0) > MAX_GATE_LINES
         for g, lw in zip(cmp.groups, widths):
             st = styles[g.label]
             _draw(ax_h, cmp.series(g, "entropy").clipped(stats.known_range("entropy")), st, g.label)
             _draw(ax_r, cmp.series(g, "reward", smooth=k_r), st, g.label, stride=k_r // 2)
             # gate and W/M are often identical across methods (e.g. o1 and c2 share W, M and the gate): wider
             # lines first, so a line drawn later on top leaves the earlier one visible around it
-            _draw(ax_g, cmp.series(g, "gate_on"), st, g.label, band=False, lw=lw)
+            if not gate_rows:
+                _draw(ax_g, cmp.series(g, "gate_on"), st, g.label, band=False, lw=lw)
             # W only where the loss uses it (STARE), M only where it does (C2): O1 and GRPO log a stare_m (O1's
             # adaptive controller even moves it) that their loss never applies
             if any(uses_stare(r) for r in g.runs):
@@ -252,12 +258,49 @@ def plot_dynamics(cmp: Comparison) -> Any:
         ax_h.set(title="entropy (batch token-mean)", ylabel="entropy (nats)")
         ax_h.set_ylim(bottom=0)
         ax_r.set(title="mean reward" + (f" (moving average, {k_r} steps)" if k_r > 1 else ""), ylabel="reward")
-        ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
-        ax_g.set_ylim(-0.05, 1.05)
+        if gate_rows:
+            _gate_rows(ax_g, cmp)
+        else:
+            ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
+            ax_g.set_ylim(-0.05, 1.05)
         ax_w.axhline(1.0, color="0.5", lw=0.6)  # 1 = no reweighting (the baselines)
         ax_w.set(title="STARE weights: W (> 1); M (< 1, faint; C2 only)", ylabel="weight", xlabel="step")
         _figure_legend(fig, ax_h, panel_height=2 * 2.3)
     return fig
+
+
+#: more groups of one method than this (a sweep's grid points): the gate panel is one row per STARE group
+MAX_GATE_LINES = 4
+
+
+def _gate_rows(ax, cmp: Comparison) -> None:
+    """The gate panel as an image: one row per group whose loss uses STARE (the baselines never open it), the
+    grey of each step the fraction of the group's seeds with the gate on (white 0 … black 1). Rows are named by
+    their labels, without the method when all rows share it (``W=1.1``). Review finding: 8 grid points of one
+    method as 8 shades of one colour made the line panel unreadable."""
+    rows = [g for g in cmp.groups if any(uses_stare(r) for r in g.runs)]
+    names = [g.label for g in rows]
+    method = rows[0].method if rows and all(g.method == rows[0].method for g in rows) else None
+    if method is not None:
+        names = [n[len(method):].strip().removeprefix("(").removesuffix(")") or method for n in names]
+    for i, g in enumerate(rows):
+        a = cmp.series(g, "gate_on").finite()
+        if a.x.size == 0:
+            continue
+        x = a.x.astype(np.float64)
+        mid = (x[1:] + x[:-1]) / 2 if x.size > 1 else np.zeros(0)
+        edges = np.concatenate([[x[0] - 0.5], mid, [x[-1] + 0.5]])
+        mesh = ax.pcolormesh(edges, [i - 0.5, i + 0.5], a.mean[None, :], cmap="Greys", vmin=0.0, vmax=1.0,
+                             shading="flat", rasterized=True)
+        mesh.sticky_edges.x.clear()  # keep the steps' margins of the line panels it shares x with
+    ax.set_yticks(range(len(rows)), names, fontsize=7)
+    fig = ax.figure  # room on the left for the row names (about 18 characters per inch at 7 pt)
+    fig.subplots_adjust(left=max(fig.subplotpars.left, (max(map(len, names), default=0) / 18 + 0.15)
+                                 / fig.get_figwidth()))
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first group on top, as in the legend
+    ax.grid(False)
+    title = "STARE gate" + (f" of {method}" if method else "") + ": black on in every seed, grey some, white off"
+    ax.set(title=title, xlabel="step")
 
 
 def _overlap_widths(n: int, thin: float = 1.0, thick: float = 4.0) -> list[float]:

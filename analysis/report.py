@@ -495,7 +495,9 @@ def _write(
         "band (mean ± t·s/√n, none for a single seed; the entropy band cut at 0 nats, see section 4); gold, "
         "hatched: the target band H_tgt ± "
         f"{cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when groups differ, each "
-        "labelled in the legend). Gate: fraction of seeds with the STARE gate on. W (STARE weight on L+) as logged, "
+        "labelled in the legend). Gate: fraction of seeds with the STARE gate on (when a method has more than "
+        f"{plots.MAX_GATE_LINES} groups, e.g. a sweep's grid points, one row per STARE group, black = on in every "
+        "seed, white = off). W (STARE weight on L+) as logged, "
         "for the groups whose loss uses STARE; M (on L−) only for variant C2 (`loss.stare.variant`): O1 never "
         "applies M, whatever M its runs log."
     )
