@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -87,10 +88,10 @@ def setting_signature(run: RunData, cache: dict[Path, bool] | None = None) -> tu
 def sweep_root(run_dir: Path, levels: int = 4, cache: dict[Path, bool] | None = None) -> Path | None:
     """The folder of the sweep ``run_dir`` belongs to: its nearest ancestor (at most ``levels`` up) holding a sweep
     ``summary.json`` (one with a ``methods`` mapping, as ``stare-lab simulate`` writes: ``OUT/<method>/seed<k>`` or
-    ``OUT/<method>/<grid point>/seed<k>``); None if there is none (e.g. a trainer run). ``cache`` maps folders
-    already looked at to whether they hold one."""
+    ``OUT/<method>/<grid point>/seed<k>``), as an absolute path; None if there is none (e.g. a trainer run).
+    ``cache`` maps folders already looked at to whether they hold one."""
     cache = {} if cache is None else cache
-    for parent in list(Path(run_dir).parents)[:levels]:
+    for parent in list(Path(os.path.abspath(run_dir)).parents)[:levels]:  # one folder, however it was named
         if parent not in cache:
             try:
                 data = json.loads((parent / "summary.json").read_text(encoding="utf-8"))

@@ -91,3 +91,12 @@ def test_grid_slices_of_a_sweep_get_their_own_baseline(tmp_path):
     assert sweep_group_by(summary) == ["lr"]
     res = analyze([root], tmp_path / "out")
     assert "c2 (lr=2) held" in res.verdict and "at reward 0.35 (grpo (lr=2) 0.3)" in res.verdict, res.verdict
+
+
+def test_one_sweep_named_two_ways_is_one_experiment(tmp_path, monkeypatch):
+    """The same sweep folder given as a relative and as an absolute path is one folder: its runs stay one group."""
+    root = _sweep(tmp_path / "s", 0.4, 0.41, 0.7, 0.71)
+    monkeypatch.chdir(tmp_path)
+    cmp = compare([Path("s") / "grpo" / "seed0", root / "grpo" / "seed1"])
+    assert [(g.label, len(g.runs)) for g in cmp.groups] == [("grpo", 2)]
+    assert sweep_root(Path("s") / "grpo" / "seed0") == sweep_root(root / "c2" / "seed1") == root
