@@ -112,12 +112,12 @@ def _one(values: list[Any]) -> Any:
 
 def experiment_slice(runs: Sequence[RunData], key_values: Sequence[tuple[str, Any]] = (),
                      cache: dict[Path, bool] | None = None) -> dict[str, Any]:
-    """What a STARE group and the baseline its reward is compared with must share (the verdict's ``slice``,
-    :func:`stare_lab.verdict.verdict`): the same experiment, whatever the method. That is the run source, the
-    sweep folder (:func:`sweep_root`), the simulator kind / preset (:data:`KIND_KEYS`), the target entropy
-    (``target_entropy_frac`` where the config sets it relative, else ``loss.stare.target_entropy`` in nats,
-    rounded to 1e-6) and the ``group_by`` values of keys outside ``loss.stare.*`` (a sweep's grid slice). Each
-    value is the runs' common one, or the tuple of the distinct ones when they differ.
+    """The experiment of a group of runs, whatever the method (the verdict's ``slice`` by which a STARE group finds
+    its baseline, :func:`analysis.verdict.reference_slices`): the run source, the sweep folder
+    (:func:`sweep_root`), the simulator kind / preset (:data:`KIND_KEYS`), the ``group_by`` values of keys outside
+    ``loss.stare.*`` (a sweep's grid slice) and, under ``"target"``, the target entropy (``target_entropy_frac``
+    where the config sets it relative, else ``loss.stare.target_entropy`` in nats, rounded to 1e-6). Each value is
+    the runs' common one, or the tuple of the distinct ones when they differ.
 
     Review finding: two preset sweeps analysed together (H_tgt 0.4 and 0.6) compared the H_tgt=0.6 STARE group
     with the H_tgt=0.4 GRPO group, the first GRPO group listed."""

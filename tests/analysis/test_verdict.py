@@ -100,3 +100,33 @@ def test_one_sweep_named_two_ways_is_one_experiment(tmp_path, monkeypatch):
     cmp = compare([Path("s") / "grpo" / "seed0", root / "grpo" / "seed1"])
     assert [(g.label, len(g.runs)) for g in cmp.groups] == [("grpo", 2)]
     assert sweep_root(Path("s") / "grpo" / "seed0") == sweep_root(root / "c2" / "seed1") == root
+
+
+def test_a_target_sweep_compares_with_its_one_grpo(tmp_path):
+    """A sweep over stare.target_entropy runs GRPO once (at the preset's 0.4): the STARE group at H_tgt 0.3 is
+    compared with that GRPO (reward 0.7). Outside a sweep folder, with GRPO at two other targets (0.4, 0.6), which
+    one is the reference is not known: none is named."""
+    root = tmp_path / "swt"
+    for s in (0, 1):
+        _run(root / "grpo" / f"seed{s}", "grpo", s, 0.4, 0.1, 0.7)
+        _run(root / "c2" / "H_tgt=0.3" / f"seed{s}", "c2", s, 0.3, 0.301, 0.72)
+    (root / "summary.json").write_text(json.dumps({"methods": {}, "sweep": {"grid": [
+        ["loss.stare.target_entropy", [0.3]]]}}))
+    v = analyze([root], tmp_path / "out").verdict
+    assert "c2 held H_tgt=0.3" in v and "at reward 0.72 (grpo 0.7)" in v, v
+
+    loose = tmp_path / "loose"
+    for s in (0, 1):
+        _run(loose / "grpo4" / f"seed{s}", "grpo", s, 0.4, 0.1, 0.7)
+        _run(loose / "grpo6" / f"seed{s}", "grpo", s, 0.6, 0.1, 0.5)
+        _run(loose / "c2" / f"seed{s}", "c2", s, 0.3, 0.301, 0.72)
+    cmp = compare([loose])
+    v = comparison_verdict(cmp, run_summaries(cmp))
+    held = v.split("c2 held", 1)[1].split(";")[0]
+    assert "at reward 0.72" in held and "grpo" not in held, v
+    # ... but with GRPO at the STARE group's own target among them, that one is the reference
+    for s in (0, 1):
+        _run(loose / "grpo3" / f"seed{s}", "grpo", s, 0.3, 0.1, 0.4)
+    cmp = compare([loose])
+    v = comparison_verdict(cmp, run_summaries(cmp))
+    assert "at reward 0.72 (grpo (H_tgt=0.3) 0.4)" in v, v
