@@ -19,21 +19,23 @@ import matplotlib.figure  # noqa: F401 - the report's figures (imported here, wi
 from stare_lab.errors import ConfigError
 
 from .compare import Comparison, compare
-from .phase import read_sweep_summary
+from .phase import critical_line, read_sweep_summary
 from .report import ReportFiles, write_report
 
-__all__ = ["Analysis", "analyze"]
+__all__ = ["Analysis", "analyze", "sweep_group_by"]
 
 
 @dataclasses.dataclass
 class Analysis:
-    """What :func:`analyze` produced: the grouped runs, the written files, the sweep summary it used (or None) and
-    the report's verdict line."""
+    """What :func:`analyze` produced: the grouped runs, the written files, the sweep summary it used (or None),
+    the report's verdict line and its critical-W line (:func:`analysis.phase.critical_line`; None without a sweep
+    over W)."""
 
     comparison: Comparison
     files: ReportFiles
     sweep: dict[str, Any] | None
     verdict: str
+    critical: str | None = None
 
 
 def analyze(
@@ -58,7 +60,9 @@ def analyze(
     Args:
         paths: run directories or folders above them.
         out: the report folder; default ``PATH/figures`` for a single path (required for several).
-        group_by, band, threshold, threshold_frac, merge: as :func:`analysis.compare` (``merge`` = not split).
+        group_by, band, threshold, threshold_frac, merge: as :func:`analysis.compare` (``merge`` = not split);
+            default ``group_by`` with a sweep summary: its grid keys outside ``loss.stare.*`` (:func:`sweep_group_by`,
+            as ``stare-lab simulate`` groups its own report), so each grid slice is its own group.
         metrics: extra metric keys to plot and tabulate (each must be logged by some run).
         fmt, dpi, paper, paper_setting, paper_model: as :func:`analysis.report.write_report`.
         summary: a sweep's ``summary.json`` (``stare-lab simulate``): its grid and critical W go into the report;
@@ -74,18 +78,29 @@ def analyze(
     if out is None and len(paths) > 1:
         raise ConfigError(f"{len(paths)} input paths given: pass --out DIR to say where the report goes")
     out = Path(out) if out is not None else Path(paths[0]) / "figures"
-    cmp = compare(paths, group_by=group_by, band_half_width=band, threshold=threshold,
-                  threshold_frac=threshold_frac if threshold is None else 0.1, split=not merge)
-    _check_metrics(metrics, cmp.runs)
+    read_warnings: list[str] = []
     if summary is not None:
         sweep = read_sweep_summary(summary)
         if sweep is None:
             raise ConfigError(f"--summary={str(summary)!r} is not a sweep summary.json written by stare-lab simulate")
     else:
-        sweep = read_sweep_summary(paths[0], cmp.warnings) if len(paths) == 1 else None
+        sweep = read_sweep_summary(paths[0], read_warnings) if len(paths) == 1 else None
+    if not group_by and sweep is not None:
+        group_by = sweep_group_by(sweep)
+    cmp = compare(paths, group_by=group_by, band_half_width=band, threshold=threshold,
+                  threshold_frac=threshold_frac if threshold is None else 0.1, split=not merge)
+    cmp.warnings.extend(read_warnings)
+    _check_metrics(metrics, cmp.runs)
     files = write_report(cmp, out, fmt=fmt, metrics=metrics, paper=paper, paper_setting=paper_setting,
                          paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep)
-    return Analysis(cmp, files, sweep, files.verdict)
+    return Analysis(cmp, files, sweep, files.verdict, critical_line(sweep) if sweep else None)
+
+
+def sweep_group_by(sweep: dict[str, Any]) -> list[str]:
+    """The grid keys of a sweep summary outside ``loss.stare.*`` (e.g. ``lr``): the keys that split a sweep's runs
+    into grid slices, each with its own baseline (``loss.stare.*`` values split the STARE groups anyway)."""
+    grid = (sweep.get("sweep") or {}).get("grid") or []
+    return [k for k, *_ in grid if isinstance(k, str) and not k.startswith("loss.stare.")]
 
 
 def _check_metrics(metrics: Sequence[str], runs: list) -> None:

@@ -48,9 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "analyze",
         help="plots and a report from run directories (analysis)",
         description="Find runs (recursively) under the given directories, group them by method (runs of one method "
-        "whose simulator kind/preset, loss.stare settings or target entropy differ are separate groups unless "
-        "--merge; more splits with --group-by), aggregate seeds (mean and 95% band), and write figures, report.md "
-        "and a self-contained report.html.",
+        "whose sweep folder, simulator kind/preset, loss.stare settings or target entropy differ are separate groups "
+        "unless --merge; more splits with --group-by), aggregate seeds (mean and 95% band), and write figures, "
+        "report.md and a self-contained report.html.",
     )
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories or folders above them")
     p.add_argument("--out", help="output folder (default: PATH/figures for a single PATH; required for several)")
@@ -60,9 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--group-by", action="append", default=[], metavar="CONFIG_KEY",
                    help="dotted config key that splits methods into groups (e.g. loss.stare.reweight_w); repeatable")
     p.add_argument("--merge", action="store_true",
-                   help="average all runs of a method even when their simulator kind/preset, loss.stare settings or "
-                   "target entropy differ (default: such runs are separate groups, e.g. 'c2 [transformer]', "
-                   "'c2 (W=5)')")
+                   help="average all runs of a method even when their sweep folder, simulator kind/preset, loss.stare "
+                   "settings or target entropy differ (default: such runs are separate groups, e.g. "
+                   "'c2 [transformer]', 'c2 (W=5)')")
     p.add_argument("--band", default=0.05, metavar="NATS",
                    help="half-width of the target-entropy band (default 0.05 nats)")
     g = p.add_mutually_exclusive_group()
@@ -82,8 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    """Handler of ``stare-lab analyze`` (:func:`analysis.analyze.analyze`); prints the verdict, where the report went
-    and a one-line summary per group."""
+    """Handler of ``stare-lab analyze`` (:func:`analysis.analyze.analyze`); prints the verdict, the sweep's critical
+    W (the report's line, when a sweep over W is analysed), where the report went and a one-line summary per
+    group."""
     from .analyze import analyze  # here, not at the top: the front door imports every wing's cli to build its parser
 
     t0 = time.perf_counter()
@@ -102,6 +103,8 @@ def run_analyze(args: argparse.Namespace) -> int:
                   paper_model=args.paper_model, summary=args.summary)
     cmp, files = res.comparison, res.files
     print(f"verdict: {res.verdict}")
+    if res.critical:
+        print(f"critical W: {res.critical}")
     for row in cmp.summary_rows():
         h0, h1 = row["initial_entropy"][0], row["final_entropy"][0]
         band_frac = row["frac_in_band"]

@@ -412,7 +412,7 @@ def compare(
             the run's initial entropy.
         threshold_frac: in (0, 1]; the relative threshold when ``threshold`` is None.
         confidence: in (0, 1); the level of the seed bands.
-        split: True (default): runs of one method whose settings differ (simulator kind/preset, any
+        split: True (default): runs of one method whose settings differ (sweep folder, simulator kind/preset, any
             ``loss.stare.*`` value, the target entropy — see :func:`analysis.grouping.setting_signature`) are separate groups,
             labelled e.g. ``c2 [transformer]`` or ``c2 (W=5)``, and :attr:`Comparison.notes` says so. False: they are
             averaged together (the report notes which settings were mixed).
@@ -449,9 +449,10 @@ def compare(
     check_group_by(loaded, group_by, warnings)
 
     buckets: dict[tuple, list[RunData]] = collections.OrderedDict()
+    roots: dict = {}  # sweep_root's cache: folder -> holds a sweep summary.json
     for r in loaded:
         kv = tuple((k, group_key_value(r, k)) for k in group_by)
-        sig = setting_signature(r) if split else ()
+        sig = setting_signature(r, roots) if split else ()
         buckets.setdefault((r.source, r.method, sig, kv), []).append(r)
     mixed = len({k[0] for k in buckets}) > 1
     by_method: dict[tuple, dict[tuple, list[RunData]]] = collections.OrderedDict()
@@ -463,12 +464,12 @@ def compare(
         suffix.update({(source, method, sig): lab for sig, lab in labels.items()})
         if len(sigs) > 1:
             notes.append(
-                f"{method}{f' [{source}]' if mixed else ''}: runs differ in their settings (simulator kind/preset, "
-                f"`loss.stare.*` or target entropy), so they are {len(sigs)} separate groups:"
+                f"{method}{f' [{source}]' if mixed else ''}: runs differ in their settings (sweep folder, simulator "
+                f"kind/preset, `loss.stare.*` or target entropy), so they are {len(sigs)} separate groups:"
                 f" {', '.join(method + lab for lab in labels.values())} (`--merge` averages them)"
             )
         elif not split:
-            sig_dicts = [dict(setting_signature(r)) for ms in sigs.values() for r in ms]
+            sig_dicts = [dict(setting_signature(r, roots)) for ms in sigs.values() for r in ms]
             differ = [k for k in dict.fromkeys(k for d in sig_dicts for k in d)
                       if len({repr(d.get(k)) for d in sig_dicts}) > 1]
             if differ:

@@ -94,12 +94,7 @@ def phase_figure(summary: dict[str, Any]) -> Any:
             ws = sorted({w for w, _ in cells})
             c = crit.get(method) or {}
             if other is None:
-                colour, ls, marker = method_style(method)
-                ax.plot(ws, [cells[(w, None)] for w in ws], color=colour, ls=ls, marker=marker or "o", label=method)
-                ax.axhline(band, color="k", ls=":", lw=1, label=f"band {band:g} nats")
-                ax.set(xlabel="W (stare.reweight_w)", ylabel="mean |H − H_tgt|, 2nd half (nats)", yscale="symlog",
-                       title=f"{method}: band deviation over W")
-                ax.set_yscale("symlog", linthresh=band / 5)
+                _deviation_curve(ax, method, ws, [cells[(w, None)] for w in ws], band)
                 _mark(ax, c)
             else:
                 ys = sorted({y for _, y in cells}, key=lambda v: (isinstance(v, str), v))
@@ -119,9 +114,43 @@ def phase_figure(summary: dict[str, Any]) -> Any:
         return fig
 
 
+#: the log axis of the band deviation reaches down to the power of ten at least this many decades below the band;
+#: smaller values sit on its floor
+FLOOR_DECADES = 2
+
+
+def _deviation_curve(ax, method: str, ws: list[float], devs: list[float], band: float) -> None:
+    """The band deviation over W on a log axis (nats) from a floor up — the power of ten at or below
+    ``band``·10^−:data:`FLOOR_DECADES` (1e-4 for the 0.05-nats band): a deviation
+    below that floor (the band held far inside) is drawn on the floor with a hollow marker and the floor's tick
+    reads ``≤ floor``; the band boundary is a solid line over the shaded 'band held' region. Review finding: the
+    previous symlog axis had a '0' tick, so 1e-3 nats looked like 0."""
+    from matplotlib.ticker import NullLocator
+
+    colour, ls, marker = method_style(method)
+    floor = 10.0 ** math.floor(math.log10(band) - FLOOR_DECADES + 1e-9)
+    ys = np.maximum(np.asarray(devs, dtype=float), floor)
+    under = np.asarray(devs, dtype=float) < floor
+    ax.plot(ws, ys, color=colour, ls=ls, marker=marker or "o", label=method)
+    if under.any():
+        ax.plot(np.asarray(ws)[under], ys[under], ls="none", marker=marker or "o", mfc="white", mec=colour,
+                label=f"{method}: ≤ {floor:g} nats (drawn at the floor)")
+    top = max(float(np.nanmax(ys)), band) * 3
+    ax.axhspan(floor / 2, band, color="#2ca02c", alpha=0.08, lw=0, label=f"band held (< {band:g} nats)")
+    ax.axhline(band, color="k", ls="-", lw=1.2, label=f"band boundary {band:g} nats")
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2, top)
+    ticks = [10.0**k for k in range(math.ceil(math.log10(floor) + 1e-9), math.floor(math.log10(top)) + 1)]
+    ticks = [t for t in ticks if t > floor * 1.5] + [floor]
+    ax.set_yticks(sorted(ticks), [f"≤ {t:g}" if t == floor else f"{t:g}" for t in sorted(ticks)])
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set(xlabel="W (stare.reweight_w)", ylabel="mean |H − H_tgt|, 2nd half (nats)",
+           title=f"{method}: band deviation over W")
+
+
 def _mark(ax, c: dict[str, Any]) -> None:
     for key, style, name in (("measured_w", "-", "measured critical W"), ("predicted_w", "--", "first-order W*"),
-                             ("predicted_w_grpo", ":", "W* at GRPO's crossing")):
+                             ("predicted_w_grpo", "-.", "W* at GRPO's crossing")):
         v = _num(c.get(key))
         if v is not None and math.isfinite(v):
             ax.axvline(v, color="k", ls=style, lw=1, label=f"{name} {v:.3g}")

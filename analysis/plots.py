@@ -4,6 +4,7 @@ Each ``plot_*`` function takes a :class:`analysis.compare.Comparison` and return
 (or None when the runs lack the data), so it works the same from the CLI and from a notebook. One style for all:
 a fixed colour, line style and marker per method (:func:`method_style`: O1 and C2, say, differ in all three), the
 next line styles and darker-to-lighter shades of its colour for further groups of a method, seed mean as the line and the 95% band (mean ± t·s/√n) shaded,
+cut to the values the statistic can take (:func:`analysis.stats.known_range`: entropies ≥ 0, fractions in [0, 1]),
 entropies in nats. Legends sit outside the data: one legend per figure below its panels (the target bands labelled
 in it), the fit numbers of the prediction scatters below each column.
 """
@@ -24,7 +25,7 @@ import numpy as np
 
 from . import stats
 from .compare import QUADRANTS, Comparison
-from .verdict import uses_stare
+from .verdict import uses_m, uses_stare
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,9 @@ def _shade_targets(ax, cmp: Comparison) -> None:
 
 def plot_dynamics(cmp: Comparison) -> Any:
     """Entropy (nats, with the target band shaded), reward, gate state and STARE W/M over steps, one line per
-    group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on."""
+    group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on — lines, or, when a method has
+    more than :data:`MAX_GATE_LINES` groups (a sweep's grid), one image row per STARE group. W is drawn for the
+    groups whose loss uses STARE, M only for those that apply it (variant C2, :func:`analysis.verdict.uses_m`)."""
     styles = _styles(cmp)
     with _style():
         fig, axes = _figure(2, 2, sharex=True, margins={"left": 0.08, "right": 0.99, "wspace": 0.22,
@@ -232,25 +235,72 @@ def plot_dynamics(cmp: Comparison) -> Any:
         _shade_targets(ax_h, cmp)
         k_r = _smooth_window(cmp, "reward", 200)
         widths = _overlap_widths(len(cmp.groups))
+        per_method: dict[str, int] = {}
+        for g in cmp.groups:
+            per_method[g.method] = per_method.get(g.method, 0) + 1
+        gate_rows = max(per_method.values(), default=0) > MAX_GATE_LINES
         for g, lw in zip(cmp.groups, widths):
             st = styles[g.label]
-            _draw(ax_h, cmp.series(g, "entropy"), st, g.label)
+            _draw(ax_h, cmp.series(g, "entropy").clipped(stats.known_range("entropy")), st, g.label)
             _draw(ax_r, cmp.series(g, "reward", smooth=k_r), st, g.label, stride=k_r // 2)
             # gate and W/M are often identical across methods (e.g. o1 and c2 share W, M and the gate): wider
             # lines first, so a line drawn later on top leaves the earlier one visible around it
-            _draw(ax_g, cmp.series(g, "gate_on"), st, g.label, band=False, lw=lw)
-            _draw(ax_w, cmp.series(g, "stare_w"), st, g.label, band=False, lw=lw)
-            m = cmp.series(g, "stare_m").finite()
-            if m.x.size:
-                ax_w.plot(m.x, m.mean, color=st[0], ls=st[1], alpha=0.55, lw=lw)
+            if not gate_rows:
+                _draw(ax_g, cmp.series(g, "gate_on"), st, g.label, band=False, lw=lw)
+            # W only where the loss uses it (STARE), M only where it does (C2): O1 and GRPO log a stare_m (O1's
+            # adaptive controller even moves it) that their loss never applies
+            if any(uses_stare(r) for r in g.runs):
+                _draw(ax_w, cmp.series(g, "stare_w"), st, g.label, band=False, lw=lw)
+            if any(uses_m(r) for r in g.runs):
+                m = cmp.series(g, "stare_m").finite()
+                if m.x.size:
+                    ax_w.plot(m.x, m.mean, color=st[0], ls=st[1], alpha=0.55, lw=lw)
         ax_h.set(title="entropy (batch token-mean)", ylabel="entropy (nats)")
         ax_h.set_ylim(bottom=0)
         ax_r.set(title="mean reward" + (f" (moving average, {k_r} steps)" if k_r > 1 else ""), ylabel="reward")
-        ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
-        ax_g.set_ylim(-0.05, 1.05)
-        ax_w.set(title="STARE weights: W (above 1), M (below 1, faint)", ylabel="weight", xlabel="step")
+        if gate_rows:
+            _gate_rows(ax_g, cmp)
+        else:
+            ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
+            ax_g.set_ylim(-0.05, 1.05)
+        ax_w.axhline(1.0, color="0.5", lw=0.6)  # 1 = no reweighting (the baselines)
+        ax_w.set(title="STARE weights: W (> 1); M (< 1, faint; C2 only)", ylabel="weight", xlabel="step")
         _figure_legend(fig, ax_h, panel_height=2 * 2.3)
     return fig
+
+
+#: more groups of one method than this (a sweep's grid points): the gate panel is one row per STARE group
+MAX_GATE_LINES = 4
+
+
+def _gate_rows(ax, cmp: Comparison) -> None:
+    """The gate panel as an image: one row per group whose loss uses STARE (the baselines never open it), the
+    grey of each step the fraction of the group's seeds with the gate on (white 0 … black 1). Rows are named by
+    their labels, without the method when all rows share it (``W=1.1``). Review finding: 8 grid points of one
+    method as 8 shades of one colour made the line panel unreadable."""
+    rows = [g for g in cmp.groups if any(uses_stare(r) for r in g.runs)]
+    names = [g.label for g in rows]
+    method = rows[0].method if rows and all(g.method == rows[0].method for g in rows) else None
+    if method is not None:
+        names = [n[len(method):].strip().removeprefix("(").removesuffix(")") or method for n in names]
+    for i, g in enumerate(rows):
+        a = cmp.series(g, "gate_on").finite()
+        if a.x.size == 0:
+            continue
+        x = a.x.astype(np.float64)
+        mid = (x[1:] + x[:-1]) / 2 if x.size > 1 else np.zeros(0)
+        edges = np.concatenate([[x[0] - 0.5], mid, [x[-1] + 0.5]])
+        mesh = ax.pcolormesh(edges, [i - 0.5, i + 0.5], a.mean[None, :], cmap="Greys", vmin=0.0, vmax=1.0,
+                             shading="flat", rasterized=True)
+        mesh.sticky_edges.x.clear()  # keep the steps' margins of the line panels it shares x with
+    ax.set_yticks(range(len(rows)), names, fontsize=7)
+    fig = ax.figure  # room on the left for the row names (about 18 characters per inch at 7 pt)
+    fig.subplots_adjust(left=max(fig.subplotpars.left, (max(map(len, names), default=0) / 18 + 0.15)
+                                 / fig.get_figwidth()))
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first group on top, as in the legend
+    ax.grid(False)
+    title = "STARE gate" + (f" of {method}" if method else "") + ": black on in every seed, grey some, white off"
+    ax.set(title=title, xlabel="step")
 
 
 def _overlap_widths(n: int, thin: float = 1.0, thick: float = 4.0) -> list[float]:
@@ -330,7 +380,8 @@ def plot_quadrants(cmp: Comparison) -> Any:
             arrow = "H↑" if sign > 0 else "H↓"
             for g in cmp.groups:
                 st = styles[g.label]
-                _draw(axes[0, j], cmp.quadrant_share(g, q, smooth=k), st, g.label, stride=k // 2)
+                share = cmp.quadrant_share(g, q, smooth=k).clipped((0.0, 1.0))
+                _draw(axes[0, j], share, st, g.label, stride=k // 2)
                 _draw(axes[1, j], cmp.series(g, f"quadrant/{q}/dH", smooth=k), st, g.label, stride=k // 2)
             axes[0, j].set(title=f"{desc} ({arrow}){suffix}", ylabel="share of tokens" if j == 0 else None)
             axes[1, j].axhline(0.0, color="k", lw=0.6)
@@ -351,7 +402,8 @@ def plot_cross_source(cmp: Comparison, key: str = "entropy") -> Any:
         ax = axes[0, 0]
         drawn = 0
         for g in cmp.groups:
-            agg = cmp.normalised_series(g, key)
+            agg = cmp.normalised_series(g, key)  # a ratio of values ≥ 0 is ≥ 0
+            agg = agg.clipped((0.0, math.inf)) if stats.known_range(key)[0] >= 0 else agg
             drawn += int(agg.finite().x.size > 0)
             _draw(ax, agg, styles[g.label], g.label)
         if drawn == 0:
@@ -381,7 +433,7 @@ def plot_metrics(cmp: Comparison, keys: Sequence[str]) -> Any:
         for i, key in enumerate(keys):
             ax = axes[i // ncols, i % ncols]
             for g in cmp.groups:
-                _draw(ax, cmp.series(g, key), styles[g.label], g.label)
+                _draw(ax, cmp.series(g, key).clipped(stats.known_range(key)), styles[g.label], g.label)
             ax.set(title=key, xlabel="step")
         for i in range(len(keys), nrows * ncols):
             axes[i // ncols, i % ncols].set_visible(False)

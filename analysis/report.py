@@ -39,7 +39,8 @@ __all__ = ["Doc", "ReportFiles", "write_report", "report_data", "FORMATS"]
 FORMATS = ("png", "svg", "pdf")
 _MIME = {"png": "image/png", "svg": "image/svg+xml"}
 _MAX_WARNINGS = 60
-_NUMERIC = re.compile(r"^-?[\d.]+(e-?\d+)?( ± [\d.]+(e-?\d+)?)?( \(\d+/\d+\))?$")
+_NUMERIC = re.compile(r"^-?[\d.]+(e-?\d+)?( ± [\d.]+(e-?\d+)?| \[-?[\d.]+(e-?\d+)?, (-?[\d.]+(e-?\d+)?|inf)\])?"
+                      r"( \(\d+/\d+\))?$")
 
 
 def _num(v: Any, digits: int = 3) -> str:
@@ -57,12 +58,27 @@ def _num(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _mci(t: tuple[float, float, int] | None, digits: int = 3) -> str:
-    """``(mean, halfwidth, n)`` → '0.123 ± 0.004' (no ± for one value; '' for none)."""
+def _mci(t: tuple[float, float, int] | None, key: str = "", digits: int = 3) -> str:
+    """``(mean, halfwidth, n)`` → '0.123 ± 0.004' (no ± for one value; '' for none); where the interval leaves the
+    possible values of statistic ``key`` (:func:`analysis.stats.known_range`) the clipped interval instead:
+    '0.577 [0, 1]' (:data:`BAND_RULE`)."""
     if not t or t[2] == 0:
         return ""
     mean, hw, _ = t
+    lo, hi, cut = stats.clipped_interval(mean, hw, stats.known_range(key))
+    if cut:
+        return f"{_num(mean, digits)} [{_num(lo, 2)}, {_num(hi, 2)}]"
     return _num(mean, digits) + (f" ± {_num(hw, 2)}" if math.isfinite(hw) else "")
+
+
+#: the rule for every seed band of the report (tables and figures), said once in its text
+BAND_RULE = (
+    "Seed bands: the 95% t-interval of the mean over seeds (mean ± t·s/√n; with 3 seeds t = 4.30), cut to the "
+    "values the statistic can take — fractions and shares to [0, 1]; entropies, counts and times to ≥ 0 "
+    "(`analysis.stats.known_range`). In tables a cut interval is shown as [low, high] instead of ± (e.g. "
+    "0.577 [0, 1]: the seeds disagree too much for the interval to say more than the range); figures shade the "
+    "cut band. Rewards, ΔH and predictions have no known range and are never cut."
+)
 
 
 def _jnum(v: Any) -> Any:
@@ -77,11 +93,14 @@ def _jnum(v: Any) -> Any:
     return v
 
 
-def _jmci(t: tuple[float, float, int] | None) -> dict[str, Any] | None:
-    """``(mean, halfwidth, n)`` → ``{"mean", "ci95", "n"}`` (None entries where undefined)."""
+def _jmci(t: tuple[float, float, int] | None, key: str = "") -> dict[str, Any] | None:
+    """``(mean, halfwidth, n)`` → ``{"mean", "ci95", "n", "low", "high"}``: ``ci95`` the t half-width, ``low`` /
+    ``high`` the interval cut to the possible values of statistic ``key`` (:data:`BAND_RULE`, as the tables show
+    it); None entries where undefined."""
     if t is None:
         return None
-    return {"mean": _jnum(t[0]), "ci95": _jnum(t[1]), "n": int(t[2])}
+    lo, hi, _ = stats.clipped_interval(t[0], t[1], stats.known_range(key)) if t[2] else (math.nan, math.nan, False)
+    return {"mean": _jnum(t[0]), "ci95": _jnum(t[1]), "n": int(t[2]), "low": _jnum(lo), "high": _jnum(hi)}
 
 
 def _jsonable(value: Any) -> Any:
@@ -255,15 +274,18 @@ def _quadrant_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None
     doc.p(
         "Tokens split by the sign of their advantage and by surprisal above/below the critical value s* "
         "(docs/theory.md §2: sign(ΔH) = sign(Â)·sign(s − s*)). Share = count / all four counts; ΔH = the quadrant's "
-        "summed first-order contribution per step (nats); mean ± 95% band over seeds."
+        "summed first-order contribution per step (nats); mean ± 95% band over seeds (cut to the possible values: "
+        "see section 4)."
     )
     rows = []
     for r in cmp.quadrant_table():
-        rows.append([r["label"], r["description"], "+" if r["expected_sign"] > 0 else "−", _mci(r["count"]),
-                     _mci(r["share"]), _mci(r["dH_per_step"]), _mci(r["dH_total"])])
+        rows.append([r["label"], r["description"], "+" if r["expected_sign"] > 0 else "−",
+                     _mci(r["count"], "quadrant/q/count"), _mci(r["share"], "quadrant/q/share"),
+                     _mci(r["dH_per_step"]), _mci(r["dH_total"])])
         tables["quadrants"].append({"group": r["label"], "quadrant": r["quadrant"], "description": r["description"],
                                     "expected_sign": r["expected_sign"],
-                                    **{k: _jmci(r[k]) for k in ("count", "share", "dH_per_step", "dH_total")}})
+                                    **{k: _jmci(r[k], f"quadrant/q/{k}") for k in ("count", "share", "dH_per_step",
+                                                                                    "dH_total")}})
     doc.table(["group", "quadrant", "expected sign of ΔH", "tokens per step", "share", "ΔH per step (nats)",
                "ΔH total (nats)"], rows)
 
@@ -282,7 +304,8 @@ def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str], tables: di
         f"brackets). In band: fraction of steps with |H − H_tgt| ≤ {cmp.band_half_width:g} nats. Final reward: "
         "mean reward over the last 10% of the run's steps. Other final values: last logged value. Wall time: sum "
         "of `time/step_s` (else summary.json). `stare-lab simulate`'s table reports the same H0, H_end, reward and "
-        "in-band numbers; its R2(dH) is a per-seed fit averaged over seeds (section 2 here pools the seeds)."
+        "in-band numbers; its R2(dH) is a per-seed fit averaged over seeds (section 2 here pools the seeds). "
+        + BAND_RULE
     )
     header = ["group", "runs", "initial H (first logged, nats)", "final H (after the last update, nats)",
               "steps to threshold", "in band (fraction of steps)", "final reward (mean of last 10% of steps)",
@@ -292,14 +315,15 @@ def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str], tables: di
     for r in srows:
         mean, crossed, total = r["steps_to_threshold"]
         stt = "never" if mean is None else f"{mean:.0f} ({crossed}/{total})"
-        rows.append([r["label"], str(r["n_runs"]), _mci(r["initial_entropy"]), _mci(r["final_entropy"]), stt,
-                     _mci(r["frac_in_band"]), _mci(r["final_reward"]), *[_mci(r.get(k)) for k in finals],
-                     _mci(r["wall_time_s"])])
+        rows.append([r["label"], str(r["n_runs"]), _mci(r["initial_entropy"], "initial_entropy"),
+                     _mci(r["final_entropy"], "final_entropy"), stt, _mci(r["frac_in_band"], "frac_in_band"),
+                     _mci(r["final_reward"], "final_reward"), *[_mci(r.get(k), k) for k in finals],
+                     _mci(r["wall_time_s"], "wall_time_s")])
         entry: dict[str, Any] = {"group": r["label"], "method": r["method"], "source": r["source"],
                                  "n_runs": r["n_runs"], "target_entropy": r["target_entropy"],
                                  "steps_to_threshold": {"mean": mean, "crossed": crossed, "runs": total}}
         for k in ("initial_entropy", "final_entropy", "frac_in_band", "final_reward", *finals, "wall_time_s"):
-            entry[k] = _jmci(r.get(k))
+            entry[k] = _jmci(r.get(k), k)
         tables["summary"].append(entry)
     doc.table(header, rows)
 
@@ -358,7 +382,9 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
     )
     if fig is not None:
         doc.p("Phase diagram: band deviation = mean over seeds of the mean |H − H_tgt| over the second half of each "
-              "run; the band holds below the boundary.")
+              "run; the band holds below the boundary. Over W alone the deviation is on a log axis down to a floor "
+              f"(10^-{phase.FLOOR_DECADES} × the band, rounded down to a power of ten); smaller deviations are drawn "
+              "on the floor with hollow markers, its tick reads '≤ floor'.")
         add_figure(doc, "phase", fig, "band deviation over the sweep grid")
     if crit_rows:
         doc.p("Measured critical W = the smallest grid W whose runs hold the band on every seed; first-order "
@@ -466,10 +492,14 @@ def _write(
     doc.h(2, "1. Entropy dynamics")
     doc.p(
         "Lines: mean over seeds, one colour, line style and marker per method; shaded in the method's colour: 95% "
-        "band (mean ± t·s/√n, none for a single seed); gold, hatched: the target band H_tgt ± "
+        "band (mean ± t·s/√n, none for a single seed; the entropy band cut at 0 nats, see section 4); gold, "
+        "hatched: the target band H_tgt ± "
         f"{cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when groups differ, each "
-        "labelled in the legend). Gate: fraction of seeds with the STARE gate on. W (STARE weight on L+) and M "
-        "(on L−) as logged."
+        "labelled in the legend). Gate: fraction of seeds with the STARE gate on (when a method has more than "
+        f"{plots.MAX_GATE_LINES} groups, e.g. a sweep's grid points, one row per STARE group, black = on in every "
+        "seed, white = off). W (STARE weight on L+) as logged, "
+        "for the groups whose loss uses STARE; M (on L−) only for variant C2 (`loss.stare.variant`): O1 never "
+        "applies M, whatever M its runs log."
     )
     add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
 

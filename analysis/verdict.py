@@ -11,9 +11,10 @@ from stare_lab.errors import ConfigError
 from stare_lab.verdict import group_outcome, verdict
 
 from .compare import Comparison
+from .grouping import experiment_slice
 from .load import RunData
 
-__all__ = ["uses_stare", "comparison_verdict"]
+__all__ = ["uses_stare", "uses_m", "comparison_verdict", "reference_slices"]
 
 
 def uses_stare(run: RunData) -> bool:
@@ -32,14 +33,47 @@ def uses_stare(run: RunData) -> bool:
         return False
 
 
+def uses_m(run: RunData) -> bool:
+    """Whether the run's loss applies M (×M on the negative-advantage high-surprisal set L−): STARE variant C2
+    (``loss.stare.variant``, docs/theory.md §1). O1 and the baselines log ``stare_m`` but never use it."""
+    return uses_stare(run) and str(run.config_value("loss.stare.variant", "")).upper() == "C2"
+
+
 def comparison_verdict(cmp: Comparison, summaries: Mapping[int, dict[str, Any]], *, per_setting: bool = True) -> str:
     """The verdict of ``cmp``'s groups; ``summaries`` maps ``id(run)`` to the run's summary statistics. The reward
-    of a STARE group is compared with the baseline whose non-STARE ``group_by`` values are the same."""
+    of a STARE group is compared with the baseline of the same experiment (:func:`reference_slices`); none is
+    named when there is no such baseline, or several that cannot be told apart."""
     groups = []
     for g in cmp.groups:
         first = g.runs[0]
         stare = (first.config_value("loss.stare") or {}) if uses_stare(first) else None
         groups.append({"label": g.label, "method": g.method, "stare": stare,
-                       "slice": {k: v for k, v in g.key_values if not k.startswith("loss.stare.")},
                        **group_outcome([summaries[id(r)] for r in g.runs])})
+    for info, sl in zip(groups, reference_slices(cmp)):
+        info["slice"] = sl
     return verdict(groups, per_setting=per_setting)
+
+
+def reference_slices(cmp: Comparison) -> list[dict[str, Any]]:
+    """Per group of ``cmp``, the ``slice`` by which :func:`stare_lab.verdict.verdict` finds a STARE group's
+    baseline (equal slices): its experiment (:func:`analysis.grouping.experiment_slice`: source, sweep folder,
+    simulator kind / preset, the non-STARE ``group_by`` values) and a target entropy. A baseline keeps its own
+    target; a STARE group takes its own where a baseline of its experiment has it, else the one target that all
+    baselines of its experiment share (a sweep over ``stare.target_entropy`` runs GRPO once, at the preset's
+    target; a trainer GRPO config carries the default target), else its own — then no baseline matches (GRPO at
+    several other targets: which one is the reference is not known)."""
+    cache: dict = {}
+    slices = [experiment_slice(g.runs, g.key_values, cache) for g in cmp.groups]
+    baseline = [not any(uses_stare(r) for r in g.runs) for g in cmp.groups]
+
+    def experiment(sl: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in sl.items() if k != "target"}
+
+    for i, sl in enumerate(slices):
+        if baseline[i]:
+            continue
+        targets = {repr(b["target"]): b["target"] for b, is_b in zip(slices, baseline)
+                   if is_b and experiment(b) == experiment(sl)}
+        if repr(sl["target"]) not in targets and len(targets) == 1:
+            sl["target"] = next(iter(targets.values()))
+    return slices

@@ -85,3 +85,38 @@ def test_run_critical_rows_use_the_core(sweep_dir):
         r = [json.loads(x) for x in lines]
         want.append(critical.critical_w([x["pred/d_grpo"] for x in r], [x["pred/d_lplus"] for x in r]))
     assert rows[label][2] == pytest.approx(sorted(want)[0] / 2 + sorted(want)[1] / 2)
+
+
+def test_phase_curve_has_an_honest_log_axis():
+    """Review finding: a symlog axis with a '0' tick drew 1e-3 nats just above '0'. The band deviation is on a log
+    axis down to 1e-4 nats (the power of ten 2 decades below the 0.05-nats band); the deviations 0 and 5e-5 are
+    drawn at that floor, whose tick reads '≤ 0.0001'; the band boundary is a line at 0.05; 1e-3 stays 1e-3."""
+    pytest.importorskip("matplotlib")
+    from analysis.phase import W_KEY
+
+    devs = {1.1: [0.12, 0.1], 1.3: [1e-3, 1e-3], 1.5: [0.0, 0.0], 2.0: [5e-5, 5e-5]}
+    summary = {"band": 0.05, "sweep": {"grid": [[W_KEY, sorted(devs)]]},
+               "methods": {f"o1 [W={w:g}]": {"method": "o1", "point": {W_KEY: w},
+                                             "runs": {str(i): {"mean_abs_dev_second_half": d} for i, d in enumerate(v)}}
+                           for w, v in devs.items()}}
+    ax = phase_figure(summary).axes[0]
+    assert ax.get_yscale() == "log"
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert "0" not in labels and labels[0] == "≤ 0.0001", labels
+    curve = next(line for line in ax.get_lines() if line.get_label() == "o1")
+    assert list(curve.get_ydata()) == pytest.approx([0.11, 1e-3, 1e-4, 1e-4])
+    hollow = next(line for line in ax.get_lines() if "drawn at the floor" in line.get_label())
+    assert list(hollow.get_xdata()) == [1.5, 2.0]
+    assert any(list(line.get_ydata()) == [0.05, 0.05] for line in ax.get_lines())  # the band boundary
+    lo, hi = ax.get_ylim()
+    assert lo < 1e-4 and hi > 0.11
+
+
+def test_analyze_prints_the_critical_w_line_of_the_report(sweep_dir, tmp_path, capsys):
+    """Review finding: report.md had '**Critical W:** o1: measured …' but the terminal verdict left it out."""
+    out = tmp_path / "rep"
+    assert main(["analyze", str(sweep_dir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    crit = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("**Critical W:** "))
+    assert printed[1] == "critical W: " + crit[len("**Critical W:** "):] and printed[0].startswith("verdict: ")
+    assert "o1: measured" in printed[1]

@@ -7,10 +7,12 @@ import base64
 import importlib
 import io
 import json
+import math
 import os
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.synthetic import write_synthetic_run, write_synthetic_sweep
@@ -312,3 +314,42 @@ def test_mixed_experiments_split_end_to_end(tmp_path, capsys):
     md = (out / "report.md").read_text()
     assert "| c2 | c2 | simulator | 3 | 0, 0, 1 | 5 |" in md  # merged on request; target mean (0.956·2+0.7)/3
     assert "0.871" in md and "are averaged together (--merge)" in md
+
+
+def test_seed_bands_are_cut_to_the_possible_values(tmp_path):
+    """Review finding: 3 seeds gave 'in band 0.577 ± 1.1' and 'wall time 6.89 ± 34 s'. Three c2 seeds with constant
+    entropy 0.4 (= H_tgt), 0.05, 0.05 and step times 0.01, 0.01, 1 s over 20 steps: in band 1, 0, 0 → mean 1/3,
+    half-width 4.3027·0.5774/√3 = 1.434 → shown [0, 1]; wall time 0.2, 0.2, 20 s → mean 6.8, s = 11.43, half-width
+    28.39 → [0, 35.19]; the entropy band 0.1667 ∓ 0.502 is shaded from 0, never below."""
+    _need("matplotlib")
+    from stare_lab.runs import RunWriter
+
+    t975 = 4.302652729911275
+    for seed, h, dt in ((0, 0.4, 0.01), (1, 0.05, 0.01), (2, 0.05, 1.0)):
+        cfg = {"source": "simulator", "method": "c2", "seed": seed,
+               "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "target_entropy": 0.4}}}
+        with RunWriter(tmp_path / "runs" / "c2" / f"seed{seed}", cfg) as w:
+            for i in range(20):
+                w.log({"step": i, "entropy": h, "reward": 0.5, "gate_on": 1, "stare_w": 1.1, "stare_m": 0.9,
+                       "pred_entropy_change": None, "entropy_change": None, "time/step_s": dt})
+    out = tmp_path / "out"
+    assert main(["analyze", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| c2 | 3 |"))
+    wall_sd = float(np.std([0.2, 0.2, 20.0], ddof=1))
+    wall_hi = 6.8 + t975 * wall_sd / math.sqrt(3)
+    assert "| 0.333 [0, 1] |" in row and f"| 6.8 [0, {wall_hi:.2g}] |" in row, row
+    assert "cut to the values the statistic can take" in md
+    cell = {e["group"]: e for e in json.loads((out / "report.json").read_text())["tables"]["summary"]}["c2"]
+    assert cell["frac_in_band"]["low"] == 0.0 and cell["frac_in_band"]["high"] == 1.0
+    assert cell["frac_in_band"]["ci95"] == pytest.approx(t975 * math.sqrt(1 / 3) / math.sqrt(3), rel=1e-9)
+    assert cell["wall_time_s"]["low"] == 0.0 and cell["wall_time_s"]["high"] == pytest.approx(wall_hi, rel=1e-9)
+
+    from analysis.compare import compare
+    from analysis.plots import plot_dynamics
+
+    ax_h = plot_dynamics(compare(tmp_path / "runs")).axes[0]
+    seed_bands = [c for c in ax_h.collections if c.get_hatch() is None]  # the target band is hatched
+    ys = np.concatenate([p.vertices[:, 1] for c in seed_bands for p in c.get_paths()])
+    h_hi = 1 / 6 + t975 * float(np.std([0.4, 0.05, 0.05], ddof=1)) / math.sqrt(3)
+    assert len(seed_bands) == 1 and ys.min() == 0.0 and ys.max() == pytest.approx(h_hi, rel=1e-9)

@@ -174,3 +174,24 @@ def test_tail_mean():
     assert tail_mean(np.array([1.0, 2.0] + [np.nan] * 8 + [3.0, np.nan] + [0.0] * 8)) == pytest.approx(0.0)
     assert tail_mean(np.array([1.0] * 18 + [5.0, np.nan])) == 5.0
     assert tail_mean(np.array([])) is None and tail_mean(np.array([np.nan])) is None
+
+
+def test_known_range_and_clipped_interval():
+    """Review finding: an in-band fraction shown as 0.577 ± 1.1 and a wall time as 6.89 ± 34 s. The interval is cut
+    to the statistic's possible values: [0.577 − 1.1, 0.577 + 1.1] ∩ [0, 1] = [0, 1]; [6.89 − 34, 6.89 + 34] ∩
+    [0, ∞) = [0, 40.89]; an interval inside the range is left as it is."""
+    for key in ("frac_in_band", "final/accuracy", "final/pass@8", "gate_on", "quadrant/pos_high/share/5"):
+        assert stats.known_range(key) == (0.0, 1.0), key
+    for key in ("entropy", "final_entropy", "wall_time_s", "time/step_s", "quadrant/neg_low/count"):
+        assert stats.known_range(key) == (0.0, math.inf), key
+    for key in ("final_reward", "reward", "quadrant/pos_high/dH", "pred_entropy_change"):
+        assert stats.known_range(key) == (-math.inf, math.inf), key
+    assert stats.clipped_interval(0.577, 1.1, (0.0, 1.0)) == (0.0, 1.0, True)
+    lo, hi, cut = stats.clipped_interval(6.89, 34.0, (0.0, math.inf))
+    assert (lo, cut) == (0.0, True) and hi == pytest.approx(40.89)
+    lo, hi, cut = stats.clipped_interval(0.5, 0.1, (0.0, 1.0))
+    assert (lo, hi, cut) == (pytest.approx(0.4), pytest.approx(0.6), False)
+    assert all(map(math.isnan, stats.clipped_interval(0.5, math.nan, (0.0, 1.0))[:2]))
+    # a seed band: 3 seeds 0, 0, 0.3 → mean 0.1, s = 0.1732, half-width 4.3027·0.1732/√3 = 0.4303 → lo cut at 0
+    agg = stats.aggregate_seeds([(np.array([0]), np.array([v])) for v in (0.0, 0.0, 0.3)]).clipped((0.0, 1.0))
+    assert agg.lo[0] == 0.0 and agg.hi[0] == pytest.approx(0.1 + 4.302652729911275 * 0.1, rel=1e-9)
