@@ -10,7 +10,12 @@ from stare_lab.losses import loss_needs
 
 from .presets import METHODS, method_overrides
 
-__all__ = ["TabularSimConfig", "EXPECTED_METHODS", "resolve_target_entropy"]
+__all__ = ["TabularSimConfig", "EXPECTED_METHODS", "LR_MAX", "resolve_target_entropy"]
+
+#: the largest tabular ``lr``: the presets step at 0.2-2 and lr 10 is already far outside the first-order regime
+#: (one step collapses a position); beyond ~1e150 the logged first-order predictions (which scale with lr) overflow
+#: in the run's summary statistics, so values up to 1e3 are allowed and larger ones refused
+LR_MAX = 1e3
 
 #: methods whose mean-field dynamics :mod:`simulators.tabular_expected` implements
 EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
@@ -75,7 +80,7 @@ class TabularSimConfig:
         tail_mass: task ``forking``: initial probability off the (correct) mode of a non-forking position, in (0, 1).
         zipf_exponent: task ``forking``: s ≥ 0 of the Zipf-like initial probabilities p(rank r) ∝ r^(−s) (of the
             tail of a non-forking position, of all tokens of a forking one).
-        lr: SGD step size > 0 (see the module docstring for its scaling).
+        lr: SGD step size in (0, 1000] (:data:`LR_MAX`; :mod:`simulators.tabular` explains its scaling).
         steps: number of updates ≥ 1.
         temperature: τ > 0 of sampling, log-probs and entropy.
         dynamic_sampling: keep only groups with non-zero reward variance (DAPO), refilling up to
@@ -173,7 +178,7 @@ class TabularSimConfig:
                 raise ConfigError(f"{k('num_correct')}={self.num_correct}: task 'forking' draws the correct tokens of a "
                                   f"forking position from its 2*num_correct most likely ones; need <= vocab_size/2="
                                   f"{self.vocab_size // 2}")
-        check_range(k("lr"), self.lr, 0, None, lo_open=True)
+        check_range(k("lr"), self.lr, 0, LR_MAX, lo_open=True)
         check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
         if not isinstance(self.dynamic_sampling, bool):
             raise ConfigError(f"{k('dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")

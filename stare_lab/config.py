@@ -93,7 +93,9 @@ def check_range(
 ) -> None:
     """Raise :class:`ConfigError` unless ``lo (<|<=) value (<|<=) hi``.
 
-    The message reads like ``stare.top_p_ratio=1.5 is outside [0, 1]``.
+    The message reads like ``stare.top_p_ratio=1.5 is outside [0, 1]``. A missing bound prints as ``-inf`` /
+    ``inf``, closed (``[0, inf]``) only with ``allow_inf`` (an infinite value is accepted), else open
+    (``(0, inf)``): the printed range is exactly the set of accepted values.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ConfigError(f"{key}={_fmt(value)} must be a number")
@@ -103,8 +105,8 @@ def check_range(
         hi is not None and (value > hi or (hi_open and value == hi))
     )
     if bad:
-        left = "(" if lo_open else "["
-        right = ")" if hi_open else "]"
+        left = "(" if lo_open or (lo is None and not allow_inf) else "["
+        right = ")" if hi_open or (hi is None and not allow_inf) else "]"
         lo_s = "-inf" if lo is None else f"{lo:g}"
         hi_s = "inf" if hi is None else f"{hi:g}"
         raise ConfigError(f"{key}={_fmt(value)} is outside {left}{lo_s}, {hi_s}{right}")

@@ -124,7 +124,7 @@ def test_figures_come_from_one_call_of_the_analysis_function(tmp_path, monkeypat
         (["seed=3"], "--seeds"),
         (["lr"], "must look like key=value"),
         # review item 10: a group of one response has all-zero advantages
-        (["group_size=1"], "group_size=1 is outside [2, inf]"),
+        (["group_size=1"], "group_size=1 is outside [2, inf)"),
         # review item 14: a non-integer --seeds is one line and exit 1, not argparse usage and exit 2
         (["--seeds", "1.5"], "--seeds='1.5' must be a count N >= 1 or a comma-separated list of seeds"),
         (["--seeds", "3,3"], "--seeds='3,3' lists a seed twice"),
@@ -145,8 +145,11 @@ def test_figures_come_from_one_call_of_the_analysis_function(tmp_path, monkeypat
         (["loss.loss_mode=grpo"], "loss.loss_mode is set by method 'grpo'; choose the method with --methods"),
         (["stare.variant=C2"], "loss.stare.variant is set by method 'o1'; choose the method with --methods"),
         (["--methods", "grpo-ds", "dynamic_sampling=false"], "dynamic_sampling is set by method 'grpo-ds'"),
-        (["target_entropy_rel=-1"], "target_entropy_rel=-1 is outside (0, inf]"),
-        (["target_entropy_rel=0"], "target_entropy_rel=0 is outside (0, inf]"),
+        (["target_entropy_rel=-1"], "target_entropy_rel=-1 is outside (0, inf)"),
+        (["target_entropy_rel=0"], "target_entropy_rel=0 is outside (0, inf)"),
+        # fresh-user review: the printed range holds only accepted values, and lr has a documented bound
+        (["lr=inf"], "lr=inf must be finite"),
+        (["lr=1e308"], "lr=1e+308 is outside (0, 1000]"),
         # fresh-user review item 1: an explicit target and a relative one cannot both hold
         (["stare.target_entropy=0.5", "target_entropy_rel=0.4"],
          "loss.stare.target_entropy=0.5 and target_entropy_rel=0.4 both set the STARE target entropy"),
@@ -235,11 +238,13 @@ def test_override_of_a_key_the_method_leaves_alone_is_kept(tmp_path):
     assert yaml.safe_load((out / "c2" / "seed0" / "config.yaml").read_text())["loss"]["stare"]["adaptive"] is True
 
 
-def test_divergence_names_lr_and_step_and_leaves_nothing(tmp_path, capsys):
+def test_divergence_names_lr_and_step_and_leaves_nothing(tmp_path, capsys, monkeypatch):
     """Review item 12: on the core-loss path the update is Δz = −lr·(n·L)·∂loss/∂z (simulators.tabular docstring);
     with lr=1e308 and n·L = 16 the factor overflows to inf → RunError naming lr and the step; the started run
     directory (no completed step) and the sweep folders it created are removed. (grpo/o1/c2 take the closed form,
-    which cannot overflow for a finite lr: tests/simulators/test_tabular.py.)"""
+    which cannot overflow for a finite lr: tests/simulators/test_tabular.py.) lr=1e308 is above the allowed
+    LR_MAX (refused up front, test_bad_input_is_one_clean_line_and_leaves_nothing): lifted here to reach the guard."""
+    monkeypatch.setattr("simulators.tabular_config.LR_MAX", float("inf"))
     out = tmp_path / "d"
     assert simulate("--preset", "collapse", "--methods", "clip_cov", "--seeds", "1", "--steps", "3", "--out",
                     str(out), "--no-plots", "lr=1e308", *SMALL) == 1
@@ -364,7 +369,7 @@ def test_list_keys(capsys):
     assert simulate("--list-keys") == 0
     lines = capsys.readouterr().out.splitlines()
     lr = next(ln for ln in lines if ln.startswith("lr "))
-    assert lr.split()[:3] == ["lr", "float", "2"] and "SGD step size > 0" in lr  # the demo preset's lr
+    assert lr.split()[:3] == ["lr", "float", "2"] and "SGD step size in (0, 1000]" in lr  # the demo preset's lr
     w = next(ln for ln in lines if ln.startswith("loss.stare.reweight_w "))
     assert w.split()[:3] == ["loss.stare.reweight_w", "float", "1.1"] and "W ≥ 1" in w
     assert "[set by the method" in next(ln for ln in lines if ln.startswith("loss.stare.variant "))

@@ -46,7 +46,7 @@ def test_config_errors_name_key_value_and_allowed():
         T.config_from_preset("transformer", ["task.name=add"])
     with pytest.raises(ConfigError, match=r"method='ppo' is not one of"):
         T.config_from_preset("transformer", method="ppo")
-    with pytest.raises(ConfigError, match=r"group_size=1 is outside \[2, inf\]"):
+    with pytest.raises(ConfigError, match=r"group_size=1 is outside \[2, inf\)"):
         T.config_from_preset("transformer", ["group_size=1"])
     with pytest.raises(ConfigError, match=r"model.hidden_size=30 is not divisible by model.num_heads=4"):
         T.config_from_preset(None, ["model.hidden_size=30", "model.num_heads=4"])
@@ -54,7 +54,7 @@ def test_config_errors_name_key_value_and_allowed():
         T.config_from_preset("huge")
     with pytest.raises(ConfigError, match=r"unknown config key warm_start.epochs"):
         T.config_from_preset(None, ["warm_start.epochs=3"])
-    with pytest.raises(ConfigError, match=r"loss.stare.reweight_w=0.5 is outside \[1, inf\]"):
+    with pytest.raises(ConfigError, match=r"loss.stare.reweight_w=0.5 is outside \[1, inf\)"):
         T.config_from_preset(None, ["loss.stare.reweight_w=0.5"], method="o1")
 
 

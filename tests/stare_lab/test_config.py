@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 import pytest
 
 from stare_lab.config import (
+    check_range,
     LossConfig,
     STAREConfig,
     apply_overrides,
@@ -45,7 +48,7 @@ def test_yaml_and_overrides(tmp_path):
     [
         ("stare.top_p_ratio=1.5", "stare.top_p_ratio=1.5 is outside [0, 1]"),
         ("stare.top_p_ratio=-0.1", "stare.top_p_ratio=-0.1 is outside [0, 1]"),
-        ("stare.reweight_w=0.9", "stare.reweight_w=0.9 is outside [1, inf]"),
+        ("stare.reweight_w=0.9", "stare.reweight_w=0.9 is outside [1, inf)"),
         ("stare.reweight_m=1.1", "stare.reweight_m=1.1 is outside (0, 1]"),
         ("stare.reweight_m=0", "stare.reweight_m=0 is outside (0, 1]"),
         ("stare.variant=C3", "stare.variant='C3' is not one of {'O1', 'C2'}"),
@@ -69,6 +72,20 @@ def test_bad_values_are_named(override, fragment):
         load_config(None, [override])
     assert fragment in str(info.value)
     assert isinstance(info.value, StareLabError)
+
+
+def test_printed_range_holds_only_accepted_values():
+    """Fresh-user review: a missing bound prints closed ("inf]") only where infinity is accepted (allow_inf),
+    else open — lr=inf is refused as not finite, so lr's range must not read "(0, inf]"."""
+    with pytest.raises(ConfigError, match=re.escape("x=0 is outside (0, inf)")):
+        check_range("x", 0, 0, None, lo_open=True)
+    with pytest.raises(ConfigError, match=re.escape("x=5 is outside (-inf, 1]")):
+        check_range("x", 5, None, 1)
+    with pytest.raises(ConfigError, match=re.escape("x=inf must be finite")):
+        check_range("x", math.inf, 0, None, lo_open=True)
+    with pytest.raises(ConfigError, match=re.escape("x=-1 is outside [0, inf]")):
+        check_range("x", -1, 0, None, allow_inf=True)
+    check_range("x", math.inf, 0, None, allow_inf=True)  # accepted: the closed bracket is true
 
 
 def test_adaptive_bounds_checked_only_when_adaptive():

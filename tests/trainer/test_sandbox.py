@@ -211,7 +211,7 @@ def test_run_many_keeps_order():
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"sandbox.timeout_s=0 is outside"):
         SandboxConfig(timeout_s=0)
-    with pytest.raises(ConfigError, match=r"memory_mb=8 is outside \[64, inf\]"):
+    with pytest.raises(ConfigError, match=r"memory_mb=8 is outside \[64, inf\)"):
         run_python("print(1)", memory_mb=8)
 
 
