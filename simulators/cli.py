@@ -13,7 +13,7 @@ figures under ``OUT/figures`` (made by the analysis wing's ``analyze`` function,
 ``stare_lab.reports`` — this wing never imports ``analysis``; ``--no-plots`` skips it), and prints one headline
 line, a table per group and one-line notes (:mod:`simulators.notes`: why a STARE method did not hold the band,
 reasoned from direction and regime; plan notes about the request). Seeds: ``--seeds N`` runs the first N seeds
-0 … N−1, ``--seeds A,B,…`` exactly those seeds, ``--seed S`` the one seed S. With ``--sweep KEY=V1,V2,…``
+0 … N−1 (N ≤ 10000), ``--seeds A,B,…`` exactly those seeds, ``--seed S`` the one seed S (seeds in [0, 2**31 − 1]). With ``--sweep KEY=V1,V2,…``
 (repeatable) the runs cover the grid; with a ``stare.reweight_w`` grid the summary holds the measured and predicted
 critical W (``critical.<method>``, :mod:`simulators.grid`) and the report draws the phase diagram. Tabular runs are
 batched and spread over ``--workers`` processes (default: all cores). Any ``key=value`` overrides a config field of
@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from stare_lab.errors import ConfigError
 
-from .presets import DEFAULT_METHODS, DEFAULT_PRESET, METHODS, PRESETS, get_preset, preset_names
+from .presets import DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset, preset_names
 
 __all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP"]
 
@@ -64,8 +64,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     # --seeds / --seed / --steps are parsed by the handler so that a bad value is one clean line (exit 1), not usage
     p.add_argument("--seeds", default=None, metavar="N | A,B,...",
-                   help="N: the first N seeds 0..N-1; A,B,...: exactly these seeds (default: the preset's; 0,1,2 for "
-                        "tabular presets)")
+                   help="N: the first N seeds 0..N-1 (N <= 10000); A,B,...: exactly these seeds, each in [0, 2**31-1] "
+                        "(default: the preset's; 0,1,2 for tabular presets)")
     p.add_argument("--seed", default=None, metavar="S", help="run the one seed S (instead of --seeds)")
     p.add_argument("--steps", default=None, help="steps per run (default: the preset's)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
@@ -104,20 +104,24 @@ def _int_option(name: str, text: str | None) -> int | None:
 
 def parse_seeds(seeds: str | None, seed: str | None) -> int | list[int] | None:
     """The seeds of ``--seeds`` / ``--seed``: ``--seeds N`` → the count N (seeds 0 … N−1), ``--seeds A,B,…`` → the
-    list [A, B, …], ``--seed S`` → [S]; None when neither is given (the preset's seeds).
+    list [A, B, …], ``--seed S`` → [S]; None when neither is given (the preset's seeds). A seed is an integer in
+    [0, 2**31 − 1] (:data:`~simulators.presets.SEED_MAX`), a count in [1, 10000]
+    (:data:`~simulators.presets.MAX_SEEDS`).
 
     Raises:
-        ConfigError: both options, a count < 1, a seed that is not an integer ≥ 0, an empty item, a repeated seed.
+        ConfigError: both options, a count outside [1, 10000], a seed that is not an integer in [0, 2**31 − 1], an
+            empty item, a repeated seed.
     """
     if seeds is not None and seed is not None:
         raise ConfigError(f"--seeds={seeds!r} and --seed={seed!r} both choose the seeds: give one of them")
+    in_range = f"an integer in [0, {SEED_MAX}] (2**31 - 1)"
     if seed is not None:
         try:
             value = int(seed.strip())
         except ValueError:
             value = -1
-        if value < 0:
-            raise ConfigError(f"--seed={seed!r} must be an integer >= 0")
+        if not 0 <= value <= SEED_MAX:
+            raise ConfigError(f"--seed={seed!r} must be {in_range}")
         return [value]
     if seeds is None:
         return None
@@ -129,14 +133,19 @@ def parse_seeds(seeds: str | None, seed: str | None) -> int | list[int] | None:
             raise ConfigError(f"--seeds={seeds!r} must be a count N >= 1 or a comma-separated list of seeds") from None
         if count < 1:
             raise ConfigError(f"--seeds={count} must be a count >= 1 (a single chosen seed: --seed S)")
+        if count > MAX_SEEDS:
+            raise ConfigError(f"--seeds={count} is more seeds than one sweep runs: give a count in [1, {MAX_SEEDS}] "
+                              "or a list of seeds")
         return count
     items = [x.strip() for x in text.split(",")]
     try:
         values = [int(x) for x in items]
     except ValueError:
-        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be an integer >= 0") from None
-    if any(v < 0 for v in values):
-        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be an integer >= 0")
+        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be {in_range}") from None
+    if any(not 0 <= v <= SEED_MAX for v in values):
+        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be {in_range}")
+    if len(values) > MAX_SEEDS:
+        raise ConfigError(f"--seeds lists {len(values)} seeds; one sweep runs at most {MAX_SEEDS}")
     if len(set(values)) != len(values):
         raise ConfigError(f"--seeds={seeds!r} lists a seed twice")
     return values

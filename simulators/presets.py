@@ -44,9 +44,15 @@ from stare_lab.errors import ConfigError
 from stare_lab.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
 
 __all__ = [
-    "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "method_overrides", "get_preset",
+    "SEED_MAX", "MAX_SEEDS", "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "method_overrides", "get_preset",
     "preset_names",
 ]
+
+#: seeds are integers in [0, SEED_MAX] (2**31 - 1: every seed stream the simulators derive from a seed, e.g.
+#: 2**32 + seed or 3_000_017·seed + …, stays within torch's 64-bit generator seeds)
+SEED_MAX = 2**31 - 1
+#: the most seeds one sweep runs (``--seeds N``): every seed is a run directory per method and grid point
+MAX_SEEDS = 10_000
 
 #: the methods ``stare-lab simulate`` runs when ``--methods`` is not given.
 DEFAULT_METHODS = ("grpo", "o1", "c2")

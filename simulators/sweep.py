@@ -49,7 +49,7 @@ from . import tabular, transformer
 from .grid import critical_summary, method_points, parse_grid, point_label
 from .notes import headline, sweep_notes
 from .parallel import run_many
-from .presets import DEFAULT_METHODS, METHODS, get_preset, method_overrides
+from .presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
 from .run_stats import STAT_KEYS
 from .tabular_config import resolve_target_entropy
 
@@ -99,24 +99,28 @@ def uses_stare(method: str) -> bool:
 
 
 def seed_list(seeds: int | list[int] | tuple[int, ...] | None, default: list[int]) -> list[int]:
-    """The seeds of a sweep: None → ``default``; an integer N ≥ 1 → the first N seeds 0 … N − 1; a list → exactly
-    those (distinct integers ≥ 0, in the given order).
+    """The seeds of a sweep: None → ``default``; an integer N in [1, 10000] (:data:`~simulators.presets.MAX_SEEDS`)
+    → the first N seeds 0 … N − 1; a list (at most 10000) → exactly those (distinct integers in [0, 2**31 − 1],
+    :data:`~simulators.presets.SEED_MAX`, in the given order).
 
     Raises:
-        ConfigError: a count < 1, a negative or repeated seed, an empty list, or something else.
+        ConfigError: a count outside [1, 10000], a seed outside [0, 2**31 − 1] or repeated, an empty or too long
+            list, or something else.
     """
     if seeds is None:
         return list(default)
     if isinstance(seeds, int) and not isinstance(seeds, bool):
-        if seeds < 1:
-            raise ConfigError(f"seeds={seeds!r} must be a count >= 1 (or a list of seeds)")
+        if not 1 <= seeds <= MAX_SEEDS:
+            raise ConfigError(f"seeds={seeds!r} must be a count in [1, {MAX_SEEDS}] (or a list of seeds)")
         return list(range(seeds))
     if isinstance(seeds, (list, tuple)) and seeds:
-        bad = [x for x in seeds if isinstance(x, bool) or not isinstance(x, int) or x < 0]
+        bad = [x for x in seeds if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= SEED_MAX]
         if bad:
-            raise ConfigError(f"seed {bad[0]!r} must be an integer >= 0")
+            raise ConfigError(f"seed {bad[0]!r} must be an integer in [0, {SEED_MAX}] (2**31 - 1)")
         if len(set(seeds)) != len(seeds):
             raise ConfigError(f"seeds {','.join(map(str, seeds))} list a seed twice")
+        if len(seeds) > MAX_SEEDS:
+            raise ConfigError(f"{len(seeds)} seeds: one sweep runs at most {MAX_SEEDS}")
         return list(seeds)
     raise ConfigError(f"seeds={seeds!r} must be a count >= 1 or a non-empty list of seeds")
 

@@ -8,7 +8,7 @@ from stare_lab.config import LossConfig, STAREConfig, check_choice, check_positi
 from stare_lab.errors import ConfigError
 from stare_lab.losses import loss_needs
 
-from .presets import METHODS, method_overrides
+from .presets import METHODS, SEED_MAX, method_overrides
 
 __all__ = ["TabularSimConfig", "EXPECTED_METHODS", "LR_MAX", "resolve_target_entropy"]
 
@@ -55,9 +55,9 @@ class TabularSimConfig:
     Attributes:
         method: one of :data:`simulators.presets.METHODS`; sets ``loss.loss_mode``, the STARE variant /
             adaptive flag, ``dynamic_sampling`` and (``entropy_bonus``) ``loss.entropy_coeff``.
-        seed: RNG seed of the rollouts (sampling stream seeded with 2**32 + seed) and, unless ``init_seed`` is
+        seed: integer in [0, 2**31 − 1]: RNG seed of the rollouts (sampling stream seeded with 2**32 + seed) and, unless ``init_seed`` is
             set, of the initial logits and correct sets; the same seed gives the same start for every method.
-        init_seed: seed of the initial logits / correct sets if not ``seed`` (same start, different rollouts).
+        init_seed: seed (in [0, 2**31 − 1]) of the initial logits / correct sets if not ``seed`` (same start, different rollouts).
         mode: ``sampled`` (G rollouts per prompt, the core's advantages / STARE weights / loss) or ``expected``
             (the mean-field limit G → ∞).
         task: ``sequence`` (L positions), ``bandit`` (requires ``seq_len = 1``) or ``forking`` (an LLM-like
@@ -145,8 +145,8 @@ class TabularSimConfig:
             value = getattr(self, name)
             if name == "init_seed" and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{k(name)}={value!r} must be an integer >= 0")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+                raise ConfigError(f"{k(name)}={value!r} must be an integer in [0, {SEED_MAX}] (2**31 - 1)")
         check_choice(k("mode"), self.mode, ["sampled", "expected"])
         check_choice(k("task"), self.task, ["sequence", "bandit", "forking"])
         check_choice(k("reward"), self.reward, ["verifiable", "random"])

@@ -27,6 +27,7 @@ from stare_lab.config import (
 from stare_lab.errors import ConfigError
 from stare_lab.methods import METHODS
 
+from .presets import SEED_MAX
 from .presets import TRANSFORMER_DESCRIPTIONS as PRESET_DESCRIPTIONS
 from .presets import TRANSFORMER_PRESETS as PRESETS
 from .presets import TRANSFORMER_SWEEPS as PRESET_SWEEPS
@@ -120,7 +121,7 @@ class TransformerSimConfig:
     Attributes:
         method: one of :data:`stare_lab.methods.METHODS` (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, …, and
             methods registered with :func:`stare_lab.methods.register_method`).
-        seed: seeds model init, prompts, sampling, everything (same seed ⇒ same numbers).
+        seed: integer in [0, 2**31 − 1]; seeds model init, prompts, sampling, everything (same seed ⇒ same numbers).
         steps: RL steps (≥ 1).
         prompts_per_step: prompts per RL batch (≥ 1).
         group_size: G responses per prompt (≥ 2).
@@ -183,8 +184,8 @@ class TransformerSimConfig:
     def __post_init__(self) -> None:
         p = config_prefix("")
         check_choice(join_key(p, "method"), self.method, list(METHODS))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"{join_key(p, 'seed')}={self.seed!r} must be an integer >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"{join_key(p, 'seed')}={self.seed!r} must be an integer in [0, {SEED_MAX}] (2**31 - 1)")
         for name in ("steps", "prompts_per_step", "updates_per_batch", "ds_max_rounds", "eval_every",
                      "eval_samples", "checkpoint_every"):
             check_positive(join_key(p, name), getattr(self, name), integer=True)

@@ -128,9 +128,16 @@ def test_figures_come_from_one_call_of_the_analysis_function(tmp_path, monkeypat
         # review item 14: a non-integer --seeds is one line and exit 1, not argparse usage and exit 2
         (["--seeds", "1.5"], "--seeds='1.5' must be a count N >= 1 or a comma-separated list of seeds"),
         (["--seeds", "3,3"], "--seeds='3,3' lists a seed twice"),
-        (["--seeds", "3,x"], "--seeds='3,x': every seed of the list must be an integer >= 0"),
-        (["--seeds", "3,"], "--seeds='3,': every seed of the list must be an integer >= 0"),
-        (["--seed", "-1"], "--seed='-1' must be an integer >= 0"),
+        (["--seeds", "3,x"], "--seeds='3,x': every seed of the list must be an integer in [0, 2147483647] (2**31 - 1)"),
+        (["--seeds", "3,"], "--seeds='3,': every seed of the list must be an integer in [0, 2147483647]"),
+        (["--seed", "-1"], "--seed='-1' must be an integer in [0, 2147483647] (2**31 - 1)"),
+        # fresh-user review: huge seed counts / values are one line naming the value and the allowed range
+        (["--seeds", "100000000000000000000"],
+         "--seeds=100000000000000000000 is more seeds than one sweep runs: give a count in [1, 10000]"),
+        (["--seeds", "10001"], "--seeds=10001 is more seeds than one sweep runs: give a count in [1, 10000]"),
+        (["--seed", "2147483648"], "--seed='2147483648' must be an integer in [0, 2147483647] (2**31 - 1)"),
+        (["--seeds", "1,100000000000000000000"],
+         "--seeds='1,100000000000000000000': every seed of the list must be an integer in [0, 2147483647]"),
         (["--seeds", "2", "--seed", "1"], "--seeds='2' and --seed='1' both choose the seeds: give one of them"),
         # issue 16: an error caused by a method's own defaults names the method
         (["--methods", "grpo,o1-adaptive", "stare.reweight_w=2"],
@@ -349,6 +356,33 @@ def test_chosen_seeds(tmp_path, capsys):
     assert simulate("--methods", "grpo", "--seeds", "2", "--steps", "3", "--out", str(count), "--no-plots",
                     *SMALL) == 0
     assert sorted(p.name for p in (count / "grpo").iterdir()) == ["seed0", "seed1"]
+
+
+def test_seed_range_edges(tmp_path, capsys):
+    """Fresh-user review: the largest allowed seed 2**31 - 1 runs (the tabular streams 2**32 + seed and the initial
+    tables fit torch's 64-bit seeds); one above it, and counts above 10000, are refused by the API (seed_list) and
+    by both simulators' configs with the allowed range, never an OverflowError."""
+    from simulators.sweep import seed_list
+    from simulators.tabular import config_from_overrides
+    from simulators.transformer_config import TransformerSimConfig
+    from stare_lab.errors import ConfigError
+
+    top = 2**31 - 1
+    assert simulate("--methods", "grpo", "--seed", str(top), "--steps", "2", "--out", str(tmp_path / "top"),
+                    "--no-plots", *SMALL) == 0
+    assert len(rows(tmp_path / "top" / "grpo" / f"seed{top}")) == 2
+    assert seed_list(10_000, [0]) == list(range(10_000)) and seed_list([0, top], [0]) == [0, top]
+    for bad, msg in [(10**20, r"seeds=100000000000000000000 must be a count in \[1, 10000\]"),
+                     ([2**31], r"seed 2147483648 must be an integer in \[0, 2147483647\]"),
+                     (list(range(10_001)), "10001 seeds: one sweep runs at most 10000")]:
+        with pytest.raises(ConfigError, match=msg):
+            seed_list(bad, [0])
+    with pytest.raises(ConfigError, match=r"^seed=2147483648 must be an integer in \[0, 2147483647\]"):
+        config_from_overrides({"seed": 2**31})
+    with pytest.raises(ConfigError, match=r"^init_seed=10000000000 must be an integer in \[0, 2147483647\]"):
+        config_from_overrides({"init_seed": 10**10})
+    with pytest.raises(ConfigError, match=r"seed=2147483648 must be an integer in \[0, 2147483647\]"):
+        TransformerSimConfig(seed=2**31)
 
 
 def test_unknown_option_prints_the_subcommands_usage(capsys):
