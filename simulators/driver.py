@@ -11,10 +11,12 @@ finished run. :func:`drive` does the rest, for every simulator the same way:
 * **Checkpoints** (``RUN/checkpoint/state.pt``: ``{"step", "config", "state"}``, written atomically) every
   ``checkpoint_every`` steps and after the last one.
 * **Resume** (``resume=True``): a run with a checkpoint continues from it bit-exactly — its rows past the
-  checkpoint are dropped, ``steps`` (and ``checkpoint_every``) may differ from the checkpoint's (to extend a finished
-  run), any other difference of the resolved config is refused (:class:`RunError` naming the key); a run without a
-  checkpoint starts afresh (its old rows are replaced). Without ``resume`` a directory that already holds a run is
-  refused.
+  checkpoint are dropped (and recomputed), ``steps`` (and ``checkpoint_every``) may differ from the checkpoint's (to
+  extend a finished run), any other difference of the resolved config is refused (:class:`RunError` naming the
+  key); a run without a checkpoint starts afresh (its old rows are replaced). The rows up to the checkpoint must be
+  exactly steps 1 … checkpoint step (:func:`check_resume`): a missing, damaged or repeated one cannot be recomputed
+  from the checkpoint, so such a run is refused before any run is touched, never resumed with a gap. Without
+  ``resume`` a directory that already holds a run is refused.
 * **Interruption** (``KeyboardInterrupt``, an error): every row logged so far is on disk (one flushed line per
   step); the last checkpoint is what a resume continues from; a run that started afresh and completed no step
   removes what it wrote.
@@ -36,7 +38,7 @@ import torch
 from stare_lab.errors import RunError
 from stare_lab.runs import REQUIRED_KEYS, RunWriter, read_run
 
-__all__ = ["Simulator", "Engine", "drive", "CHECKPOINT_FILE", "RESUMABLE_CHANGES", "checkpoint_path"]
+__all__ = ["Simulator", "Engine", "drive", "check_resume", "CHECKPOINT_FILE", "RESUMABLE_CHANGES", "checkpoint_path"]
 
 CHECKPOINT_FILE = "state.pt"
 #: keys of the resolved config that may differ between a checkpoint and the resuming config
@@ -101,6 +103,46 @@ def _load(path: Path) -> dict[str, Any]:
     return saved
 
 
+def _row_steps(run_dir: Path, upto: int) -> list[int]:
+    """The ``step`` of every row of ``RUN/metrics.jsonl`` with step ≤ ``upto``, in file order (:func:`read_run`
+    skips a line cut by a crash; rows without an integer ``step`` are skipped too, as
+    :meth:`stare_lab.runs.RunWriter.truncate_after` drops them); [] without the file."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        return []
+    steps = [row.get("step") for row in read_run(run_dir).metrics]
+    return [s for s in steps if isinstance(s, int) and not isinstance(s, bool) and s <= upto]
+
+
+def check_resume(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The checkpoint a resume of ``run_dir`` continues from (``{"step", "config", "state"}``; None without one),
+    after checking that ``metrics.jsonl`` holds exactly the rows of steps 1 … its step, in order. Rows past the
+    checkpoint are allowed (the resume drops and recomputes them); a row up to it that is missing, damaged or
+    repeated is not: the checkpoint cannot recompute it.
+
+    Raises:
+        RunError: an unreadable checkpoint, or rows that do not match it — naming the run directory, the checkpoint
+            step, the last good row (the longest run of rows 1, 2, … k) and ``--overwrite`` to start it afresh.
+    """
+    run_dir = Path(run_dir)
+    ckpt = checkpoint_path(run_dir)
+    if not ckpt.is_file():
+        return None
+    saved = _load(ckpt)
+    step = int(saved["step"])
+    steps = _row_steps(run_dir, step)
+    if steps != list(range(1, step + 1)):
+        good = 0
+        while good < len(steps) and steps[good] == good + 1:
+            good += 1
+        last = f"step {good}" if good else "none"
+        raise RunError(
+            f"cannot resume {str(run_dir)!r}: its checkpoint is at step {step} but metrics.jsonl does not hold exactly "
+            f"the rows of steps 1..{step} (last good row: {last}; a lost row cannot be recomputed from the checkpoint); "
+            "rerun with --overwrite to start the run afresh"
+        )
+    return saved
+
+
 def _first_difference(saved: Any, current: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
     """The first dotted key (in the current config's order) whose value differs, with both values."""
     if isinstance(saved, dict) and isinstance(current, dict):
@@ -145,10 +187,9 @@ class _Run:
                 pass
 
 
-def _open(sim: Simulator, config: Any, run_dir: Path, resume: bool) -> _Run:
-    ckpt = checkpoint_path(run_dir)
-    if resume and ckpt.is_file():
-        saved = _load(ckpt)
+def _open(sim: Simulator, config: Any, run_dir: Path, resume: bool, saved: dict[str, Any] | None) -> _Run:
+    """Open a run: from ``saved`` (its checkpoint, checked by :func:`check_resume`) when resuming, else afresh."""
+    if resume and saved is not None:
         state, cfg_dict = sim.restore(config, run_dir, saved)
         _check_same(run_dir, saved["config"], cfg_dict)
         (run_dir / "config.yaml").unlink(missing_ok=True)  # rewritten with the (possibly extended) steps
@@ -224,15 +265,17 @@ def drive(
 
     Raises:
         RunError: a directory that holds a run (without ``resume``) or cannot be written, a checkpoint that does not
-            match its config or cannot be read, or the first run that stopped with a RunError (after the others
-            finished).
+            match its config or its rows (:func:`check_resume`) or cannot be read, or the first run that stopped with
+            a RunError (after the others finished).
     """
     if len(configs) != len(run_dirs):
         raise ValueError("configs and run_dirs must have the same length")
+    # every resumed run's checkpoint and rows are checked before any run directory is touched
+    saved = [check_resume(d) if resume else None for d in run_dirs]
     runs: list[_Run] = []
     try:
-        for c, d in zip(configs, run_dirs):
-            runs.append(_open(sim, c, Path(d), resume))
+        for c, d, s in zip(configs, run_dirs, saved):
+            runs.append(_open(sim, c, Path(d), resume, s))
     except BaseException:
         for r in runs:
             r.abandon()

@@ -46,6 +46,7 @@ from stare_lab.losses import loss_needs
 from stare_lab.verdict import group_outcome
 
 from . import tabular, transformer
+from .driver import check_resume
 from .grid import critical_summary, method_points, parse_grid, point_label
 from .notes import headline, sweep_notes
 from .parallel import run_many
@@ -225,7 +226,9 @@ def plan_sweep(
             ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular_config.resolve_target_entropy`); an
             error caused by a method's own settings names the method (e.g. ``o1-adaptive``, whose default
             ``loss.stare.w_max`` caps W, with ``stare.reweight_w=2``).
-        RunError: the output directory is not writable, or already holds runs (without resume / overwrite).
+        RunError: the output directory is not writable, or already holds runs (without resume / overwrite); with
+            resume, a run whose config or rows do not match its checkpoint
+            (:func:`simulators.driver.check_resume`).
     """
     if str(out).strip() == "":
         raise ConfigError("out='' is empty: give an output directory (default runs/<preset>)")
@@ -294,9 +297,11 @@ def plan_sweep(
                 f"{str(taken[0])!r} already holds a run; pass --resume to continue or --overwrite to replace "
                 f"({len(taken)} run(s) in {str(out)!r})"
             )
-    if resume and kind == "tabular":
+    if resume:
         for key, run_dir in run_dirs.items():
-            _check_resumable(run_dir, configs[key])
+            if kind == "tabular":
+                _check_resumable(run_dir, configs[key])
+            check_resume(run_dir)  # the rows up to its checkpoint are all there (the driver checks it again)
     return SweepPlan(
         preset, kind, out, methods, seeds, configs, run_dirs, module, resume, overwrite,
         list(overrides), grid, groups, workers,

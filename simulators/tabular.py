@@ -233,7 +233,8 @@ def run(
 
     Raises:
         RunError: the directory already holds a run and ``resume`` is False, cannot be written, or its checkpoint
-            does not match ``config``; or an update made the logits non-finite
+            does not match ``config`` or its rows (a row up to the checkpoint missing:
+            :func:`simulators.driver.check_resume`); or an update made the logits non-finite
             (:func:`~simulators.tabular_engine.check_update`). A run that started afresh and fails before
             completing a step removes what it wrote (``run_dir`` too, if then empty).
     """

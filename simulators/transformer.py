@@ -583,7 +583,8 @@ def run(config: TransformerSimConfig, run_dir: Path, resume: bool = False) -> di
 
     Raises:
         ConfigError: invalid config. RunError: ``run_dir`` already holds a run and ``resume`` is False, or the
-            checkpoint was written with another config.
+            checkpoint was written with another config or its rows up to it are not all there
+            (:func:`simulators.driver.check_resume`).
     """
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     return drive(TransformerSimulator(), [config], [run_dir], resume=resume)[0]

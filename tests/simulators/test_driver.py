@@ -102,3 +102,55 @@ def test_transformer_step_without_a_surviving_group_is_skipped(tmp_path, monkeyp
     ckpt = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=False)
     assert ckpt["step"] == 2 and ckpt["state"]["optimizer"]["state"] == {}
     assert all(torch.equal(ckpt["state"]["model"][n], p) for n, p in before.items())
+
+
+def _write_rows(path, rows):
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_resume_refuses_rows_missing_before_the_checkpoint(tmp_path):
+    """Fresh-user review: rows up to the checkpoint that are lost (the last row cut, a middle row deleted, a row
+    repeated) cannot be recomputed from it, so resume refuses — naming the run, the checkpoint step, the last good
+    row and --overwrite — before touching anything; extending the run is refused the same way (it would leave a gap
+    in the step numbers)."""
+    from simulators.driver import check_resume
+    from stare_lab.errors import RunError
+
+    cfg = config_from_overrides({**TINY, "steps": 4, "checkpoint_every": 2})
+    d = tmp_path / "r"
+    run(cfg, d)
+    rows = _rows(d)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and check_resume(d)["step"] == 4
+    cut = (d / "metrics.jsonl").read_text().splitlines()
+    for lines, last in [(cut[:3], "step 3"), (cut[:3] + [cut[3][:20]], "step 3"), ([cut[0]] + cut[2:], "step 1"),
+                        (cut[:2] + [cut[1]] + cut[2:], "step 2"), ([], "none")]:
+        (d / "metrics.jsonl").write_text("".join(x + "\n" for x in lines))
+        before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+        for steps in (4, 6):  # resume as it is, and extend
+            with pytest.raises(RunError) as err:
+                run(config_from_overrides({**TINY, "steps": steps, "checkpoint_every": 2}), d, resume=True)
+            msg = str(err.value)
+            assert msg == (f"cannot resume {str(d)!r}: its checkpoint is at step 4 but metrics.jsonl does not hold "
+                           f"exactly the rows of steps 1..4 (last good row: {last}; a lost row cannot be recomputed "
+                           "from the checkpoint); rerun with --overwrite to start the run afresh")
+            assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before  # nothing touched
+
+
+def test_resume_drops_and_recomputes_rows_past_the_checkpoint(tmp_path):
+    """Rows past the checkpoint (a run stopped after its last checkpoint; here the step-2 checkpoint put back
+    after 4 steps, plus a half-written fifth line) are dropped and recomputed: the resumed run equals an
+    uninterrupted one row for row (determinism), with steps 1..4 and no gap."""
+    import shutil
+
+    full, d = tmp_path / "full", tmp_path / "r"
+    run(config_from_overrides({**TINY, "steps": 4, "checkpoint_every": 2}), full)
+    run(config_from_overrides({**TINY, "steps": 2, "checkpoint_every": 2}), d)
+    shutil.copy(d / "checkpoint" / "state.pt", tmp_path / "step2.pt")
+    run(config_from_overrides({**TINY, "steps": 4, "checkpoint_every": 2}), d, resume=True)
+    shutil.copy(tmp_path / "step2.pt", d / "checkpoint" / "state.pt")
+    with open(d / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 5, "entro')
+    run(config_from_overrides({**TINY, "steps": 4, "checkpoint_every": 2}), d, resume=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    assert [r["step"] for r in _rows(d)] == [1, 2, 3, 4]
+    assert strip(_rows(d)) == strip(_rows(full))

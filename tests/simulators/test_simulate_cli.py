@@ -552,3 +552,28 @@ def test_stare_overrides_without_a_stare_method_get_a_note(tmp_path, capsys):
     assert "changes no update" not in capsys.readouterr().out
     assert simulate("--methods", "grpo", "--out", str(tmp_path / "c"), *base) == 0
     assert "no update" not in capsys.readouterr().out
+
+
+def test_resume_with_a_lost_final_row_is_one_line_up_front(tmp_path, capsys):
+    """Fresh-user review: the last row of one run cut (its checkpoint at that step) → `--resume` refuses in one line
+    naming the run, the checkpoint step, the last good row and --overwrite, before any run is touched (the other
+    run's files are unchanged), instead of reporting done with a row fewer."""
+    out = tmp_path / "t"
+    args = ["--preset", "theory", "--methods", "grpo", "--seeds", "2", "--steps", "4", "--out", str(out),
+            "--no-plots", *SMALL]
+    assert simulate(*args) == 0
+    capsys.readouterr()
+    m = out / "grpo" / "seed1" / "metrics.jsonl"
+    m.write_text("".join(x + "\n" for x in m.read_text().splitlines()[:-1]))
+    other = {p.name: p.read_bytes() for p in (out / "grpo" / "seed0").iterdir() if p.is_file()}
+    for extra in ([], ["--steps", "6"]):
+        a = list(args)
+        if extra:
+            a[a.index("--steps") + 1] = "6"
+        assert simulate(*a, "--resume") == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert (f"cannot resume {str(out / 'grpo' / 'seed1')!r}: its checkpoint is at step 4 but metrics.jsonl "
+                "does not hold exactly the rows of steps 1..4 (last good row: step 3;") in err
+        assert err.endswith("rerun with --overwrite to start the run afresh")
+        assert {p.name: p.read_bytes() for p in (out / "grpo" / "seed0").iterdir() if p.is_file()} == other
