@@ -49,7 +49,7 @@ from . import tabular, transformer
 from .driver import check_resume
 from .grid import critical_summary, method_points, parse_grid, point_label
 from .notes import headline, sweep_notes
-from .parallel import run_many
+from .parallel import check_memory, run_many
 from .presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
 from .run_stats import STAT_KEYS
 from .tabular_config import resolve_target_entropy
@@ -225,7 +225,8 @@ def plan_sweep(
             overridden and swept, an explicit ``loss.stare.target_entropy`` together with a (non-null)
             ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular_config.resolve_target_entropy`); an
             error caused by a method's own settings names the method (e.g. ``o1-adaptive``, whose default
-            ``loss.stare.w_max`` caps W, with ``stare.reweight_w=2``).
+            ``loss.stare.w_max`` caps W, with ``stare.reweight_w=2``); tabular runs whose estimated peak memory
+            exceeds the machine's available memory (:func:`simulators.parallel.check_memory`).
         RunError: the output directory is not writable, or already holds runs (without resume / overwrite); with
             resume, a run whose config or rows do not match its checkpoint
             (:func:`simulators.driver.check_resume`).
@@ -289,6 +290,8 @@ def plan_sweep(
                 configs[(label, seed)] = _method_config(cls, data, method)
                 sub = point_label(point)
                 run_dirs[(label, seed)] = out / method / sub / f"seed{seed}" if sub else out / method / f"seed{seed}"
+    if kind == "tabular":  # before anything is created: a request the machine cannot hold is refused here
+        check_memory(list(configs.values()), workers)
     check_writable_dir(out)
     if not resume and not overwrite:
         taken = [d for d in run_dirs.values() if (d / "metrics.jsonl").exists()]
