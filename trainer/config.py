@@ -17,7 +17,7 @@ One YAML file (plus dotted ``key=value`` overrides) builds a :class:`TrainerConf
     tool:      {max_tool_calls: 4, code_open: "<code>", code_close: "</code>"}   # optional: tool-use rollouts
 
 Every default lives here and is printed into the run's ``config.yaml``. Errors are
-:class:`~stare_lab.errors.ConfigError` naming the dotted key (``rollout.n=0 is outside (0, inf]``).
+:class:`~stare_lab.errors.ConfigError` naming the dotted key (``rollout.n=0 is outside (0, inf)``).
 """
 
 from __future__ import annotations
