@@ -440,9 +440,11 @@ class _Simulation:
         cfg, state = self.cfg, self.optimizer.state
         params = [p for _, p in self.model.named_parameters()]
         clip = min(1.0, cfg.grad_clip / (grad_norm + 1e-6)) if math.isfinite(grad_norm) else 1.0
-        return adam_preconditioner([state[p]["exp_avg_sq"] for p in params], lr=lr, beta1=cfg.adam_beta1,
-                                   beta2=cfg.adam_beta2, eps=cfg.adam_eps, step=float(state[params[0]]["step"]),
-                                   clip=clip)
+        # a parameter AdamW has no state for got no gradient and no update: v = inf gives it P = 0
+        v = [state[p]["exp_avg_sq"] if p in state else torch.full_like(p, math.inf) for p in params]
+        step = next(float(state[p]["step"]) for p in params if p in state)
+        return adam_preconditioner(v, lr=lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, eps=cfg.adam_eps,
+                                   step=step, clip=clip)
 
     def _measure(self, prompts, responses, mask, theta_old, logits_old, h_bar_old, d_grads, precond
                  ) -> dict[str, float]:
