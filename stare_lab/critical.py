@@ -32,13 +32,19 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 __all__ = [
-    "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS", "w_star", "w_star_series", "critical_w", "w_star_at_crossing",
+    "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS", "KEY_D_RATIO", "KEY_LPLUS_ABOVE", "KEY_W_STAR", "w_star", "w_star_series", "critical_w", "w_star_at_crossing",
     "measured_critical_w", "tolerance", "decomposition_summary", "DECOMPOSITION_KEYS", "REGIME_RATIO",
 ]
 
 KEY_D_GRPO = "pred/d_grpo"
 KEY_D_LPLUS = "pred/d_lplus"
 KEY_D_LMINUS = "pred/d_lminus"
+#: D_L+/|D_GRPO| of one step (the first calibration target, docs/theory.md §8)
+KEY_D_RATIO = "pred/d_ratio"
+#: share of the L+ probability mass whose surprisal is above its position's s* (the second calibration target, §8)
+KEY_LPLUS_ABOVE = "pred/lplus_above_sstar"
+#: W*(t) of one step (:func:`w_star` of that step's D terms)
+KEY_W_STAR = "pred/w_star"
 
 
 def _finite(x) -> bool:

@@ -32,6 +32,7 @@ from .errors import DataError
 __all__ = [
     "entropy_sensitivity",
     "critical_surprisal",
+    "share_above_critical",
     "predicted_entropy_change",
     "pred_single_token_pg",
     "pred_expected_pg",
@@ -150,6 +151,36 @@ def critical_surprisal(logits: Tensor, temperature: float = 1.0, chunk_size: int
             hi = torch.where(below, hi, mid)
         out[start:stop] = (0.5 * (lo + hi)).to(out.dtype)
     return out.reshape(logits.shape[:-1])
+
+
+def share_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> float | None:
+    """The share of the selected tokens' probability mass whose surprisal is above its position's ``s*``:
+    ``Σ_{mask, s > s*} π_a / Σ_mask π_a`` with ``π_a = exp(−s_a)``. With ``mask`` = L+ these are the tokens whose
+    reinforcement raises the entropy (Φ > 0); the rest of L+ lowers it (docs/theory.md §2, §8).
+
+    Args:
+        surprisal: ``[...]`` surprisal ``s_a = −log π_a`` of the sampled tokens (nats).
+        s_star: ``[...]`` the critical surprisal of each token's position (:func:`critical_surprisal`).
+        mask: ``[...]`` bool / 0-1, the selected tokens (e.g. L+).
+
+    Returns:
+        The share in [0, 1] (float64 sums), or ``None`` when the mask selects no token.
+
+    Raises:
+        DataError: shapes differ.
+
+    Source: docs/theory.md §8 (the L+-above-s* calibration target).
+    """
+    if not (surprisal.shape == s_star.shape == mask.shape):
+        raise DataError(f"share_above_critical: shapes {tuple(surprisal.shape)}, {tuple(s_star.shape)} and "
+                        f"{tuple(mask.shape)} differ")
+    sel = mask.detach().bool()
+    s = surprisal.detach().double()
+    p = torch.where(sel, torch.exp(-s), torch.zeros((), dtype=torch.float64, device=s.device))
+    total = float(p.sum())
+    if not total > 0:
+        return None
+    return float(torch.where(s > s_star.detach().double(), p, torch.zeros_like(p)).sum()) / total
 
 
 def predicted_entropy_change(

@@ -18,6 +18,7 @@ import torch
 from stare_lab.entropy import default_chunk_rows, entropy_from_logits, logprobs_from_logits
 from stare_lab.first_order import (
     critical_surprisal,
+    share_above_critical,
     entropy_sensitivity,
     pred_expected_pg,
     pred_grpo_group,
@@ -375,3 +376,23 @@ def test_autograd_saves_no_vocab_sized_activation():
     (grad,) = torch.autograd.grad(loss, z, create_graph=True)
     with pytest.raises(RuntimeError):
         grad.sum().backward()
+
+
+def test_share_above_critical_by_hand_and_sign_of_phi():
+    """Hand value: masses e^-0.1 (below s* = 1) and e^-2 (above) -> e^-2 / (e^-0.1 + e^-2); the unmasked token
+    (s = 3) does not count. Then on random logits, selecting exactly the tokens with Φ > 0 gives share 1 and those
+    with Φ < 0 gives 0 (s > s* <=> Φ > 0, docs/theory.md §2)."""
+    s = torch.tensor([0.1, 2.0, 3.0], dtype=F64)
+    share = share_above_critical(s, torch.ones(3, dtype=F64), torch.tensor([True, True, False]))
+    assert share == pytest.approx(math.exp(-2.0) / (math.exp(-0.1) + math.exp(-2.0)), rel=1e-12)
+    assert share_above_critical(s, torch.ones(3, dtype=F64), torch.zeros(3, dtype=torch.bool)) is None
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(64, 11, generator=g, dtype=F64) * 2
+    tok = torch.randint(0, 11, (64,), generator=g)
+    phi = entropy_sensitivity(z, tok)
+    surprisal = -torch.log_softmax(z, -1).gather(-1, tok[:, None])[:, 0]
+    s_star = critical_surprisal(z)
+    assert share_above_critical(surprisal, s_star, phi > 1e-9) == pytest.approx(1.0)
+    assert share_above_critical(surprisal, s_star, phi < -1e-9) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(DataError):
+        share_above_critical(s, s_star, phi > 0)
