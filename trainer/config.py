@@ -39,7 +39,7 @@ from stare_lab.config import (
 from stare_lab.errors import ConfigError
 from stare_lab.methods import METHODS as _METHODS, check_method
 
-from .tool_rollout import ToolUseConfig
+from trainer.tools.config import ToolUseConfig
 
 __all__ = [
     "ModelConfig",
@@ -103,7 +103,7 @@ class DataConfig:
         train_files: JSONL / Parquet files (or ``hf:NAME:SPLIT`` for a locally cached ``datasets`` dataset),
             each record holding ``prompt_key`` and ``answer_key``.
         prompt_key: record field with the problem text.
-        answer_key: record field with the gold answer (graded by ``trainer.rewards``).
+        answer_key: record field with the gold answer (graded by ``trainer.grading.rewards``).
         prompt_template: ``str.format`` template of the user message; ``{problem}`` is the record's prompt.
         use_chat_template: wrap the message with the tokenizer's chat template (add generation prompt).
         max_prompt_length: tokens; longer prompts are handled per ``truncation``.
@@ -162,7 +162,7 @@ class RolloutConfig:
         tensor_parallel_size: vLLM tensor-parallel group size (inside one node; divides the world size).
         enforce_eager: disable CUDA graphs / compilation (always on for CPU).
         enable_sleep_mode: free vLLM's memory from the end of generation to the next weight sync (GPU only;
-            ignored on CPU; order in :mod:`trainer.memory`).
+            ignored on CPU; order in :mod:`trainer.engines.memory`).
         sleep_level: vLLM sleep level: 1 backs the engine's weights up in host memory (``weights / tp`` pinned
             per rank), 2 drops them (the sync reloads every weight; less host memory).
         max_num_seqs: vLLM's max concurrent sequences.
@@ -321,12 +321,12 @@ class OptimConfig:
 
 @dataclasses.dataclass
 class DeepSpeedConfig:
-    """DeepSpeed settings; :func:`trainer.launch.deepspeed_json` turns them into the DeepSpeed JSON.
+    """DeepSpeed settings; :func:`trainer.engines.launch.deepspeed_json` turns them into the DeepSpeed JSON.
 
     Attributes:
         zero_stage: 0, 1, 2 or 3.
         single_process_stage: the ZeRO stage used instead of ``zero_stage`` when the run has ONE process (world
-            size 1), no offload is set and no ``config_file`` is given (:func:`trainer.launch.effective_zero_stage`):
+            size 1), no offload is set and no ``config_file`` is given (:func:`trainer.engines.launch.effective_zero_stage`):
             ZeRO over one rank partitions nothing — the memory is the same — while ZeRO-3's parameter hooks cost
             time in every forward and backward (BENCHMARKS.md, trainer step). ``null``: always ``zero_stage``.
         precision: ``bf16``, ``fp16`` or ``fp32``.
@@ -334,7 +334,7 @@ class DeepSpeedConfig:
         offload_during_rollout: GPU only: move the optimizer states, fp32 master weights and gradient buffers to
             host memory while the rollout engine generates, and back for the update (DeepSpeed
             ``offload_states``/``reload_states``; needs ZeRO-3 and ``optim.optimizer=deepspeed_adamw``, whose
-            FusedAdam is the optimizer DeepSpeed can offload; :mod:`trainer.memory`).
+            FusedAdam is the optimizer DeepSpeed can offload; :mod:`trainer.engines.memory`).
         config_file: a DeepSpeed JSON to start from instead of the generated one (the trainer still sets batch
             sizes and gradient clipping).
         overrides: mapping merged (recursively) into the generated JSON last, e.g.
@@ -372,8 +372,8 @@ class ScheduleConfig:
         save_freq: checkpoint every N steps (and at the end).
         keep_checkpoints: how many checkpoints to keep (oldest deleted).
         eval_freq: evaluate every N steps and at the last step (needs ``eval_config``), with the rollout engine
-            right after the sync (``trainer.evaluate.evaluate_engine``); metrics ``eval/...`` in the same row.
-        eval_config: YAML of :class:`trainer.evaluate.EvalConfig` (``None`` = no periodic evaluation).
+            right after the sync (``trainer.evaluation.evaluate.evaluate_engine``); metrics ``eval/...`` in the same row.
+        eval_config: YAML of :class:`trainer.evaluation.evaluate.EvalConfig` (``None`` = no periodic evaluation).
         resume: ``auto`` (resume from ``out_dir/checkpoint`` if present), ``never`` (fail if the run exists)
             or ``must`` (fail if there is nothing to resume).
         tensorboard: also log scalars to ``out_dir/tensorboard``.
@@ -381,7 +381,7 @@ class ScheduleConfig:
         progress_bar: tqdm progress bar on rank 0.
         measure_entropy_change: log the measured ``entropy_change`` = token-mean entropy (nats) on the step's batch
             after the update minus before (same tokens, masks and temperature; docs/design.md §4; one extra no-grad
-            forward, ``time/entropy_after_s``), and the first-order predictions of :mod:`trainer.prediction`:
+            forward, ``time/entropy_after_s``), and the first-order predictions of :mod:`trainer.step.prediction`:
             ``pred_entropy_change`` (∇θH̄·Δθ) and ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2) —
             one extra backward each (``time/predict_s``). Off: all of them are null.
     """
@@ -419,9 +419,9 @@ class TrainerConfig:
         seed: the run's seed: data order, sampling and initialisation of everything random derive from it.
         out_dir: run directory (``metrics.jsonl``, ``config.yaml``, ``checkpoint/``).
         source: always ``trainer`` (run-directory convention).
-        tool: multi-turn tool use (:class:`trainer.tool_rollout.ToolUseConfig`; a mapping is converted on
+        tool: multi-turn tool use (:class:`trainer.tools.tool_rollout.ToolUseConfig`; a mapping is converted on
             construction); ``None`` (default) = plain single-turn rollouts. When set, the rollout engine is wrapped
-            in :class:`trainer.tool_rollout.ToolUseEngine`: the policy's code blocks run in the sandbox and their
+            in :class:`trainer.tools.tool_rollout.ToolUseEngine`: the policy's code blocks run in the sandbox and their
             output is appended as interpreter turns, which are masked out of the loss, the entropy statistics and
             the STARE selection; ``rollout.max_response_length`` is the budget of model + interpreter tokens.
     """
@@ -439,7 +439,7 @@ class TrainerConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = dataclasses.field(default_factory=DeepSpeedConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
-    # a ToolUseConfig or None; typed ``Any`` and converted in __post_init__ (trainer.tool_rollout is imported here)
+    # a ToolUseConfig or None; typed ``Any`` and converted in __post_init__ (trainer.tools.config is imported here)
     tool: Any = None
 
     def __post_init__(self) -> None:

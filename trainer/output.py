@@ -13,6 +13,8 @@ __all__ = ["configure_output", "ENGINE_LOGGERS"]
 #: Loggers of the engines whose INFO/WARNING chatter (environment notices, per-call reports) is hidden unless
 #: ``--verbose``: vLLM (through ``VLLM_LOGGING_LEVEL``, read when vLLM is imported) and DeepSpeed.
 ENGINE_LOGGERS = ("DeepSpeed", "deepspeed", "torch.distributed", "transformers", "accelerate")
+#: The logger of the per-step lines people read (:mod:`trainer.run.runlog`).
+PROGRESS_LOGGER = "trainer.progress"
 
 
 class _BelowLevel(logging.Filter):
@@ -41,7 +43,7 @@ class _DropRotaryReload(logging.Filter):
 
 
 def configure_output(verbose: bool = False) -> None:
-    """What ``stare-lab train`` shows: on rank 0 the per-step lines (:data:`trainer.runlog.PROGRESS_LOGGER`,
+    """What ``stare-lab train`` shows: on rank 0 the per-step lines (:data:`PROGRESS_LOGGER`,
     printed as they are), the trainer's own INFO/WARNING lines and the end-of-run report; engine noise (vLLM and
     DeepSpeed INFO/WARNING logs, FutureWarnings, transformers' progress bars) only with ``verbose``; other ranks
     show warnings and errors only. vLLM's reload warning for rotary embeddings is always dropped
@@ -49,7 +51,6 @@ def configure_output(verbose: bool = False) -> None:
     import os
     import warnings
 
-    from .runlog import PROGRESS_LOGGER
 
     rank = int(os.environ.get("RANK", "0"))
     logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReload())

@@ -32,7 +32,7 @@ def _corpus(gsm8k_file: str | Path | None, max_records: int) -> list[str]:
         "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) $ . , ?",
     ]
     if gsm8k_file is not None and Path(gsm8k_file).is_file():
-        from .data import DEFAULT_KEYS, load_records  # the trainer's reader: flat or verl records, file:line errors
+        from trainer.data import DEFAULT_KEYS, load_records  # the trainer's reader: flat or verl records, file:line errors
 
         for rec in load_records([str(gsm8k_file)], *DEFAULT_KEYS, max_samples=max_records):
             prompt = rec["prompt"]

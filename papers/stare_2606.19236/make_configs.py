@@ -6,7 +6,7 @@ config loader has no include mechanism, so the shared values live here once. Eve
 Regenerate with ``python papers/stare_2606.19236/make_configs.py``; ``tests/trainer/test_evaluate_paper_configs.py``
 checks that the committed files equal this script's output and load with ``trainer.config.load_trainer_config``.
 Evaluation settings (Table 2 protocol) are in ``eval_short_cot.yaml`` / ``eval_long_cot.yaml`` /
-``eval_tool_use.yaml`` (``trainer.evaluate.EvalConfig``; the tool-use one carries the same ``tool`` section as the
+``eval_tool_use.yaml`` (``trainer.evaluation.evaluate.EvalConfig``; the tool-use one carries the same ``tool`` section as the
 tool-use training configs, so the TIR setting is evaluated with tools).
 """
 
@@ -162,7 +162,7 @@ def build(setting_key: str, method_key: str) -> list[tuple[str, list[tuple[str, 
     if stare:
         sections.append(("loss.stare", stare))
     sections += [("optim", optim), ("deepspeed", deepspeed), ("schedule", schedule)]
-    if s["setting"] == "tool_use":  # trainer.tool_rollout.ToolUseConfig: ReTool's tags (paper), limits (ours)
+    if s["setting"] == "tool_use":  # trainer.tools.tool_rollout.ToolUseConfig: ReTool's tags (paper), limits (ours)
         sections += [("tool", TOOL), ("tool.sandbox", TOOL_SANDBOX)]
     return sections
 
@@ -214,7 +214,7 @@ def render(setting_key: str, method_key: str) -> str:
         "# '# paper': docs/theory.md §4 (the paper's training defaults); '# our choice': not published, ours.",
     ]
     if s["setting"] == "tool_use":
-        lines.append("# Tool use: multi-turn code-interpreter rollouts (trainer/tool_rollout.py, the `tool` section): code")
+        lines.append("# Tool use: multi-turn code-interpreter rollouts (trainer/tools/tool_rollout.py, the `tool` section): code")
         lines.append("# in <code>…</code> runs in the bubblewrap sandbox, its output comes back as an <interpreter> turn")
         lines.append("# that is masked out of the loss, the entropy statistics and the STARE selection.")
     lines += _section_lines(build(setting_key, method_key))
@@ -225,7 +225,7 @@ EVAL_FILES = {
     "eval_short_cot.yaml": [
         "# Table 2 evaluation protocol (docs/theory.md §4-5): avg@32 for AIME24/25 and AMC23, avg@4 for MATH-500,",
         "# Minerva, OlympiadBench (n: null = these per-benchmark defaults), T = 1.0, top-p 0.7.",
-        "# Format: trainer.evaluate.EvalConfig (stare-lab evaluate --config FILE).",
+        "# Format: trainer.evaluation.evaluate.EvalConfig (stare-lab evaluate --config FILE).",
         'benchmarks: ["aime24", "aime25", "amc23", "math500", "minerva_math", "olympiadbench"]  # paper',
         "n: null  # paper",
         "temperature: 1.0  # paper",

@@ -1,5 +1,5 @@
 """report.json: a simulator sweep (``stare-lab simulate``) and a trainer-format run directory (its summary.json
-written by ``trainer.runlog.summary_from_rows``) are summarised by the one core function, so the per-run numbers of
+written by ``trainer.run.runlog.summary_from_rows``) are summarised by the one core function, so the per-run numbers of
 ``stare-lab analyze``'s report.json equal each run's summary.json number for number (exact equality, null for
 null); the tables' numbers are there too."""
 
@@ -20,7 +20,7 @@ SMALL = ["num_prompts=8", "seq_len=2", "vocab_size=4", "threshold=2"]
 def _trainer_run(path, seed):
     """A run directory as the trainer writes it: source trainer, steps from 1, a skipped step (entropy null),
     measured entropy change on some steps only, accuracy, timings; summary.json from summary_from_rows."""
-    from trainer.runlog import summary_from_rows
+    from trainer.run.runlog import summary_from_rows
 
     cfg = {"source": "trainer", "method": "o1", "seed": seed,
            "loss": to_dict(LossConfig(loss_mode="stare", stare=STAREConfig(target_entropy=0.8)))}

@@ -1,4 +1,4 @@
-"""Grading throughput of trainer.rewards on realistic responses (target: >= 200 responses/s on one core).
+"""Grading throughput of trainer.grading.rewards on realistic responses (target: >= 200 responses/s on one core).
 
 Run: ``python tests/benchmarks/bench_grading.py [--data-dir DIR] [--repeats 1]``. Prints PASS/FAIL.
 
@@ -24,9 +24,9 @@ import sys
 import time
 from fractions import Fraction
 
-from trainer.benchmarks import BENCHMARKS, default_data_dir, load_benchmark
-from trainer import rewards
-from trainer.rewards import grade_response, normalize_gold, parse_number
+from trainer.evaluation.benchmarks import BENCHMARKS, default_data_dir, load_benchmark
+from trainer.grading import rewards
+from trainer.grading.rewards import grade_response, normalize_gold, parse_number
 
 TARGET = 200.0
 

@@ -6,7 +6,7 @@ A STARE (O1, scope global, gate on) step of ``--batch`` responses with lengths u
 
 1. Time on one rank: ``prepare_step`` (counts, H̄ and the sums in one collective, the controller, ω) against the
    trainer's former preparation of the same numbers from its per-sequence lists (H̄ and the counts summed row by
-   row, the lists re-padded with ``trainer.policy.pad_2d``, ``stare_token_weights``, ω cut back into rows),
+   row, the lists re-padded with ``trainer.engines.policy.pad_2d``, ``stare_token_weights``, ω cut back into rows),
    interleaved, median process CPU time of ``--reps`` repetitions. Goal: ratio ≤ 1. For reference it also prints
    ``stare_token_weights`` alone (the selection both must do).
 2. Bytes each rank sends for the global selection over 2 ranks (threads with an exact sum): the tensors given to
@@ -50,9 +50,9 @@ def make_batch(b: int, t: int, seed: int = 0) -> StepBatch:
 
 
 def former_preparation(batch: StepBatch, cfg: LossConfig) -> list[torch.Tensor]:
-    """What trainer/loop.py did before prepare_step, on one rank: per-sequence tensors and list masks in, ω rows
+    """What trainer/run/loop.py did before prepare_step, on one rank: per-sequence tensors and list masks in, ω rows
     out (the all_gather_object of one rank returns its own lists)."""
-    def pad_2d(rows, value, dtype, width):  # the former trainer.policy.pad_2d, kept here as the baseline
+    def pad_2d(rows, value, dtype, width):  # the former trainer.engines.policy.pad_2d, kept here as the baseline
         out = torch.full((len(rows), max(width, 1)), value, dtype=dtype)
         for i, r in enumerate(rows):
             if len(r):

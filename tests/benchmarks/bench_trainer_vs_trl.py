@@ -8,7 +8,7 @@ Pairings (each measured ``--reps`` times, the two sides of a pairing run back to
   vllm_mode="colocate"`` (TRL warns that it supports vLLM 0.22–0.31; 0.32 is installed, and it runs);
 * ``hf-zero3``: ours as ``hf`` but with ZeRO-3 forced on the single process (``deepspeed.single_process_stage=null``),
   vs the same TRL run: what ZeRO-3 costs where it partitions nothing (the default on one process is ZeRO stage 0,
-  ``trainer.launch.effective_zero_stage``).
+  ``trainer.engines.launch.effective_zero_stage``).
 
 Setup (both sides): the tiny random-init Qwen2 model of ``trainer.tiny`` (built once in a temp dir), 8 GSM8K prompts
 per step × 4 samples, ≤ 32 new tokens, T = 1, lr 1e-6, one on-policy update per batch, token-mean loss (TRL
@@ -80,7 +80,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-from trainer.rewards import gsm8k_lenient_reward
+from trainer.grading.rewards import gsm8k_lenient_reward
 from trainer.config import DEFAULT_PROMPT_TEMPLATE
 
 model_dir, data, out, steps, prompts, n, max_new, engine = sys.argv[1:9]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch.distributed as tdist
 
-from trainer.evaluate import EvalConfig, evaluate_engine
-from trainer.launch import DistInfo
-from trainer.rollout import RolloutOutput
+from trainer.evaluation.evaluate import EvalConfig, evaluate_engine
+from trainer.engines.launch import DistInfo
+from trainer.engines.rollout import RolloutOutput
 
 
 class Tok:
@@ -60,7 +60,7 @@ def config() -> EvalConfig:
 
 
 def problems():
-    from trainer.evaluate import load_problems
+    from trainer.evaluation.evaluate import load_problems
 
     cfg = config()
     return {"aime24": load_problems(cfg, "aime24")[:7], "amc23": load_problems(cfg, "amc23")[:5]}

@@ -13,12 +13,12 @@ import sys
 import torch
 
 from stare_lab.step import prepare_step
-from trainer.batch import RolloutBatch
-from trainer.comm import Comm
+from trainer.step.batch import RolloutBatch
+from trainer.engines.comm import Comm
 from trainer.config import load_trainer_config
-from trainer.launch import cpu_env_defaults, init_distributed
-from trainer.policy import PolicyEngine
-from trainer.prediction import EntropyPrediction
+from trainer.engines.launch import cpu_env_defaults, init_distributed
+from trainer.engines.policy import PolicyEngine
+from trainer.step.prediction import EntropyPrediction
 
 
 def _batch(rows: list[int]) -> RolloutBatch:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.benchmarks import GSM8K_TRAIN_SAMPLE as GSM8K  # bundled with the package (trainer/assets/)
+from trainer.evaluation.benchmarks import GSM8K_TRAIN_SAMPLE as GSM8K  # bundled with the package (trainer/assets/)
 
 
 def _require(*modules: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.benchmarks import BUNDLED_DIR, GSM8K_TRAIN_SAMPLE, default_data_dir, load_benchmark
+from trainer.evaluation.benchmarks import BUNDLED_DIR, GSM8K_TRAIN_SAMPLE, default_data_dir, load_benchmark
 
 ASSETS = BUNDLED_DIR.parent
 REPO = Path(__file__).resolve().parents[2]

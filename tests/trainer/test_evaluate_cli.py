@@ -13,9 +13,9 @@ import pytest
 
 from stare_lab.cli import main as cli_main
 from stare_lab.errors import ConfigError
-from trainer.benchmarks import BENCHMARKS
-from trainer.evaluate import EvalConfig, evaluate_engine, load_problems
-from trainer.evaluate_cli import add_arguments, config_from_args
+from trainer.evaluation.benchmarks import BENCHMARKS
+from trainer.evaluation.evaluate import EvalConfig, evaluate_engine, load_problems
+from trainer.evaluation.cli import add_arguments, config_from_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,7 +78,7 @@ def test_file_works_for_any_name(tmp_path):
 
 def test_custom_benchmark_evaluates_end_to_end(tmp_path):
     """A custom --file benchmark through evaluate_engine (a scripted engine answers i+i right for even i)."""
-    from trainer.rollout import RolloutOutput
+    from trainer.engines.rollout import RolloutOutput
 
     src = tmp_path / "mine.jsonl"
     src.write_text("".join(json.dumps({"id": str(i), "problem": f"{i}+{i}?", "answer": str(2 * i)}) + "\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.evaluate import share
+from trainer.evaluation.evaluate import share
 
 DRIVER = Path(__file__).with_name("_eval_dp.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 
 from stare_lab.config import load_config
 from trainer.config import load_trainer_config
-from trainer.evaluate import EvalConfig
+from trainer.evaluation.evaluate import EvalConfig
 
 PAPER_DIR = Path(__file__).resolve().parents[2] / "papers" / "stare_2606.19236"
 CONFIGS = sorted((PAPER_DIR / "configs").glob("*.yaml"))

@@ -1,5 +1,5 @@
 """Tool-integrated evaluation: an EvalConfig with a ``tool`` section evaluates with multi-turn tool rollouts in the
-sandbox — the engine of tool-use training (:class:`trainer.tool_rollout.ToolUseEngine`) — and grades the model's
+sandbox — the engine of tool-use training (:class:`trainer.tools.tool_rollout.ToolUseEngine`) — and grades the model's
 own text.
 
 (a) A scripted "policy" that writes code and then boxes whatever the interpreter printed: right only if the code
@@ -17,15 +17,15 @@ import re
 import pytest
 import yaml
 
-from trainer.evaluate import EvalConfig, evaluate_engine
-from trainer.rollout import RolloutOutput
+from trainer.evaluation.evaluate import EvalConfig, evaluate_engine
+from trainer.engines.rollout import RolloutOutput
 
 GOLD = "499500"
 INTERP = re.compile(r"<interpreter>\n(.*?)\n</interpreter>", re.S)
 
 
 def _need_sandbox():
-    from trainer import sandbox
+    from trainer.tools import sandbox
 
     ok, reason = sandbox.sandbox_available()
     if not ok:

@@ -1,5 +1,5 @@
 """The HF export of a checkpoint: consolidated on rank 0 only and streamed into safetensors shards
-(trainer.checkpoint.write_hf_shards, trainer.policy.PolicyEngine.save_hf)."""
+(trainer.engines.weights.write_hf_shards, trainer.engines.policy.PolicyEngine.save_hf)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.checkpoint import INDEX_FILE, SINGLE_FILE, write_hf_shards
+from trainer.engines.weights import INDEX_FILE, SINGLE_FILE, write_hf_shards
 
 
 def test_shards_are_written_while_the_tensors_stream():
@@ -77,7 +77,7 @@ def test_sharded_export_loads_with_from_pretrained(tiny_model, tmp_path):
 def test_save_hf_consolidates_on_rank_zero_only(tmp_path, rank):
     """PolicyEngine.save_hf on a 2-rank job: every rank runs the gathers; only rank 0 copies tensors (materialize)
     and writes files."""
-    from trainer.policy import PolicyEngine
+    from trainer.engines.policy import PolicyEngine
 
     calls = []
 

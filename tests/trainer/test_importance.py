@@ -1,4 +1,4 @@
-"""Importance correction (trainer.importance, the loss-side TIS options of stare_lab.losses): missing or bad engine
+"""Importance correction (trainer.step.importance, the loss-side TIS options of stare_lab.losses): missing or bad engine
 log-probs are errors, every logged ratio is finite, TIS with a filtered sampling support is refused, and the
 token / sequence / mask variants give the hand-computed weights."""
 
@@ -12,8 +12,8 @@ import torch
 from stare_lab.errors import ConfigError, DataError
 from stare_lab.losses import LOG_RATIO_CLAMP, PolicyLossInputs, compute_policy_loss
 from trainer.config import load_trainer_config
-from trainer.importance import check_importance_config, engine_logprobs, rollout_diagnostics
-from trainer.rollout import RolloutOutput
+from trainer.step.importance import check_importance_config, engine_logprobs, rollout_diagnostics
+from trainer.engines.rollout import RolloutOutput
 
 
 def _out(lps, n=3):
@@ -34,8 +34,8 @@ def test_missing_engine_logprobs_is_an_error():
 
 
 def test_the_loop_refuses_a_response_without_engine_logprobs():
-    """trainer.batch.build_rollout_batch (step 5) on a group whose second sample came back without log-probs."""
-    from trainer.batch import build_rollout_batch
+    """trainer.step.batch.build_rollout_batch (step 5) on a group whose second sample came back without log-probs."""
+    from trainer.step.batch import build_rollout_batch
 
     cfg = load_trainer_config({"method": "grpo", "rollout": {"n": 2}})
     group = {"outputs": [_out([-1.0, -1.0, -1.0]), _out(None)], "rewards": [1.0, 0.0]}

@@ -1,6 +1,6 @@
-"""The memory order of a colocated step and the weight-version check (trainer.memory), on CPU with fakes.
+"""The memory order of a colocated step and the weight-version check (trainer.engines.memory), on CPU with fakes.
 
-The real ``trainer.train_step.StepRunner.step`` runs with a fake rollout engine and a fake policy that record every
+The real ``trainer.step.runner.StepRunner.step`` runs with a fake rollout engine and a fake policy that record every
 call, so the order checked is the loop's own: generation → engine sleep → cache freed → [DeepSpeed states reloaded] →
 old log-probs → update → [states offloaded] → cache freed → wake weights → sync → wake KV cache → next generation;
 and an engine that missed a sync refuses to generate.
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from stare_lab.errors import RunError
-from trainer.collect import Collector
+from trainer.step.collect import Collector
 from trainer.config import load_trainer_config
 from trainer.data import DataCursor, EncodedPrompt
-from trainer.launch import DistInfo
-from trainer.memory import ColocatedSchedule, PhaseMemory, WeightVersions
-from trainer.rollout import RolloutOutput
+from trainer.engines.launch import DistInfo
+from trainer.engines.memory import ColocatedSchedule, PhaseMemory, WeightVersions
+from trainer.engines.rollout import RolloutOutput
 
 
 class FakeEngine:
@@ -85,8 +85,8 @@ class Encoder:
 
 def _trainer(offload: bool):
     from stare_lab.stare import STAREController
-    from trainer.comm import Comm
-    from trainer.train_step import StepRunner
+    from trainer.engines.comm import Comm
+    from trainer.step.runner import StepRunner
 
     cfg = load_trainer_config({"method": "c2", "model": {"path": "unused"},
                                "rollout": {"n": 4, "max_response_length": 2},
@@ -175,7 +175,7 @@ def test_phase_memory_records_nothing_on_cpu():
 
 def test_offload_during_rollout_needs_zero3_and_deepspeeds_adam():
     from stare_lab.errors import ConfigError
-    from trainer.preflight import check_training
+    from trainer.run.preflight import check_training
 
     with pytest.raises(ConfigError, match="offload_during_rollout=true needs deepspeed.zero_stage=3"):
         load_trainer_config({"deepspeed": {"zero_stage": 2, "offload_during_rollout": True}})
@@ -190,7 +190,7 @@ def test_vllm_engine_sleep_levels_and_staged_wake_up():
     """VLLMEngine's thin GPU path against a recording stand-in for ``vllm.LLM`` (sleep is GPU-only in vLLM): the
     configured sleep level, weights woken before the sync and the KV cache after it, a sync into sleeping weights
     refused, repeated calls no-ops."""
-    from trainer.rollout import VLLMEngine
+    from trainer.engines.rollout import VLLMEngine
 
     calls = []
 

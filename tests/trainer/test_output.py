@@ -10,7 +10,7 @@ import warnings
 
 from trainer.cli import final_report
 from trainer.output import _BelowLevel, _DropRotaryReload
-from trainer.runlog import step_line
+from trainer.run.runlog import step_line
 
 ROW = {"step": 3, "reward": 0.125, "accuracy": 0.0625, "entropy": 1.23456, "gate_on": 1, "stare_w": 1.1,
        "stare_m": 0.9, "time/rollout_tokens_per_s": 812.4, "time/step_s": 14.25, "gen_rounds": 1,
@@ -60,7 +60,7 @@ def test_engine_records_below_error_are_hidden_and_others_kept():
     assert not f.filter(_record("vllm.triton_utils.importing", logging.WARNING, "Triton is installed, but ..."))
     assert not f.filter(_record("DeepSpeed", logging.INFO, "Setting accelerator to CPU"))
     assert f.filter(_record("vllm.engine", logging.ERROR, "a real error"))
-    assert f.filter(_record("trainer.collect", logging.WARNING, "kept 2 of 4 groups"))  # the trainer's own
+    assert f.filter(_record("trainer.step.collect", logging.WARNING, "kept 2 of 4 groups"))  # the trainer's own
     assert f.filter(_record("vllmish", logging.INFO, "not a child of vllm"))
 
 

@@ -1,4 +1,4 @@
-"""``stare-lab plan`` (trainer.plan): the activation formula against what autograd saves, every phase of a small
+"""``stare-lab plan`` (trainer.planning.plan): the activation formula against what autograd saves, every phase of a small
 config against numbers computed here by hand, the 18 paper configs on their documented cluster, the CLI's JSON,
 the preflight refusal, and the docs table."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from stare_lab.errors import ConfigError
 from trainer.config import load_trainer_config
-from trainer.plan import (CHUNK_WORKSPACE_BYTES, GIB, RUNTIME_GIB, Arch, Cluster, check_fits, layer_activation_bytes,
+from trainer.planning.plan import (CHUNK_WORKSPACE_BYTES, GIB, RUNTIME_GIB, Arch, Cluster, check_fits, layer_activation_bytes,
                           load_arch, plan)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,9 +192,9 @@ def test_docs_table_matches_the_plan():
 
 
 def test_train_preflight_applies_the_plan_on_a_gpu(monkeypatch):
-    """stare-lab train's preflight (trainer.preflight.check_training) on a GPU job refuses a launch the plan says
+    """stare-lab train's preflight (trainer.run.preflight.check_training) on a GPU job refuses a launch the plan says
     cannot fit, naming the plan's line; STARE_LAB_SKIP_PLAN=1 launches anyway; on CPU the plan is not applied."""
-    from trainer import preflight
+    from trainer.run import preflight
 
     cfg = load_trainer_config(PAPER_CONFIGS[0])
     preflight.check_training(cfg)  # CPU here: no GPU cluster, no plan

@@ -14,12 +14,13 @@ import yaml
 
 from stare_lab.cli import main as cli_main
 from stare_lab.errors import ConfigError, RunError
-from trainer import preflight
+from trainer import paths
+from trainer.run import preflight
 from trainer.config import load_trainer_config
 from trainer.data import load_records
-from trainer.runlog import RunLogger, export_final_model, read_rows, summary_from_rows
+from trainer.run.runlog import RunLogger, export_final_model, read_rows, summary_from_rows
 
-from trainer.benchmarks import GSM8K_TRAIN_SAMPLE as GSM8K  # bundled with the package (trainer/assets/)
+from trainer.evaluation.benchmarks import GSM8K_TRAIN_SAMPLE as GSM8K  # bundled with the package (trainer/assets/)
 
 
 def _data(tmp_path: Path, lines: list[str]) -> Path:
@@ -109,7 +110,7 @@ def test_check_lengths_training_and_periodic_eval(tmp_path):
     """The engine's max_model_len is data.max_prompt_length + rollout.max_response_length (rollout.make_engine);
     the periodic evaluation runs on that engine, so an eval with prompt 1024 + 8 tokens cannot fit 192 + 32 = 224
     (the crash of review item 6, now a ConfigError before training)."""
-    from trainer.evaluate import EvalConfig
+    from trainer.evaluation.evaluate import EvalConfig
 
     model = _model_dir(tmp_path, 1024)
     ev = tmp_path / "eval.yaml"
@@ -117,7 +118,7 @@ def test_check_lengths_training_and_periodic_eval(tmp_path):
     cfg = load_trainer_config(None, [f"model.path={model}", "data.max_prompt_length=192",
                                      "rollout.max_response_length=32", "schedule.eval_freq=1",
                                      f"schedule.eval_config={ev}"])
-    assert preflight.model_max_positions(model) == 1024
+    assert paths.model_max_positions(model) == 1024
     preflight.check_lengths(cfg, 1024, EvalConfig(benchmarks=["math500"], max_prompt_length=192, max_tokens=32))
     with pytest.raises(ConfigError, match=r"max_prompt_length=1024 \+ max_tokens=8 = 1032 exceeds the model's "
                                           r"max_position_embeddings=1024"):
@@ -125,7 +126,7 @@ def test_check_lengths_training_and_periodic_eval(tmp_path):
     with pytest.raises(ConfigError, match=r"= 264 exceeds the rollout engine's max_model_len=224"):
         preflight.check_lengths(cfg, 1024, EvalConfig(benchmarks=["math500"], max_prompt_length=256, max_tokens=8))
     with pytest.raises(ConfigError, match="has no config.json"):
-        preflight.model_max_positions(tmp_path)
+        paths.model_max_positions(tmp_path)
 
 
 def test_resume_with_other_data_is_refused(tmp_path):
@@ -150,9 +151,9 @@ def test_resume_with_other_data_is_refused(tmp_path):
 
 
 def test_make_out_dir(tmp_path):
-    assert preflight.make_out_dir(tmp_path / "a" / "b").is_dir()
+    assert paths.make_out_dir(tmp_path / "a" / "b").is_dir()
     with pytest.raises(RunError, match="cannot be created"):
-        preflight.make_out_dir("/proc/stare_lab_x")
+        paths.make_out_dir("/proc/stare_lab_x")
 
 
 def test_answer_pattern_keeps_single_digit_answers(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.benchmarks import GSM8K_TRAIN_SAMPLE
+from trainer.evaluation.benchmarks import GSM8K_TRAIN_SAMPLE
 
 pytestmark = [pytest.mark.slow, pytest.mark.trainer]
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from stare_lab.config import LossConfig, STAREConfig, to_dict
 from stare_lab.errors import ConfigError, RunError
 from stare_lab.runs import RunWriter
 from trainer.config import load_trainer_config
-from trainer.promote import PROMOTED_KEYS, promote
+from trainer.planning.promote import PROMOTED_KEYS, promote
 
 ROW = dict(step=0, entropy=1.0, reward=0.5, gate_on=1, stare_w=1.3, stare_m=0.8, pred_entropy_change=0.0,
            entropy_change=0.0)

@@ -1,4 +1,4 @@
-"""Tests of trainer.rewards: boxed extraction, number parsing, grading (hand-written tricky cases), timeouts and the
+"""Tests of trainer.grading.rewards: boxed extraction, number parsing, grading (hand-written tricky cases), timeouts and the
 batch rewards. Expected values are by hand: each case's comment says why the answer is right or wrong.
 The all-records test on the real benchmark files is in test_rewards_benchmarks.py."""
 
@@ -19,8 +19,8 @@ except ImportError:  # pragma: no cover - exercised only without the trainer ext
     pytest.skip("math-verify is not installed (trainer extra)", allow_module_level=True)
 
 from stare_lab.errors import DataError
-from trainer import rewards
-from trainer.rewards import (
+from trainer.grading import rewards
+from trainer.grading.rewards import (
     extract_boxed,
     format_reward,
     grade,
@@ -385,7 +385,7 @@ def test_decimals_compare_at_six_places(pred, gold, expected):
 
 def test_numbers_equal_rules_by_hand():
     """The rules of numbers_equal on exact values (expected by hand)."""
-    from trainer.rewards import numbers_equal
+    from trainer.grading.rewards import numbers_equal
 
     assert numbers_equal((Fraction(27), "decimal"), (Fraction(27), "int"))  # equal values
     assert not numbers_equal((Fraction(270000001, 10**7), "decimal"), (Fraction(27), "int"))  # an integer: exact

@@ -24,8 +24,8 @@ except ImportError:  # pragma: no cover
         raise
     pytest.skip("math-verify is not installed (trainer extra)", allow_module_level=True)
 
-from trainer.benchmarks import BENCHMARKS, BUNDLED_DIR, load_benchmark
-from trainer.rewards import grade_response, normalize_gold, parse_number
+from trainer.evaluation.benchmarks import BENCHMARKS, BUNDLED_DIR, load_benchmark
+from trainer.grading.rewards import grade_response, normalize_gold, parse_number
 
 EXPECTED_COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva_math": 272, "olympiadbench": 675}
 

@@ -1,4 +1,4 @@
-"""Tests of trainer.sandbox: each hostile program is contained, reported, and the caller goes on.
+"""Tests of trainer.tools.sandbox: each hostile program is contained, reported, and the caller goes on.
 
 Expected values are by construction: a program's printed output is known from its source; "contained" means the
 host-side effect (a file, a connection, a process) that the program attempts is checked from outside.
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from stare_lab.errors import ConfigError
-from trainer import sandbox
-from trainer.sandbox import SandboxConfig, SandboxError, run_many, run_python
+from trainer.tools import sandbox
+from trainer.tools.config import SandboxConfig
+from trainer.tools.sandbox import SandboxError, run_many, run_python
 
 OK_TIMEOUT = 10.0  # generous for programs that should succeed (the machine may be busy)
 

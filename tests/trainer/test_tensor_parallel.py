@@ -82,7 +82,7 @@ def test_dynamic_sampling_counts_each_tp_group_once(tp_model, gsm8k_digits, tmp_
 def _broadcast_worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as tdist
 
-    from trainer.collect import broadcast_grades, on_group_source
+    from trainer.step.collect import broadcast_grades, on_group_source
 
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     calls = []

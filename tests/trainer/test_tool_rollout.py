@@ -1,4 +1,4 @@
-"""Tests of trainer.tool_rollout: code extraction, interpreter turns, loss masking, the batched multi-turn loop.
+"""Tests of trainer.tools.tool_rollout: code extraction, interpreter turns, loss masking, the batched multi-turn loop.
 
 The tiny random model never writes code by itself, so a *scripted* policy (:class:`ScriptedEngine`, implementing the
 RolloutEngine interface) emits predetermined responses — honouring stop strings and ``max_tokens`` like a real
@@ -16,12 +16,12 @@ import torch
 
 from stare_lab.entropy import logprobs_from_logits
 from stare_lab.errors import ConfigError
-from trainer import sandbox
-from trainer.rollout import HFEngine, RolloutOutput, SamplingConfig
-from trainer.sandbox import SandboxConfig, SandboxResult
-from trainer.tool_rollout import (
+from trainer.tools import sandbox
+from trainer.engines.rollout import HFEngine, RolloutOutput, SamplingConfig
+from trainer.tools.config import SandboxConfig, ToolUseConfig
+from trainer.tools.sandbox import SandboxResult
+from trainer.tools.tool_rollout import (
     ToolRolloutOutput,
-    ToolUseConfig,
     ToolUseEngine,
     collate_responses,
     extract_code,
@@ -411,9 +411,9 @@ def test_real_hf_engine_multi_turn(tiny):
 VLLM_SCRIPT = """
 import json, sys
 from transformers import AutoTokenizer
-from trainer.rollout import SamplingConfig, VLLMEngine
-from trainer.sandbox import SandboxConfig
-from trainer.tool_rollout import ToolUseConfig, generate_with_tools
+from trainer.engines.rollout import SamplingConfig, VLLMEngine
+from trainer.tools.config import SandboxConfig, ToolUseConfig
+from trainer.tools.tool_rollout import generate_with_tools
 model_dir, out_file, tags, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 tok = AutoTokenizer.from_pretrained(model_dir)
 engine = VLLMEngine(model_dir, max_model_len=512, max_num_seqs=8)

@@ -1,8 +1,8 @@
-"""Tool-use training through the real loop (trainer.loop with ``tool:`` configured), and the reward/tool statistics
+"""Tool-use training through the real loop (trainer.run.loop with ``tool:`` configured), and the reward/tool statistics
 the loop logs.
 
-The end-to-end test runs ``trainer.loop.train`` in a subprocess (DeepSpeed ZeRO-3 fp32 on CPU, the real sandbox)
-with a *scripted* policy injected through the engine interface (``trainer.rollout.make_engine`` is replaced by a
+The end-to-end test runs ``trainer.run.loop.train`` in a subprocess (DeepSpeed ZeRO-3 fp32 on CPU, the real sandbox)
+with a *scripted* policy injected through the engine interface (``trainer.engines.rollout.make_engine`` is replaced by a
 factory of :class:`ScriptedEngine`): sample j of every prompt writes ``PLANS[j]`` — honouring stop strings like a
 real engine — and reports teacher-forced log-probs of a tiny model that it keeps in sync with the trainer
 (``sync_weights``). ``PolicyEngine.update`` is wrapped to record the batch the loss saw. Expected masks, counts and
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from trainer.config import load_trainer_config
-from trainer.loop import compute_rewards
+from trainer.run.loop import compute_rewards
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,9 +64,9 @@ def test_round_stats_combine_rounds_by_responses_and_calls():
     from the config (math grader outcomes, tool metrics), the same on every rank; one that is not announced is an
     error, not a silently dropped number."""
     from stare_lab.errors import RunError
-    from trainer.collect import Collector
-    from trainer.comm import Comm
-    from trainer.launch import DistInfo
+    from trainer.step.collect import Collector
+    from trainer.engines.comm import Comm
+    from trainer.engines.launch import DistInfo
 
     cfg = load_trainer_config({"reward": {"kind": "math"}, "tool": {"max_tool_calls": 2}})
     tr = Collector(cfg, DistInfo(rank=0, world_size=1, local_rank=0), None, None, [], None, Comm())
@@ -92,7 +92,7 @@ def test_round_stats_combine_rounds_by_responses_and_calls():
 def _group_runner_worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as tdist
 
-    from trainer.loop import group_runner
+    from trainer.run.loop import group_runner
 
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     calls = []
@@ -140,12 +140,12 @@ DRIVER = r'''
 import json, re, sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-import trainer.policy as policy_mod
-import trainer.rollout as rollout_mod
+import trainer.engines.policy as policy_mod
+import trainer.engines.rollout as rollout_mod
 from stare_lab.entropy import logprobs_from_logits
 from trainer.config import load_trainer_config
-from trainer.loop import train
-from trainer.rollout import RolloutOutput
+from trainer.run.loop import train
+from trainer.engines.rollout import RolloutOutput
 
 cfg_path, plans, dump = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 INTERP = re.compile(r"\n<interpreter>\n.*?\n</interpreter>\n", re.S)
@@ -238,7 +238,7 @@ def _env() -> dict:
 def tool_run(require, tiny_model, tmp_path_factory):
     """Two steps of C2 (gate forced on, P = 0.2) with tool calls through the real loop: 2 prompts × n = 4."""
     require("deepspeed", "math_verify", "transformers")
-    from trainer import sandbox
+    from trainer.tools import sandbox
 
     ok, reason = sandbox.sandbox_available()
     if not ok:
@@ -368,7 +368,7 @@ def test_measured_entropy_change(tool_run):
     rows, batches, out = tool_run
     assert all(isinstance(r["entropy_change"], float) and isinstance(r["pred_entropy_change"], float) for r in rows)
     # step 1 (no momentum, no weight decay): ∇H̄·Δθ equals the split D_GRPO + (W − 1)·D_L+ + (M − 1)·D_L−
-    # (trainer.prediction: the same linearisation of Adam, reached through three other gradients)
+    # (trainer.step.prediction: the same linearisation of Adam, reached through three other gradients)
     r = rows[0]
     split = r["pred/d_grpo"] + 0.1 * r["pred/d_lplus"] - 0.1 * r["pred/d_lminus"]
     assert r["pred_entropy_change"] == pytest.approx(split, rel=1e-4, abs=1e-9)

@@ -9,9 +9,9 @@ import pytest
 from stare_lab.errors import ConfigError, DataError
 from trainer.config import TrainerConfig, load_trainer_config
 from trainer.data import DataCursor, PromptEncoder, load_records
-from trainer.launch import deepspeed_json
-from trainer.loop import compute_rewards, step_seed
-from trainer.policy import pack_micro_batches
+from trainer.engines.launch import deepspeed_json
+from trainer.run.loop import compute_rewards, step_seed
+from trainer.engines.policy import pack_micro_batches
 
 
 def test_config_errors_name_the_dotted_key():
@@ -126,7 +126,7 @@ def test_math_reward_through_math_verify(require):
 
 def test_cli_errors_are_one_clean_line(tmp_path, capsys):
     """The front door turns trainer errors into one line and exit code 1 (no traceback), and the evaluate / promote
-    subcommands are registered (delegated to trainer.evaluate / trainer.promote)."""
+    subcommands are registered (delegated to trainer.evaluation.evaluate / trainer.planning.promote)."""
     from stare_lab.cli import build_parser, main
 
     cfg = tmp_path / "c.yaml"

@@ -1,7 +1,7 @@
 """The update is invariant to the micro-batch size, the number of ranks and the ZeRO stage (docs/theory.md §3:
 normalisers are global over the optimizer step; DeepSpeed's rank-averaging of gradients is undone in
 PolicyEngine.update; ω is selected over the whole step across the ranks by stare_lab.step.prepare_step), and the
-first-order prediction probes (trainer.prediction) leave the update unchanged.
+first-order prediction probes (trainer.step.prediction) leave the update unchanged.
 
 Reference: the same fixed batch of 8 sequences updated in one process with one micro-batch per sequence under
 ZeRO-3. Every other case must give the same parameters after one AdamW step (to float32 rounding, 1e-6): one

@@ -48,8 +48,9 @@ import time
 import uuid
 from typing import Sequence
 
-from stare_lab.config import check_positive, check_range, config_prefix
 from stare_lab.errors import RunError
+
+from trainer.tools.config import SandboxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -77,42 +78,6 @@ SANDBOX_UID = 65534
 
 class SandboxError(RunError):
     """The sandbox itself cannot run (bwrap missing, namespaces not permitted, interpreter not found)."""
-
-
-@dataclasses.dataclass
-class SandboxConfig:
-    """Limits of one sandboxed code execution (the ``tool.sandbox`` block of a tool-use config).
-
-    Attributes:
-        timeout_s: wall-time limit per call, seconds (> 0). The process tree is killed with SIGKILL at the limit.
-        memory_mb: address-space limit (``RLIMIT_AS``) of the interpreter, MiB (≥ 64: Python itself needs ~30).
-        max_output_bytes: bytes kept of stdout and, separately, of stderr (≥ 1); the rest is read and dropped.
-        workdir_mb: size of each of the two tmpfs (``/sandbox`` cwd and ``/tmp``), MiB; also the largest file the
-            code may write (``RLIMIT_FSIZE``).
-        site_packages: also bind the running environment's site-packages read-only (numpy, sympy, … importable).
-        max_workers: sandboxes run concurrently by :func:`run_many` (≥ 1).
-        max_processes: processes + threads allowed inside one sandbox (cgroup ``pids.max``, ≥ 1; see the module
-            docstring for where it applies).
-    """
-
-    timeout_s: float = 10.0
-    memory_mb: int = 1024
-    max_output_bytes: int = 8192
-    workdir_mb: int = 64
-    site_packages: bool = True
-    max_workers: int = 4
-    max_processes: int = 64
-
-    def __post_init__(self) -> None:
-        p = config_prefix("sandbox")
-        p = p + "." if p else ""
-        check_range(f"{p}timeout_s", self.timeout_s, 0, None, lo_open=True)
-        check_positive(f"{p}memory_mb", self.memory_mb, integer=True)
-        check_range(f"{p}memory_mb", self.memory_mb, 64, None)
-        check_positive(f"{p}max_output_bytes", self.max_output_bytes, integer=True)
-        check_positive(f"{p}workdir_mb", self.workdir_mb, integer=True)
-        check_positive(f"{p}max_workers", self.max_workers, integer=True)
-        check_positive(f"{p}max_processes", self.max_processes, integer=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""Multi-turn tool-use rollouts (ReTool / SimpleTIR style) on top of any :class:`~trainer.rollout.RolloutEngine`.
+"""Multi-turn tool-use rollouts (ReTool / SimpleTIR style) on top of any :class:`~trainer.engines.rollout.RolloutEngine`.
 
 The policy writes code in a block delimited by ``code_open`` / ``code_close`` (default a Markdown fence
 ```` ```python … ``` ````; ``<code>…</code>`` also works). Generation stops at ``code_close`` (a stop string), the code
-runs in the sandbox (:mod:`trainer.sandbox`), its output is appended to the response as an *interpreter turn*
+runs in the sandbox (:mod:`trainer.tools.sandbox`), its output is appended to the response as an *interpreter turn*
 (``interpreter_template``, default ``<interpreter>…</interpreter>``), and generation resumes after it — up to
 ``max_tool_calls`` executed calls and the total response-token budget (``SamplingConfig.max_tokens``, model and
 interpreter tokens together).
@@ -10,7 +10,7 @@ interpreter tokens together).
 Batched: every round makes one ``engine.generate`` call over all live trajectories (two when some of them have
 used up their tool calls and must finish without the stop string), so vLLM advances them together.
 
-The result per trajectory is a :class:`ToolRolloutOutput` — a :class:`~trainer.rollout.RolloutOutput` whose
+The result per trajectory is a :class:`ToolRolloutOutput` — a :class:`~trainer.engines.rollout.RolloutOutput` whose
 ``token_ids`` interleave model and interpreter tokens, plus ``loss_mask`` (1 on model-sampled tokens, 0 on
 interpreter tokens). The trainer uses ``loss_mask`` as (its factor of) ``response_mask``, so interpreter tokens
 are excluded from the loss, the entropy statistics and the STARE surprisal selection: they were not sampled by
@@ -27,16 +27,15 @@ import dataclasses
 import logging
 from typing import Any, Callable, Iterable, Sequence
 
-from stare_lab.config import check_positive, config_prefix, join_key
-from stare_lab.errors import ConfigError, DataError
+from stare_lab.errors import DataError
 
-from .rollout import RolloutEngine, RolloutOutput, SamplingConfig
-from .sandbox import SandboxConfig, SandboxResult, run_many
+from trainer.engines.rollout import RolloutEngine, RolloutOutput, SamplingConfig
+from trainer.tools.config import ToolUseConfig
+from trainer.tools.sandbox import SandboxResult, run_many
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ToolUseConfig",
     "ToolCall",
     "ToolRolloutOutput",
     "ToolUseEngine",
@@ -50,55 +49,12 @@ __all__ = [
 
 
 @dataclasses.dataclass
-class ToolUseConfig:
-    """Multi-turn tool use (the ``tool`` block of a tool-use trainer config).
-
-    Attributes:
-        max_tool_calls: code executions per response (≥ 0); afterwards the model must finish without tools.
-        max_rounds: generation rounds per response (≥ ``max_tool_calls + 1``), continuations included; the last
-            round runs without the stop string.
-        code_open: string that opens a code block (ReTool/SimpleTIR: ```` ```python ````; or ``<code>``).
-        code_close: string that closes it; used as the engine's stop string.
-        interpreter_template: the interpreter turn appended after a call; ``{output}`` is the formatted output.
-        max_output_chars: characters of output kept in the interpreter turn (the rest is cut, with a marker).
-        sandbox: limits of each execution (:class:`~trainer.sandbox.SandboxConfig`).
-    """
-
-    max_tool_calls: int = 4
-    max_rounds: int = 10
-    code_open: str = "```python"
-    code_close: str = "```"
-    interpreter_template: str = "\n<interpreter>\n{output}\n</interpreter>\n"
-    max_output_chars: int = 1024
-    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
-
-    def __post_init__(self) -> None:
-        prefix = config_prefix("tool")
-        p = prefix + "." if prefix else ""
-        check_positive(f"{p}max_tool_calls", self.max_tool_calls, integer=True, allow_zero=True)
-        check_positive(f"{p}max_rounds", self.max_rounds, integer=True)
-        if self.max_rounds < self.max_tool_calls + 1:
-            raise ConfigError(
-                f"{p}max_rounds={self.max_rounds} is below {p}max_tool_calls + 1 = {self.max_tool_calls + 1}"
-            )
-        for key in ("code_open", "code_close"):
-            value = getattr(self, key)
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"{p}{key}={value!r} must be a non-empty string")
-        if "{output}" not in self.interpreter_template:
-            raise ConfigError(f"{p}interpreter_template={self.interpreter_template!r} must contain {{output}}")
-        check_positive(f"{p}max_output_chars", self.max_output_chars, integer=True)
-        if not isinstance(self.sandbox, SandboxConfig):  # (a SandboxConfig validates itself on construction)
-            raise ConfigError(f"{join_key(prefix, 'sandbox')} must be a mapping of SandboxConfig fields")
-
-
-@dataclasses.dataclass
 class ToolCall:
     """One executed code block: where it sits in the response and what came back.
 
     Attributes:
         code: the extracted source.
-        ok, timed_out, error: from the :class:`~trainer.sandbox.SandboxResult` (``error`` is ``None`` when ok).
+        ok, timed_out, error: from the :class:`~trainer.tools.sandbox.SandboxResult` (``error`` is ``None`` when ok).
         start, end: token span ``[start, end)`` of its interpreter turn in the response (mask 0 there).
         wall_s: execution seconds.
     """
@@ -114,7 +70,7 @@ class ToolCall:
 
 @dataclasses.dataclass
 class ToolRolloutOutput(RolloutOutput):
-    """A :class:`~trainer.rollout.RolloutOutput` with interleaved interpreter turns.
+    """A :class:`~trainer.engines.rollout.RolloutOutput` with interleaved interpreter turns.
 
     Attributes (beyond the base class):
         loss_mask: ``len(token_ids)`` ints; 1 on tokens sampled by the policy, 0 on interpreter tokens.
@@ -236,15 +192,15 @@ def generate_with_tools(
     """Sample ``sampling.n`` tool-using responses per prompt; returns ``[prompt][n]`` :class:`ToolRolloutOutput`.
 
     Args:
-        engine: any :class:`~trainer.rollout.RolloutEngine` (vLLM, HF, or a scripted test engine).
+        engine: any :class:`~trainer.engines.rollout.RolloutEngine` (vLLM, HF, or a scripted test engine).
         tokenizer: the policy's tokenizer (``encode`` / ``decode`` / ``eos_token_id``): decodes model segments to
             find code and encodes interpreter turns.
         prompt_token_ids: the prompts.
         sampling: ``n``, temperature etc.; ``max_tokens`` is the **total** response budget (model + interpreter
             tokens); ``seed`` seeds round r with a seed derived from (seed, r), so the call is deterministic.
         config: tool-use settings (default :class:`ToolUseConfig`).
-        runner: executes a batch of code strings (default: :func:`trainer.sandbox.run_many` with
-            ``config.sandbox``); must return one :class:`~trainer.sandbox.SandboxResult` per code, in order.
+        runner: executes a batch of code strings (default: :func:`trainer.tools.sandbox.run_many` with
+            ``config.sandbox``); must return one :class:`~trainer.tools.sandbox.SandboxResult` per code, in order.
 
     Raises:
         SandboxError: the sandbox cannot start (bwrap missing).
@@ -391,7 +347,7 @@ def _run_pending(
 
 
 class ToolUseEngine:
-    """A :class:`~trainer.rollout.RolloutEngine` that wraps another one with :func:`generate_with_tools`.
+    """A :class:`~trainer.engines.rollout.RolloutEngine` that wraps another one with :func:`generate_with_tools`.
 
     ``generate`` returns :class:`ToolRolloutOutput` (a ``RolloutOutput`` with ``loss_mask``); ``sync_weights``,
     ``sleep`` and ``wake_up`` go to the wrapped engine. The trainer's loop uses it unchanged, provided it

@@ -1,8 +1,8 @@
 """The training loop (docs/design.md §3): one SPMD program, the same at every scale.
 
-:func:`train` checks the config and the run directory (:mod:`trainer.preflight`), builds the run's collaborators
-once (:class:`trainer.session.Session`), resumes from the latest complete checkpoint, and runs the steps
-(:class:`trainer.train_step.StepRunner`: collect → batch → old log-probs → prepare → update → sync → row). After
+:func:`train` checks the config and the run directory (:mod:`trainer.run.preflight`), builds the run's collaborators
+once (:class:`trainer.run.session.Session`), resumes from the latest complete checkpoint, and runs the steps
+(:class:`trainer.step.runner.StepRunner`: collect → batch → old log-probs → prepare → update → sync → row). After
 each step: the metrics row, the periodic checkpoint (model, optimizer, controller, data cursor, RNG), then the
 periodic evaluation (its ``eval/…`` metrics are added to the step's row afterwards; a failing evaluation is
 recorded and never loses the step). Steps are numbered from 1 (row N = the N-th optimizer update), as in the
@@ -13,13 +13,13 @@ Data parallelism: the ``train_batch_size`` prompts of a round are split over dat
 with tensor-parallel vLLM (``tp > 1``) the ranks of a TP group generate the same prompts with the same seed,
 rewards are graded once per TP group and broadcast, every count is taken once per TP group, and each rank then
 keeps a disjoint share of the groups for the update. The memory transitions around the rollout engine are
-:class:`trainer.memory.ColocatedSchedule`'s; the engine's log-probs are checked and compared with the trainer's by
-:mod:`trainer.importance`.
+:class:`trainer.engines.memory.ColocatedSchedule`'s; the engine's log-probs are checked and compared with the trainer's by
+:mod:`trainer.step.importance`.
 
-Tool use (``cfg.tool`` set): the engine is wrapped in :class:`trainer.tool_rollout.ToolUseEngine`; each response's
+Tool use (``cfg.tool`` set): the engine is wrapped in :class:`trainer.tools.tool_rollout.ToolUseEngine`; each response's
 ``response_mask`` is multiplied by its ``loss_mask``, so interpreter tokens are left out of the loss, the entropy
 statistics (``entropy``, the controller's H̄) and the STARE surprisal selection; rewards grade the model's own text
-(``model_text``, interpreter output excluded); ``tool/…`` metrics (:func:`trainer.tool_rollout.tool_metrics`, over
+(``model_text``, interpreter output excluded); ``tool/…`` metrics (:func:`trainer.tools.tool_rollout.tool_metrics`, over
 every generated response of the step) go into the row.
 
 Defined behaviours: an all-filtered (or all-masked) batch skips the update (row with ``skipped=1``, entropy null, the
@@ -27,7 +27,7 @@ controller untouched); a reward function that raises gives reward 0 for that bat
 (``reward.on_error=zero``) or stops the run with a :class:`~stare_lab.errors.DataError` (``raise``). With
 ``schedule.measure_entropy_change=true`` every row also has the measured ``entropy_change`` (token-mean entropy on
 the step's batch after the update minus before, nats) and the first-order predictions ``pred_entropy_change``
-(∇θH̄·Δθ) and ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2) of :mod:`trainer.prediction`; they are
+(∇θH̄·Δθ) and ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2) of :mod:`trainer.step.prediction`; they are
 null otherwise. Test hooks: :mod:`trainer.faults`.
 """
 
@@ -43,15 +43,16 @@ import torch
 
 from stare_lab.errors import ConfigError, RunError
 
-from . import preflight
-from .checkpoint import latest_checkpoint, save_checkpoint
-from .collect import compute_rewards, group_runner, step_seed  # noqa: F401 - re-exported
-from .config import TrainerConfig
-from .faults import fault
-from .launch import cpu_env_defaults
-from .memory import WeightVersions
-from .runlog import RunLogger, export_final_model, read_rows, summary_from_rows
-from .session import Session
+from trainer import paths
+from trainer.run import preflight
+from trainer.run.checkpoint import latest_checkpoint, save_checkpoint
+from trainer.step.collect import compute_rewards, group_runner, step_seed  # noqa: F401 - re-exported
+from trainer.config import TrainerConfig
+from trainer.faults import fault
+from trainer.engines.launch import cpu_env_defaults
+from trainer.engines.memory import WeightVersions
+from trainer.run.runlog import RunLogger, export_final_model, read_rows, summary_from_rows
+from trainer.run.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def train(cfg: TrainerConfig) -> Path:
 
     Order of a step's outputs: the metrics row, then the checkpoint (every ``schedule.save_freq`` steps and at the
     last step), then the periodic evaluation, whose ``eval/…`` metrics are added to that row afterwards
-    (:meth:`trainer.runlog.RunLogger.amend`; a failed evaluation is recorded, see :func:`_safe_evaluate`). Step
+    (:meth:`trainer.run.runlog.RunLogger.amend`; a failed evaluation is recorded, see :func:`_safe_evaluate`). Step
     numbers count optimizer updates from 1 (row N = the N-th update; its ``entropy`` is measured before it). At the
     end the last checkpoint's HF export is published as ``OUT/final_model`` (weights, config, tokenizer). A run
     directory whose checkpoint is already at ``total_steps`` is not rebuilt: its summary is recomputed from
@@ -89,7 +90,7 @@ def train(cfg: TrainerConfig) -> Path:
     Raises:
         ConfigError: bad config (missing model / data, indivisible batch, nothing to resume with resume=must,
             prompt + response budgets beyond the model's positions or the engine, a resume with other data/method
-            settings, see :data:`trainer.preflight.RESUME_KEYS`).
+            settings, see :data:`trainer.run.preflight.RESUME_KEYS`).
         DataError: bad data records, a prompt too long with ``data.truncation=error``, a failing reward function
             with ``reward.on_error=raise``, unreadable benchmark data of the periodic evaluation.
         RunError: run directory not creatable, or already holds a finished or foreign run and resume is ``never``.
@@ -97,9 +98,9 @@ def train(cfg: TrainerConfig) -> Path:
     cpu_env_defaults()
     cfg.require_model_and_data()
     out = Path(cfg.out_dir)
-    preflight.check_out_dir(out)
+    paths.check_out_dir(out)
     ecfg = preflight.load_eval_config(cfg)
-    preflight.check_lengths(cfg, preflight.model_max_positions(cfg.model.path), ecfg)
+    preflight.check_lengths(cfg, paths.model_max_positions(cfg.model.path), ecfg)
     preflight.check_training(cfg)
     ckpt_root = out / "checkpoint"
     latest = latest_checkpoint(ckpt_root)
@@ -124,7 +125,7 @@ def train(cfg: TrainerConfig) -> Path:
                     export_final_model(latest, out)
             logger.info("%s already holds the finished run (%d steps); nothing to do", out, done)
             return out
-    preflight.make_out_dir(out)
+    paths.make_out_dir(out)
     tr = Session(cfg, resume_from=latest)
     start = 0
     if latest is not None:

@@ -1,13 +1,13 @@
 """One training step (docs/design.md §3, steps 1–10), phase by phase, on padded tensors.
 
-``collect`` (prompts, generation, rewards, dynamic sampling: :class:`trainer.collect.Collector`) → ``batch``
-(:func:`trainer.batch.build_rollout_batch`: the engine's token lists become ``[B, …]`` tensors, once) →
+``collect`` (prompts, generation, rewards, dynamic sampling: :class:`trainer.step.collect.Collector`) → ``batch``
+(:func:`trainer.step.batch.build_rollout_batch`: the engine's token lists become ``[B, …]`` tensors, once) →
 ``old_logprob`` (log-probs and entropies ``[B, T]``; when every rank's batch is one micro-batch and
 ``optim.fuse_old_logprob`` is on, this forward keeps its graph and is also the update's) → ``prepare``
 (:func:`stare_lab.step.prepare_step`: counts, H̄, the gate and W/M, ω over all ranks, each loss's global
 statistics — the one place for them) → ``update``
-(:meth:`trainer.policy.PolicyEngine.update`) → [``schedule.measure_entropy_change``: the first-order predictions
-of :mod:`trainer.prediction` and the measured change] → ``sync`` (:class:`trainer.memory.ColocatedSchedule`) →
+(:meth:`trainer.engines.policy.PolicyEngine.update`) → [``schedule.measure_entropy_change``: the first-order predictions
+of :mod:`trainer.step.prediction` and the measured change] → ``sync`` (:class:`trainer.engines.memory.ColocatedSchedule`) →
 the metrics row.
 
 A step without a valid token (every group filtered by dynamic sampling, or every response masked) skips the
@@ -24,9 +24,9 @@ from typing import Any
 from stare_lab.losses import loss_needs
 from stare_lab.step import prepare_step
 
-from .batch import build_rollout_batch
-from .metrics import base_row, batch_row, batch_stats
-from .faults import fault
+from trainer.step.batch import build_rollout_batch
+from trainer.step.metrics import base_row, batch_row, batch_stats
+from trainer.faults import fault
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +41,13 @@ class StepRunner:
 
     Args:
         cfg: the :class:`trainer.config.TrainerConfig`.
-        dist: the :class:`trainer.launch.DistInfo`.
-        comm: the :class:`trainer.comm.Comm`.
-        policy: the :class:`trainer.policy.PolicyEngine` (or a stand-in with the same methods).
-        collector: the :class:`trainer.collect.Collector`.
+        dist: the :class:`trainer.engines.launch.DistInfo`.
+        comm: the :class:`trainer.engines.comm.Comm`.
+        policy: the :class:`trainer.engines.policy.PolicyEngine` (or a stand-in with the same methods).
+        collector: the :class:`trainer.step.collect.Collector`.
         controller: the run's :class:`stare_lab.stare.STAREController`.
-        schedule: the :class:`trainer.memory.ColocatedSchedule`.
-        memory: the :class:`trainer.memory.PhaseMemory`.
+        schedule: the :class:`trainer.engines.memory.ColocatedSchedule`.
+        memory: the :class:`trainer.engines.memory.PhaseMemory`.
         eos_id: the token that stands for an empty response (one masked token).
     """
 
@@ -60,7 +60,7 @@ class StepRunner:
         self.entropy_grad = loss_needs(cfg.loss.loss_mode, cfg.loss).entropy_grad
         self.predictor = None
         if cfg.schedule.measure_entropy_change:
-            from .prediction import EntropyPrediction
+            from trainer.step.prediction import EntropyPrediction
 
             self.predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip)
 
@@ -74,7 +74,7 @@ class StepRunner:
 
     def step(self, step: int) -> dict[str, Any]:
         """One optimizer step (collective); returns its metrics row. The memory transitions around the engine are
-        :class:`trainer.memory.ColocatedSchedule`'s (sleep right after generation, wake the weights, sync, wake the
+        :class:`trainer.engines.memory.ColocatedSchedule`'s (sleep right after generation, wake the weights, sync, wake the
         KV cache); ``memory/<phase>_peak_gib`` are logged on a GPU."""
         cfg, dist, policy, sch = self.cfg, self.dist, self.policy, self.schedule
         self.t = {k: 0.0 for k in PHASES}

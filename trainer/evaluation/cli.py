@@ -1,8 +1,8 @@
-"""``stare-lab evaluate``: the command line of :mod:`trainer.evaluate` (wired by ``trainer/cli.py``).
+"""``stare-lab evaluate``: the command line of :mod:`trainer.evaluation.evaluate` (wired by ``trainer/cli.py``).
 
 ``stare-lab evaluate --model DIR [--benchmarks aime24,...|all] [--n K] [--temperature T] [--top-p P]
 [--max-tokens N] [--config EVAL.yaml] [--limit N] [--data-dir DIR] [--file NAME=SOURCE ...] [--rel-tol R]
-[--engine vllm|hf] [--out DIR] [--overwrite]``. Settings: :class:`~trainer.evaluate.EvalConfig` defaults <
+[--engine vllm|hf] [--out DIR] [--overwrite]``. Settings: :class:`~trainer.evaluation.evaluate.EvalConfig` defaults <
 ``--config`` < options. A config with a ``tool`` section evaluates with multi-turn tool rollouts in the sandbox
 (the engine of tool-use training). The problems come from the benchmark copies bundled with the package unless
 ``--data-dir`` / ``--file`` say otherwise. ``--out`` that already holds results is refused without
@@ -19,8 +19,8 @@ from typing import Any
 from stare_lab.config import from_dict, load_yaml, to_dict
 from stare_lab.errors import ConfigError, RunError
 
-from .benchmarks import BENCHMARKS, canonical_name, resolve_benchmarks
-from .evaluate import EvalConfig, evaluate_engine, load_problems
+from trainer.evaluation.benchmarks import BENCHMARKS, canonical_name, resolve_benchmarks
+from trainer.evaluation.evaluate import EvalConfig, evaluate_engine, load_problems
 
 __all__ = ["add_arguments", "config_from_args", "check_results_out", "main"]
 
@@ -123,8 +123,8 @@ def check_results_out(out: str | Path, overwrite: bool) -> None:
 def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
     import torch
 
-    from .preflight import model_max_positions
-    from .rollout import HFEngine, VLLMEngine
+    from trainer.paths import model_max_positions
+    from trainer.engines.rollout import HFEngine, VLLMEngine
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model {args.model!r} is not a directory")
@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
         RunError: ``--out`` exists as a file or cannot be created, or already holds results without
             ``--overwrite`` (checked before the model is loaded; nothing is written then).
     """
-    from .preflight import check_out_dir, make_out_dir
+    from trainer.paths import check_out_dir, make_out_dir
 
     cfg = config_from_args(args)
     check_out_dir(args.out, option="--out")  # a bad --out fails now, not after all the generation

@@ -68,8 +68,8 @@ class EntropyPrediction:
     L+/L− are the core's (:mod:`stare_lab.decomposition`), shared with the transformer simulator.
 
     Args:
-        policy: the :class:`trainer.policy.PolicyEngine`.
-        comm: the :class:`trainer.comm.Comm`.
+        policy: the :class:`trainer.engines.policy.PolicyEngine`.
+        comm: the :class:`trainer.engines.comm.Comm`.
         loss: the run's :class:`~stare_lab.config.LossConfig`.
         grad_clip: ``optim.grad_clip`` (0 = off).
     """

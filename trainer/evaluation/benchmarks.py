@@ -75,10 +75,10 @@ class Problem:
     """One evaluation problem.
 
     Attributes:
-        benchmark: canonical benchmark name (selects the grader's normalisation, :mod:`trainer.rewards`).
+        benchmark: canonical benchmark name (selects the grader's normalisation, :mod:`trainer.grading.rewards`).
         id: the record's id (string).
         problem: problem statement (goes into the prompt template).
-        answer: gold answer as stored (graded by :func:`trainer.rewards.grade`).
+        answer: gold answer as stored (graded by :func:`trainer.grading.rewards.grade`).
     """
 
     benchmark: str
@@ -181,7 +181,7 @@ def load_benchmark(
             records.
         ConfigError: ``limit`` < 1.
     """
-    from .data import load_records
+    from trainer.data import load_records
 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r} must be a positive integer or None")

@@ -25,7 +25,7 @@ import torch
 
 from stare_lab.errors import DataError
 
-from .rollout import RolloutOutput, SamplingConfig
+from trainer.engines.rollout import RolloutOutput, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ __all__ = ["Collector", "compute_rewards", "step_seed", "group_runner", "on_grou
            "COUNT_KEYS",
            "round_stat_keys"]
 
-#: ``trainer.rewards.math_reward`` status → metrics key (a count of responses per step, all rounds and ranks).
+#: ``trainer.grading.rewards.math_reward`` status → metrics key (a count of responses per step, all rounds and ranks).
 _GRADE_STATUS_KEYS = {"timeout": "reward/timeout", "no_answer": "reward/no_answer", "error": "reward/grade_error",
                       "rejected": "reward/rejected"}
 #: Statistics of a generation round that are counts (summed); every other one is a per-response mean.
@@ -50,7 +50,7 @@ def step_seed(seed: int, step: int, round_: int, dp_rank: int) -> int:
 
 
 def _reward_fn(kind: str) -> Callable[..., list[float]]:
-    from . import rewards
+    from trainer.grading import rewards
 
     return rewards.math_reward if kind == "math" else rewards.gsm8k_lenient_reward
 
@@ -68,7 +68,7 @@ def compute_rewards(cfg: Any, responses: Sequence[str], golds: Sequence[str],
         DataError: the reward function raised and ``on_error="raise"``, or it returned a wrong number of values or
             a non-finite value.
     """
-    from . import rewards as rw
+    from trainer.grading import rewards as rw
 
     fn = fn or _reward_fn(cfg.kind)
     stats: dict[str, float] = {"reward/errors": 0.0}
@@ -159,14 +159,14 @@ def round_stat_keys(cfg: Any) -> tuple[str, ...]:
     """The reward / tool statistics a generation round reports beyond the fixed ones, known from the config alone
     (so every rank reduces the same names without exchanging them): the grader's outcome counts with
     ``reward.kind=math``, ``reward/format_rate`` with ``reward.format_reward > 0``, the ``tool/…`` metrics with
-    ``tool`` set (:data:`trainer.tool_rollout.TOOL_METRIC_KEYS`)."""
+    ``tool`` set (:data:`trainer.tools.tool_rollout.TOOL_METRIC_KEYS`)."""
     keys: list[str] = []
     if cfg.reward.kind == "math":
         keys += list(_GRADE_STATUS_KEYS.values())
     if cfg.reward.format_reward > 0:
         keys.append("reward/format_rate")
     if cfg.tool is not None:
-        from .tool_rollout import TOOL_METRIC_KEYS
+        from trainer.tools.tool_rollout import TOOL_METRIC_KEYS
 
         keys += list(TOOL_METRIC_KEYS)
     return tuple(keys)
@@ -181,13 +181,13 @@ class Collector:
 
     Args:
         cfg: the :class:`trainer.config.TrainerConfig`.
-        dist: the :class:`trainer.launch.DistInfo`.
+        dist: the :class:`trainer.engines.launch.DistInfo`.
         engine: the rollout engine (``generate``).
         encoder, records, cursor: the prompt encoder, the training records and the data cursor.
-        comm: the :class:`trainer.comm.Comm` (named reductions over all ranks).
+        comm: the :class:`trainer.engines.comm.Comm` (named reductions over all ranks).
         tp_group: this rank's tensor-parallel process group (``None`` when ``tp == 1``).
         check_fresh: called before every generation round (the weight-version check of
-            :class:`trainer.memory.WeightVersions`); ``None`` = no check.
+            :class:`trainer.engines.memory.WeightVersions`); ``None`` = no check.
 
     After :meth:`collect`, :attr:`acc` holds the step's per-rank accumulators (see :meth:`accumulate`),
     :attr:`timers` the seconds spent in ``rollout`` and ``reward``; :meth:`local_sums` and :meth:`row` turn them
@@ -217,7 +217,7 @@ class Collector:
         # tool use: grade the model's own text (an answer printed by the interpreter does not count)
         rewards, stats = compute_rewards(cfg.reward, [getattr(o, "model_text", o.text) for o in flat], golds)
         if cfg.tool is not None and flat:
-            from .tool_rollout import tool_metrics
+            from trainer.tools.tool_rollout import tool_metrics
 
             stats.update(tool_metrics(flat))  # per-response means; re-weighted by count in accumulate()
         a = cfg.algorithm
@@ -307,7 +307,7 @@ class Collector:
 
     def local_sums(self) -> dict[str, float]:
         """This rank's contributions to the step's collected totals, keyed ``collect/<name>`` (each TP group counted
-        once: only its first rank contributes). Reduce them with :meth:`trainer.comm.Comm.sum` (with any other
+        once: only its first rank contributes). Reduce them with :meth:`trainer.engines.comm.Comm.sum` (with any other
         sums of the step) and pass the result to :meth:`row`.
 
         Raises:

@@ -1,9 +1,9 @@
 """The policy engine: a DeepSpeed-wrapped Hugging Face causal LM with the trainer's jobs — per-token log-probs and
 entropies (the core's chunked, temperature-scaled functions), the update with the step's global normalisers,
-gradients of other objectives for the first-order predictions (:mod:`trainer.prediction`), and a bucketed
+gradients of other objectives for the first-order predictions (:mod:`trainer.step.prediction`), and a bucketed
 parameter iterator for the weight sync.
 
-Micro-batches are row slices of the step's padded :class:`trainer.batch.RolloutBatch`, packed greedily by a token
+Micro-batches are row slices of the step's padded :class:`trainer.step.batch.RolloutBatch`, packed greedily by a token
 budget (``rows × longest sequence ≤ optim.micro_batch_max_tokens``); each is cut to its own longest sequence.
 Because ZeRO-3 gathers parameters with collectives in every forward, all ranks run the same number of
 forwards/backwards per pass: a rank with fewer micro-batches runs dummy ones whose loss is ``0 · Σ logits`` (zero
@@ -69,7 +69,7 @@ class PolicyEngine:
     Args:
         cfg: a :class:`trainer.config.TrainerConfig`.
         model_dir: the HF model directory to start from.
-        dist: a :class:`trainer.launch.DistInfo`.
+        dist: a :class:`trainer.engines.launch.DistInfo`.
     """
 
     def __init__(self, cfg: Any, model_dir: str | Path, dist: Any) -> None:
@@ -77,7 +77,7 @@ class PolicyEngine:
         from transformers import AutoModelForCausalLM
         from transformers.integrations import HfDeepSpeedConfig
 
-        from .launch import deepspeed_json
+        from trainer.engines.launch import deepspeed_json
 
         self.cfg = cfg
         self.dist = dist
@@ -222,10 +222,10 @@ class PolicyEngine:
         """One optimizer step of the loss ``prep.config.loss_mode`` over ``batch`` (collective).
 
         Args:
-            batch: this rank's :class:`trainer.batch.RolloutBatch`.
+            batch: this rank's :class:`trainer.step.batch.RolloutBatch`.
             plan: :meth:`micro_plan`.
             prep: the step's :class:`stare_lab.step.PreparedStep` (gate, W/M, ω, normalisers, global statistics).
-            comm: the :class:`trainer.comm.Comm`.
+            comm: the :class:`trainer.engines.comm.Comm`.
 
         Returns:
             token-weighted means of the loss metrics over all ranks (``loss/...``), ``loss/total`` (the step loss,
@@ -402,11 +402,11 @@ class PolicyEngine:
 
         Every rank takes part in the ZeRO-3 gathers bucket by bucket (16-bit parameters under bf16/fp16
         training); only rank 0 copies each gathered tensor to host memory and streams it into safetensors shards
-        of at most ``max_shard_bytes`` (:func:`trainer.checkpoint.write_hf_shards`), so no rank ever holds the
+        of at most ``max_shard_bytes`` (:func:`trainer.engines.weights.write_hf_shards`), so no rank ever holds the
         full state dict. Rank 0 also writes ``config.json`` (its ``dtype`` = the exported tensors' dtype), the
         generation config and the tokenizer.
         """
-        from .checkpoint import write_hf_shards
+        from trainer.engines.weights import write_hf_shards
 
         main = self.dist.is_main
         named = ((n, t.cpu() if t is not None else None)
@@ -422,7 +422,7 @@ class PolicyEngine:
                 tokenizer.save_pretrained(str(out_dir))
 
     # ------------------------------------------------------------------------------------------------------------
-    # memory during the rollout (trainer.memory.ColocatedSchedule)
+    # memory during the rollout (trainer.engines.memory.ColocatedSchedule)
     # ------------------------------------------------------------------------------------------------------------
 
     def offload_states(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from stare_lab.errors import ConfigError, RunError
 
-__all__ = ["check_out_dir", "make_out_dir", "model_max_positions", "check_lengths", "load_eval_config",
+__all__ = ["check_lengths", "load_eval_config",
            "check_resume_compatible", "check_training", "gpu_cluster", "RESUME_KEYS"]
 
 #: Config keys (dotted) that must not change when a run directory is resumed: the data order, the sampled groups
@@ -24,67 +24,11 @@ RESUME_KEYS = ("method", "seed", "model.path", "data.train_files", "data.prompt_
                "loss")
 
 
-def check_out_dir(out: str | Path, option: str = "out_dir") -> None:
-    """Check that ``out`` is a directory or can be created, without creating anything.
-
-    Raises:
-        RunError: ``out`` exists and is not a directory, or its nearest existing parent is not a writable
-            directory.
-    """
-    p = Path(out)
-    if str(out) == "":
-        raise RunError(f"{option} is empty; give a run directory")
-    if p.exists():
-        if not p.is_dir():
-            raise RunError(f"{option}={str(out)!r} exists and is not a directory")
-        return
-    parent = p.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise RunError(f"{option}={str(out)!r} cannot be created: {str(parent)!r} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunError(f"{option}={str(out)!r} cannot be created: {str(parent)!r} is not writable")
-
-
-def make_out_dir(out: str | Path, option: str = "out_dir") -> Path:
-    """Create ``out`` (with parents). Raises :class:`RunError` naming ``option`` if that fails."""
-    check_out_dir(out, option)
-    p = Path(out)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise RunError(f"{option}={str(out)!r} cannot be created: {err.strerror or err}") from None
-    return p
-
-
-def model_max_positions(model_dir: str | Path, option: str = "model.path") -> int | None:
-    """``max_position_embeddings`` from ``model_dir/config.json`` (``None`` if absent or unreadable).
-
-    Raises:
-        ConfigError: ``model_dir`` has no ``config.json`` (not a Hugging Face model directory).
-    """
-    cfg_file = Path(model_dir) / "config.json"
-    if not cfg_file.is_file():
-        raise ConfigError(f"{option}={str(model_dir)!r} has no config.json (not a Hugging Face model directory)")
-    try:
-        data = json.loads(cfg_file.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{str(cfg_file)!r} is not readable JSON: {err}") from None
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        if isinstance(data.get(key), int):
-            return int(data[key])
-    text_cfg = data.get("text_config")
-    if isinstance(text_cfg, dict) and isinstance(text_cfg.get("max_position_embeddings"), int):
-        return int(text_cfg["max_position_embeddings"])
-    return None
-
-
 def check_lengths(cfg: Any, model_max: int | None, eval_cfg: Any = None) -> None:
     """Prompt + response budgets must fit the model's positions and the rollout engine.
 
     The rollout engine is built with ``max_model_len = data.max_prompt_length + rollout.max_response_length``
-    (:func:`trainer.rollout.make_engine`), and the periodic evaluation runs on that engine, so its
+    (:func:`trainer.engines.rollout.make_engine`), and the periodic evaluation runs on that engine, so its
     ``max_prompt_length + max_tokens`` must fit too.
 
     Raises:
@@ -115,7 +59,7 @@ def check_lengths(cfg: Any, model_max: int | None, eval_cfg: Any = None) -> None
 
 
 def load_eval_config(cfg: Any) -> Any:
-    """The periodic evaluation's :class:`trainer.evaluate.EvalConfig` (``None`` when evaluation is off), with its
+    """The periodic evaluation's :class:`trainer.evaluation.evaluate.EvalConfig` (``None`` when evaluation is off), with its
     benchmark problems loadable (checked now, so a missing benchmark file fails before training, not at step N).
 
     Raises:
@@ -127,7 +71,7 @@ def load_eval_config(cfg: Any) -> Any:
         return None
     from stare_lab.config import from_dict, load_yaml
 
-    from .evaluate import EvalConfig, load_problems
+    from trainer.evaluation.evaluate import EvalConfig, load_problems
 
     if not Path(s.eval_config).is_file():
         raise ConfigError(f"schedule.eval_config={s.eval_config!r} does not exist")
@@ -191,13 +135,13 @@ def _first_diff(key: str, a: Any, b: Any) -> tuple[str, Any, Any] | None:
 
 
 def gpu_cluster() -> Any:
-    """The :class:`trainer.plan.Cluster` this process runs in (GPU only): nodes and GPUs per node from the
+    """The :class:`trainer.planning.plan.Cluster` this process runs in (GPU only): nodes and GPUs per node from the
     launcher's ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE`` (1 process: one GPU), memory from the device. ``None`` on CPU."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    from .plan import Cluster
+    from trainer.planning.plan import Cluster
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(min(world, torch.cuda.device_count()))))
@@ -208,16 +152,16 @@ def gpu_cluster() -> Any:
 def check_training(cfg: Any) -> None:
     """Settings that cannot work together, checked before anything is built; on a GPU also the memory plan.
 
-    - TIS with a filtered sampling support (:func:`trainer.importance.check_importance_config`);
+    - TIS with a filtered sampling support (:func:`trainer.step.importance.check_importance_config`);
     - ``deepspeed.offload_during_rollout`` needs DeepSpeed's FusedAdam (``optim.optimizer=deepspeed_adamw``):
       DeepSpeed offloads the optimizer states of that optimizer only;
-    - on a GPU, :func:`trainer.plan.check_fits` for the job's cluster (skipped with ``STARE_LAB_SKIP_PLAN=1``);
+    - on a GPU, :func:`trainer.planning.plan.check_fits` for the job's cluster (skipped with ``STARE_LAB_SKIP_PLAN=1``);
       on CPU the plan (a GPU model) is not applied.
 
     Raises:
         ConfigError: one of the above, with the plan's line for a run that cannot fit.
     """
-    from .importance import check_importance_config
+    from trainer.step.importance import check_importance_config
 
     check_importance_config(cfg)
     if cfg.deepspeed.offload_during_rollout and cfg.optim.optimizer != "deepspeed_adamw":
@@ -225,6 +169,6 @@ def check_training(cfg: Any) -> None:
                           f"offloads the states of its FusedAdam only), got optim.optimizer={cfg.optim.optimizer}")
     cluster = gpu_cluster()
     if cluster is not None and os.environ.get("STARE_LAB_SKIP_PLAN") != "1":
-        from .plan import check_fits
+        from trainer.planning.plan import check_fits
 
         check_fits(cfg, cluster)

@@ -105,7 +105,7 @@ class RolloutEngine(Protocol):
 
     def sleep(self) -> None:
         """Free the engine's GPU memory (weights and KV cache) between generation and the next sync (no-op where
-        unsupported); see :mod:`trainer.memory` for the order."""
+        unsupported); see :mod:`trainer.engines.memory` for the order."""
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Undo :meth:`sleep` for ``tags`` (``"weights"``, ``"kv_cache"``; ``None`` = everything)."""

@@ -1,7 +1,7 @@
 """The trainer's metrics row of a step (docs/design.md §4), from the step's padded tensors.
 
 :func:`batch_stats` gives this rank's contributions, keyed by name; the step runner reduces
-them together with the collector's (:meth:`trainer.collect.Collector.local_sums`) in one sum and one max
+them together with the collector's (:meth:`trainer.step.collect.Collector.local_sums`) in one sum and one max
 collective, and :func:`batch_row` turns the result into row entries. The loss-side entries (``entropy``, the gate,
 W/M, token and sequence counts, ``stare/…``) come from :meth:`stare_lab.step.PreparedStep.metrics`.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .importance import rollout_diagnostics
+from trainer.step.importance import rollout_diagnostics
 
 __all__ = ["base_row", "batch_stats", "batch_row"]
 
@@ -26,7 +26,7 @@ def base_row(step: int) -> dict[str, Any]:
 def batch_stats(batch: Any, old_logprobs: Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's ``(sums, maxima)``, keyed ``batch/<name>``. Sums: ``rows``, ``truncated``, ``response_tokens``
     (generated tokens of the kept responses) and the engine-vs-trainer sums of
-    :func:`trainer.importance.rollout_diagnostics`; maxima: ``response_length`` and ``diff_max``."""
+    :func:`trainer.step.importance.rollout_diagnostics`; maxima: ``response_length`` and ``diff_max``."""
     diag = rollout_diagnostics(old_logprobs, batch.rollout_logprobs, batch.response_mask)
     sums = {"batch/rows": float(len(batch)), "batch/truncated": batch.truncated.sum(),
             "batch/response_tokens": batch.response_lens.sum()}

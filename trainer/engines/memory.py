@@ -73,7 +73,7 @@ class ColocatedSchedule:
 
     Args:
         engine: a rollout engine (``sleep()``, ``wake_up(tags)``, ``sync_weights(it)``).
-        policy: a :class:`trainer.policy.PolicyEngine` (``offload_states()``, ``reload_states()``,
+        policy: a :class:`trainer.engines.policy.PolicyEngine` (``offload_states()``, ``reload_states()``,
             ``iter_named_params(bucket_bytes)``).
         bucket_bytes: gather bucket of the weight sync.
         offload_during_rollout: move DeepSpeed's optimizer / master / gradient states to host memory while the

@@ -1,6 +1,6 @@
 """Answer grading and rule rewards for math RL and evaluation (STARE §4: math-verify on the last ``\\boxed{}``).
 
-Public API (scripts, tests, the trainer's reward and ``trainer.evaluate`` import these):
+Public API (scripts, tests, the trainer's reward and ``trainer.evaluation.evaluate`` import these):
 
 * :func:`extract_boxed` — the content of the last complete ``\\boxed{…}`` / ``\\fbox{…}`` (nested braces,
   ``\\boxed 5`` without braces) or ``None``.
@@ -41,7 +41,7 @@ raise outside the main thread). Called from another thread, items run without a 
 Answers with exponent towers, huge exponents or huge factorials are rejected before sympy sees them (status
 ``rejected``): sympy would compute them in C, where no signal can interrupt it.
 
-Modules: :mod:`trainer.answers` (extraction, normalisation, exact numbers: steps 1–3), :mod:`trainer.symbolic`
+Modules: :mod:`trainer.grading.answers` (extraction, normalisation, exact numbers: steps 1–3), :mod:`trainer.grading.symbolic`
 (math-verify, the numeric check, timeouts and size guards: step 4); this module grades and turns grades into
 rewards.
 """
@@ -57,7 +57,7 @@ from typing import Sequence
 
 from stare_lab.errors import DataError
 
-from .answers import (  # noqa: F401 - re-exported: the public grading API lives here
+from trainer.grading.answers import (  # noqa: F401 - re-exported: the public grading API lives here
     FLOAT_ROUNDING,
     check_rel_tol,
     extract_boxed,
@@ -66,7 +66,7 @@ from .answers import (  # noqa: F401 - re-exported: the public grading API lives
     numbers_equal,
     parse_number,
 )
-from .symbolic import (  # noqa: F401 - _mv_parse re-exported for the grading benchmark's cache control
+from trainer.grading.symbolic import (  # noqa: F401 - _mv_parse re-exported for the grading benchmark's cache control
     MAX_ANSWER_CHARS,
     GradingTimeout,
     _latex_number,

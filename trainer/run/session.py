@@ -1,6 +1,6 @@
 """What a training run holds across steps, built once per process (collective): the distributed layout, data,
 tokenizer, policy (DeepSpeed), rollout engine (vLLM / HF, optionally wrapped for tool use), STARE controller, the
-memory schedule around the engine, the collector of steps 1–4 and the :class:`trainer.train_step.StepRunner`
+memory schedule around the engine, the collector of steps 1–4 and the :class:`trainer.step.runner.StepRunner`
 that runs a step. Also the periodic evaluation and the trainer state saved with checkpoints.
 """
 
@@ -17,9 +17,9 @@ import torch
 
 from stare_lab.errors import ConfigError
 
-from .collect import Collector, group_runner
-from .config import TrainerConfig
-from .faults import fault
+from trainer.step.collect import Collector, group_runner
+from trainer.config import TrainerConfig
+from trainer.faults import fault
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +42,14 @@ class Session:
 
         from stare_lab.stare import STAREController
 
-        from .checkpoint import load_checkpoint, load_rng
-        from .comm import Comm
-        from .data import DataCursor, PromptEncoder, load_records
-        from .launch import init_distributed
-        from .memory import ColocatedSchedule, PhaseMemory
-        from .policy import PolicyEngine
-        from .rollout import make_engine
-        from .train_step import StepRunner
+        from trainer.run.checkpoint import load_checkpoint, load_rng
+        from trainer.engines.comm import Comm
+        from trainer.data import DataCursor, PromptEncoder, load_records
+        from trainer.engines.launch import init_distributed
+        from trainer.engines.memory import ColocatedSchedule, PhaseMemory
+        from trainer.engines.policy import PolicyEngine
+        from trainer.engines.rollout import make_engine
+        from trainer.step.runner import StepRunner
 
         self.cfg = cfg
         self.dist = init_distributed(cfg.rollout.tensor_parallel_size)
@@ -76,7 +76,7 @@ class Session:
         self.engine = make_engine(cfg, cfg.model.path, world_size=self.dist.world_size)
         self.tp_group = self._tp_group()
         if cfg.tool is not None:  # multi-turn tool use: interpreter turns come back with loss_mask 0
-            from .tool_rollout import ToolUseEngine
+            from trainer.tools.tool_rollout import ToolUseEngine
 
             self.engine = ToolUseEngine(self.engine, self.tokenizer, cfg.tool, runner=self._tool_runner())
         self.controller = STAREController(cfg.loss.stare)
@@ -102,25 +102,25 @@ class Session:
 
     def _tool_runner(self) -> Callable[[list[str]], list[Any]] | None:
         """The sandbox runner of the tool-use engine: the default (``None``) on one rank per TP group; with
-        tensor-parallel vLLM, :func:`trainer.collect.group_runner` so that the ranks of a TP group see identical
+        tensor-parallel vLLM, :func:`trainer.step.collect.group_runner` so that the ranks of a TP group see identical
         tool outputs."""
         if self.dist.tp == 1:
             return None
-        from .sandbox import run_many
+        from trainer.tools.sandbox import run_many
 
         sandbox_cfg = self.cfg.tool.sandbox
         return group_runner(lambda codes: run_many(codes, sandbox_cfg), self.tp_group, self.dist.dp_rank * self.dist.tp)
 
     def step(self, step: int) -> dict[str, Any]:
-        """One optimizer step (collective): :meth:`trainer.train_step.StepRunner.step`."""
+        """One optimizer step (collective): :meth:`trainer.step.runner.StepRunner.step`."""
         return self.runner.step(step)
 
     def evaluate(self, step: int, out: Path, ecfg: Any) -> dict[str, float]:
-        """Periodic evaluation with the (just synced) rollout engine: ``trainer.evaluate.evaluate_engine`` with
-        ``ecfg`` (:func:`trainer.preflight.load_eval_config`); returns the ``eval/...`` metrics. Every rank runs it
+        """Periodic evaluation with the (just synced) rollout engine: ``trainer.evaluation.evaluate.evaluate_engine`` with
+        ``ecfg`` (:func:`trainer.run.preflight.load_eval_config`); returns the ``eval/...`` metrics. Every rank runs it
         (TP groups need all their ranks in ``generate``): each data-parallel group evaluates its share of the
         problems, rank 0 gathers them and writes ``OUT/eval/step_<N>/``; every rank gets the same metrics."""
-        from .evaluate import evaluate_engine, flat_metrics
+        from trainer.evaluation.evaluate import evaluate_engine, flat_metrics
 
         fault(step, "eval")
         if os.environ.get("STARE_LAB_FAULT") == f"{step}:eval_error":

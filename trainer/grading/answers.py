@@ -1,7 +1,7 @@
-"""Answer text for grading (trainer.rewards): the last complete ``\\boxed{…}`` of a response, string
+"""Answer text for grading (trainer.grading.rewards): the last complete ``\\boxed{…}`` of a response, string
 normalisation, and exact numbers — parsing plain numeric answers (leading zeros, thousands separators, decimals,
 scientific notation, fractions, unit tails) and comparing them with math-verify's rules on exact values. No
-math-verify call here. The grading pipeline that uses these is described in :mod:`trainer.rewards`.
+math-verify call here. The grading pipeline that uses these is described in :mod:`trainer.grading.rewards`.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class RolloutBatch:
 
 def build_rollout_batch(kept: Sequence[dict[str, Any]], cfg: Any, eos_id: int, step: int) -> RolloutBatch:
     """This rank's :class:`RolloutBatch` from its kept groups (dicts with ``outputs``: ``rollout.n``
-    :class:`trainer.rollout.RolloutOutput`, and ``rewards``): advantages per group (the core's
+    :class:`trainer.engines.rollout.RolloutOutput`, and ``rewards``): advantages per group (the core's
     ``group_advantages`` over all groups at once), the mask from lengths (eos included; never from pad ids) times the
     tool-use ``loss_mask``, overlong responses masked with ``algorithm.overlong=mask``.
 
@@ -120,7 +120,7 @@ def build_rollout_batch(kept: Sequence[dict[str, Any]], cfg: Any, eos_id: int, s
     """
     from stare_lab.advantages import group_advantages
 
-    from .importance import engine_logprobs
+    from trainer.step.importance import engine_logprobs
 
     n = cfg.rollout.n
     rewards = torch.tensor([float(r) for g in kept for r in g["rewards"]], dtype=torch.float32)

@@ -3,7 +3,7 @@
 The engine returns the log-probs of the distribution it actually sampled from (vLLM
 ``logprobs_mode="processed_logprobs"``; the HF engine the same): the temperature-scaled distribution, and, with
 ``rollout.top_p < 1`` or ``rollout.top_k``, that distribution restricted to the nucleus / top-k set and
-renormalised. The trainer's log-probs (``trainer.policy``) are those of the temperature-scaled distribution over
+renormalised. The trainer's log-probs (``trainer.engines.policy``) are those of the temperature-scaled distribution over
 the whole vocabulary — the policy the loss differentiates.
 
 Choice: truncated importance sampling (``loss.tis_cap``) with ``top_p < 1`` or ``top_k`` is **refused**
@@ -56,7 +56,7 @@ def engine_logprobs(output: Any, where: str) -> torch.Tensor:
     from the engine's list).
 
     Args:
-        output: a :class:`trainer.rollout.RolloutOutput` (``token_ids``, ``logprobs``).
+        output: a :class:`trainer.engines.rollout.RolloutOutput` (``token_ids``, ``logprobs``).
         where: what to name in an error (e.g. ``"step 3, prompt 5, sample 2"``).
 
     Returns:

@@ -1,6 +1,6 @@
 """Checkpoint and resume: ``OUT/checkpoint/step_<N>/`` holds the DeepSpeed state (model partitions, optimizer,
 LR scheduler), an HF export (``hf/``: consolidated on rank 0 only, streamed shard by shard from bucketed ZeRO-3
-gathers, :meth:`trainer.policy.PolicyEngine.save_hf` / :func:`write_hf_shards`) and ``trainer_state.json`` (step,
+gathers, :meth:`trainer.engines.policy.PolicyEngine.save_hf` / :func:`trainer.engines.weights.write_hf_shards`) and ``trainer_state.json`` (step,
 data cursor, STARE controller); each rank's RNG states go to ``rng_rank<R>.pt``. ``OUT/checkpoint/latest_complete``
 names the last *complete* checkpoint (written after a barrier once every rank has saved), so a kill mid-save
 resumes from the previous one.
@@ -21,78 +21,13 @@ import torch
 
 from stare_lab.errors import RunError
 
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
-           "write_hf_shards", "load_rng"]
+           "load_rng"]
 
 LATEST = "latest_complete"
-#: Hugging Face's names of a single-file and a sharded safetensors checkpoint.
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-
-
-def write_hf_shards(named_tensors: Iterable[tuple[str, torch.Tensor | None]], out_dir: str | Path, *,
-                    max_shard_bytes: int = 5 * 2**30, write: bool = True) -> torch.dtype | None:
-    """Stream ``(name, tensor)`` pairs into safetensors shards in ``out_dir``, Hugging Face's layout: one
-    ``model.safetensors`` when everything fits one shard, else ``model-0000K-of-0000N.safetensors`` plus
-    ``model.safetensors.index.json`` (``metadata.total_size`` in bytes, ``weight_map`` name → file).
-
-    At most one shard (≤ ``max_shard_bytes``, or one tensor if it is larger) is held at a time: the iterator is
-    consumed lazily and each shard is written as soon as the next tensor would overflow it. With ``write=False`` the
-    iterator is still consumed to the end (its ZeRO-3 gathers are collective) but nothing is kept or written.
-
-    Returns:
-        the dtype of the first tensor written (``None`` when ``write=False`` or nothing was given).
-
-    Raises:
-        OSError: the files cannot be written (the caller turns it into a RunError).
-    """
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    if not write:
-        for _ in named_tensors:
-            pass
-        return None
-    out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("model*.safetensors")) + [out / INDEX_FILE]:
-        old.unlink(missing_ok=True)
-    shard: dict[str, torch.Tensor] = {}
-    shard_bytes = total = 0
-    written: list[list[str]] = []  # names per shard, in order
-    dtype = None
-
-    def flush() -> None:
-        nonlocal shard, shard_bytes
-        if shard:
-            save_file(shard, str(out / f"shard-{len(written):05d}.tmp"), metadata={"format": "pt"})
-            written.append(list(shard))
-        shard, shard_bytes = {}, 0
-
-    for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
-        dtype = dtype or t.dtype
-        if shard and shard_bytes + nbytes > max_shard_bytes:
-            flush()
-        shard[name] = t.contiguous()
-        shard_bytes += nbytes
-        total += nbytes
-    flush()
-    n = len(written)
-    if n == 1:
-        os.replace(out / "shard-00000.tmp", out / SINGLE_FILE)
-        return dtype
-    weight_map = {}
-    for k, names in enumerate(written):
-        fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
-        os.replace(out / f"shard-{k:05d}.tmp", out / fname)
-        weight_map.update({name: fname for name in names})
-    (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                             indent=2, sort_keys=True) + "\n")
-    return dtype
-
-
 def rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and, if present, CUDA) RNG states of this process."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -1,9 +1,9 @@
 """Benchmark evaluation: sample k responses per problem, grade them, report avg@k / pass@k / maj@k (STARE Table 2).
 
-The library side of ``stare-lab evaluate`` (the command line is :mod:`trainer.evaluate_cli`): :class:`EvalConfig`,
+The library side of ``stare-lab evaluate`` (the command line is :mod:`trainer.evaluation.cli`): :class:`EvalConfig`,
 :func:`evaluate_engine` (any rollout engine; the trainer's periodic evaluation calls it with its own engine and
 logs :func:`flat_metrics`) and the metrics. By default the problems come from the benchmark copies bundled with the
-package (:data:`trainer.benchmarks.BUNDLED_DIR`); ``EvalConfig.files`` / ``data_dir`` read other sources.
+package (:data:`trainer.evaluation.benchmarks.BUNDLED_DIR`); ``EvalConfig.files`` / ``data_dir`` read other sources.
 
 Outputs in ``DIR``:
 
@@ -18,7 +18,7 @@ Outputs in ``DIR``:
 
 Prompts: the paper's template (problem + "Please reason step by step, and put your final answer within
 \\boxed{}.", :data:`trainer.config.DEFAULT_PROMPT_TEMPLATE`) through the tokenizer's chat template when it has one.
-Grading: :func:`trainer.rewards.grade_batch` (math-verify's rules, as the STARE reference; ``rel_tol`` optional).
+Grading: :func:`trainer.grading.rewards.grade_batch` (math-verify's rules, as the STARE reference; ``rel_tol`` optional).
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from typing import Any, Mapping, Sequence
 from stare_lab.config import check_positive, check_range, config_prefix, from_dict, to_dict
 from stare_lab.errors import ConfigError, DataError
 
-from .benchmarks import DEFAULT_SAMPLES, Problem, canonical_name, load_benchmark, resolve_benchmarks
-from .config import DEFAULT_PROMPT_TEMPLATE
-from .rewards import grade_batch, normalize_answer, parse_number
+from trainer.evaluation.benchmarks import DEFAULT_SAMPLES, Problem, canonical_name, load_benchmark, resolve_benchmarks
+from trainer.config import DEFAULT_PROMPT_TEMPLATE
+from trainer.grading.rewards import grade_batch, normalize_answer, parse_number
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def majority_vote(answers: Sequence[str | None]) -> int | None:
     """Index of the sample whose answer wins the majority vote, or ``None`` if no sample has an answer.
 
     Answers are grouped by value when they parse as numbers (``0.5`` and ``\\frac{1}{2}`` vote together), else by
-    their normalised string (:func:`trainer.rewards.normalize_answer`); samples without an answer do not vote. Ties
+    their normalised string (:func:`trainer.grading.rewards.normalize_answer`); samples without an answer do not vote. Ties
     go to the group whose first member comes first (lowest sample index); the returned index is that first member.
     """
     keys: dict[tuple, list[int]] = {}
@@ -211,7 +211,7 @@ class EvalConfig:
     """Evaluation settings (also readable from YAML with :func:`stare_lab.config.load_config`).
 
     Attributes:
-        benchmarks: names (see :func:`trainer.benchmarks.resolve_benchmarks`); default the six of Table 2. A name
+        benchmarks: names (see :func:`trainer.evaluation.benchmarks.resolve_benchmarks`); default the six of Table 2. A name
             other than the built-in ones needs a data source in ``files``.
         n: samples per problem for every benchmark; ``None`` = the paper's (32 for AIME24/25 and AMC23, 4 else).
         temperature, top_p, top_k: sampling (paper validation: T = 1.0, top-p 0.7).
@@ -221,7 +221,7 @@ class EvalConfig:
         seed: sampling seed (same seed, engine, model and number of data-parallel groups ⇒ same samples).
         data_dir: benchmark directory with ``<name>/<name>.jsonl`` or ``<name>.jsonl`` files (``None`` =
             ``$STARE_LAB_BENCHMARK_DIR`` if set, else the copies bundled with the package,
-            :data:`trainer.benchmarks.BUNDLED_DIR`).
+            :data:`trainer.evaluation.benchmarks.BUNDLED_DIR`).
         limit: evaluate only the first ``limit`` problems of each benchmark (``None`` = all).
         files: benchmark → data source read instead of ``data_dir``: a JSONL or Parquet file, or ``hf:NAME:SPLIT``
             (a ``datasets`` dataset: local cache, or the hub when online). Any name: a name that is not built in
@@ -231,12 +231,12 @@ class EvalConfig:
         use_chat_template: wrap the message with the tokenizer's chat template when it has one.
         timeout_s: grading time limit per response, seconds.
         rel_tol: ``None`` (default): answers are judged by math-verify's rules, as the STARE reference grades
-            (:func:`trainer.rewards.numbers_equal`). A number in (0, 1): also accept numbers within this relative
+            (:func:`trainer.grading.rewards.numbers_equal`). A number in (0, 1): also accept numbers within this relative
             distance (integers included) — a looser, explicit option (e.g. 1e-4, the Qwen2.5-Math harness's).
         batch_prompts: prompts per ``generate`` call.
-        tool: multi-turn tool use (a mapping of :class:`trainer.tool_rollout.ToolUseConfig` fields, e.g. the
+        tool: multi-turn tool use (a mapping of :class:`trainer.tools.tool_rollout.ToolUseConfig` fields, e.g. the
             ``tool`` section of a tool-use trainer config): responses are generated by
-            :class:`~trainer.tool_rollout.ToolUseEngine` — the engine of tool-use training — so code blocks run in
+            :class:`~trainer.tools.tool_rollout.ToolUseEngine` — the engine of tool-use training — so code blocks run in
             the sandbox and their output comes back as interpreter turns; the model's own text is graded.
             ``None`` (default) = plain single-turn sampling.
     """
@@ -263,7 +263,7 @@ class EvalConfig:
     tool: Any = None
 
     def __post_init__(self) -> None:
-        from .tool_rollout import ToolUseConfig
+        from trainer.tools.config import ToolUseConfig
 
         prefix = config_prefix("eval")
         p = prefix + "." if prefix else ""
@@ -308,7 +308,7 @@ def load_problems(cfg: EvalConfig, name: str) -> list[Problem]:
     """The problems of benchmark ``name`` per ``cfg`` (``files`` entry, else ``data_dir``; ``limit``).
 
     Raises:
-        DataError: missing or malformed data (see :func:`trainer.benchmarks.load_benchmark`).
+        DataError: missing or malformed data (see :func:`trainer.evaluation.benchmarks.load_benchmark`).
     """
     return load_benchmark(name, cfg.data_dir, path=cfg.files.get(name), limit=cfg.limit,
                           problem_key=cfg.problem_key, answer_key=cfg.answer_key)
@@ -369,9 +369,9 @@ def evaluate_engine(
     problems: dict[str, list[Problem]] | None = None,
     dist: Any = None,
 ) -> dict[str, Any]:
-    """Evaluate with an existing rollout engine (:class:`trainer.rollout.RolloutEngine`).
+    """Evaluate with an existing rollout engine (:class:`trainer.engines.rollout.RolloutEngine`).
 
-    With ``cfg.tool`` set, ``engine`` is wrapped in :class:`trainer.tool_rollout.ToolUseEngine` (unless it already
+    With ``cfg.tool`` set, ``engine`` is wrapped in :class:`trainer.tools.tool_rollout.ToolUseEngine` (unless it already
     is one, as in tool-use training, whose engine and tool settings are then used): multi-turn rollouts with code
     run in the sandbox, graded on the model's own text. (A wrapper made here runs the code on every rank; with
     tensor parallelism the training engine's wrapper, which broadcasts one rank's tool outputs, is the one to use.) With several data-parallel groups (``dist.dp_size > 1``) each group samples and grades its share of every
@@ -387,7 +387,7 @@ def evaluate_engine(
             in place. ``None`` = return only.
         model_name: recorded as ``model`` in the result.
         problems: preloaded problems per benchmark (else loaded per ``cfg``).
-        dist: the rank layout (:class:`trainer.launch.DistInfo`: ``rank``, ``world_size``, ``dp_rank``,
+        dist: the rank layout (:class:`trainer.engines.launch.DistInfo`: ``rank``, ``world_size``, ``dp_rank``,
             ``dp_size``, ``tp_rank``) of an initialised ``torch.distributed`` job; ``None`` = one process.
             Collective: every rank must call with the same ``cfg``.
 
@@ -397,9 +397,9 @@ def evaluate_engine(
     Raises:
         DataError: missing benchmark data or an engine that returns the wrong number of responses.
     """
-    from .data import PromptEncoder
-    from .rollout import SamplingConfig
-    from .tool_rollout import ToolRolloutOutput, ToolUseEngine
+    from trainer.data import PromptEncoder
+    from trainer.engines.rollout import SamplingConfig
+    from trainer.tools.tool_rollout import ToolRolloutOutput, ToolUseEngine
 
     if cfg.tool is not None and not isinstance(engine, ToolUseEngine):
         engine = ToolUseEngine(engine, tokenizer, cfg.tool)

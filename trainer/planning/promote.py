@@ -202,7 +202,7 @@ def promote(
             conflicting target-entropy options, or a merged config the trainer's loader rejects.
         DataError: the ``--probe`` reports a non-positive or non-finite initial entropy.
     """
-    from .config import load_trainer_config  # the trainer's own loader validates the result
+    from trainer.config import load_trainer_config  # the trainer's own loader validates the result
 
     if fmt not in ("stare-lab", "verl"):
         raise ConfigError(f"--format={fmt!r} is not one of {{'stare-lab', 'verl'}}")

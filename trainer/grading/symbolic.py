@@ -1,4 +1,4 @@
-"""The symbolic side of grading (trainer.rewards, step 4): math-verify's LaTeX normalisation + latex2sympy
+"""The symbolic side of grading (trainer.grading.rewards, step 4): math-verify's LaTeX normalisation + latex2sympy
 (cached), a random-point numeric check, exact comparison of constants, and the guards around sympy — wall-clock
 limits (``SIGALRM``, main thread only) and the rejection of answers too large to evaluate safely.
 """
@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 
 from stare_lab.errors import DataError
 
-logger = logging.getLogger("trainer.rewards")
+logger = logging.getLogger("trainer.grading.rewards")
 
 __all__ = ["GradingTimeout", "MAX_ANSWER_CHARS"]
 

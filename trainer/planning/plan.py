@@ -1,6 +1,6 @@
 """``stare-lab plan CONFIG``: per-GPU peak memory by phase and a step-time estimate, before a launch.
 
-The phases are those of a colocated step (:mod:`trainer.memory`), each a sum of named components (GiB per GPU;
+The phases are those of a colocated step (:mod:`trainer.engines.memory`), each a sum of named components (GiB per GPU;
 P = parameters, N = GPUs in the job, tp = tensor-parallel size, b = bytes of the training dtype, T = tokens of one
 packed micro-batch = ``max(optim.micro_batch_max_tokens, max prompt + max response)`` since a longer sequence gets a
 micro-batch of its own):
@@ -60,7 +60,7 @@ from typing import Any
 
 from stare_lab.errors import ConfigError
 
-from .launch import effective_zero_stage
+from trainer.engines.launch import effective_zero_stage
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _dtype_bytes(name: str) -> int:
 
 def model_states_bytes(cfg: Any, arch: Arch, cluster: Cluster) -> int:
     """DeepSpeed's estimate of the per-GPU model-state bytes (see the module docstring), for the ZeRO stage the run
-    will use (:func:`trainer.launch.effective_zero_stage`: stage 0 on one GPU without offload by default)."""
+    will use (:func:`trainer.engines.launch.effective_zero_stage`: stage 0 on one GPU without offload by default)."""
     ds = cfg.deepspeed
     P, N = arch.params, cluster.gpus
     stage = effective_zero_stage(ds, N)
@@ -418,8 +418,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``stare-lab plan``: exit 0 if the run fits, 1 if not (the plan is printed either way)."""
-    from .output import configure_output
-    from .config import load_trainer_config
+    from trainer.output import configure_output
+    from trainer.config import load_trainer_config
 
     configure_output(verbose=bool(getattr(args, "verbose", False)))  # DeepSpeed's import-time notices off
 
@@ -442,6 +442,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    ap = argparse.ArgumentParser(prog="python -m trainer.plan")
+    ap = argparse.ArgumentParser(prog="python -m trainer.planning.plan")
     add_arguments(ap)
     sys.exit(main(ap.parse_args()))

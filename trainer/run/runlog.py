@@ -16,6 +16,8 @@ from typing import Any
 
 from stare_lab.errors import ConfigError, RunError
 
+from trainer.output import PROGRESS_LOGGER
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["RunLogger", "summary_from_rows", "read_rows", "export_final_model", "FINAL_MODEL", "step_line",
@@ -24,7 +26,6 @@ __all__ = ["RunLogger", "summary_from_rows", "read_rows", "export_final_model", 
 #: ``OUT/final_model``: the trained model at the end of a run (HF format with the tokenizer).
 FINAL_MODEL = "final_model"
 #: The logger of the per-step lines (``stare-lab train`` prints its records as they are, without a prefix).
-PROGRESS_LOGGER = "trainer.progress"
 progress = logging.getLogger(PROGRESS_LOGGER)
 
 
