@@ -41,10 +41,10 @@ __all__ = [
 ]
 
 #: The benchmark files bundled with the package (package data; see ``trainer/assets/README.md``).
-BUNDLED_DIR = Path(__file__).resolve().parent / "assets" / "benchmarks"
+BUNDLED_DIR = Path(__file__).resolve().parents[1] / "assets" / "benchmarks"
 
 #: The first 1,000 GSM8K training records (normalised JSONL): prompts of the tests and the ``tiny-cpu`` preset.
-GSM8K_TRAIN_SAMPLE = Path(__file__).resolve().parent / "assets" / "gsm8k_train_sample.jsonl"
+GSM8K_TRAIN_SAMPLE = Path(__file__).resolve().parents[1] / "assets" / "gsm8k_train_sample.jsonl"
 
 #: Benchmark names in Table 2 order.
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva_math", "olympiadbench")

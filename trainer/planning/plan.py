@@ -76,7 +76,7 @@ DEFAULT_MFU = 0.35
 DEFAULT_ROLLOUT_MFU = 0.10
 #: The chunk workspaces of stare_lab.entropy (DEFAULT_CHUNK_ELEMENTS float32 = 128 MiB each; three at most live).
 CHUNK_WORKSPACE_BYTES = 3 * 2**25 * 4
-PAPERS = Path(__file__).resolve().parents[1] / "papers"
+PAPERS = Path(__file__).resolve().parents[2] / "papers"
 PHASES = ("rollout", "old_logprob", "update", "wake_sync")
 
 
