@@ -112,3 +112,26 @@ def test_loss_config_from_the_launch_overrides(verl_config, actor_config):
             "stare", 0.2, 0.28, 3.0, "token-mean")
         assert (s.variant, s.top_p_ratio, s.reweight_w, s.reweight_m, s.target_entropy, s.scope, s.gate) == (
             "C2", 0.25, 1.1, 0.9, 0.3, "microbatch", "entropy")
+
+
+def test_promote_verl_format_composes_in_mainline_verl():
+    """``stare-lab promote --format verl`` writes overrides that verl's own Hydra config accepts as they are, and the
+    plugin reads back exactly the STARE and loss settings they were written from (C2, P 0.15, adaptive W/M,
+    scope microbatch, clip 0.2 / 0.28, c 10)."""
+    from types import SimpleNamespace
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from _verl_cases import compose
+    from trainer.promote import _verl_lines
+
+    stare = STAREConfig(variant="C2", top_p_ratio=0.15, reweight_w=1.2, reweight_m=0.85, target_entropy=0.4,
+                        adaptive=True, alpha=0.02, w_max=1.4, m_min=0.6, scope="microbatch")
+    loss = LossConfig(loss_mode="stare", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, stare=stare)
+    lines = _verl_lines(SimpleNamespace(loss=loss))
+    cfg = compose(lines + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    assert cfg.trainer.v1.trainer_mode == "stare" and cfg.trainer.use_v1
+    back = loss_config_from_actor(omega_conf_to_dataclass(cfg.actor_rollout_ref.actor))
+    assert back.stare == stare
+    assert (back.clip_ratio_low, back.clip_ratio_high, back.clip_ratio_c, back.loss_agg_mode) == (0.2, 0.28, 10.0,
+                                                                                                  "token-mean")
