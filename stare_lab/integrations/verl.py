@@ -17,8 +17,8 @@ it as the ``verl.plugins`` entry point ``stare`` (verl's plugin discovery, ``VER
 * :class:`STAREStep`: the trainer's once-per-step logic on a :class:`verl.DataProto` — the token-mean entropy H̄, the
   :class:`~stare_lab.stare.STAREController` update, ω and the step's metrics, all from the core's
   :func:`~stare_lab.step.prepare_step`;
-* the v1 trainer ``stare`` (``trainer.v1.trainer_mode=stare``, :mod:`stare_lab.integrations.verl_trainer`), imported
-  here when verl's v1 trainer stack (TransferQueue, Ray) imports; otherwise a warning says why it is missing.
+and the second entry point ``stare_trainer`` registers the v1 trainer ``stare`` (``trainer.v1.trainer_mode=stare``,
+:mod:`stare_lab.integrations.verl_trainer`; it needs verl's v1 stack, TransferQueue and Ray, the loss does not).
 
 Loss (docs/theory.md §4 step 5): verl's clipped surrogate (clip-higher, dual clip for Â < 0) times ω, aggregated
 with verl's global normalisers: ``token-mean`` = Σ m·ω·ℓ / (batch_num_tokens / dp_size), as verl's ``agg_loss``
@@ -394,11 +394,3 @@ class STAREStep:
         if not isinstance(state, dict) or "controller" not in state:
             raise DataError("STARE trainer state: expected a mapping with key 'controller'")
         self.controller.load_state_dict(state["controller"])
-
-
-# the v1 trainer: needs verl's whole v1 stack (Ray, TransferQueue); the loss above works without it
-try:
-    from stare_lab.integrations import verl_trainer  # noqa: F401,E402 - registers trainer_mode "stare"
-except ImportError as err:  # pragma: no cover - depends on the environment
-    logger.warning("stare_lab: verl's v1 trainer could not be imported (%s); trainer.v1.trainer_mode=stare is not "
-                   "available, the policy loss 'stare' is", err)

@@ -1,5 +1,5 @@
 """The STARE v1 trainer of verl 0.9 (``trainer.v1.trainer_mode=stare``; docs/integrations-verl.md), registered with
-verl's ``register_trainer`` when :mod:`stare_lab.integrations.verl` is loaded as a plugin.
+verl's ``register_trainer`` when verl loads stare_lab's ``verl.plugins`` entry point ``stare_trainer``.
 
 It is verl's synchronous trainer (``PPOTrainerSync``: colocated rollout, one update per batch) plus, once per step,
 between the advantages and the actor update (docs/theory.md §4 steps 2–4):
@@ -26,20 +26,26 @@ import os
 from functools import partial
 from typing import Any
 
-import transfer_queue as tq
 from omegaconf import OmegaConf, open_dict
 from tensordict import TensorDict
-from verl import DataProto
-from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils.config import omega_conf_to_dataclass
-from verl.workers.utils.padding import response_to_nested
 
 from stare_lab.errors import ConfigError, DataError
 from stare_lab.integrations.verl import WEIGHTS_KEY, STAREStep, loss_config_from_actor, stare_ppo_loss
 from stare_lab.runs import RunWriter
 
 logger = logging.getLogger(__name__)
+
+try:  # verl's v1 stack; verl swallows a plugin's import error (at debug level), so say it here
+    import transfer_queue as tq
+    from verl import DataProto
+    from verl.trainer.ppo.v1.trainer_base import register_trainer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.padding import response_to_nested
+except ImportError as err:  # pragma: no cover - depends on the environment
+    logger.warning("stare_lab: verl's v1 trainer cannot be imported (%s): trainer.v1.trainer_mode=stare is not "
+                   "available (the policy loss 'stare' is); install stare-lab[verl]", err)
+    raise
 
 __all__ = ["STARETrainer", "TRAINER_MODE", "STATE_FILE"]
 

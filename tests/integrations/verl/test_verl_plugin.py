@@ -51,6 +51,7 @@ def test_plugin_is_found_through_verls_entry_points_in_unmodified_verl():
     lists, so nothing in verl was edited."""
     eps = {ep.name: ep.value for ep in md.entry_points(group="verl.plugins")}
     assert eps.get("stare") == "stare_lab.integrations.verl"
+    assert eps.get("stare_trainer") == "stare_lab.integrations.verl_trainer"
     probe = """
         import sys
         import stare_lab, stare_lab.losses, stare_lab.step

@@ -135,3 +135,25 @@ def test_promote_verl_format_composes_in_mainline_verl():
     assert back.stare == stare
     assert (back.clip_ratio_low, back.clip_ratio_high, back.clip_ratio_c, back.loss_agg_mode) == (0.2, 0.28, 10.0,
                                                                                                   "token-mean")
+
+
+def test_verls_own_file_logger_output_reads_as_a_run(tmp_path, monkeypatch):
+    """The STARE metrics of two steps logged through verl's own ``Tracking`` file backend (as ``fit`` logs them) read
+    back with ``stare-lab analyze``'s loader as a verl run: entropy = the step's H̄, gate and W/M as decided."""
+    from verl.utils.tracking import Tracking
+
+    from analysis.load import load_runs
+
+    log = tmp_path / "verl_log.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    tracking = Tracking(project_name="p", experiment_name="e", default_backend=["file"], config={})
+    step = _step(target_entropy=0.3, adaptive=False)
+    prepared = [step.prepare(_data(0), step=1), step.prepare(_data(0, entropy_shift=0.3), step=2)]
+    for t, p in enumerate(prepared, 1):
+        tracking.log(data={**STAREStep.verl_metrics(p), "critic/score/mean": 0.1 * t, "timing_s/step": 3.0}, step=t)
+    tracking.finish()
+    (run,) = load_runs(log)
+    assert (run.source, run.method, list(run.steps)) == ("verl", "stare", [1, 2])
+    assert run.column("entropy").tolist() == pytest.approx([p.entropy for p in prepared], abs=1e-7)
+    assert run.column("gate_on").tolist() == [1.0, 0.0] and run.column("stare_w").tolist() == [1.2, 1.2]
+    assert run.column("reward").tolist() == pytest.approx([0.1, 0.2]) and run.column("time/step_s")[0] == 3.0
