@@ -85,6 +85,7 @@ class STARETrainer(PPOTrainerSync):
                 config.trainer.v1.trainer_mode = TRAINER_MODE
         self.stare_run: RunWriter | None = None
         self._stare_prepared = None
+        self._stare_resume_step = 0  # the checkpoint step a resumed run continues from (0: a new run)
 
     # ---- setup: the workers' loss, the run directory
     def _setup(self) -> None:
@@ -96,14 +97,20 @@ class STARETrainer(PPOTrainerSync):
         return str(self.config.trainer.get("stare_run_dir", None)
                    or os.path.join(self.config.trainer.default_local_dir, "stare_run"))
 
+    def on_train_begin(self) -> None:
+        """Open the run directory before the first step: a new run refuses a directory that already holds one
+        (RunError, one line), a resumed run keeps its rows up to the checkpoint's step."""
+        super().on_train_begin()
+        self._open_run()
+
     def _open_run(self) -> RunWriter:
         if self.stare_run is None:
             cfg = self.stare.run_config(OmegaConf.to_container(self.config, resolve=True),
                                         seed=self.config.data.get("seed", None))
-            resume = self.global_steps > 0
-            self.stare_run = RunWriter(self._stare_run_dir(), cfg, resume=resume, overwrite=not resume)
+            resume = self._stare_resume_step > 0
+            self.stare_run = RunWriter(self._stare_run_dir(), cfg, resume=resume)
             if resume:
-                self.stare_run.truncate_after(self.global_steps)
+                self.stare_run.truncate_after(self._stare_resume_step)
         return self.stare_run
 
     # ---- the step
@@ -147,6 +154,7 @@ class STARETrainer(PPOTrainerSync):
 
     def _load_checkpoint(self) -> None:
         super()._load_checkpoint()
+        self._stare_resume_step = max(int(self.global_steps), 0)
         if self.global_steps <= 0:
             return
         trainer = self.config.trainer

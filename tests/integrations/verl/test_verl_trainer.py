@@ -74,7 +74,7 @@ def _trainer(tmp_path, actor_config, **stare):
     trainer.config = cfg
     loss = loss_config_from_actor(cfg.actor_rollout_ref.actor)
     trainer.stare = STAREStep(dataclasses.replace(loss, stare=dataclasses.replace(loss.stare, **stare)))
-    trainer.stare_run, trainer._stare_prepared, trainer.global_steps = None, None, 1
+    trainer.stare_run, trainer._stare_prepared, trainer.global_steps, trainer._stare_resume_step = None, None, 1, 0
     trainer.actor_rollout_wg = ActorGroup(actor_config)
     return trainer
 
@@ -121,6 +121,13 @@ def test_update_actor_ships_gate_w_m_and_omega_to_the_workers(transfer_queue, tm
     run = read_run(tmp_path / "ckpt" / "stare_run")
     assert [r["step"] for r in run.metrics] == [1] and run.metrics[0]["reward"] == 0.5
     assert run.metrics[0]["gate_on"] == 1 and run.metrics[0]["time/step_s"] == 2.0
+    with pytest.raises(Exception, match="already holds a run"):  # a new run never overwrites one
+        _trainer(tmp_path, global_actor).on_train_begin()
+    resumed = _trainer(tmp_path, global_actor)
+    resumed._stare_resume_step = 1  # resumed from a checkpoint at step 1: its row stays
+    resumed.on_train_begin()
+    resumed.stare_run.close()
+    assert [r["step"] for r in read_run(tmp_path / "ckpt" / "stare_run").metrics] == [1]
 
 
 def test_checkpoint_holds_the_controller(tmp_path, actor_config, monkeypatch):
@@ -140,6 +147,7 @@ def test_checkpoint_holds_the_controller(tmp_path, actor_config, monkeypatch):
     other = _trainer(tmp_path, actor_config, adaptive=True, target_entropy=5.0)
     other._load_checkpoint()
     assert other.stare.controller.state_dict() == trainer.stare.controller.state_dict()
+    assert other._stare_resume_step == 4
     os.remove(tmp_path / "ckpt" / "global_step_4" / STATE_FILE)
     with pytest.raises(Exception, match="stare_state.json is missing"):
         other._load_checkpoint()
