@@ -59,7 +59,8 @@ def test_plugin_is_found_through_verls_entry_points_in_unmodified_verl():
         import verl
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
         from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-        print("stare" in POLICY_LOSS_REGISTRY, TRAINER_REGISTRY.get("stare").__module__ if "stare" in TRAINER_REGISTRY else None)
+        trainer = TRAINER_REGISTRY.get("stare")
+        print("stare" in POLICY_LOSS_REGISTRY, None if trainer is None else trainer.__module__)
     """
     assert _run(probe, VERL_USE_EXTERNAL_PLUGINS="auto") == "True stare_lab.integrations.verl_trainer"
     assert _run(probe, VERL_USE_EXTERNAL_PLUGINS="none") == "False None"
