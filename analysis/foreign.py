@@ -9,7 +9,9 @@ step with the run format's keys — which :mod:`analysis.load` reads like a ``me
   token-mean under ``loss_agg_mode=token-mean``); ``reward`` ← ``critic/score/mean``; ``gate_on``, ``stare_w``,
   ``stare_m`` ← ``stare/gate_on``, ``stare/w``, ``stare/m`` (a run without them is plain GRPO: 0, 1, 1);
   ``time/step_s`` ← ``timing_s/step``; every other key is kept under its own (already namespaced) name. verl
-  measures no one-step entropy change and makes no first-order prediction: both are null. The method is ``stare``
+  measures no one-step entropy change and makes no first-order prediction: both are null. A record without training
+  metrics (``val_before_train``'s) is no step: it is kept in the config as ``validation_only_records``. The method
+  is ``stare``
   when the log has STARE metrics, else ``grpo``; the run directory the STARE trainer writes
   (``<trainer.default_local_dir>/stare_run``) carries the full config and is read as a run directory.
 """
@@ -58,6 +60,9 @@ def _is_verl_file_log(path: Path) -> bool:
     return isinstance(rec, dict) and set(rec) == {"step", "data"} and isinstance(rec["data"], dict)
 
 
+#: a record with none of these prefixes is a validation-only record (verl's validation before training), not a step
+_TRAINING_PREFIXES = ("actor/", "stare/", "critic/", "timing_s/")
+
 #: run-format key ← verl metric keys, first present wins; the value when none is present
 _VERL_KEYS: dict[str, tuple[tuple[str, ...], Any]] = {
     "entropy": (("stare/entropy", "actor/entropy"), None),
@@ -70,7 +75,7 @@ _VERL_KEYS: dict[str, tuple[tuple[str, ...], Any]] = {
 
 
 def _read_verl_file_log(path: Path) -> ForeignRun:
-    rows, warnings, stare = [], [], False
+    rows, warnings, validation, stare = [], [], [], False
     with open(path, encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -84,6 +89,9 @@ def _read_verl_file_log(path: Path) -> ForeignRun:
             if not isinstance(data, dict):
                 warnings.append(f"{path}:{lineno}: not a verl file-logger record; skipped")
                 continue
+            if not any(k.startswith(_TRAINING_PREFIXES) for k in data):  # validation before training: no step
+                validation.append({"step": rec.get("step"), **data})
+                continue
             stare = stare or "stare/gate_on" in data
             row: dict[str, Any] = {"step": rec.get("step"), "pred_entropy_change": None, "entropy_change": None}
             row.update(data)
@@ -93,7 +101,7 @@ def _read_verl_file_log(path: Path) -> ForeignRun:
                 row["gate_on"] = int(round(float(row["gate_on"])))
             rows.append(row)
     config = {"source": "verl", "method": "stare" if stare else "grpo", "seed": None,
-              "logger": {"kind": "verl-file", "file": str(path)}}
+              "logger": {"kind": "verl-file", "file": str(path)}, "validation_only_records": validation}
     return ForeignRun(path=path, config=config, rows=rows, warnings=warnings)
 
 

@@ -46,10 +46,12 @@ def test_verl_file_log_reads_as_a_run(tmp_path):
     log = write_verl_log(tmp_path / "logs" / "proj" / "exp.jsonl", truncated=True)
     assert detect(log) == "verl-file" and find_foreign(tmp_path) == [log]
     (run,) = load_runs(log)
-    assert (run.source, run.method, run.n_steps) == ("verl", "stare", 31)
-    assert run.column("entropy")[1] == pytest.approx(0.59) and run.column("reward")[30] == pytest.approx(0.4)
-    assert run.column("gate_on")[5] == 0 and run.column("gate_on")[20] == 1 and run.column("stare_w")[3] == 1.1
-    assert run.column("time/step_s")[2] == 2.0 and run.column("response_length/mean")[1] == 101.0
+    assert (run.source, run.method, run.n_steps) == ("verl", "stare", 30)  # the step-0 validation is no step
+    assert run.config["validation_only_records"] == [{"step": 0, "val-core/gsm8k/acc/mean@1": 0.1}]
+    assert not [w for w in run.warnings if "entropy" in w]
+    assert run.column("entropy")[0] == pytest.approx(0.59) and run.column("reward")[29] == pytest.approx(0.4)
+    assert run.column("gate_on")[4] == 0 and run.column("gate_on")[19] == 1 and run.column("stare_w")[3] == 1.1
+    assert run.column("time/step_s")[2] == 2.0 and run.column("response_length/mean")[0] == 101.0
     assert run.column("stare/num_pos_selected")[4] == 12.0
     assert any("not valid JSON" in w for w in run.warnings)
 
@@ -59,7 +61,7 @@ def test_plain_verl_log_is_grpo_and_other_files_are_not_runs(tmp_path):
     a verl log is no run."""
     (run,) = load_runs(write_verl_log(tmp_path / "plain.jsonl", stare=False))
     assert run.method == "grpo" and run.column("gate_on")[3] == 0 and run.column("stare_m")[3] == 1.0
-    assert run.column("entropy")[2] == pytest.approx(0.58)
+    assert run.column("entropy")[1] == pytest.approx(0.58)
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"prompt": "x", "score": 1}) + "\n")
     assert detect(other) is None
