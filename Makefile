@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 OUT ?= runs/demo
+# the verl integration's own environment (verl 0.9 pins transformers<5.11; the trainer extra needs >=5.16.1)
+VERL_VENV ?= .venv-verl
+VPY := $(VERL_VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export VLLM_CPU_KVCACHE_SPACE ?= 1
@@ -14,7 +17,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test bench clean
+.PHONY: install install-verl demo test test-verl bench clean
 
 install: $(VENV)/.installed
 
@@ -32,14 +35,34 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import stare_lab, transformers, deepspeed, vllm, math_verify; print('install ok')"
 	touch $@
 
+# The verl environment: torch 2.13.0 first (the local CPU wheel: verl's own requirements carry no torch pin, so
+# nothing else is downloaded for it), then the core plus verl and the parts of verl's own `verl-core` extra its v1
+# trainer imports (TransferQueue, cachetools, fastapi, uvicorn); not verl's [vllm]/[fsdp]/[cpu] extras, which pin
+# torch 2.11 (a CUDA download) and vLLM/flash-attn.
+install-verl: $(VERL_VENV)/.installed
+
+$(VERL_VENV)/.installed: pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VERL_VENV)
+	$(VPY) -m pip install -q -U pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e ".[verl]"
+	$(VPY) -c "import verl, stare_lab.integrations.verl; from verl.trainer.ppo.v1 import get_trainer_cls; \
+	  get_trainer_cls('stare'); print('verl install ok', verl.__version__)"
+	touch $@
+
+test-verl: install-verl
+	$(VPY) -m pytest -q tests/integrations/verl
+
 demo: install
 	$(VENV)/bin/stare-lab simulate --preset demo --out $(OUT) --overwrite
 
-test: install
+# the main environment's suite (it does not collect tests/integrations/verl), then the verl tests in theirs
+test: install install-verl
 	$(PY) -m pytest -q
+	$(VPY) -m pytest -q tests/integrations/verl
 
 bench: install
 	$(PY) tests/benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache .hypothesis

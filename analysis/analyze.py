@@ -58,8 +58,9 @@ def analyze(
     """Group the runs found under ``paths`` (:func:`analysis.compare`) and write the report into ``out``.
 
     Args:
-        paths: run directories or folders above them.
-        out: the report folder; default ``PATH/figures`` for a single path (required for several).
+        paths: run directories or folders above them, or framework log files (:mod:`analysis.foreign`).
+        out: the report folder; default ``PATH/figures`` for a single path (``figures`` beside a single log file;
+            required for several paths).
         group_by, band, threshold, threshold_frac, merge: as :func:`analysis.compare` (``merge`` = not split);
             default ``group_by`` with a sweep summary: its grid keys outside ``loss.stare.*`` (:func:`sweep_group_by`,
             as ``stare-lab simulate`` groups its own report), so each grid slice is its own group.
@@ -77,14 +78,15 @@ def analyze(
     """
     if out is None and len(paths) > 1:
         raise ConfigError(f"{len(paths)} input paths given: pass --out DIR to say where the report goes")
-    out = Path(out) if out is not None else Path(paths[0]) / "figures"
+    log_file = Path(paths[0]).is_file()  # a framework's log file (analysis.foreign): the report goes beside it
+    out = Path(out) if out is not None else (Path(paths[0]).parent if log_file else Path(paths[0])) / "figures"
     read_warnings: list[str] = []
     if summary is not None:
         sweep = read_sweep_summary(summary)
         if sweep is None:
             raise ConfigError(f"--summary={str(summary)!r} is not a sweep summary.json written by stare-lab simulate")
     else:
-        sweep = read_sweep_summary(paths[0], read_warnings) if len(paths) == 1 else None
+        sweep = read_sweep_summary(paths[0], read_warnings) if len(paths) == 1 and not log_file else None
     if not group_by and sweep is not None:
         group_by = sweep_group_by(sweep)
     cmp = compare(paths, group_by=group_by, band_half_width=band, threshold=threshold,

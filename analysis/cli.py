@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "unless --merge; more splits with --group-by), aggregate seeds (mean and 95% band), and write figures, "
         "report.md and a self-contained report.html.",
     )
-    p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories or folders above them")
+    p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories or folders above them, or framework log files (verl's file logger)")
     p.add_argument("--out", help="output folder (default: PATH/figures for a single PATH; required for several)")
     p.add_argument("--format", dest="fmt", choices=["png", "svg", "pdf"], default="png", help="figure format")
     p.add_argument("--metric", nargs="+", action="extend", default=[], metavar="KEY",

@@ -25,6 +25,9 @@ from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
 from stare_lab.errors import RunError
 from stare_lab.runs import find_runs, read_run
 
+from .foreign import SOURCES as FOREIGN_SOURCES
+from .foreign import find_foreign, read_foreign
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["RunData", "load_run", "load_runs", "config_get", "EVAL_FILE"]
@@ -118,7 +121,8 @@ class RunData:
         summary: ``summary.json`` as a dict, or None.
         eval: ``eval.json`` (from ``stare-lab evaluate``) as a dict, or None.
         method: ``config.method``; else inferred from the directory (``<method>/seed<k>``) with a warning.
-        source: ``config.source`` (``"simulator"`` | ``"trainer"``), else ``"unknown"``.
+        source: ``config.source`` (``"simulator"`` | ``"trainer"`` | a framework of :data:`analysis.foreign.SOURCES`),
+            else ``"unknown"``.
         seed: ``config.seed``, else parsed from a ``seed<k>`` directory name, else None.
         target_entropy: H_tgt in nats from ``loss.stare.target_entropy`` (else a ``target_entropy`` key anywhere
             in the config), or None: then no target band is drawn for this run.
@@ -199,21 +203,33 @@ def load_run(path: str | os.PathLike) -> RunData:
     Rows without a finite integer ``step`` are dropped; duplicate steps keep the last row (a resumed run that was
     not truncated); rows are sorted by step. Each such repair adds a warning.
 
+    ``path`` may also be a file another framework's logger wrote (:mod:`analysis.foreign`, e.g. verl's file logger).
+
     Raises:
-        RunError: if ``path`` is not a run directory (no ``metrics.jsonl``) or holds no row with a valid step.
+        RunError: if ``path`` is not a run directory (no ``metrics.jsonl``) nor a recognised foreign log, or holds no
+            row with a valid step.
     """
+    if Path(path).is_file():
+        try:
+            fr = read_foreign(path)
+        except ValueError as err:
+            raise RunError(str(err)) from None
+        return _run_data(fr.path, fr.config, fr.rows, None, list(fr.warnings), 0)
     run = read_run(path)  # raises RunError for a non-run directory
     warnings = [_yaml_warning(run.path, w) for w in run.warnings]
-    p = run.path
     config = run.config if isinstance(run.config, dict) else {}
-    rows = run.metrics
+    return _run_data(run.path, config, run.metrics, run.summary, warnings, len(run.warnings))
 
+
+def _run_data(p: Path, config: dict, rows: list[dict], summary: dict | None, warnings: list[str],
+              logged: int) -> RunData:
+    """A :class:`RunData` from a run's config and rows (``warnings[:logged]`` were logged by the reader)."""
     method = config.get("method")
     if not isinstance(method, str) or not method:
         method = p.parent.name if _SEED_RE.search(p.name) and p.parent.name else p.name
         warnings.append(f"{p}: config has no 'method'; using {method!r} from the directory name")
     source = config.get("source")
-    if source not in ("simulator", "trainer"):
+    if source not in ("simulator", "trainer", *FOREIGN_SOURCES):
         warnings.append(f"{p}: config has no valid 'source' (got {source!r}); using 'unknown'")
         source = "unknown"
     seed = config.get("seed")
@@ -258,12 +274,12 @@ def load_run(path: str | os.PathLike) -> RunData:
             f"{p}: {len(bad)} of {len(kept_rows)} metrics rows have a non-numeric or non-finite 'entropy' "
             f"(first: {bad[0]!r}); those steps have no entropy"
         )
-    for w in warnings[len(run.warnings):]:
+    for w in warnings[logged:]:
         logger.warning(w)
     return RunData(
         path=p,
         config=config,
-        summary=run.summary,
+        summary=summary,
         eval=_read_eval(p, warnings),
         method=method,
         source=source,
@@ -279,7 +295,8 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
     """Find every run directory at or below ``paths`` and read it.
 
     Args:
-        paths: one path or several (run directories, sweep directories, or any folder above them).
+        paths: one path or several (run directories, sweep directories, or any folder above them; framework log
+            files such as verl's file logger, or folders holding them: :mod:`analysis.foreign`).
         warnings: if given, warnings that concern no single run (a path that does not exist, a folder without
             runs, a run that could not be read) are appended to it; they are always logged.
 
@@ -298,9 +315,9 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
         if not root.exists():
             notes.append(f"{root}: does not exist; skipped")
             continue
-        found = find_runs([root])
+        found = find_runs([root]) + find_foreign(root)
         if not found:
-            notes.append(f"{root}: no run directories (no metrics.jsonl) found; skipped")
+            notes.append(f"{root}: no run directories (no metrics.jsonl) nor framework logs found; skipped")
         dirs.extend(found)
     runs: list[RunData] = []
     for d in sorted(set(dirs)):

@@ -78,17 +78,25 @@ def test_round_trip_yaml(sweep, base, tmp_path):
 
 
 def test_verl_format(sweep, base):
+    """Mainline verl 0.9 plus stare_lab's plugin (docs/integrations-verl.md): the v1 trainer ``stare``, the plugin's
+    policy-loss config class and every STARE key under ``+actor_rollout_ref.actor.policy_loss.`` with the source
+    runs' values (C2 above) and the given target; no key of the STARE fork (``actor_rollout_ref.actor.stare.*``)."""
     text, _, _ = promote([sweep], "c2", base, fmt="verl", target_entropy=0.25)
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     kv = dict(ln.split("=", 1) for ln in lines)
+    assert len(kv) == len(lines)
+    assert kv["trainer.use_v1"] == "True" and kv["trainer.v1.trainer_mode"] == "stare"
+    assert kv["actor_rollout_ref.actor.policy_loss._target_"] == "stare_lab.integrations.verl.STAREPolicyLossConfig"
     assert kv["actor_rollout_ref.actor.policy_loss.loss_mode"] == "stare"
-    assert kv["actor_rollout_ref.actor.stare.variant"] == "C2"
-    assert float(kv["actor_rollout_ref.actor.stare.top_p_ratio"]) == 0.2
-    assert float(kv["actor_rollout_ref.actor.stare.reweight_w"]) == 1.3
-    assert float(kv["actor_rollout_ref.actor.stare.reweight_m"]) == 0.8
-    assert float(kv["actor_rollout_ref.actor.stare.target_entropy"]) == 0.25
-    assert kv["actor_rollout_ref.actor.stare.adaptive"] == "False"
-    assert all(k.startswith("actor_rollout_ref.actor.") for k in kv)
+    pl = "+actor_rollout_ref.actor.policy_loss."
+    assert kv[pl + "variant"] == "C2" and kv[pl + "scope"] == "global" and kv[pl + "gate"] == "entropy"
+    assert float(kv[pl + "top_p_ratio"]) == 0.2
+    assert float(kv[pl + "reweight_w"]) == 1.3
+    assert float(kv[pl + "reweight_m"]) == 0.8
+    assert float(kv[pl + "target_entropy"]) == 0.25
+    assert kv[pl + "adaptive"] == "False"
+    assert not any(".actor.stare." in k for k in kv)
+    assert all(k.startswith(("actor_rollout_ref.actor.", "+actor_rollout_ref.actor.", "trainer.")) for k in kv)
 
 
 def test_verl_format_names_the_overrides_it_cannot_carry(sweep, base):

@@ -6,10 +6,11 @@ directories (``config.yaml`` → ``loss.stare``), merges them into a trainer bas
 
 * ``--format stare-lab``: a trainer YAML (loadable with :func:`trainer.config.load_trainer_config`) headed by a
   commented provenance block, plus ``OUT.provenance.json`` with the same facts machine-readable; or
-* ``--format verl``: Hydra ``key=value`` overrides for the STARE reference implementation (hp-luo/STARE, a verl
-  fork: ``actor_rollout_ref.actor.policy_loss.loss_mode=stare``, ``actor_rollout_ref.actor.stare.*``), one per line,
-  with the provenance as ``#`` comment lines. Only the STARE and loss keys have lines
-  (:data:`VERL_CARRIED_KEYS`); any other command-line override (``optim.lr=…``) is named in a warning.
+* ``--format verl``: Hydra ``key=value`` overrides for mainline verl 0.9 with stare_lab's plugin
+  (docs/integrations-verl.md: ``trainer.v1.trainer_mode=stare``, the policy loss ``stare`` with
+  ``STAREPolicyLossConfig`` and its ``+actor_rollout_ref.actor.policy_loss.*`` keys), one per line, with the
+  provenance as ``#`` comment lines. Only the STARE and loss keys have lines (:data:`VERL_CARRIED_KEYS`); any other
+  command-line override (``optim.lr=…``) is named in a warning.
 
 What is deliberately NOT copied from a toy run: the target entropy (entropy scales differ between a simulator and an
 LLM). It comes from the base config (default), ``--target-entropy X``, or ``--target-entropy-frac F`` × the initial
@@ -55,10 +56,12 @@ __all__ = ["PROMOTED_KEYS", "collect_settings", "promote", "add_arguments", "mai
 #: The STARE keys carried from a simulation into the trainer config (``loss.stare.*``); target_entropy is not.
 PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope")
 
-#: reference-implementation (verl) key for each promoted/used STARE key (``actor_rollout_ref.actor.stare.<key>``);
-#: the reference has no selection scope (it always selects per micro-batch).
+#: the STARE keys of verl's plugin config (``+actor_rollout_ref.actor.policy_loss.<key>``; the plugin's
+#: ``stare_lab.integrations.verl.STARE_KEYS``, which imports verl and so is not imported here)
 _VERL_STARE_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy", "adaptive", "alpha",
-                    "w_max", "m_min")
+                    "w_max", "m_min", "scope", "gate")
+#: the plugin's policy-loss config class (``actor_rollout_ref.actor.policy_loss._target_``)
+VERL_POLICY_LOSS_TARGET = "stare_lab.integrations.verl.STAREPolicyLossConfig"
 _DEFAULT_BAND = 0.05
 #: the trainer keys ``--format verl`` writes a line for (:func:`_verl_lines`); other overrides are warned about
 VERL_CARRIED_KEYS = frozenset([f"loss.stare.{k}" for k in _VERL_STARE_KEYS] + [
@@ -350,18 +353,20 @@ def _comment_block(provenance: dict[str, Any], notices: list[str]) -> str:
 
 
 def _verl_lines(cfg: Any) -> list[str]:
-    """Hydra overrides for hp-luo/STARE (recipe/STARE/scripts/run_short_cot_*_STARE.sh key names)."""
+    """Hydra overrides for mainline verl 0.9 plus stare_lab's plugin (docs/integrations-verl.md): the v1 trainer
+    ``stare``, the policy loss ``stare`` with its config class and STARE keys, the clip and aggregation keys."""
     s, loss = cfg.loss.stare, cfg.loss
 
     def fmt(v: Any) -> str:
         return ("True" if v else "False") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
 
     lines = [
+        "trainer.use_v1=True",
+        "trainer.v1.trainer_mode=stare",
+        f"actor_rollout_ref.actor.policy_loss._target_={VERL_POLICY_LOSS_TARGET}",
         "actor_rollout_ref.actor.policy_loss.loss_mode=stare",
-        "actor_rollout_ref.actor.calculate_entropy=True",
-        "actor_rollout_ref.actor.stare.enabled=True",
     ]
-    lines += [f"actor_rollout_ref.actor.stare.{k}={fmt(getattr(s, k))}" for k in _VERL_STARE_KEYS]
+    lines += [f"+actor_rollout_ref.actor.policy_loss.{k}={fmt(getattr(s, k))}" for k in _VERL_STARE_KEYS]
     lines += [
         f"actor_rollout_ref.actor.clip_ratio_low={fmt(loss.clip_ratio_low)}",
         f"actor_rollout_ref.actor.clip_ratio_high={fmt(loss.clip_ratio_high)}",
@@ -369,10 +374,6 @@ def _verl_lines(cfg: Any) -> list[str]:
         f"actor_rollout_ref.actor.loss_agg_mode={loss.loss_agg_mode}",
         f"actor_rollout_ref.actor.entropy_coeff={fmt(loss.entropy_coeff)}",
     ]
-    if s.scope != "microbatch":
-        lines.insert(0, f"# scope={s.scope}: the reference selects per micro-batch only (no scope key)")
-    if s.gate != "entropy":
-        lines.insert(0, f"# gate={s.gate}: the reference has only the entropy gate (no such key)")
     return lines
 
 
