@@ -123,7 +123,7 @@ def test_promote_verl_format_composes_in_mainline_verl():
     from verl.utils.config import omega_conf_to_dataclass
 
     from _verl_cases import compose
-    from trainer.promote import _verl_lines
+    from trainer.planning.promote import _verl_lines
 
     stare = STAREConfig(variant="C2", top_p_ratio=0.15, reweight_w=1.2, reweight_m=0.85, target_entropy=0.4,
                         adaptive=True, alpha=0.02, w_max=1.4, m_min=0.6, scope="microbatch")
