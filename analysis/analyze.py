@@ -19,7 +19,7 @@ import matplotlib.figure  # noqa: F401 - the report's figures (imported here, wi
 from stare_lab.errors import ConfigError
 
 from .compare import Comparison, compare
-from .phase import critical_line, read_sweep_summary
+from .phase import read_sweep_summary
 from .report import ReportFiles, write_report
 
 __all__ = ["Analysis", "analyze", "sweep_group_by"]
@@ -28,8 +28,8 @@ __all__ = ["Analysis", "analyze", "sweep_group_by"]
 @dataclasses.dataclass
 class Analysis:
     """What :func:`analyze` produced: the grouped runs, the written files, the sweep summary it used (or None),
-    the report's verdict line and its critical-W line (:func:`analysis.phase.critical_line`; None without a sweep
-    over W)."""
+    the report's verdict line and its critical-W line (the recommended W with its kind per slice and push,
+    :func:`analysis.phase.critical_line`; None when no run gives one)."""
 
     comparison: Comparison
     files: ReportFiles
@@ -93,7 +93,7 @@ def analyze(
     _check_metrics(metrics, cmp.runs)
     files = write_report(cmp, out, fmt=fmt, metrics=metrics, paper=paper, paper_setting=paper_setting,
                          paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep)
-    return Analysis(cmp, files, sweep, files.verdict, critical_line(sweep) if sweep else None)
+    return Analysis(cmp, files, sweep, files.verdict, files.critical)
 
 
 def sweep_group_by(sweep: dict[str, Any]) -> list[str]:

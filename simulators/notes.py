@@ -126,7 +126,8 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
     (``critical.<method>``, :func:`simulators.grid.critical_summary`), *predicted* / *conservative* from the runs
     (:func:`stare_lab.critical.run_strengths`) — and the recommended one per push (``O1``, ``C2 (M=0.9)``:
     :func:`stare_lab.critical.recommend`); at the top ``recommended``, the one W the headline names (the preset's
-    own slice, ``slice``; O1 when it has one), and ``rule``, the precedence."""
+    own slice, ``slice``; for a push the sweep ran, O1 first; O1 from GRPO alone when no STARE method ran), and
+    ``rule``, the precedence."""
     facts = group_facts(summary)
     stare_points = [_slice_of(f["point"]) for f in facts.values() if f["stare"] is not None]
     pts = stare_points or [_slice_of(f["point"]) for f in facts.values()]
@@ -148,7 +149,9 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
         out["slices"][label] = {"point": sl, "strengths": [x.to_dict() for x in strengths],
                                 "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None}}
     chosen = out["slices"].get(base, {}).get("recommended") or {}
-    out["recommended"] = chosen.get("O1") or next(iter(chosen.values()), None)
+    ran = [variant_label(_m_of(f["stare"])) for f in facts.values() if f["stare"] is not None]
+    order = sorted(dict.fromkeys(ran), key=lambda v: v != "O1") + ["O1"]  # a push that ran, O1 first
+    out["recommended"] = next((chosen[v] for v in order if v in chosen), None)
     return out
 
 

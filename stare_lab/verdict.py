@@ -55,16 +55,14 @@ def group_outcome(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The aggregates :func:`verdict` reads, from the runs' summaries (:func:`stare_lab.summary.run_summary` keys):
     ``n`` runs, ``collapsed`` / ``held`` run counts (module docstring), and the means over the runs (None values
     skipped) of ``initial_entropy``, ``final_entropy``, ``target_entropy``, ``band``, ``final_reward``,
-    ``mean_abs_dev_second_half`` and ``steps_to_collapse`` (over the runs that collapsed)."""
+    ``mean_abs_dev_second_half``, ``steps_to_collapse`` (over the runs that collapsed), ``w_mean_second_half`` and
+    ``w_cap_share`` (adaptive runs)."""
     runs = list(runs)
-    held = 0
-    for r in runs:
-        dev, band = _num(r.get("mean_abs_dev_second_half")), _num(r.get("band"))
-        held += dev is not None and dev < (0.05 if band is None else band)
+    held = sum(band_held(r) is True for r in runs)
     out: dict[str, Any] = {"n": len(runs), "held": held,
                            "collapsed": sum(r.get("steps_to_collapse") is not None for r in runs)}
     for key in ("initial_entropy", "final_entropy", "target_entropy", "band", "final_reward",
-                "mean_abs_dev_second_half", "steps_to_collapse"):
+                "mean_abs_dev_second_half", "steps_to_collapse", "w_mean_second_half", "w_cap_share"):
         out[key] = _mean([r.get(key) for r in runs])
     return out
 
