@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from stare_lab import critical
+from stare_lab.regime import calibrated_strengths
 from stare_lab.summary import band_held
 
 from .plots import _figure, _style, method_style
@@ -41,7 +42,7 @@ from .plots import _figure, _style, method_style
 logger = logging.getLogger(__name__)
 
 __all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "critical_line", "run_critical_rows", "W_KEY",
-           "sweep_strength_block", "run_strength_block", "strength_lines", "strength_rows"]
+           "sweep_strength_block", "run_strength_block", "strength_lines", "strength_rows", "add_calibration"]
 
 W_KEY = "loss.stare.reweight_w"
 
@@ -280,6 +281,21 @@ def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = N
         out["slice"] = first["point"]
         out["recommended"] = next((first["recommended"][v] for v in order if v in first["recommended"]), None)
     return out
+
+
+def add_calibration(block: dict[str, Any], calibration: dict[str, Any]) -> dict[str, Any]:
+    """``block`` with one more slice, ``target model (<probe run>)``: the *calibrated* strengths of a
+    ``calibration.json`` (:func:`stare_lab.regime.calibrated_strengths`) and the recommended one per push. They are
+    about the probed model, not about the runs of the report, so they never join the other slices'
+    recommendations (docs/theory.md §7)."""
+    strengths = calibrated_strengths(calibration)
+    probe = calibration.get("probe") or {}
+    label = f"target model ({probe.get('model') or probe.get('run') or 'probe'})"
+    rec = {critical.variant_label(x.m): x for x in strengths}
+    slices = dict(block.get("slices") or {})
+    slices[label] = {"point": {"calibration": calibration.get("path")}, "strengths": [x.to_dict() for x in strengths],
+                     "recommended": {k: v.to_dict() for k, v in rec.items()}}
+    return {**block, "slices": slices}
 
 
 def _val(v: Any) -> str:

@@ -427,6 +427,7 @@ def write_report(
     title: str = "stare_lab analysis report",
     inputs: Sequence[str] = (),
     sweep: dict[str, Any] | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> ReportFiles:
     """Write the figures, ``report.md``, a self-contained ``report.html`` and ``report.json`` (:func:`report_data`)
     into ``out_dir``.
@@ -443,6 +444,8 @@ def write_report(
         inputs: the paths analysed (listed in the report).
         sweep: a sweep's ``summary.json`` (:func:`analysis.phase.read_sweep_summary`): its headline goes at the
             top, its grid and critical W into the "Critical STARE strength" section.
+        calibration: a ``calibration.json`` (:func:`stare_lab.regime.read_calibration`): its calibrated critical W
+            for the probed model is listed as a slice of its own (:func:`analysis.phase.add_calibration`).
 
     Raises:
         ConfigError: unknown ``fmt``, ``dpi`` ≤ 0, or a ``paper_setting``/``paper_model`` the paper table lacks.
@@ -466,7 +469,8 @@ def write_report(
     except OSError as err:
         raise RunError(f"cannot create output directory {str(out)!r}: {err.strerror or err}") from None
     try:
-        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs, sweep)
+        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs, sweep,
+                      calibration)
     except BaseException:
         if created:  # leave no half-written (or empty) folder behind; everything in it is ours
             shutil.rmtree(out, ignore_errors=True)
@@ -476,7 +480,7 @@ def write_report(
 def _write(
     cmp: Comparison, out: Path, fmt: str, metrics: Sequence[str], paper: Any, paper_rows: Any,
     paper_setting: str | None, paper_model: str | None, dpi: int, title: str, inputs: Sequence[str],
-    sweep: dict[str, Any] | None = None,
+    sweep: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
 ) -> ReportFiles:
     figures: dict[str, Path] = {}
     built: list[tuple[Any, Path]] = []  # written together at the end (plots.save_figures: on all cores)
@@ -495,6 +499,8 @@ def _write(
     verdict = comparison_verdict(cmp, summaries, per_setting=not (sweep and sweep.get("critical")))
     doc.p(f"**Verdict:** {verdict}")
     block = phase.sweep_strength_block(sweep) or phase.run_strength_block(cmp, summaries)
+    if calibration is not None:
+        block = phase.add_calibration(block, calibration)
     crit = phase.critical_line(block)
     if crit:
         doc.p(f"**Critical W:** {crit}")

@@ -125,3 +125,22 @@ def test_analyze_prints_the_critical_w_line_of_the_report(sweep_dir, tmp_path, c
     crit = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("**Critical W:** "))
     assert printed[1] == "critical W: " + crit[len("**Critical W:** "):] and printed[0].startswith("verdict: ")
     assert "recommended W for O1: 2 (measured: " in printed[1]
+
+
+def test_a_calibration_is_its_own_slice():
+    """A calibration.json (O1 1.12 in 1.08–1.2, for the probe of SmolLM2-135M) joins the report's strengths as the
+    slice 'target model (SmolLM2-135M)', recommended as calibrated; the toy slice keeps its measured 1.3 (a
+    calibration is about another system and never outranks the toy's own measurement there)."""
+    from analysis.phase import add_calibration, strength_lines, strength_rows
+
+    meas = {"kind": "measured", "w": 1.3, "m": None, "low": 1.1, "high": 1.3, "source": "o1 W sweep"}
+    block = {"slice": {}, "slices": {"": {"point": {}, "strengths": [meas], "recommended": {"O1": meas}}}}
+    cal = {"kind": "calibrated", "path": "cal/calibration.json", "probe": {"run": "runs/probe", "model": "SmolLM2-135M"},
+           "critical": {"o1": {"w": 1.12, "low": 1.08, "high": 1.2}}}
+    lines = strength_lines(add_calibration(block, cal))
+    assert lines[0].startswith("recommended W for O1: 1.3 (measured: ")
+    assert lines[1].startswith("at target model (SmolLM2-135M): recommended W for O1: 1.12 (calibrated: ")
+    assert "range 1.08–1.2" in lines[1] and "cal/calibration.json, probe runs/probe" in lines[1]
+    rows = strength_rows(add_calibration(block, cal))
+    assert rows[1][:5] == ["target model (SmolLM2-135M)", "O1", "calibrated", 1.12, "1.08–1.2"]
+    assert rows[1][6] == "recommended" and block["slices"].keys() == {""}  # the input block is left alone
