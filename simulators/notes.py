@@ -1,5 +1,6 @@
 """What ``stare-lab simulate`` tells the user after a sweep: the one-line headline (the core's verdict,
-:mod:`stare_lab.verdict`, plus the critical W of a W sweep) and the notes.
+:mod:`stare_lab.verdict`, plus the one recommended critical W with its kind), the critical-W lines (every slice of
+the grid: :func:`critical_lines`) and the notes.
 
 The notes reason from direction and regime, in this order (docs/theory.md §6–§7), for each STARE group that did not
 hold the band on every seed:
@@ -11,11 +12,16 @@ hold the band on every seed:
 3. GRPO itself did not collapse (no seed below 10 % of its initial entropy and its entropy not below the band):
    then nothing is said about STARE being too weak;
 4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
-   the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`, seed median)
-   where the entropy first crosses H_tgt (the group's own value, with its M for C2; else GRPO's) — or, when that
-   is below the run's W but the group's own second-half W* is above it, the latter (the drift grew after the
-   crossing); when both are below W, the drift is mostly second order. A group whose entropy first reached H_tgt
-   in the second half is told to run more steps instead. An adaptive group is told to raise ``stare.w_max``.
+   the critical strength; the note names the recommended critical W of its slice and push with its kind
+   (``critical_strength``, :func:`strength_block`) when that is measured or predicted and above the group's W;
+   else the conservative first-order estimate W* (:mod:`stare_lab.critical`, seed median) where the entropy first
+   crosses H_tgt (the group's own value, with its M for C2; else GRPO's) — or, when that is below the run's W but
+   the group's own second-half W* is above it, the latter (the drift grew after the crossing); when both are below
+   W, the drift is mostly second order. A group whose entropy first reached H_tgt in the second half is told to
+   run more steps instead. An adaptive group is told to raise ``stare.w_max`` (its W's cap).
+
+An adaptive group that held the band with W near its cap (:func:`stare_lab.verdict.near_cap`) gets a note with its
+mean W over the second half and the share of those steps at the cap: it has no headroom left.
 
 Independently of 1–4, every group (GRPO's probe push included, and a STARE group that held the band) whose push
 acted at less than :data:`~simulators.run_stats.REGIME_RATIO` of its first-order size gets a regime warning.
@@ -116,8 +122,7 @@ def _slice_of(point: dict[str, Any]) -> dict[str, Any]:
 
 def _in_slice(point: dict[str, Any], sl: dict[str, Any]) -> bool:
     """A group belongs to a slice when it agrees on every slice key it has (GRPO lacks the ``loss.stare.*`` keys)."""
-    return all(sl[k] == v for k, v in _slice_of(point).items() if k in sl) and all(
-        point.get(k, sl[k]) == sl[k] for k in sl)
+    return all(point.get(k, v) == v for k, v in sl.items())
 
 
 def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
