@@ -251,11 +251,12 @@ def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = N
 
     slices = reference_slices(cmp)
     keys = sorted({k for sl in slices for k in sl})
-    differ = [k for k in keys if len({repr(sl.get(k)) for sl in slices}) > 1 and k not in ("sweep", "source")]
+    differ = [k for k in keys if len({repr(sl.get(k)) for sl in slices}) > 1]
     by_slice: dict[str, list[dict[str, Any]]] = {}
     points: dict[str, dict[str, Any]] = {}
     for g, sl in zip(cmp.groups, slices):
-        point = {("H_tgt" if k == "target" else k): sl.get(k) for k in differ}
+        point = {("H_tgt" if k == "target" else k): Path(str(sl[k])).name if k == "sweep" else sl.get(k)
+                 for k in differ}
         label = ",".join(f"{k}={_val(v)}" for k, v in point.items())
         points[label] = point
         runs = []
