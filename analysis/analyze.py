@@ -19,7 +19,7 @@ import matplotlib.figure  # noqa: F401 - the report's figures (imported here, wi
 from stare_lab.errors import ConfigError
 
 from .compare import Comparison, compare
-from .phase import critical_line, read_sweep_summary
+from .phase import read_sweep_summary
 from .report import ReportFiles, write_report
 
 __all__ = ["Analysis", "analyze", "sweep_group_by"]
@@ -28,8 +28,8 @@ __all__ = ["Analysis", "analyze", "sweep_group_by"]
 @dataclasses.dataclass
 class Analysis:
     """What :func:`analyze` produced: the grouped runs, the written files, the sweep summary it used (or None),
-    the report's verdict line and its critical-W line (:func:`analysis.phase.critical_line`; None without a sweep
-    over W)."""
+    the report's verdict line and its critical-W line (the recommended W with its kind per slice and push,
+    :func:`analysis.phase.critical_line`; None when no run gives one)."""
 
     comparison: Comparison
     files: ReportFiles
@@ -67,7 +67,9 @@ def analyze(
         metrics: extra metric keys to plot and tabulate (each must be logged by some run).
         fmt, dpi, paper, paper_setting, paper_model: as :func:`analysis.report.write_report`.
         summary: a sweep's ``summary.json`` (``stare-lab simulate``): its grid and critical W go into the report;
-            default: the ``summary.json`` of a single given directory, if it is a sweep's.
+            default: the ``summary.json`` of a single given directory, if it is a sweep's. A ``calibration.json``
+            in a single given directory (``stare-lab calibrate``'s output) adds its calibrated critical W for the
+            probed model.
 
     Returns:
         An :class:`Analysis`.
@@ -87,6 +89,7 @@ def analyze(
             raise ConfigError(f"--summary={str(summary)!r} is not a sweep summary.json written by stare-lab simulate")
     else:
         sweep = read_sweep_summary(paths[0], read_warnings) if len(paths) == 1 and not log_file else None
+    calibration = _calibration(paths, read_warnings) if len(paths) == 1 and not log_file else None
     if not group_by and sweep is not None:
         group_by = sweep_group_by(sweep)
     cmp = compare(paths, group_by=group_by, band_half_width=band, threshold=threshold,
@@ -94,8 +97,25 @@ def analyze(
     cmp.warnings.extend(read_warnings)
     _check_metrics(metrics, cmp.runs)
     files = write_report(cmp, out, fmt=fmt, metrics=metrics, paper=paper, paper_setting=paper_setting,
-                         paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep)
-    return Analysis(cmp, files, sweep, files.verdict, critical_line(sweep) if sweep else None)
+                         paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep,
+                         calibration=calibration)
+    return Analysis(cmp, files, sweep, files.verdict, files.critical)
+
+
+def _calibration(paths: Sequence[str | os.PathLike], warnings: list[str]) -> dict[str, Any] | None:
+    """The ``calibration.json`` directly inside the one given folder (``stare-lab calibrate``'s output), or None; an
+    unreadable one is a warning of the report."""
+    from stare_lab.errors import StareLabError
+    from stare_lab.regime import CALIBRATION_FILE, read_calibration
+
+    path = Path(paths[0]) / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    try:
+        return read_calibration(path)
+    except StareLabError as err:
+        warnings.append(f"{path}: {err}; ignored")
+        return None
 
 
 def sweep_group_by(sweep: dict[str, Any]) -> list[str]:

@@ -4,11 +4,17 @@ Two sources, both read-only:
 
 * a sweep's ``summary.json`` (written by ``stare-lab simulate``; :func:`read_sweep_summary`): its one-line
   ``headline`` (put at the top of the report), the grid and per-group band deviations (the phase diagram,
-  :func:`phase_figure`), and ``critical.<method>`` (measured vs predicted critical W, :func:`critical_rows`);
+  :func:`phase_figure`), ``critical.<method>`` (measured vs predicted critical W, :func:`critical_rows`) and
+  ``critical_strength`` (the labelled critical strengths and the recommended one, :func:`sweep_strength_block`);
 * any runs that log the decomposition keys of :mod:`stare_lab.critical` (``pred/d_grpo``, ``pred/d_lplus``, and
-  ``pred/d_lminus`` for C2) — simulator or trainer alike: per group the critical W along its trajectory (largest
-  W*(t) over the second half) and the GRPO-only estimate where the entropy first crosses H_tgt
-  (:func:`run_critical_rows`), computed by the same core functions the simulators use.
+  ``pred/d_lminus`` for C2) — simulator or trainer alike: per group the *predicted* critical W along its held runs
+  (largest W*(t) over the second half) and the *conservative* W* where the entropy first crosses H_tgt
+  (:func:`run_critical_rows`), and the labelled strengths with the recommended one (:func:`run_strength_block`),
+  computed by the same core functions the simulators use.
+
+Every critical W is named by its kind (measured / calibrated / predicted / conservative,
+:class:`stare_lab.critical.CriticalStrength`), and one recommended W per push comes first
+(:func:`strength_lines`).
 
 The phase diagram shows, for each STARE method, the band deviation (mean over seeds of the mean |H − H_tgt| over
 the second half of each run, nats) over W × the sweep's other key (lr, H_tgt, …) with the band boundary (deviation
@@ -28,12 +34,15 @@ from typing import Any
 import numpy as np
 
 from stare_lab import critical
+from stare_lab.regime import calibrated_strengths
+from stare_lab.summary import band_held
 
 from .plots import _figure, _style, method_style
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "critical_line", "run_critical_rows", "W_KEY"]
+__all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "critical_line", "run_critical_rows", "W_KEY",
+           "sweep_strength_block", "run_strength_block", "strength_lines", "strength_rows", "add_calibration"]
 
 W_KEY = "loss.stare.reweight_w"
 
@@ -149,8 +158,8 @@ def _deviation_curve(ax, method: str, ws: list[float], devs: list[float], band: 
 
 
 def _mark(ax, c: dict[str, Any]) -> None:
-    for key, style, name in (("measured_w", "-", "measured critical W"), ("predicted_w", "--", "first-order W*"),
-                             ("predicted_w_grpo", "-.", "W* at GRPO's crossing")):
+    for key, style, name in (("measured_w", "-", "measured W"), ("predicted_w", "--", "predicted W (first order)"),
+                             ("predicted_w_grpo", "-.", "conservative W (GRPO's crossing)")):
         v = _num(c.get(key))
         if v is not None and math.isfinite(v):
             ax.axvline(v, color="k", ls=style, lw=1, label=f"{name} {v:.3g}")
@@ -159,8 +168,9 @@ def _mark(ax, c: dict[str, Any]) -> None:
 
 
 def critical_rows(summary: dict[str, Any]) -> list[list[Any]]:
-    """Table rows of a sweep's ``critical`` block: method, slice of the other grid keys, measured W, first-order
-    prediction, with the measured one-step drift, GRPO-only estimate, tolerance, within tolerance."""
+    """Table rows of a sweep's ``critical`` block, one per method and slice: method, slice of the other grid keys,
+    measured W, predicted W (first order along the held runs), the same with the measured one-step drift,
+    conservative W (at GRPO's crossing), tolerance, whether the prediction is within it."""
     rows = []
     for method, c in sorted((summary.get("critical") or {}).items()):
         for label, s in (c.get("by_slice") or {"": c}).items():
@@ -171,45 +181,159 @@ def critical_rows(summary: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
-def critical_line(summary: dict[str, Any]) -> str | None:
-    """One line with each STARE method's measured and predicted critical W of a sweep (its top-level slice), or None
-    without a W grid: ``o1: measured 1.3, first-order prediction 1.28 (within the tolerance 0.105); GRPO-only
-    estimate 1.35``."""
-    parts = []
-    for method, c in sorted((summary.get("critical") or {}).items()):
-        def f(x: Any) -> str:
-            v = _num(x)
-            return "-" if v is None else f"{v:.3g}"
+def _run_values(r: Any) -> dict[str, Any]:
+    """One run's ``m`` (C2's M, else None), ``critical_w`` (largest W*(t) over the second half; D terms summed over 5 %
+    of the run per window, per step for the simulators' mean-field ``mode: expected`` runs) and
+    ``w_star_at_crossing`` (W* where the entropy first falls below H_tgt), by the core functions; {} when the run
+    does not log the D terms."""
+    if not (r.has(critical.KEY_D_GRPO) and r.has(critical.KEY_D_LPLUS)):
+        return {}
+    stare = r.config_value("loss.stare") or {}
+    c2 = r.config_value("loss.loss_mode") == "stare" and stare.get("variant") == "C2"
+    m = float(stare.get("reweight_m", 1.0)) if c2 else 1.0
+    col = lambda k: [None if not math.isfinite(x) else float(x) for x in r.column(k)]  # noqa: E731
+    dg, dl = col(critical.KEY_D_GRPO), col(critical.KEY_D_LPLUS)
+    dm = col(critical.KEY_D_LMINUS) if c2 else None
+    window = 1 if r.config_value("mode") == "expected" else max(1, r.n_steps // 20)  # mean field: exact
+    cross = (critical.w_star_at_crossing(col("entropy"), r.target_entropy, dg, dl, dm, m, window)[1]
+             if r.target_entropy is not None else None)
+    return {"m": None if m == 1.0 else m, "critical_w": critical.critical_w(dg, dl, dm, m, window),
+            "w_star_at_crossing": cross}
 
-        ok = c.get("predicted_w_within_tolerance")
-        within = "" if ok is None else f" ({'within' if ok else 'outside'} the tolerance {f(c.get('tolerance'))})"
-        meas = "none of the grid" if c.get("measured_w") is None else f(c.get("measured_w"))
-        parts.append(f"{method}: measured {meas}, first-order prediction {f(c.get('predicted_w'))}{within}; "
-                     f"GRPO-only estimate {f(c.get('predicted_w_grpo'))}")
-    return "; ".join(parts) or None
+
+def _median(xs: list[Any]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return float(np.median(vals)) if vals else None
 
 
-def run_critical_rows(cmp: Any) -> list[list[Any]]:
-    """Per group of runs logging the decomposition keys: the STARE M (C2) or 1, the median over seeds of the
-    critical W along the trajectory (largest W*(t) over the second half, D terms summed over 5 % of the run per
-    window; per step for the simulators' mean-field ``mode: expected`` runs) and of W* where the entropy first falls below H_tgt, and the seeds that contributed."""
+def run_critical_rows(cmp: Any, summaries: dict[int, dict[str, Any]] | None = None) -> list[list[Any]]:
+    """Per group of runs logging the decomposition keys: the STARE M (C2) or 1, how many runs held the band
+    (:func:`stare_lab.summary.band_held`; ``summaries``: ``id(run)`` → the run's summary, default computed), the
+    *predicted* critical W — median over the held runs of the largest W*(t) over the second half, empty when no run
+    held (along a run that did not hold the band it is not a critical W) — the *conservative* W* where the entropy
+    first falls below H_tgt (median over all runs: the gate is off until then), and the runs that contributed."""
     rows = []
     for g in cmp.groups:
-        runs = [r for r in g.runs if r.has(critical.KEY_D_GRPO) and r.has(critical.KEY_D_LPLUS)]
+        runs = [(r, _run_values(r)) for r in g.runs]
+        runs = [(r, v) for r, v in runs if v]
         if not runs:
             continue
-        stare = runs[0].config_value("loss.stare") or {}
-        c2 = runs[0].config_value("loss.loss_mode") == "stare" and stare.get("variant") == "C2"
-        m = float(stare.get("reweight_m", 1.0)) if c2 else 1.0
-        crit, cross = [], []
-        for r in runs:
-            col = lambda k: [None if not math.isfinite(x) else float(x) for x in r.column(k)]  # noqa: E731
-            dg, dl = col(critical.KEY_D_GRPO), col(critical.KEY_D_LPLUS)
-            dm = col(critical.KEY_D_LMINUS) if c2 else None
-            window = 1 if r.config_value("mode") == "expected" else max(1, r.n_steps // 20)  # mean field: exact
-            crit.append(critical.critical_w(dg, dl, dm, m, window))
-            if r.target_entropy is not None:
-                cross.append(critical.w_star_at_crossing(col("entropy"), r.target_entropy, dg, dl, dm, m, window)[1])
-        med = lambda xs: float(np.median([x for x in xs if x is not None])) if any(x is not None for x in xs) else None  # noqa: E731
-        rows.append([g.label, m, med(crit), med(cross), len(runs)])
+        held = [v for r, v in runs if band_held(_summary(r, summaries))]
+        m = runs[0][1]["m"]
+        rows.append([g.label, 1.0 if m is None else m, f"{len(held)}/{len(runs)}",
+                     _median([v["critical_w"] for v in held]),
+                     _median([v["w_star_at_crossing"] for _, v in runs]), len(runs)])
+    return rows
+
+
+def _summary(run: Any, summaries: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
+    if summaries is not None and id(run) in summaries:
+        return summaries[id(run)]
+    from .stats import run_summary
+
+    return run_summary(run)
+
+
+def sweep_strength_block(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``critical_strength`` block of a sweep's ``summary.json`` (:func:`simulators.notes.strength_block`
+    wrote it), or None when there is none (no sweep, or a summary written before it existed)."""
+    block = (summary or {}).get("critical_strength")
+    return block if isinstance(block, dict) and isinstance(block.get("slices"), dict) else None
+
+
+def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report's labelled critical strengths from its own runs (no W sweep summary): per experiment slice
+    (:func:`analysis.verdict.reference_slices`: source, sweep, kind, target, ``group_by`` values) the *predicted*
+    and *conservative* strengths of :func:`stare_lab.critical.run_strengths` and the recommended one per push; the
+    same shape as ``summary.json``'s ``critical_strength``. Slices are labelled by the values that differ between
+    them (``lr=1``); one slice is labelled ``""``."""
+    from .verdict import reference_slices, uses_stare
+
+    slices = reference_slices(cmp)
+    keys = sorted({k for sl in slices for k in sl})
+    differ = [k for k in keys if len({repr(sl.get(k)) for sl in slices}) > 1]
+    by_slice: dict[str, list[dict[str, Any]]] = {}
+    points: dict[str, dict[str, Any]] = {}
+    for g, sl in zip(cmp.groups, slices):
+        point = {("H_tgt" if k == "target" else k): Path(str(sl[k])).name if k == "sweep" else sl.get(k)
+                 for k in differ}
+        label = ",".join(f"{k}={_val(v)}" for k, v in point.items())
+        points[label] = point
+        runs = []
+        for r in g.runs:
+            v = _run_values(r)
+            if v:
+                runs.append({**_summary(r, summaries), **v})
+        m = next((v["m"] for v in (_run_values(r) for r in g.runs[:1]) if v), None)
+        by_slice.setdefault(label, []).append({"label": g.label, "stare": uses_stare(g.runs[0]), "m": m,
+                                               "runs": runs})
+    out: dict[str, Any] = {"rule": " > ".join(critical.STRENGTH_KINDS) + " (docs/theory.md §7)", "slice": {},
+                           "recommended": None, "slices": {}}
+    for label, groups in by_slice.items():
+        strengths = critical.run_strengths(groups)
+        ms = list(dict.fromkeys(x.m for x in strengths))
+        rec = {critical.variant_label(m): critical.recommend(strengths, m) for m in ms}
+        out["slices"][label] = {"point": points[label], "strengths": [x.to_dict() for x in strengths],
+                                "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None}}
+    first = next(iter(out["slices"].values()), None)
+    if first:
+        ran = [critical.variant_label(g["m"]) for gs in by_slice.values() for g in gs if g["stare"]]
+        order = sorted(dict.fromkeys(ran), key=lambda v: v != "O1") + ["O1"]  # a push that ran, O1 first
+        out["slice"] = first["point"]
+        out["recommended"] = next((first["recommended"][v] for v in order if v in first["recommended"]), None)
+    return out
+
+
+def add_calibration(block: dict[str, Any], calibration: dict[str, Any]) -> dict[str, Any]:
+    """``block`` with one more slice, ``target model (<probe run>)``: the *calibrated* strengths of a
+    ``calibration.json`` (:func:`stare_lab.regime.calibrated_strengths`) and the recommended one per push. They are
+    about the probed model, not about the runs of the report, so they never join the other slices'
+    recommendations (docs/theory.md §7)."""
+    strengths = calibrated_strengths(calibration)
+    probe = calibration.get("probe") or {}
+    label = f"target model ({probe.get('model') or probe.get('run') or 'probe'})"
+    rec = {critical.variant_label(x.m): x for x in strengths}
+    slices = dict(block.get("slices") or {})
+    slices[label] = {"point": {"calibration": calibration.get("path")}, "strengths": [x.to_dict() for x in strengths],
+                     "recommended": {k: v.to_dict() for k, v in rec.items()}}
+    return {**block, "slices": slices}
+
+
+def _val(v: Any) -> str:
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):  # ("target_entropy", 0.4)
+        v = v[1]
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def strength_lines(block: dict[str, Any] | None) -> list[str]:
+    """One line per slice and push of a ``critical_strength`` block, the block's own ``slice`` (the headline's)
+    first: ``at lr=1: recommended W for O1: 1.3 (measured: …); also: predicted 1.41, conservative 1.37``
+    (:func:`stare_lab.critical.recommendation_text`)."""
+    lines = []
+    slices = list(((block or {}).get("slices") or {}).items())
+    slices.sort(key=lambda kv: kv[1].get("point") != (block or {}).get("slice"))  # the headline's slice first
+    for label, entry in slices:
+        strengths = [critical.CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
+        for m in dict.fromkeys(x.m for x in strengths):
+            text = critical.recommendation_text(strengths, m)
+            if text:
+                lines.append((f"at {label}: " if label else "") + text)
+    return lines
+
+
+def critical_line(block: dict[str, Any] | None) -> str | None:
+    """The report's critical-W line: every line of :func:`strength_lines` joined by "; ", or None without any."""
+    return "; ".join(strength_lines(block)) or None
+
+
+def strength_rows(block: dict[str, Any] | None) -> list[list[Any]]:
+    """Table rows of a ``critical_strength`` block: slice, push (O1 / C2 (M=…)), kind, W, range, source, and
+    "recommended" on the row the recommendation picked."""
+    rows = []
+    for label, entry in ((block or {}).get("slices") or {}).items():
+        recs = {(d.get("kind"), d.get("w"), d.get("m")) for d in (entry.get("recommended") or {}).values()}
+        for d in entry.get("strengths") or []:
+            s = critical.CriticalStrength.from_dict(d)
+            rows.append([label or "—", s.variant, s.kind, "" if s.w is None else s.w, s.range_text(), s.source,
+                         "recommended" if (d.get("kind"), d.get("w"), d.get("m")) in recs else ""])
     return rows

@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+from stare_lab.critical import STRENGTH_KINDS
 from stare_lab.errors import ConfigError, RunError
 
 from . import phase, plots, stats
@@ -208,14 +209,16 @@ class Doc:
 
 @dataclasses.dataclass
 class ReportFiles:
-    """What :func:`write_report` wrote: ``markdown``, ``html`` and ``json`` paths, the figure paths by name and the
-    verdict line at the top of the report."""
+    """What :func:`write_report` wrote: ``markdown``, ``html`` and ``json`` paths, the figure paths by name, the
+    verdict line at the top of the report and its critical-W line (the recommended W with its kind per slice and
+    push, :func:`analysis.phase.critical_line`; None without any)."""
 
     markdown: Path
     html: Path
     figures: dict[str, Path]
     json: Path | None = None
     verdict: str = ""
+    critical: str | None = None
 
 
 def _runs_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
@@ -364,22 +367,32 @@ def report_data(
     })
 
 
-def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, add_figure: Any) -> None:
-    """Critical STARE strength (docs/theory.md §7): the sweep's phase diagram and measured vs predicted W, and the
-    critical W of every group whose runs log the decomposition terms (:mod:`analysis.phase`)."""
+def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, add_figure: Any,
+                      block: dict[str, Any], summaries: dict[int, dict[str, Any]], tables: dict[str, Any]) -> None:
+    """Critical STARE strength (docs/theory.md §7): the labelled strengths and the recommended one (``block``), the
+    sweep's phase diagram and measured vs predicted W, and per group the predicted / conservative W of runs that
+    log the decomposition terms (:mod:`analysis.phase`)."""
+    srows = phase.strength_rows(block)
     crit_rows = phase.critical_rows(sweep) if sweep else []
-    run_rows = phase.run_critical_rows(cmp)
+    run_rows = phase.run_critical_rows(cmp, summaries)
     fig = phase.phase_figure(sweep) if sweep else None
-    if not (crit_rows or run_rows or fig is not None):
+    tables["critical_strength"] = block
+    if not (srows or crit_rows or run_rows or fig is not None):
         return
     doc.h(2, "Critical STARE strength")
     doc.p(
         "With the gate on, a step's first-order entropy change splits as D_GRPO + (W − 1)·D_L+ (+ (M − 1)·D_L− for "
-        "C2), so W*(t) = 1 − D_GRPO(t)/D_L+(t) cancels the drift (docs/theory.md §7; `stare_lab.critical`). The critical "
-        "W along a run is the largest W*(t) over its second half (meaningful on a run that holds the band); the "
-        "GRPO-only estimate is W* where the entropy first falls below H_tgt (the larger of the two where W*(t) falls "
-        "as the reward saturates, as in the tabular tasks; not on every model — compare both)."
+        "C2), so W*(t) = 1 − D_GRPO(t)/D_L+(t) cancels the drift (docs/theory.md §7; `stare_lab.critical`). Every "
+        "critical W below is named by its kind: **measured** (the smallest W of a W sweep held on every seed), "
+        "**calibrated** (measured on a toy calibrated to a target model's probe), **predicted** (first order: the "
+        "largest W*(t) over the second half of runs that held the band) and **conservative** (first order: W* where "
+        "GRPO first crosses H_tgt). The recommended W is the first available in the order "
+        f"{' > '.join(STRENGTH_KINDS)}: a measurement beats a model of it. A run "
+        "holds the band when its mean |H − H_tgt| over the second half is below min(band, H_tgt/4) and its final "
+        "entropy is at least H_tgt/2, so a collapsed run never counts."
     )
+    if srows:
+        doc.table(["slice", "push", "kind", "W", "range", "source", ""], srows)
     if fig is not None:
         doc.p("Phase diagram: band deviation = mean over seeds of the mean |H − H_tgt| over the second half of each "
               "run; the band holds below the boundary. Over W alone the deviation is on a log axis down to a floor "
@@ -387,15 +400,19 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
               "on the floor with hollow markers, its tick reads '≤ floor'.")
         add_figure(doc, "phase", fig, "band deviation over the sweep grid")
     if crit_rows:
-        doc.p("Measured critical W = the smallest grid W whose runs hold the band on every seed; first-order "
-              "prediction = median over the held runs of their critical W; 'with measured drift' uses the measured "
+        doc.p("Measured W = the smallest grid W whose runs hold the band on every seed; predicted W = median over the "
+              "held runs of their largest W*(t) over the second half; 'with measured drift' uses the measured "
               "one-step change of the ω ≡ 1 update instead of D_GRPO (second-order, noise-driven drift included); "
-              "tolerance max(35 % of W − 1, one grid step).")
-        doc.table(["method", "slice", "measured W", "first-order W*", "with measured drift", "GRPO-only W*",
+              "conservative W = median over GRPO's seeds of W* where they cross H_tgt; tolerance max(35 % of W − 1, "
+              "one grid step).")
+        doc.table(["method", "slice", "measured W", "predicted W", "predicted, measured drift", "conservative W",
                    "tolerance", "within"], crit_rows)
     if run_rows:
-        doc.table(["group", "M (C2)", "critical W along the run (median over seeds)",
-                   "W* at the H_tgt crossing (median)", "runs"], run_rows)
+        doc.p("Per group: the predicted W only along runs that held the band (along a run that did not, the largest "
+              "W*(t) is not a critical W); the conservative W* over all runs (the gate is off until the crossing, so "
+              "each run follows GRPO up to there).")
+        doc.table(["group", "M (C2)", "held runs", "predicted W along the held runs (median)",
+                   "conservative W* at the H_tgt crossing (median)", "runs"], run_rows)
 
 
 def write_report(
@@ -410,6 +427,7 @@ def write_report(
     title: str = "stare_lab analysis report",
     inputs: Sequence[str] = (),
     sweep: dict[str, Any] | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> ReportFiles:
     """Write the figures, ``report.md``, a self-contained ``report.html`` and ``report.json`` (:func:`report_data`)
     into ``out_dir``.
@@ -426,6 +444,8 @@ def write_report(
         inputs: the paths analysed (listed in the report).
         sweep: a sweep's ``summary.json`` (:func:`analysis.phase.read_sweep_summary`): its headline goes at the
             top, its grid and critical W into the "Critical STARE strength" section.
+        calibration: a ``calibration.json`` (:func:`stare_lab.regime.read_calibration`): its calibrated critical W
+            for the probed model is listed as a slice of its own (:func:`analysis.phase.add_calibration`).
 
     Raises:
         ConfigError: unknown ``fmt``, ``dpi`` ≤ 0, or a ``paper_setting``/``paper_model`` the paper table lacks.
@@ -449,7 +469,8 @@ def write_report(
     except OSError as err:
         raise RunError(f"cannot create output directory {str(out)!r}: {err.strerror or err}") from None
     try:
-        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs, sweep)
+        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs, sweep,
+                      calibration)
     except BaseException:
         if created:  # leave no half-written (or empty) folder behind; everything in it is ours
             shutil.rmtree(out, ignore_errors=True)
@@ -459,7 +480,7 @@ def write_report(
 def _write(
     cmp: Comparison, out: Path, fmt: str, metrics: Sequence[str], paper: Any, paper_rows: Any,
     paper_setting: str | None, paper_model: str | None, dpi: int, title: str, inputs: Sequence[str],
-    sweep: dict[str, Any] | None = None,
+    sweep: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
 ) -> ReportFiles:
     figures: dict[str, Path] = {}
     built: list[tuple[Any, Path]] = []  # written together at the end (plots.save_figures: on all cores)
@@ -477,7 +498,10 @@ def _write(
     summaries = run_summaries(cmp)
     verdict = comparison_verdict(cmp, summaries, per_setting=not (sweep and sweep.get("critical")))
     doc.p(f"**Verdict:** {verdict}")
-    crit = phase.critical_line(sweep) if sweep else None
+    block = phase.sweep_strength_block(sweep) or phase.run_strength_block(cmp, summaries)
+    if calibration is not None:
+        block = phase.add_calibration(block, calibration)
+    crit = phase.critical_line(block)
     if crit:
         doc.p(f"**Critical W:** {crit}")
     n_runs = len(cmp.runs)
@@ -510,7 +534,7 @@ def _write(
     add_figure(doc, "quadrants", plots.plot_quadrants(cmp), "four quadrants over steps")
 
     _summary_section(doc, cmp, metrics, tables)
-    _critical_section(doc, cmp, sweep, add_figure)
+    _critical_section(doc, cmp, sweep, add_figure, block, summaries, tables)
 
     if len(cmp.sources) > 1:
         doc.h(2, "5. Across sources (normalised axes)")
@@ -571,4 +595,4 @@ def _write(
     data = report_data(cmp, tables, title, inputs, summaries, verdict)
     json_path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     logger.debug("wrote %s and %s (%d figures)", md_path, html_path, len(figures))
-    return ReportFiles(md_path, html_path, figures, json_path, verdict)
+    return ReportFiles(md_path, html_path, figures, json_path, verdict, crit)

@@ -151,24 +151,6 @@ def parse_seeds(seeds: str | None, seed: str | None) -> int | list[int] | None:
     return values
 
 
-def _critical_lines(summary: dict) -> list[str]:
-    """One line per STARE method of a W grid: measured vs predicted critical W and whether they agree."""
-    lines = []
-    for method, c in (summary.get("critical") or {}).items():
-        def f(x):
-            return "-" if x is None else f"{x:.3g}"
-
-        tol = c.get("tolerance")
-        ok = c.get("predicted_w_within_tolerance")
-        verdict = "" if ok is None else (" (within" if ok else " (outside") + f" the tolerance {tol:.3g})"
-        lines.append(
-            f"critical W ({method}): measured {f(c.get('measured_w'))} (smallest grid W held on every seed); "
-            f"first-order prediction {f(c.get('predicted_w'))}{verdict}; with the measured one-step drift "
-            f"{f(c.get('predicted_w_measured_drift'))}; GRPO-only estimate at the crossing {f(c.get('predicted_w_grpo'))}"
-        )
-    return lines
-
-
 def _report_function():
     """The analysis wing's ``analyze`` function from the entry-point group :data:`REPORT_GROUP`, or the reason why
     it is unavailable (a string)."""
@@ -200,7 +182,7 @@ def handler(args: argparse.Namespace) -> int:
     line and exits 1)."""
     # here, not at the top: the front door imports every wing's cli to build its parser, and these pull in torch
     from .keys import format_keys
-    from .notes import plan_notes
+    from .notes import critical_lines, plan_notes
     from .sweep import format_table, plan_sweep, run_sweep
 
     if args.list_presets:
@@ -251,7 +233,7 @@ def handler(args: argparse.Namespace) -> int:
     print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
           f"[{seeds_s}] -> {out}")
     print(format_table(summary))
-    for line in _critical_lines(summary):
+    for line in critical_lines(summary):
         print(line)
     for note in [*summary.get("notes", []), *notes]:
         print(note)

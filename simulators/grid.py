@@ -6,9 +6,11 @@ point of the other keys. Run directories: ``OUT/<method>/<label>/seed<k>`` with 
 short names of :data:`SHORT_NAMES`), or ``OUT/<method>/seed<k>`` for a method without grid keys.
 
 :func:`critical_summary` turns a sweep over ``loss.stare.reweight_w`` into ``critical.<method>`` (docs/theory.md §7,
-:mod:`stare_lab.critical`): ``measured_w`` (the smallest grid W whose runs hold the band on every seed),
+:mod:`stare_lab.critical`): ``strengths`` (the labelled *measured* / *predicted* / *conservative* critical strengths,
+:class:`stare_lab.critical.CriticalStrength`) and ``recommended`` (the one to act on), and the same numbers under
+their older keys: ``measured_w`` (the smallest grid W whose runs hold the band on every seed),
 ``predicted_w`` (the first-order prediction: median over the held runs of their largest W*(t) over the second
-half), ``predicted_w_grpo`` (the GRPO-only estimate: median over the GRPO seeds of W* where they first cross
+half), ``predicted_w_grpo`` (the conservative estimate: median over the GRPO seeds of W* where they first cross
 H_tgt), ``predicted_w_measured_drift`` (like ``predicted_w`` but with the *measured* one-step change of the ω ≡ 1
 update in place of D_GRPO: it includes the second-order, noise-driven drift the first order leaves out), and
 ``tolerance`` / ``within_tolerance`` (max(35 % of W − 1, one grid step)). With other grid keys (e.g. ``lr``) the
@@ -24,7 +26,8 @@ import statistics
 from typing import Any
 
 from stare_lab.config import parse_overrides
-from stare_lab.critical import measured_critical_w, tolerance
+from stare_lab.critical import measured_strength, recommend, run_strengths, tolerance
+from stare_lab.summary import band_held
 from stare_lab.errors import ConfigError
 
 __all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY"]
@@ -90,10 +93,17 @@ def critical_summary(
     base: dict[str, Any] | None = None,
 ) -> dict:
     """``critical.<method>`` (module docstring) from the sweep's groups: label → ``{"method", "point", "is_stare",
-    "runs": {seed: stats}}`` with each run's :func:`simulators.run_stats.run_stats` (``mean_abs_dev_second_half``,
+    "runs": {seed: stats}}`` (optionally ``"m"``: C2's M, and ``"adaptive"``) with each run's
+    :func:`simulators.run_stats.run_stats` (the band keys of :func:`stare_lab.summary.band_held`,
     ``critical_w``, ``critical_w_measured_drift``, ``w_star_at_crossing``). Empty without a W grid. With other grid
     keys the top-level values are those of the slice at ``base`` (the preset's own values of those keys) when the
-    grid has it, else of the first slice."""
+    grid has it, else of the first slice.
+
+    Each slice also carries ``strengths`` — its *measured*, *predicted* and *conservative* critical strengths
+    (:class:`stare_lab.critical.CriticalStrength` records, :func:`stare_lab.critical.measured_strength` and
+    :func:`stare_lab.critical.run_strengths`) — and ``recommended`` (:func:`stare_lab.critical.recommend`). A W
+    grid of an adaptive method sets the schedule's starting W, not the W it applies: it gives no *measured*
+    strength (``measured_w`` None)."""
     w_values = next((v for k, v in grid if k == W_KEY), None)
     if not w_values:
         return {}
@@ -111,26 +121,42 @@ def critical_summary(
             slices.setdefault(point_label(other), {"point": other, "by_w": {}})["by_w"][float(g["point"][W_KEY])] = g
         by_slice = {}
         for label, sl in slices.items():
-            devs = {w: [r.get("mean_abs_dev_second_half") for r in g["runs"].values()] for w, g in sl["by_w"].items()}
-            measured = measured_critical_w(devs, band)
-            held = [r for w, g in sl["by_w"].items() if _holds(devs[w], band) for r in g["runs"].values()]
+            by_w = sl["by_w"]
+            first = next(iter(by_w.values()))
+            m, adaptive = first.get("m"), bool(first.get("adaptive"))
+            devs = {w: [r.get("mean_abs_dev_second_half") for r in g["runs"].values()] for w, g in by_w.items()}
+            held_by_w = {w: [band_held(r) for r in g["runs"].values()] for w, g in by_w.items()}
+            n_seeds = max(len(v) for v in held_by_w.values())
+            where = f"{method} W sweep" + (f" at {label}" if label else "")
+            measured = None if adaptive else measured_strength(
+                held_by_w, m, f"{where}: grid {', '.join(f'{w:g}' for w in sorted(by_w))}; {n_seeds} seeds")
+            held = [r for w, g in by_w.items() if _holds(held_by_w[w]) for r in g["runs"].values()]
             grpo = [g for g in groups.values() if not g["is_stare"] and g["method"] in ("grpo", "grpo-ds")
                     and all(g["point"].get(k) == v for k, v in sl["point"].items())]
+            run_groups = [{"label": _group_label(g, method), "stare": True, "m": m, "runs": list(g["runs"].values())}
+                          for g in by_w.values()]
+            run_groups += [{"label": g["method"], "stare": False, "m": None, "runs": list(g["runs"].values())}
+                           for g in grpo]
+            strengths = ([measured] if measured is not None else []) + [
+                s for s in run_strengths(run_groups) if _same(s.m, m)]
             entry = {
                 "point": sl["point"],
-                "measured_w": measured,
+                "m": m,
+                "measured_w": None if measured is None else measured.w,
                 "predicted_w": _median([r.get("critical_w") for r in held]),
                 "predicted_w_measured_drift": _median([r.get("critical_w_measured_drift") for r in held]),
                 "predicted_w_grpo": _median([r.get("w_star_at_crossing") for g in grpo for r in g["runs"].values()]),
                 "held_runs": len(held),
                 "grid_step": step,
                 "deviation_by_w": {f"{w:g}": devs[w] for w in sorted(devs)},
+                "strengths": [x.to_dict() for x in strengths],
+                "recommended": (lambda r: None if r is None else r.to_dict())(recommend(strengths, m)),
             }
-            if measured is not None:
-                entry["tolerance"] = tolerance(measured, step)
+            if entry["measured_w"] is not None:
+                entry["tolerance"] = tolerance(entry["measured_w"], step)
                 for key in ("predicted_w", "predicted_w_measured_drift"):
                     p = entry[key]
-                    entry[f"{key}_within_tolerance"] = None if p is None else abs(p - measured) <= entry["tolerance"]
+                    entry[f"{key}_within_tolerance"] = None if p is None else abs(p - entry["measured_w"]) <= entry["tolerance"]
             by_slice[label] = entry
         first = by_slice.get(point_label({k: (base or {}).get(k) for k in others}), next(iter(by_slice.values())))
         out[method] = {**{k: v for k, v in first.items() if k != "point"}, "slice": first["point"],
@@ -138,5 +164,17 @@ def critical_summary(
     return out
 
 
-def _holds(devs: list[float | None], band: float) -> bool:
-    return bool(devs) and all(isinstance(d, (int, float)) and math.isfinite(d) and d < band for d in devs)
+def _group_label(g: dict[str, Any], method: str) -> str:
+    """``o1 [W=1.3]``: a grid group's label for the sources of its strengths."""
+    label = point_label(g["point"])
+    return f"{method} [{label}]" if label else method
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    a = None if a in (None, 1.0) else a
+    b = None if b in (None, 1.0) else b
+    return a == b
+
+
+def _holds(held: list[bool | None]) -> bool:
+    return bool(held) and all(x is True for x in held)

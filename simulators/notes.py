@@ -1,5 +1,6 @@
 """What ``stare-lab simulate`` tells the user after a sweep: the one-line headline (the core's verdict,
-:mod:`stare_lab.verdict`, plus the critical W of a W sweep) and the notes.
+:mod:`stare_lab.verdict`, plus the one recommended critical W with its kind), the critical-W lines (every slice of
+the grid: :func:`critical_lines`) and the notes.
 
 The notes reason from direction and regime, in this order (docs/theory.md §6–§7), for each STARE group that did not
 hold the band on every seed:
@@ -11,11 +12,16 @@ hold the band on every seed:
 3. GRPO itself did not collapse (no seed below 10 % of its initial entropy and its entropy not below the band):
    then nothing is said about STARE being too weak;
 4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
-   the critical strength; the note gives the first-order estimate W* (:mod:`stare_lab.critical`, seed median)
-   where the entropy first crosses H_tgt (the group's own value, with its M for C2; else GRPO's) — or, when that
-   is below the run's W but the group's own second-half W* is above it, the latter (the drift grew after the
-   crossing); when both are below W, the drift is mostly second order. A group whose entropy first reached H_tgt
-   in the second half is told to run more steps instead. An adaptive group is told to raise ``stare.w_max``.
+   the critical strength; the note names the recommended critical W of its slice and push with its kind
+   (``critical_strength``, :func:`strength_block`) when that is measured or predicted and above the group's W;
+   else the conservative first-order estimate W* (:mod:`stare_lab.critical`, seed median) where the entropy first
+   crosses H_tgt (the group's own value, with its M for C2; else GRPO's) — or, when that is below the run's W but
+   the group's own second-half W* is above it, the latter (the drift grew after the crossing); when both are below
+   W, the drift is mostly second order. A group whose entropy first reached H_tgt in the second half is told to
+   run more steps instead. An adaptive group is told to raise ``stare.w_max`` (its W's cap).
+
+An adaptive group that held the band with W near its cap (:func:`stare_lab.verdict.near_cap`) gets a note with its
+mean W over the second half and the share of those steps at the cap: it has no headroom left.
 
 Independently of 1–4, every group (GRPO's probe push included, and a STARE group that held the band) whose push
 acted at less than :data:`~simulators.run_stats.REGIME_RATIO` of its first-order size gets a regime warning.
@@ -31,16 +37,24 @@ import math
 import statistics
 from typing import Any
 
+from stare_lab.critical import (
+    STRENGTH_KINDS, CriticalStrength, recommend, recommendation_text, run_strengths, variant_label,
+)
 from stare_lab.losses import loss_needs
-from stare_lab.verdict import push_label, verdict
+from stare_lab.verdict import cap_text, push_label, verdict
 
-from .grid import W_KEY
+from .grid import W_KEY, point_label
 from .presets import METHODS
 from .run_stats import REGIME_RATIO
 from .tabular import init_state, target_warning
 from .tabular_tasks import reward_optimal_entropy
 
-__all__ = ["headline", "sweep_notes", "plan_notes", "group_facts"]
+__all__ = ["headline", "sweep_notes", "plan_notes", "group_facts", "strength_block", "critical_lines", "STRENGTH_RULE"]
+
+#: the grid key of M: a different M is a different push (a strength's ``m``), not a different slice
+M_KEY = "loss.stare.reweight_m"
+#: the precedence of the recommended critical W, as the outputs state it (docs/theory.md §7)
+STRENGTH_RULE = " > ".join(STRENGTH_KINDS) + " (docs/theory.md §7)"
 
 
 def _num(x: Any) -> float | None:
@@ -68,6 +82,7 @@ def group_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "stare": (loss.get("stare") or {}) if entry.get("stare") else None,
             "n": n, "held": int(mean.get("held_runs") or 0), "collapsed": int(mean.get("collapsed_runs") or 0),
             "mean": mean, "lr": cfg.get("lr"), "runs": list((entry.get("runs") or {}).values()),
+            "label": label,
         }
     return out
 
@@ -92,20 +107,125 @@ def _grpo_for(facts: dict[str, dict[str, Any]], g: dict[str, Any]) -> dict[str, 
     return None
 
 
+def _m_of(stare: dict[str, Any] | None) -> float | None:
+    """C2's M of a group's ``loss.stare`` settings; None for O1 (and baselines)."""
+    if not stare or str(stare.get("variant", "")).upper() != "C2":
+        return None
+    m = _num(stare.get("reweight_m"))
+    return None if m is None or m == 1.0 else m
+
+
+def _slice_of(point: dict[str, Any]) -> dict[str, Any]:
+    """The grid keys that make a different experiment: all but W and M (a strength is *for* a W, at its M)."""
+    return {k: v for k, v in point.items() if k not in (W_KEY, M_KEY)}
+
+
+def _in_slice(point: dict[str, Any], sl: dict[str, Any]) -> bool:
+    """A group belongs to a slice when it agrees on every slice key it has (GRPO lacks the ``loss.stare.*`` keys)."""
+    return all(point.get(k, v) == v for k, v in sl.items())
+
+
+def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json``'s ``critical_strength`` (docs/theory.md §7): per slice of the grid (the grid keys other than
+    W and M; ``""`` without such keys) the labelled critical strengths of its runs — *measured* from a W sweep
+    (``critical.<method>``, :func:`simulators.grid.critical_summary`), *predicted* / *conservative* from the runs
+    (:func:`stare_lab.critical.run_strengths`) — and the recommended one per push (``O1``, ``C2 (M=0.9)``:
+    :func:`stare_lab.critical.recommend`); at the top ``recommended``, the one W the headline names (the preset's
+    own slice, ``slice``; for a push the sweep ran, O1 first; O1 from GRPO alone when no STARE method ran), and
+    ``rule``, the precedence."""
+    facts = group_facts(summary)
+    stare_points = [_slice_of(f["point"]) for f in facts.values() if f["stare"] is not None]
+    pts = stare_points or [_slice_of(f["point"]) for f in facts.values()]
+    slices = {point_label(p): p for p in pts}
+    base = _base_slice(summary, slices)
+    out: dict[str, Any] = {"rule": STRENGTH_RULE, "slice": slices.get(base, {}), "recommended": None, "slices": {}}
+    for label, sl in slices.items():
+        groups = [{"label": name, "stare": f["stare"] is not None, "m": _m_of(f["stare"]), "runs": f["runs"]}
+                  for name, f in facts.items() if _in_slice(f["point"], sl)]
+        strengths: list[CriticalStrength] = []
+        for c in (summary.get("critical") or {}).values():
+            for entry in (c.get("by_slice") or {}).values():
+                if _slice_of(entry.get("point") or {}) == sl:
+                    strengths += [CriticalStrength.from_dict(d) for d in entry.get("strengths") or []
+                                  if d.get("kind") == "measured"]
+        strengths += run_strengths(groups)
+        ms = list(dict.fromkeys(x.m for x in strengths))
+        rec = {variant_label(m): recommend(strengths, m) for m in ms}
+        out["slices"][label] = {"point": sl, "strengths": [x.to_dict() for x in strengths],
+                                "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None}}
+    chosen = out["slices"].get(base, {}).get("recommended") or {}
+    ran = [variant_label(_m_of(f["stare"])) for f in facts.values() if f["stare"] is not None]
+    order = sorted(dict.fromkeys(ran), key=lambda v: v != "O1") + ["O1"]  # a push that ran, O1 first
+    out["recommended"] = next((chosen[v] for v in order if v in chosen), None)
+    return out
+
+
+def _base_slice(summary: dict[str, Any], slices: dict[str, dict[str, Any]]) -> str:
+    """The slice the headline speaks for: the one of the W sweep's top-level ``critical`` values (the preset's own
+    values of the other keys), else the first."""
+    for c in (summary.get("critical") or {}).values():
+        label = point_label(_slice_of(c.get("slice") or {}))
+        if label in slices:
+            return label
+    return next(iter(slices), "")
+
+
+def _strengths(summary: dict[str, Any], point: dict[str, Any]) -> list[CriticalStrength]:
+    """The labelled strengths of the slice ``point`` belongs to (``critical_strength`` of the summary)."""
+    block = summary.get("critical_strength") or strength_block(summary)
+    entry = block["slices"].get(point_label(_slice_of(point))) or {}
+    return [CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
+
+
+def critical_lines(summary: dict[str, Any]) -> list[str]:
+    """The terminal's critical-strength lines: one per slice of the grid (every slice of a multi-key sweep) and
+    push (O1, C2 at its M) — the recommended W with its kind and source, the other kinds' numbers — and, for a W
+    sweep, whether the first-order prediction is within the tolerance of the measured W."""
+    block = summary.get("critical_strength") or strength_block(summary)
+    lines = []
+    for label, entry in block["slices"].items():
+        strengths = [CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
+        for m in dict.fromkeys(x.m for x in strengths):
+            text = recommendation_text(strengths, m)
+            if text is None:
+                continue
+            where = f" at {label}" if label else ""
+            lines.append(f"critical W{where}: {text}{_tolerance_text(summary, entry['point'], m)}")
+    return lines
+
+
+def _tolerance_text(summary: dict[str, Any], sl: dict[str, Any], m: float | None) -> str:
+    """``; first-order prediction within the tolerance 0.105 of the measured W (o1)`` for the W-sweep methods of
+    this slice and M."""
+    out = []
+    for method, c in (summary.get("critical") or {}).items():
+        for entry in (c.get("by_slice") or {}).values():
+            ok = entry.get("predicted_w_within_tolerance")
+            if ok is None or _slice_of(entry.get("point") or {}) != sl or _num(entry.get("m")) != m:
+                continue
+            out.append(f"; predicted {_f(entry.get('predicted_w'))} is {'within' if ok else 'outside'} the tolerance "
+                       f"{_f(entry.get('tolerance'))} of the measured W ({method})")
+    return "".join(out)
+
+
 def headline(summary: dict[str, Any]) -> str:
     """One line that says what happened: the core's verdict (:func:`stare_lab.verdict.verdict`: which methods
-    collapsed, which STARE settings held the band and at what reward, which did not), then the critical W when the
-    sweep measured it."""
+    collapsed, which STARE settings held the band and at what reward, which did not), then the one recommended
+    critical W with its kind (``critical_strength.recommended``, :func:`strength_block`)."""
     facts = group_facts(summary)
     groups = [{"label": label, "method": f["method"], "stare": f["stare"], "n": f["n"], "held": f["held"],
                "collapsed": f["collapsed"], **{k: v for k, v in f["mean"].items() if k not in ("held", "collapsed")},
                "slice": {k: v for k, v in f["point"].items() if not k.startswith("loss.stare.")}}
               for label, f in facts.items()]
     parts = [verdict(groups, per_setting="critical" not in summary)] if groups else []
-    for method, c in (summary.get("critical") or {}).items():
-        meas = "none of the grid" if c.get("measured_w") is None else _f(c.get("measured_w"), "g")
-        parts.append(f"critical W ({method}): measured {meas}, first-order prediction {_f(c.get('predicted_w'))}"
-                     f" (GRPO-only estimate at the crossing {_f(c.get('predicted_w_grpo'))})")
+    block = summary.get("critical_strength") or strength_block(summary)
+    rec = block.get("recommended")
+    if rec:
+        rec = CriticalStrength.from_dict(rec)
+        where = point_label(block.get("slice") or {})
+        many = len(block.get("slices") or {}) > 1
+        parts.append(f"recommended W for {rec.variant}{' at ' + where if where else ''}: {rec.describe()}"
+                     + ("; every slice below" if many else ""))
     return "; ".join(parts) if parts else "no runs"
 
 
@@ -158,8 +278,26 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          f"{_f(m.get('target_entropy'))}), so {label} not holding the band is not a sign of a weak "
                          "push: there is no drift below the target to cancel; run more steps or lower the target")
             continue
-        notes.append(_weak_push_note(label, g, st, ref))
+        notes.append(_weak_push_note(label, g, st, ref, summary))
+    notes += _cap_notes(facts)
     notes += _grid_direction_notes(facts)
+    return notes
+
+
+def _cap_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
+    """A note for every adaptive group that held the band with W near its cap (:func:`stare_lab.verdict.near_cap`):
+    the mean W over the second half and the share of those steps at the cap, and what that means."""
+    notes = []
+    for label, g in facts.items():
+        st = g["stare"]
+        if st is None or not st.get("adaptive") or g["held"] != g["n"]:
+            continue
+        text = cap_text({"stare": st, **g["mean"]})
+        if text:
+            notes.append(f"note: {label} held the band with W near its cap ({text}, seed means): the schedule has "
+                         f"little headroom left, so a harder drift (another task, sampling noise, a longer run) can "
+                         f"break it; set stare.w_max above {_f(st.get('w_max'), 'g')} for a margin, or a fixed "
+                         "stare.reweight_w at the recommended critical W (docs/theory.md §7)")
     return notes
 
 
@@ -170,13 +308,27 @@ def _raise_tip(st: dict[str, Any], w: float) -> str:
     return f"stare.reweight_w ≥ {w:.2f} or o1-adaptive"
 
 
-def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict[str, Any] | None) -> str:
+def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict[str, Any] | None,
+                    summary: dict[str, Any]) -> str:
     """Case 4 of the module docstring: a group in the regime, gate opened, GRPO fell, band not held."""
     head = f"note: {label} did not hold the band on {g['n'] - g['held']}/{g['n']} seeds"
     crossing, steps = _seed_median(g, "crossing_step"), _seed_median(g, "steps")
     if crossing is not None and steps and crossing > steps / 2:
         return (f"{head}: its entropy first reached H_tgt at step {crossing:.0f} of {steps:.0f}, inside the second "
                 "half over which the band is judged, so the controller had no time to settle; run more steps")
+    w_now = _num(st.get("reweight_w")) or 1.0
+    if st.get("adaptive"):
+        w_now = _num(st.get("w_max")) or w_now
+    capped = cap_text({"stare": st, **g["mean"]}) if st.get("adaptive") else None
+    cap = f" (its W sat near the cap: {capped})" if capped else ""
+    strengths = _strengths(summary, g["point"])
+    rec = recommend(strengths, _m_of(st))
+    if rec is not None and rec.kind != "conservative" and (rec.w is None or rec.w > w_now):
+        target = rec.w if rec.w is not None else rec.low
+        also = recommendation_text(strengths, _m_of(st)).partition("; also: ")[2]
+        return (f"{head}: at {push_label(st)} the push is below the critical strength{cap}: recommended W "
+                f"{rec.describe()}" + (f"; also: {also}" if also else "") + f"; try {_raise_tip(st, target)}"
+                " (docs/theory.md §7)")
     c2 = st.get("variant") == "C2"
     # W* where the entropy first crosses H_tgt: the group's own value (with its M for C2; the trajectory equals
     # GRPO's up to the crossing), else GRPO's (M = 1)
@@ -184,7 +336,6 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
     if est is None or not c2:
         est = (_seed_median(ref, "w_star_at_crossing") if ref else None) or est
     est_what = f"with M={_f(st.get('reweight_m'), 'g')}" if c2 and _seed_median(g, "w_star_at_crossing") else "for O1"
-    w_now = _num(st.get("reweight_w")) or 1.0
     own = _seed_median(g, "critical_w")  # the first-order critical W along this group's own runs (second half)
     if est is not None and est <= w_now and own is not None and own > w_now:
         return (f"{head}: at {push_label(st)} the push is below the critical strength along its own runs (first-order "
@@ -197,11 +348,12 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
                 "order (sampling noise, ∝ lr²), which the D terms leave out; try a larger push "
                 f"({'stare.w_max / stare.m_min' if st.get('adaptive') else 'stare.reweight_w / reweight_m, o1-adaptive'})"
                 " or a smaller lr (docs/theory.md §7)")
-    est_s = (f" (the conservative first-order estimate {est_what} where the entropy crosses H_tgt, median over "
-             f"seeds: W* ≈ {est:.2f})") if est is not None else ""
+    est_s = (f" (recommended: the conservative first-order estimate {est_what} where the entropy crosses H_tgt, "
+             f"median over seeds: W* ≈ {est:.2f})") if est is not None else ""
     tip = _raise_tip(st, est) if est is not None else (
         "a larger stare.w_max" if st.get("adaptive") else "a larger stare.reweight_w / smaller reweight_m or o1-adaptive")
-    return f"{head}: at {push_label(st)} the push is below the critical strength{est_s}; try {tip} (docs/theory.md §7)"
+    return (f"{head}: at {push_label(st)} the push is below the critical strength{cap}{est_s}; try {tip} "
+            "(docs/theory.md §7)")
 
 
 def _grpo_fell(ref: dict[str, Any]) -> bool:

@@ -38,8 +38,10 @@ def run_stats(
     final_entropy: float | None = None,
     reweight_m: float = 1.0,
     window: int = 1,
+    w_max: float | None = None,
 ) -> dict[str, Any]:
-    """:func:`stare_lab.summary.run_summary` of ``rows`` with these settings plus
+    """:func:`stare_lab.summary.run_summary` of ``rows`` with these settings (``w_max``: the adaptive schedule's
+    cap on W, None for a run without it) plus
     :func:`stare_lab.critical.decomposition_summary` (``reweight_m``: the run's M for C2, 1 for O1; ``window``: D
     terms summed over that many steps) — a dict with :data:`STAT_KEYS`.
 
@@ -47,7 +49,7 @@ def run_stats(
     the last entropy plus its measured change there; a given value that differs from it by more than rounding is
     logged as a warning (it means the rows lack the last ``entropy_change``).
     """
-    out = run_summary(rows, target_entropy=target_entropy, band=band, collapse_frac=collapse_frac)
+    out = run_summary(rows, target_entropy=target_entropy, band=band, collapse_frac=collapse_frac, w_max=w_max)
     derived = out["final_entropy"]
     if final_entropy is not None and not (derived is not None and math.isclose(final_entropy, derived,
                                                                                rel_tol=1e-12, abs_tol=1e-15)):

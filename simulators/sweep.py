@@ -9,7 +9,9 @@ Layout written under ``out``::
     out/summary.json               per group (a method, or a method at one grid point): every seed's statistics
                                    (simulators.run_stats) and their mean over seeds; with a W grid the critical
                                    strength (``critical.<method>``, :func:`simulators.grid.critical_summary`); the
-                                   headline and the notes (:mod:`simulators.notes`)
+                                   labelled critical strengths and the recommended one (``critical_strength``,
+                                   :func:`simulators.notes.strength_block`); the headline and the notes
+                                   (:mod:`simulators.notes`)
     out/figures/                   the report and its figures (``stare-lab simulate`` asks the analysis wing for
                                    them; :mod:`simulators.cli`)
 
@@ -48,7 +50,7 @@ from stare_lab.verdict import group_outcome
 from . import tabular, transformer
 from .driver import check_resume
 from .grid import critical_summary, method_points, parse_grid, point_label
-from .notes import headline, sweep_notes
+from .notes import headline, strength_block, sweep_notes
 from .parallel import check_memory, run_many
 from .presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
 from .run_stats import STAT_KEYS
@@ -469,16 +471,26 @@ def run_sweep(
     }
     if plan.grid:
         summary["sweep"] = {"grid": [[k, v] for k, v in plan.grid]}
-        crit_groups = {label: {**e, "is_stare": e["stare"]} for label, e in per_group.items()}
+        crit_groups = {label: {**e, "is_stare": e["stare"], **_push_of(plan.configs[(label, plan.seeds[0])])}
+                       for label, e in per_group.items()}
         critical = critical_summary(crit_groups, plan.grid, summary["band"], _base_point(plan))
         if critical:
             summary["critical"] = critical
+    summary["critical_strength"] = strength_block(summary)
     summary["notes"] = sweep_notes(summary)
     summary["headline"] = headline(summary)
     tmp = plan.out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, plan.out / "summary.json")
     return summary
+
+
+def _push_of(config: Any) -> dict[str, Any]:
+    """``{"m": C2's M or None, "adaptive": bool}`` of a run config (the push a critical strength is for)."""
+    st = config.loss.stare
+    stare = loss_needs(config.loss.loss_mode, config.loss).stare
+    c2 = stare and str(st.variant).upper() == "C2" and float(st.reweight_m) != 1.0
+    return {"m": float(st.reweight_m) if c2 else None, "adaptive": bool(stare and st.adaptive)}
 
 
 def _base_point(plan: SweepPlan) -> dict[str, Any]:
@@ -513,7 +525,7 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 def format_table(summary: dict[str, Any]) -> str:
     """The end-of-sweep table: per group (mean over seeds) initial / final entropy (nats), H_tgt, steps to
     collapse (mean over the seeds that collapsed, and how many did), final reward, time in band, the mean
-    |H − H_tgt| over the second half and how many seeds held the band (it < band), the push ratio (STARE's measured
+    |H − H_tgt| over the second half and how many seeds held the band (:func:`stare_lab.summary.band_held`), the push ratio (STARE's measured
     one-step effect over its first-order size) and the R² of measured on predicted one-step ΔH."""
     n_seeds = len(summary["seeds"])
     width = max([15] + [len(k) + 2 for k in summary["methods"]])
@@ -541,7 +553,8 @@ def format_table(summary: dict[str, Any]) -> str:
 TABLE_LEGEND = (
     "H0 / H_end: entropy (nats) at the first / last step; collapse@: first step with H < 10 % of H0 (seeds that "
     "collapsed / all); in_band: share of steps with |H - H_tgt| <= 0.05 nats; |H-Ht|: mean |H - H_tgt| over the "
-    "second half; held: seeds with |H-Ht| < 0.05 (the band held); push: STARE's measured one-step effect / its "
+    "second half; held: seeds that held the band (|H-Ht| < min(0.05, H_tgt/4) and final H >= H_tgt/2, so a "
+    "collapsed run never counts); push: STARE's measured one-step effect / its "
     "first-order size (median; below 0.8 the step size is outside the theory's regime; for runs whose gate never "
     "opened a probe that is not applied); R2(dH): R^2 of the measured on the predicted one-step entropy change"
 )

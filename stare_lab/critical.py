@@ -23,17 +23,30 @@ like ``entropy``): :data:`KEY_D_GRPO`, :data:`KEY_D_LPLUS`, :data:`KEY_D_LMINUS`
 In a sampled run (finite G) each step's D terms carry sampling noise; ``window`` > 1 sums them over consecutive
 steps before the ratio is taken (a ratio of sums, not a mean of ratios), which is what a band criterion averaged
 over many steps responds to.
+
+**One critical strength, four kinds** (docs/theory.md §7). Every output (the terminal, ``summary.json``, the
+report, ``report.json``, ``stare-lab promote``) names a critical W as a :class:`CriticalStrength` of one of the
+kinds of :data:`STRENGTH_KINDS` — *measured* (the smallest W of a W sweep held on every seed,
+:func:`measured_strength`), *calibrated* (measured on a toy calibrated to the target model's probe,
+``calibration.json``: :mod:`stare_lab.regime`), *predicted* (first order along held runs) and *conservative* (W* where
+GRPO crosses H_tgt) — and :func:`recommend` picks the one W to act on by that order of precedence.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+from .errors import ConfigError, DataError
+from .summary import band_held, held_band
 
 __all__ = [
     "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS", "KEY_D_RATIO", "KEY_LPLUS_ABOVE", "KEY_W_STAR", "w_star", "w_star_series", "critical_w", "w_star_at_crossing",
     "measured_critical_w", "tolerance", "decomposition_summary", "DECOMPOSITION_KEYS", "REGIME_RATIO",
+    "STRENGTH_KINDS", "KIND_MEANING", "CriticalStrength", "recommend", "measured_strength", "strength_from_values",
+    "recommendation_text", "variant_label", "run_strengths",
 ]
 
 KEY_D_GRPO = "pred/d_grpo"
@@ -158,10 +171,16 @@ def w_star_at_crossing(
     return cross, w_star(_sums(d_grpo, a, b), _sums(d_lplus, a, b), lm, m)
 
 
-def measured_critical_w(deviations: Mapping[float, Sequence[float | None]], band: float) -> float | None:
-    """The critical W measured on a grid: the smallest grid W whose runs hold the band on every seed, i.e. every
-    seed's mean |H − H_tgt| over the second half is below ``band`` (nats). ``deviations`` maps each grid W to the
-    per-seed deviations (``None`` = not measured: that W does not hold). ``None`` if no grid W holds."""
+def measured_critical_w(
+    deviations: Mapping[float, Sequence[float | None]], band: float, target_entropy: float | None = None,
+) -> float | None:
+    """The critical W measured on a grid from the band deviations alone: the smallest grid W whose every seed's
+    mean |H − H_tgt| over the second half is below ``band`` (nats) — below the held band min(band, H_tgt/4)
+    (:func:`stare_lab.summary.held_band`) when ``target_entropy`` is given. ``deviations`` maps each grid W to the
+    per-seed deviations (``None`` = not measured: that W does not hold). ``None`` if no grid W holds. The full
+    held test (final entropy too) needs the runs' summaries: :func:`measured_strength`."""
+    if target_entropy is not None:
+        band = held_band(band, target_entropy)
     held = [w for w, devs in deviations.items() if devs and all(_finite(d) and d < band for d in devs)]
     return min(held) if held else None
 
@@ -217,4 +236,244 @@ def decomposition_summary(
         step, w = w_star_at_crossing([num(r.get("entropy")) for r in rows], target_entropy, dg, dl, dm, m, window)
         out["crossing_step"] = rows[step].get("step") if step is not None else None
         out["w_star_at_crossing"] = num(w)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one critical strength, four kinds (docs/theory.md §7)
+# ----------------------------------------------------------------------------------------------------------------
+
+#: the kinds of critical strength, in the order of precedence of :func:`recommend` (docs/theory.md §7)
+STRENGTH_KINDS = ("measured", "calibrated", "predicted", "conservative")
+#: what each kind is, as every output says it
+KIND_MEANING = {
+    "measured": "smallest W held on every seed of a W sweep",
+    "calibrated": "measured on a toy calibrated to the target model's probe",
+    "predicted": "first order: largest W*(t) over the second half of held runs",
+    "conservative": "first order: W* where GRPO crosses H_tgt",
+}
+
+
+def _opt_number(name: str, value: Any, allow_inf: bool) -> float | None:
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if not ok or (math.isinf(value) and not allow_inf):
+        raise ConfigError(f"critical strength {name}={value!r} must be a {'number' if allow_inf else 'finite number'}"
+                          " or None")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalStrength:
+    """One critical STARE strength, labelled with its kind and source (docs/theory.md §7).
+
+    Attributes:
+        kind: one of :data:`STRENGTH_KINDS`.
+        w: the critical W (≥ 1; ``math.inf`` when no W cancels the drift); None when a W sweep found no grid W that
+            held (then ``low`` is the largest grid W tried: the critical W is above it).
+        m: the M (C2) this W goes with; None for O1 (M = 1 is stored as None).
+        low, high: the range of the estimate — *measured*: the largest grid W below ``w`` that did not hold (None
+            if ``w`` is the smallest grid W) and ``w`` itself, the critical W lies in (low, high]; *predicted* /
+            *conservative*: the least and largest value over the runs (seeds); *calibrated*: the calibration's
+            uncertainty range.
+        source: where the number comes from, in words (method, slice, runs, file).
+
+    Raises:
+        ConfigError: an unknown kind, or a value that is not a number.
+    """
+
+    kind: str
+    w: float | None
+    m: float | None = None
+    low: float | None = None
+    high: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRENGTH_KINDS:
+            raise ConfigError(f"critical strength kind={self.kind!r} is not one of {{{', '.join(STRENGTH_KINDS)}}}")
+        object.__setattr__(self, "w", _opt_number("w", self.w, True))
+        m = _opt_number("m", self.m, False)
+        object.__setattr__(self, "m", None if m == 1.0 else m)
+        object.__setattr__(self, "low", _opt_number("low", self.low, True))
+        object.__setattr__(self, "high", _opt_number("high", self.high, True))
+        object.__setattr__(self, "source", str(self.source))
+
+    @property
+    def variant(self) -> str:
+        """``O1`` or ``C2 (M=0.9)``: the push this W is for (:func:`variant_label`)."""
+        return variant_label(self.m)
+
+    def range_text(self) -> str:
+        """The range in words: ``(1.1, 1.3]`` (measured), ``> 1.5`` (measured, no grid W held), ``1.25–1.4``."""
+        f = lambda x: f"{x:.3g}"  # noqa: E731
+        if self.kind == "measured":
+            if self.w is None:
+                return f"> {f(self.low)} (no grid W held)" if self.low is not None else "no grid W held"
+            return f"({f(self.low)}, {f(self.w)}]" if self.low is not None else f"≤ {f(self.w)}"
+        if self.low is None or self.high is None or self.low == self.high:
+            return ""
+        return f"{f(self.low)}–{f(self.high)}"
+
+    def value_text(self, with_m: bool = True) -> str:
+        """``1.3``, ``1.3 at M=0.9``, ``above 1.5`` (measured, no grid W held) or ``inf`` (no W cancels the drift)."""
+        if self.w is None:
+            w = f"above {self.low:.3g}" if self.low is not None else "none"
+        else:
+            w = f"{self.w:.3g}"
+        return w + (f" at M={self.m:g}" if with_m and self.m is not None else "")
+
+    def describe(self, with_m: bool = True) -> str:
+        """``1.3 (measured: smallest W held on every seed of a W sweep; range (1.1, 1.3]; o1 W sweep …)`` — the
+        number (with its M unless ``with_m`` is False), its kind and meaning, the range and the source: how every
+        output names it."""
+        parts = [KIND_MEANING[self.kind]]
+        rng = self.range_text()
+        if rng:
+            parts.append(f"range {rng}")
+        if self.source:
+            parts.append(self.source)
+        return f"{self.value_text(with_m)} ({self.kind}: {'; '.join(parts)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"kind", "w", "m", "low", "high", "source", "meaning"}`` (the form of ``summary.json`` / ``report.json``
+        / the promote provenance; ``meaning`` = :data:`KIND_MEANING` of the kind)."""
+        return {**dataclasses.asdict(self), "meaning": KIND_MEANING[self.kind]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CriticalStrength":
+        """The record :meth:`to_dict` wrote (``meaning`` and unknown keys ignored).
+
+        Raises:
+            DataError: ``data`` is not a mapping, lacks ``kind``, or holds a bad kind or value.
+        """
+        if not isinstance(data, Mapping) or "kind" not in data:
+            raise DataError(f"critical strength {data!r} must be a mapping with a 'kind' (one of "
+                            f"{', '.join(STRENGTH_KINDS)})")
+        try:
+            return cls(data["kind"], data.get("w"), data.get("m"), data.get("low"), data.get("high"),
+                       data.get("source") or "")
+        except ConfigError as err:
+            raise DataError(str(err)) from None
+
+
+def variant_label(m: float | None) -> str:
+    """``O1`` for M None / 1, else ``C2 (M=0.9)``."""
+    return "O1" if m is None or m == 1.0 else f"C2 (M={m:g})"
+
+
+def _same_m(a: float | None, b: float | None) -> bool:
+    a = None if a == 1.0 else a
+    b = None if b == 1.0 else b
+    return a == b or (a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12))
+
+
+def recommend(strengths: Iterable[CriticalStrength], m: float | None = None) -> CriticalStrength | None:
+    """The one critical W to act on among ``strengths`` for the push with M = ``m`` (None: O1), all about the same
+    system (task, lr, sampling): by precedence measured > calibrated > predicted > conservative
+    (:data:`STRENGTH_KINDS`, docs/theory.md §7), within one kind the largest W (the safe side). A measured record
+    with no held grid W (``w`` None, ``low`` = the largest W tried) rules out every estimate at or below ``low``;
+    when it rules them all out it is itself returned (its W: "above ``low``").
+
+    Returns:
+        The chosen record, or None when ``strengths`` holds none for this M.
+    """
+    cands = [s for s in strengths if _same_m(s.m, m)]
+    bound = max((s.low for s in cands if s.kind == "measured" and s.w is None and s.low is not None), default=None)
+    for kind in STRENGTH_KINDS:
+        ok = [s for s in cands if s.kind == kind and s.w is not None and (bound is None or s.w > bound)]
+        if ok:
+            return max(ok, key=lambda s: s.w)
+    return next((s for s in cands if s.kind == "measured"), None)
+
+
+def measured_strength(
+    held_by_w: Mapping[float, Sequence[bool | None]], m: float | None = None, source: str = "",
+) -> CriticalStrength | None:
+    """The *measured* critical strength of a W grid: the smallest grid W whose runs all held the band
+    (:func:`stare_lab.summary.band_held` of each run: ``True``; None or False is a miss), with ``low`` the largest
+    grid W below it that did not hold. No grid W held: ``w`` None and ``low`` the largest grid W (the critical W is
+    above it). None for an empty grid."""
+    if not held_by_w:
+        return None
+    ws = sorted(float(w) for w in held_by_w)
+    held = {float(w): bool(v) and all(x is True for x in v) for w, v in held_by_w.items()}
+    found = next((w for w in ws if held[w]), None)
+    if found is None:
+        return CriticalStrength("measured", None, m, ws[-1], None, source)
+    below = [w for w in ws if w < found and not held[w]]
+    return CriticalStrength("measured", found, m, below[-1] if below else None, found, source)
+
+
+def strength_from_values(
+    kind: str, values: Iterable[float | None], m: float | None = None, source: str = "",
+) -> CriticalStrength | None:
+    """A *predicted* / *conservative* (or *calibrated*) strength from per-run values: W the median, ``low`` /
+    ``high`` the least / largest (None and NaN skipped, ``inf`` kept: no W cancels the drift there). None if no
+    value is left."""
+    vals = sorted(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+                  and not math.isnan(v))
+    if not vals:
+        return None
+    return CriticalStrength(kind, statistics.median(vals), m, vals[0], vals[-1], source)
+
+
+def recommendation_text(strengths: Sequence[CriticalStrength], m: float | None = None) -> str | None:
+    """``recommended W for O1: 1.3 (measured: …); also: predicted 1.33, conservative 1.35`` (one line: the
+    recommendation of :func:`recommend` with its kind, then the other kinds' numbers), or None without any."""
+    rec = recommend(strengths, m)
+    if rec is None:
+        return None
+    head = f"recommended W for {variant_label(m)}: {rec.describe(with_m=False)}"
+    others = [s for s in strengths if s is not rec and _same_m(s.m, m) and s.w is not None]
+    if others:
+        head += "; also: " + ", ".join(f"{s.kind} {s.value_text(with_m=False)}" for s in sorted(
+            others, key=lambda s: STRENGTH_KINDS.index(s.kind)))
+    return head
+
+
+def _labels(names: Sequence[str]) -> str:
+    names = list(dict.fromkeys(names))
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]:
+    """The *predicted* and *conservative* strengths of a set of runs (no W sweep needed), per M.
+
+    Args:
+        groups: each ``{"label", "stare": bool (the loss uses the STARE gate and W/M), "m": C2's M or None (O1 and
+            baselines), "runs": [run summaries]}``; a run summary has ``critical_w``, ``w_star_at_crossing`` and
+            the band keys of :func:`stare_lab.summary.band_held` (``summary.json`` of any source).
+
+    Returns:
+        *predicted* for each M: the median over the runs that held the band (:func:`~stare_lab.summary.band_held`)
+        of every STARE group with that M of their ``critical_w`` (largest W*(t) over the second half);
+        *conservative* for O1 (also without an O1 STARE group: a GRPO run alone gives it): the median over the
+        baseline groups' runs (GRPO) of ``w_star_at_crossing``, else —
+        without a baseline — over the O1 STARE groups' runs (the gate is off until the crossing, so their trajectory
+        is GRPO's up to there); for C2 at M: over the C2 groups' own runs (W* with their M). Low / high: the range
+        over those runs.
+    """
+    out: list[CriticalStrength] = []
+    ms: list[float | None] = [None] if any(not g.get("stare") for g in groups) else []
+    for g in groups:
+        if g.get("stare") and not any(_same_m(g.get("m"), x) for x in ms):
+            ms.append(None if g.get("m") in (None, 1.0) else float(g["m"]))
+    for m in ms:
+        mine = [g for g in groups if g.get("stare") and _same_m(g.get("m"), m)]
+        held = [(g["label"], r) for g in mine for r in g.get("runs") or [] if band_held(r)]
+        pred = strength_from_values("predicted", [r.get("critical_w") for _, r in held], m,
+                                    f"{len(held)} held runs of {_labels([lab for lab, _ in held])}")
+        if pred is not None:
+            out.append(pred)
+        base = [g for g in groups if not g.get("stare")] if m is None else []
+        src = base or mine
+        runs = [r for g in src for r in g.get("runs") or []]
+        cons = strength_from_values(
+            "conservative", [r.get("w_star_at_crossing") for r in runs], m,
+            f"{len(runs)} runs of {_labels([g['label'] for g in src])}"
+            + (" (GRPO's trajectory up to the crossing: the gate is off until then)" if not base else ""))
+        if cons is not None:
+            out.append(cons)
     return out

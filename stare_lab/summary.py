@@ -23,7 +23,15 @@ The definitions, chosen once (where the three earlier copies differed, the choic
 * ``time_in_band``: the fraction of the rows with a finite entropy whose |H − H_tgt| ≤ band — a closed band, so
   H_tgt ± band both count. (The report used < band.)
 * ``mean_abs_dev_second_half``: the mean |H − H_tgt| over the finite entropies of the rows from ⌊n/2⌋ on.
+* ``held``: whether the run **held the band** (:func:`band_held`, docs/theory.md §7): its mean |H − H_tgt| over the
+  second half is below the held band min(band, :data:`BAND_REL` · H_tgt) *and* its final entropy is at least
+  :data:`HELD_FINAL_FRAC` · H_tgt. The band shrinks with a small target so that a run whose entropy collapsed never
+  counts as held (with the fixed 0.05-nat band, a GRPO run that fell to 0 counted as held once H_tgt ≲ 0.1); the
+  final-entropy clause catches a run that held most of the second half and then collapsed. None without a target.
 * ``gate_on_frac``: the mean of the finite ``gate_on`` values (booleans count 0/1).
+* ``w_mean_second_half`` / ``w_cap_share`` (adaptive W schedule only, ``w_max`` given): the mean of the finite
+  ``stare_w`` over the rows from ⌊n/2⌋ on, and the share of those rows whose W is at the cap (W ≥ w_max − 1e-9):
+  a band held with W at its cap has no headroom left. None for a run without the adaptive schedule.
 * ``pred_*``: :func:`fit_prediction` of the measured ``entropy_change`` on ``pred_entropy_change``: the line needs
   at least :data:`MIN_FIT_PAIRS` = 3 pairs (a line through 2 points fits them exactly: R² = 1 says nothing) and a
   non-constant prediction; R² as ``scipy.stats.linregress`` gives it (r², 0 for a constant measurement). (The
@@ -48,6 +56,10 @@ __all__ = [
     "MIN_FIT_PAIRS",
     "DEFAULT_BAND",
     "DEFAULT_COLLAPSE_FRAC",
+    "BAND_REL",
+    "HELD_FINAL_FRAC",
+    "held_band",
+    "band_held",
     "run_summary",
     "summary_settings",
     "fit_prediction",
@@ -72,7 +84,10 @@ SUMMARY_KEYS = (
     "final_accuracy",
     "time_in_band",
     "mean_abs_dev_second_half",
+    "held",
     "gate_on_frac",
+    "w_mean_second_half",
+    "w_cap_share",
     "pred_n",
     "pred_slope",
     "pred_intercept",
@@ -88,6 +103,13 @@ MIN_FIT_PAIRS = 3
 DEFAULT_BAND = 0.05
 #: Default collapse fraction: collapsed below 10 % of the initial entropy.
 DEFAULT_COLLAPSE_FRAC = 0.1
+#: The band a run must hold is at most this fraction of H_tgt wide (half-width): a run held in it has a mean entropy
+#: over the second half of at least (1 − BAND_REL)·H_tgt, so a collapsed run (H → 0: deviation ≈ H_tgt) never holds.
+BAND_REL = 0.25
+#: A run whose final entropy is below this fraction of H_tgt did not hold the band, whatever its mean deviation.
+HELD_FINAL_FRAC = 0.5
+#: W within this of w_max counts as at the cap (the adaptive schedule clips W to exactly w_max)
+CAP_TOL = 1e-9
 
 
 def number(value: Any) -> float | None:
@@ -184,6 +206,37 @@ def fit_prediction(predicted: Iterable[Any], measured: Iterable[Any]) -> dict[st
     return out
 
 
+def held_band(band: float, target_entropy: float) -> float:
+    """The half-width (nats) of the band a run must hold: min(``band``, :data:`BAND_REL` · H_tgt) (docs/theory.md §7).
+    Equals ``band`` for H_tgt ≥ 4·band (0.2 nats at the default 0.05)."""
+    return min(float(band), BAND_REL * float(target_entropy))
+
+
+def band_held(summary: Mapping[str, Any]) -> bool | None:
+    """Whether a run held the band, from its summary statistics (``mean_abs_dev_second_half``, ``target_entropy``,
+    ``band``, ``final_entropy``; the module docstring's ``held``): mean |H − H_tgt| over the second half <
+    :func:`held_band` and final entropy ≥ :data:`HELD_FINAL_FRAC` · H_tgt. None when the deviation or the target is
+    missing (no band criterion: not held either). Works on any ``summary.json`` written before ``held`` existed."""
+    dev, target = number(summary.get("mean_abs_dev_second_half")), number(summary.get("target_entropy"))
+    if dev is None or target is None:
+        return None
+    band = number(summary.get("band"))
+    final = number(summary.get("final_entropy"))
+    return dev < held_band(DEFAULT_BAND if band is None else band, target) and (
+        final is None or final >= HELD_FINAL_FRAC * target)
+
+
+def _w_stats(rows: Sequence[Mapping[str, Any]], w_max: Any) -> tuple[float | None, float | None]:
+    """``(w_mean_second_half, w_cap_share)`` of the module docstring; (None, None) without ``w_max`` or W."""
+    cap = number(w_max)
+    if cap is None:
+        return None, None
+    ws = [x for x in (number(r.get("stare_w")) for r in rows[len(rows) // 2:]) if x is not None]
+    if not ws:
+        return None, None
+    return sum(ws) / len(ws), sum(w >= cap - CAP_TOL for w in ws) / len(ws)
+
+
 def _check_settings(target_entropy: Any, band: Any, collapse_frac: Any) -> float | None:
     if number(band) is None or band < 0:
         raise ConfigError(f"band={band!r} must be a finite number >= 0 (nats)")
@@ -199,6 +252,7 @@ def run_summary(
     target_entropy: float | None = None,
     band: float = DEFAULT_BAND,
     collapse_frac: float = DEFAULT_COLLAPSE_FRAC,
+    w_max: float | None = None,
 ) -> dict[str, Any]:
     """A run's summary statistics from its metrics rows (definitions in the module docstring).
 
@@ -207,6 +261,8 @@ def run_summary(
         target_entropy: H_tgt (nats); None, or a non-finite / negative value, → no band statistics (None).
         band: half-width (nats) of the band around H_tgt, ≥ 0.
         collapse_frac: the collapse threshold as a fraction of the initial entropy, in [0, 1].
+        w_max: the adaptive schedule's cap on W (``loss.stare.w_max``) for a run with ``loss.stare.adaptive``;
+            None otherwise (then ``w_mean_second_half`` / ``w_cap_share`` are None).
 
     Returns:
         A dict with exactly :data:`SUMMARY_KEYS`; plain Python numbers or None (JSON-ready).
@@ -226,6 +282,7 @@ def run_summary(
     out["gate_on_frac"] = sum(gates) / len(gates) if gates else None
     walls = [x for x in (number(v) for v in col("time/step_s")) if x is not None]
     out["wall_s"] = sum(walls) if walls else None
+    out["w_mean_second_half"], out["w_cap_share"] = _w_stats(rows, w_max)
     fit = fit_prediction(col("pred_entropy_change"), col("entropy_change"))
     out.update(pred_n=fit["n"], pred_slope=fit["slope"], pred_intercept=fit["intercept"], pred_r2=fit["r2"],
                pred_rel_err=fit["rel_err"])
@@ -238,6 +295,7 @@ def run_summary(
         out["time_in_band"] = fraction_in_band(h, target, band)
         half = [x for x in (number(v) for v in ent_raw[len(rows) // 2:]) if x is not None]
         out["mean_abs_dev_second_half"] = sum(abs(x - target) for x in half) / len(half) if half else None
+        out["held"] = band_held(out)
     return out
 
 
@@ -245,11 +303,14 @@ def summary_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """The summary settings of a run from its resolved config (``config.yaml`` as a dict, docs/design.md §4):
     ``target_entropy`` = ``loss.stare.target_entropy``; ``band`` and ``collapse_frac`` = the top-level keys of
     those names when the source has them (the tabular simulator), else :data:`DEFAULT_BAND` /
-    :data:`DEFAULT_COLLAPSE_FRAC`. Pass the result to :func:`run_summary` as keywords."""
+    :data:`DEFAULT_COLLAPSE_FRAC`; ``w_max`` = ``loss.stare.w_max`` when ``loss.stare.adaptive`` is true, else None.
+    Pass the result to :func:`run_summary` as keywords."""
     config = config if isinstance(config, Mapping) else {}
     stare = (config.get("loss") or {}).get("stare") if isinstance(config.get("loss"), Mapping) else None
     target = stare.get("target_entropy") if isinstance(stare, Mapping) else None
     band, frac = config.get("band"), config.get("collapse_frac")
+    adaptive = isinstance(stare, Mapping) and stare.get("adaptive") is True
     return {"target_entropy": number(target),
             "band": float(band) if number(band) is not None else DEFAULT_BAND,
-            "collapse_frac": float(frac) if number(frac) is not None else DEFAULT_COLLAPSE_FRAC}
+            "collapse_frac": float(frac) if number(frac) is not None else DEFAULT_COLLAPSE_FRAC,
+            "w_max": number(stare.get("w_max")) if adaptive else None}

@@ -8,8 +8,13 @@ Definitions, per group of runs (one method or one setting, several seeds), from 
 
 * a run **collapsed** when its ``steps_to_collapse`` is set (its entropy fell below ``collapse_frac`` × its initial
   entropy);
-* a run **held the band** when ``mean_abs_dev_second_half`` (mean |H − H_tgt| over the second half) is below its
-  ``band`` (the half-width, 0.05 nats by default); a group held it when every seed did;
+* a run **held the band** when :func:`stare_lab.summary.band_held` says so: its mean |H − H_tgt| over the second
+  half is below min(``band``, H_tgt/4) (``band`` the half-width, 0.05 nats by default) and its final entropy is at
+  least H_tgt/2 — a run whose entropy collapsed never counts as held, however small H_tgt (docs/theory.md §7); a
+  group held it when every seed did;
+* an adaptive group (``stare.adaptive``) that held the band **with W near its cap** — mean W over the second half
+  at least :data:`NEAR_CAP` of the way from 1 to ``w_max``, or W at the cap on at least :data:`CAP_SHARE` of those
+  steps (:func:`near_cap`) — is said so, with the mean W and the share of steps at the cap: it has no headroom;
 * a baseline (a group whose loss does not use STARE) **fell below the band** when it did not collapse but its mean
   final entropy ended below H_tgt − band;
 * rewards are the seeds' mean ``final_reward`` (the mean over the last 10 % of each run's steps).
@@ -20,10 +25,16 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-__all__ = ["group_outcome", "verdict", "push_label"]
+from .summary import band_held
+
+__all__ = ["group_outcome", "verdict", "push_label", "near_cap", "cap_text", "NEAR_CAP", "CAP_SHARE"]
 
 #: more STARE settings than this are summarised (count and best) instead of listed one by one
 MAX_LISTED = 6
+#: an adaptive W whose second-half mean is at least this far from 1 towards w_max is near its cap
+NEAR_CAP = 0.8
+#: … or one at the cap on at least this share of the second half's steps
+CAP_SHARE = 0.1
 
 
 def _num(x: Any) -> float | None:
@@ -44,16 +55,14 @@ def group_outcome(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The aggregates :func:`verdict` reads, from the runs' summaries (:func:`stare_lab.summary.run_summary` keys):
     ``n`` runs, ``collapsed`` / ``held`` run counts (module docstring), and the means over the runs (None values
     skipped) of ``initial_entropy``, ``final_entropy``, ``target_entropy``, ``band``, ``final_reward``,
-    ``mean_abs_dev_second_half`` and ``steps_to_collapse`` (over the runs that collapsed)."""
+    ``mean_abs_dev_second_half``, ``steps_to_collapse`` (over the runs that collapsed), ``w_mean_second_half`` and
+    ``w_cap_share`` (adaptive runs)."""
     runs = list(runs)
-    held = 0
-    for r in runs:
-        dev, band = _num(r.get("mean_abs_dev_second_half")), _num(r.get("band"))
-        held += dev is not None and dev < (0.05 if band is None else band)
+    held = sum(band_held(r) is True for r in runs)
     out: dict[str, Any] = {"n": len(runs), "held": held,
                            "collapsed": sum(r.get("steps_to_collapse") is not None for r in runs)}
     for key in ("initial_entropy", "final_entropy", "target_entropy", "band", "final_reward",
-                "mean_abs_dev_second_half", "steps_to_collapse"):
+                "mean_abs_dev_second_half", "steps_to_collapse", "w_mean_second_half", "w_cap_share"):
         out[key] = _mean([r.get(key) for r in runs])
     return out
 
@@ -63,6 +72,25 @@ def push_label(stare: Mapping[str, Any]) -> str:
     w, m = stare.get("reweight_w"), stare.get("reweight_m")
     return f"W={_f(w, 'g')}" + (f", M={_f(m, 'g')}" if str(stare.get("variant", "")).upper() == "C2" else "") + (
         " adaptive" if stare.get("adaptive") else "")
+
+
+def near_cap(w_mean: Any, cap_share: Any, w_max: Any) -> bool:
+    """Whether an adaptive W sat near its cap ``w_max`` over the second half: mean W ≥ 1 + :data:`NEAR_CAP`·(w_max − 1)
+    or a share ≥ :data:`CAP_SHARE` of the steps at the cap (module docstring)."""
+    w, share, cap = _num(w_mean), _num(cap_share), _num(w_max)
+    if cap is None or (w is None and share is None):
+        return False
+    return (w is not None and w >= 1.0 + NEAR_CAP * (cap - 1.0) - 1e-12) or (share is not None and share >= CAP_SHARE)
+
+
+def cap_text(g: Mapping[str, Any]) -> str | None:
+    """``mean W 1.46 over the second half, at the cap w_max=1.5 on 38% of those steps`` for an adaptive group
+    (``stare.adaptive``, :func:`group_outcome` means) near its cap (:func:`near_cap`), else None."""
+    st = g.get("stare") or {}
+    if not st.get("adaptive") or not near_cap(g.get("w_mean_second_half"), g.get("w_cap_share"), st.get("w_max")):
+        return None
+    return (f"mean W {_f(g.get('w_mean_second_half'))} over the second half, at the cap w_max={_f(st.get('w_max'), 'g')}"
+            f" on {_f(g.get('w_cap_share'), '.0%')} of those steps")
 
 
 def _fell(g: Mapping[str, Any]) -> bool:
@@ -120,6 +148,8 @@ def verdict(groups: Sequence[Mapping[str, Any]], *, per_setting: bool = True) ->
         elif others:
             text += f"; also held: {', '.join(others)}"
         parts.append(text)
+        capped = [(g, cap_text(g)) for g in held]
+        parts += [f"{g['label']} held it with W near its cap ({c}): little headroom" for g, c in capped if c]
     elif stare:
         parts.append("no STARE setting held the band on every seed")
     collapsed = [g for g in stare if g["collapsed"]]

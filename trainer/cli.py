@@ -218,7 +218,10 @@ def _delegate(module: str, name: str):
                         "Writes OUT/eval.json and OUT/samples.jsonl (an OUT with results needs --overwrite).",
             "promote": "Carry the STARE settings (variant, P, W, M, adaptive schedule, scope) of simulator runs of "
                        "one method into a trainer base config, as a stare-lab YAML or verl (hp-luo/STARE) "
-                       "overrides, with provenance. The target entropy is never copied from a simulation: it comes "
+                       "overrides, with provenance. W (and M) come from evidence, named by kind: a calibration to "
+                       "the target model (--calibration, or a calibration.json in a source folder) or a W sweep's "
+                       "measured critical W; the source's regime is checked against the target's (a --probe run). "
+                       "The target entropy is never copied from a simulation: it comes "
                        "from --base, --target-entropy, or --target-entropy-frac x a --probe run's initial entropy.",
         }[name]
         p = subparsers.add_parser(name, help=help_text, description=description)

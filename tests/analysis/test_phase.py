@@ -54,11 +54,14 @@ def test_analyze_a_sweep_directory(sweep_dir, tmp_path, capsys):
     assert f"verdict: {report['verdict']}" in printed
     md = (out / "report.md").read_text().splitlines()
     paras = [line for line in md[1:] if line.strip()]
-    assert paras[0] == f"**Verdict:** {report['verdict']}" and paras[1].startswith("**Critical W:** o1: measured 2,")
+    assert paras[0] == f"**Verdict:** {report['verdict']}"
+    # the recommended W with its kind, the headline's slice (the preset's own lr 2) first, then every other slice
+    assert paras[1].startswith("**Critical W:** at lr=2: recommended W for O1: 2 (measured: ") and "at lr=1: " in paras[1]
     headline = read_sweep_summary(sweep_dir)["headline"]
     numbers = lambda text: re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?", re.sub(r"[\[(][^\])]*=[^\])]*[\])]", "", text))  # noqa: E731
     assert len(numbers(report["verdict"])) >= 6  # labels removed, the entropies etc. stay
-    assert numbers(report["verdict"]) == numbers(headline.split("; critical W")[0])
+    assert numbers(report["verdict"]) == numbers(headline.split("; recommended W")[0])
+    assert report["tables"]["critical_strength"]["recommended"]["kind"] == "measured"
     text = "\n".join(md)
     assert "## Critical STARE strength" in text and (out / "phase.png").is_file()
     assert "| o1 | lr=1 |" in text
@@ -71,8 +74,8 @@ def test_summary_option_is_checked(sweep_dir, tmp_path, capsys):
 
 
 def test_run_critical_rows_use_the_core(sweep_dir):
-    """Per group: the median over seeds of stare_lab.critical.critical_w of each run's D terms (mean field: window
-    1), recomputed here from metrics.jsonl."""
+    """Per group: the median over the held seeds of stare_lab.critical.critical_w of each run's D terms (mean field:
+    window 1), recomputed here from metrics.jsonl; a group that did not hold the band has no predicted W."""
     from analysis.compare import compare
     from stare_lab import critical
 
@@ -84,7 +87,9 @@ def test_run_critical_rows_use_the_core(sweep_dir):
         lines = (sweep_dir / "o1" / "W=2,lr=1" / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
         r = [json.loads(x) for x in lines]
         want.append(critical.critical_w([x["pred/d_grpo"] for x in r], [x["pred/d_lplus"] for x in r]))
-    assert rows[label][2] == pytest.approx(sorted(want)[0] / 2 + sorted(want)[1] / 2)
+    assert rows[label][2] == "2/2"  # both seeds held the band: the predicted W is their median
+    assert rows[label][3] == pytest.approx(sorted(want)[0] / 2 + sorted(want)[1] / 2)
+    assert rows[next(k for k in rows if "W=1.1" in k and "lr=1" in k)][3] is None  # not held: no predicted W
 
 
 def test_phase_curve_has_an_honest_log_axis():
@@ -119,4 +124,23 @@ def test_analyze_prints_the_critical_w_line_of_the_report(sweep_dir, tmp_path, c
     printed = capsys.readouterr().out.splitlines()
     crit = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("**Critical W:** "))
     assert printed[1] == "critical W: " + crit[len("**Critical W:** "):] and printed[0].startswith("verdict: ")
-    assert "o1: measured" in printed[1]
+    assert "recommended W for O1: 2 (measured: " in printed[1]
+
+
+def test_a_calibration_is_its_own_slice():
+    """A calibration.json (O1 1.12 in 1.08–1.2, for the probe of SmolLM2-135M) joins the report's strengths as the
+    slice 'target model (SmolLM2-135M)', recommended as calibrated; the toy slice keeps its measured 1.3 (a
+    calibration is about another system and never outranks the toy's own measurement there)."""
+    from analysis.phase import add_calibration, strength_lines, strength_rows
+
+    meas = {"kind": "measured", "w": 1.3, "m": None, "low": 1.1, "high": 1.3, "source": "o1 W sweep"}
+    block = {"slice": {}, "slices": {"": {"point": {}, "strengths": [meas], "recommended": {"O1": meas}}}}
+    cal = {"kind": "calibrated", "path": "cal/calibration.json", "probe": {"run": "runs/probe", "model": "SmolLM2-135M"},
+           "critical": {"o1": {"w": 1.12, "low": 1.08, "high": 1.2}}}
+    lines = strength_lines(add_calibration(block, cal))
+    assert lines[0].startswith("recommended W for O1: 1.3 (measured: ")
+    assert lines[1].startswith("at target model (SmolLM2-135M): recommended W for O1: 1.12 (calibrated: ")
+    assert "range 1.08–1.2" in lines[1] and "cal/calibration.json, probe runs/probe" in lines[1]
+    rows = strength_rows(add_calibration(block, cal))
+    assert rows[1][:5] == ["target model (SmolLM2-135M)", "O1", "calibrated", 1.12, "1.08–1.2"]
+    assert rows[1][6] == "recommended" and block["slices"].keys() == {""}  # the input block is left alone

@@ -104,5 +104,5 @@ def test_a_sweep_table_summaries_and_report_agree(tmp_path, capsys):
         assert f"{mean('final_reward'):.3f}" in cells and f"{mean('mean_abs_dev_second_half'):.3f}" in cells
         assert group["mean"]["final_entropy"] == pytest.approx(mean("final_entropy"), rel=1e-12)
     numbers = lambda text: re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?", re.sub(r"[\[(][^\])]*=[^\])]*[\])]", "", text))  # noqa: E731
-    assert numbers(report["verdict"]) == numbers(summary["headline"].split("; critical W")[0])
+    assert numbers(report["verdict"]) == numbers(summary["headline"].split("; recommended W")[0])
     assert len(numbers(report["verdict"])) >= 6

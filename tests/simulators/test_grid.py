@@ -33,7 +33,8 @@ def test_critical_summary_on_constructed_groups():
     1.5, 1.4 → 1.45. Tolerance max(0.35 × 0.3, 0.1) = 0.105 → the prediction (|1.265 − 1.3| = 0.035) is inside."""
     def runs(devs, crit=None):
         return {f"seed{i}": {"mean_abs_dev_second_half": d, "critical_w": (crit or [None] * len(devs))[i],
-                             "critical_w_measured_drift": None, "w_star_at_crossing": None}
+                             "critical_w_measured_drift": None, "w_star_at_crossing": None,
+                             "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4 - d}
                 for i, d in enumerate(devs)}
 
     groups = {
@@ -50,4 +51,15 @@ def test_critical_summary_on_constructed_groups():
     assert c["grid_step"] == pytest.approx(0.1) and c["tolerance"] == pytest.approx(0.105)
     assert c["predicted_w_within_tolerance"] is True
     assert c["deviation_by_w"]["1.2"] == [0.04, 0.063]
+    # the same numbers as labelled strengths: measured 1.3 in (1.2, 1.3], predicted 1.265 over 1.25–1.28 (4 held
+    # runs), conservative 1.45 over 1.4–1.5; the recommendation is the measured one (precedence)
+    kinds = {d["kind"]: d for d in c["strengths"]}
+    assert (kinds["measured"]["w"], kinds["measured"]["low"], kinds["measured"]["high"]) == (1.3, 1.2, 1.3)
+    assert kinds["predicted"]["w"] == pytest.approx(1.265) and kinds["predicted"]["low"] == 1.25
+    assert kinds["conservative"]["w"] == pytest.approx(1.45) and kinds["conservative"]["high"] == 1.5
+    assert c["recommended"]["kind"] == "measured" and c["recommended"]["w"] == 1.3
+    # an adaptive method's W grid sets its starting W: no measured strength
+    adaptive = {k: {**g, "adaptive": g["is_stare"]} for k, g in groups.items()}
+    ca = critical_summary(adaptive, [(W, [1.1, 1.2, 1.3, 1.5])], 0.05)["o1"]
+    assert ca["measured_w"] is None and ca["recommended"]["kind"] == "predicted"
     assert critical_summary(groups, [("lr", [1.0])], 0.05) == {}

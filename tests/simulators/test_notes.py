@@ -160,3 +160,43 @@ def test_a_crossing_in_the_second_half_says_run_longer():
                                    "steps": 40, "w_star_at_crossing": 1.2}, {"variant": "C2", "reweight_w": 5.0})})
     (note,) = sweep_notes(s)
     assert "step 30 of 40" in note and "run more steps" in note and "second order" not in note
+
+
+def test_adaptive_at_its_cap_is_said_in_the_verdict_and_the_notes():
+    """demo: o1-adaptive holds the band with W 1.46 on average over the second half at w_max 1.5 (15 % of those
+    steps at the cap): near the cap (1.46 ≥ 1 + 0.8·0.5 = 1.4), so the headline and a note say so with both numbers;
+    the same group at mean W 1.2 (0 % at the cap) is not near it and gets neither."""
+    def s(w_mean, share):
+        return summary({"grpo": GRPO_COLLAPSED,
+                        "o1-adaptive": ("o1-adaptive", {}, {"final_entropy": 0.4, "held_runs": 3,
+                                                            "mean_abs_dev_second_half": 0.001,
+                                                            "w_mean_second_half": w_mean, "w_cap_share": share},
+                                        {"adaptive": True, "w_max": 1.5})})
+    capped = s(1.46, 0.15)
+    (note,) = sweep_notes(capped)
+    assert note.startswith("note: o1-adaptive held the band with W near its cap (mean W 1.46 over the second half, "
+                           "at the cap w_max=1.5 on 15% of those steps")
+    assert "stare.w_max above 1.5" in note
+    assert "o1-adaptive held it with W near its cap (mean W 1.46" in headline(capped)
+    calm = s(1.2, 0.0)
+    assert sweep_notes(calm) == [] and "near its cap" not in headline(calm)
+
+
+def test_headline_and_note_name_one_recommended_w_with_its_kind():
+    """demo without a W sweep: o1-adaptive's 3 runs held the band with critical W (largest W*(t) over the second
+    half) 1.28, 1.30, 1.36 → predicted 1.30; GRPO's W* at the crossing 1.34, 1.35, 1.7 → conservative 1.35. The
+    recommendation is the predicted 1.3 (predicted > conservative); the o1 note names it and its kind, and tells to
+    try W ≥ 1.30."""
+    held = {"mean_abs_dev_second_half": 0.0005, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4}
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "o1-adaptive": ("o1-adaptive", {}, {"final_entropy": 0.4, "held_runs": 3,
+                                                     "mean_abs_dev_second_half": 0.0005}, {"adaptive": True}),
+                 "o1": ("o1", {}, {"final_entropy": 0.27, "mean_abs_dev_second_half": 0.126}, {})})
+    s["methods"]["grpo"]["runs"] = {f"seed{i}": {"w_star_at_crossing": w} for i, w in enumerate((1.34, 1.35, 1.7))}
+    s["methods"]["o1-adaptive"]["runs"] = {f"seed{i}": {**held, "critical_w": w}
+                                           for i, w in enumerate((1.28, 1.30, 1.36))}
+    line = headline(s)
+    assert "recommended W for O1: 1.3 (predicted: " in line and "3 held runs of o1-adaptive" in line
+    note = next(n for n in sweep_notes(s) if n.startswith("note: o1 did not hold"))
+    assert "recommended W 1.3 (predicted: " in note and "also: conservative 1.35" in note
+    assert "try stare.reweight_w ≥ 1.30 or o1-adaptive" in note

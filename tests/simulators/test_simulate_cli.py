@@ -481,7 +481,28 @@ def test_sweep_grid_layout_and_critical(tmp_path, capsys):
     crit = summary["critical"]["o1"]
     for key in ("measured_w", "predicted_w", "predicted_w_grpo", "predicted_w_measured_drift", "deviation_by_w"):
         assert key in crit
-    assert "critical W (o1): measured" in text
+    assert "critical W: recommended W for O1: " in text
+    block = summary["critical_strength"]
+    assert block["rule"].startswith("measured > calibrated > predicted > conservative")
+    kinds = {d["kind"] for d in block["slices"][""]["strengths"]}
+    assert "conservative" in kinds  # GRPO's crossing is always there; measured / predicted when a W held
+
+
+def test_a_two_key_sweep_lists_every_slice(tmp_path, capsys):
+    """Review finding: with two --sweep keys the terminal's critical-W line reported one slice only (and left
+    lr=1 out). Every slice of W × lr gets its own line, with its recommended W and kind, as summary.json has it."""
+    out = tmp_path / "g2"
+    assert simulate("--preset", "demo", "--methods", "grpo,o1", "--seeds", "2", "--steps", "60", "--out", str(out),
+                    "--no-plots", "--sweep", "stare.reweight_w=1.1,1.3", "--sweep", "lr=1,2", *SMALL) == 0
+    text = capsys.readouterr().out.splitlines()
+    lines = [ln for ln in text if ln.startswith("critical W")]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["critical"]["o1"]["by_slice"]) == {"lr=1", "lr=2"}
+    assert [ln.split(":")[0] for ln in lines] == ["critical W at lr=1", "critical W at lr=2"]
+    for ln, label in zip(lines, ("lr=1", "lr=2")):
+        rec = summary["critical_strength"]["slices"][label]["recommended"]["O1"]
+        w = "above " + format(rec["low"], ".3g") if rec["w"] is None else format(rec["w"], ".3g")
+        assert f"recommended W for O1: {w} ({rec['kind']}: " in ln
 
 
 def test_workers_do_not_change_results(tmp_path):

@@ -7,8 +7,10 @@ import math
 import pytest
 
 from stare_lab.critical import (
-    critical_w, measured_critical_w, tolerance, w_star, w_star_at_crossing, w_star_series,
+    KIND_MEANING, CriticalStrength, critical_w, measured_critical_w, measured_strength, recommend,
+    recommendation_text, run_strengths, tolerance, w_star, w_star_at_crossing, w_star_series,
 )
+from stare_lab.errors import ConfigError, DataError
 
 
 def test_w_star_by_hand():
@@ -64,5 +66,77 @@ def test_measured_critical_w_and_tolerance():
     assert measured_critical_w(devs, 0.05) == 1.3
     assert measured_critical_w({1.3: [0.01, None]}, 0.05) is None
     assert measured_critical_w({1.1: [0.2]}, 0.05) is None
+    # with H_tgt 0.08 the held band is min(0.05, 0.08/4) = 0.02: a deviation of 0.03 no longer holds
+    assert measured_critical_w({1.1: [0.03]}, 0.05) == 1.1
+    assert measured_critical_w({1.1: [0.03]}, 0.05, target_entropy=0.08) is None
     assert tolerance(1.3, 0.1) == pytest.approx(0.105)
     assert tolerance(1.1, 0.1) == pytest.approx(0.1)
+
+
+def test_recommendation_precedence():
+    """measured > calibrated > predicted > conservative (docs/theory.md §7), per M; within a kind the largest W. A
+    measured record with no held grid W up to 1.5 rules out the predicted 1.3 and the conservative 1.4: the
+    recommendation is then that measured record ("above 1.5"), unless an estimate lies above 1.5."""
+    meas = CriticalStrength("measured", 1.3, None, 1.2, 1.3, "o1 W sweep")
+    cal = CriticalStrength("calibrated", 1.25, None, 1.2, 1.35, "calibration.json")
+    pred = CriticalStrength("predicted", 1.28, None, 1.27, 1.3, "held runs")
+    cons = CriticalStrength("conservative", 1.35, None, 1.3, 1.4, "grpo")
+    c2 = CriticalStrength("conservative", 1.25, 0.9, None, None, "c2")
+    assert recommend([cons, pred, cal, meas, c2]) is meas
+    assert recommend([cons, pred, cal, c2]) is cal
+    assert recommend([cons, pred, c2]) is pred
+    assert recommend([cons, c2]) is cons
+    assert recommend([cons, pred, meas], m=0.9) is None and recommend([cons, c2], m=0.9) is c2
+    assert recommend([pred, CriticalStrength("predicted", 1.4, None, None, None, "other")]).w == 1.4
+    none_held = CriticalStrength("measured", None, None, 1.5, None, "o1 W sweep")
+    assert recommend([none_held, pred, cons]) is none_held
+    high = CriticalStrength("conservative", 1.7, None, None, None, "grpo")
+    assert recommend([none_held, pred, high]) is high
+    assert "above 1.5" in recommendation_text([none_held, pred])
+    text = recommendation_text([cons, pred, meas])
+    assert text.startswith("recommended W for O1: 1.3 (measured: ") and "also: predicted 1.28, conservative 1.35" in text
+    assert CriticalStrength("predicted", 1.2, 1.0).m is None  # M = 1 is O1
+
+
+def test_measured_strength_from_held_runs():
+    """Grid 1.1 (no seed held), 1.2 (one of two), 1.3 and 1.5 (both): measured 1.3, range (1.2, 1.3]. A grid whose
+    smallest W holds: no lower end. Nothing held: W None, low = the largest grid W (1.5). A None (no band
+    criterion) is a miss."""
+    s = measured_strength({1.1: [False, False], 1.2: [True, False], 1.3: [True, True], 1.5: [True, True]})
+    assert (s.kind, s.w, s.low, s.high) == ("measured", 1.3, 1.2, 1.3) and s.range_text() == "(1.2, 1.3]"
+    s = measured_strength({1.1: [True, True], 1.3: [True, True]})
+    assert (s.w, s.low) == (1.1, None) and s.range_text() == "≤ 1.1"
+    s = measured_strength({1.1: [False], 1.5: [True, None]})
+    assert s.w is None and s.low == 1.5 and "no grid W held" in s.describe()
+    assert measured_strength({}) is None
+
+
+def test_strength_records_round_trip_and_refuse_bad_values():
+    s = CriticalStrength("calibrated", 1.27, 0.9, 1.2, 1.35, "calibration.json")
+    d = s.to_dict()
+    assert d["meaning"] == KIND_MEANING["calibrated"] and CriticalStrength.from_dict(d) == s
+    with pytest.raises(ConfigError, match="kind='guessed' is not one of"):
+        CriticalStrength("guessed", 1.2)
+    with pytest.raises(ConfigError, match="w='1.2'"):
+        CriticalStrength("measured", "1.2")
+    with pytest.raises(DataError, match="must be a mapping with a 'kind'"):
+        CriticalStrength.from_dict({"w": 1.2})
+
+
+def test_run_strengths_by_hand():
+    """grpo runs cross H_tgt at W* 1.3 and 1.4 → conservative O1 1.35 (1.3–1.4); o1-adaptive: two runs held the
+    band (critical W 1.28, 1.32), one did not (1.9, ignored) → predicted 1.3; c2 (M 0.9): held run 1.1, its own
+    crossing W* 1.2 → predicted 1.1 and conservative 1.2 at M 0.9."""
+    held = {"mean_abs_dev_second_half": 0.001, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4}
+    missed = {**held, "mean_abs_dev_second_half": 0.1}
+    groups = [
+        {"label": "grpo", "stare": False, "m": None, "runs": [{"w_star_at_crossing": 1.3}, {"w_star_at_crossing": 1.4}]},
+        {"label": "o1-adaptive", "stare": True, "m": None,
+         "runs": [{**held, "critical_w": 1.28}, {**held, "critical_w": 1.32}, {**missed, "critical_w": 1.9}]},
+        {"label": "c2", "stare": True, "m": 0.9, "runs": [{**held, "critical_w": 1.1, "w_star_at_crossing": 1.2}]},
+    ]
+    got = {(s.kind, s.m): s for s in run_strengths(groups)}
+    assert got[("conservative", None)].w == pytest.approx(1.35) and got[("conservative", None)].low == 1.3
+    assert got[("predicted", None)].w == pytest.approx(1.3) and got[("predicted", None)].high == 1.32
+    assert got[("predicted", 0.9)].w == 1.1 and got[("conservative", 0.9)].w == 1.2
+    assert "2 held runs of o1-adaptive" in got[("predicted", None)].source

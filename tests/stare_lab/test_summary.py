@@ -9,6 +9,8 @@ import pytest
 from stare_lab.errors import ConfigError
 from stare_lab.summary import (
     SUMMARY_KEYS,
+    band_held,
+    held_band,
     fit_prediction,
     fraction_in_band,
     run_summary,
@@ -77,10 +79,54 @@ def test_undefined_values_are_none_not_nan():
 
 def test_settings_from_a_run_config_and_bad_settings():
     cfg = {"loss": {"stare": {"target_entropy": 0.4}}, "band": 0.1, "collapse_frac": 0.2}
-    assert summary_settings(cfg) == {"target_entropy": 0.4, "band": 0.1, "collapse_frac": 0.2}
-    assert summary_settings({"loss": {"stare": {}}}) == {"target_entropy": None, "band": 0.05, "collapse_frac": 0.1}
+    assert summary_settings(cfg) == {"target_entropy": 0.4, "band": 0.1, "collapse_frac": 0.2, "w_max": None}
+    assert summary_settings({"loss": {"stare": {}}}) == {"target_entropy": None, "band": 0.05, "collapse_frac": 0.1,
+                                                         "w_max": None}
+    adaptive = {"loss": {"stare": {"target_entropy": 0.4, "adaptive": True, "w_max": 1.5}}}
+    assert summary_settings(adaptive)["w_max"] == 1.5  # the cap only matters with the adaptive schedule
     assert summary_settings(None)["band"] == 0.05
     with pytest.raises(ConfigError, match="band"):
         run_summary([], band=-1)
     with pytest.raises(ConfigError, match="collapse_frac"):
         run_summary([], collapse_frac=2)
+
+
+def test_a_collapsed_run_is_never_held():
+    """H_tgt 0.08 nats, band 0.05, 10 rows. A GRPO run whose entropy fell from 1.0 to 0.04 nats (4 % of its
+    initial entropy: collapsed): second-half entropies (rows 5..9) 0.05, 0.04, 0.04, 0.04, 0.04 → mean deviation
+    (0.03 + 4·0.04)/5 = 0.038 < 0.05, so the fixed 0.05-nat band called it held; the held band is
+    min(0.05, 0.08/4) = 0.02 → not held. A run at H_tgt (0.08 ± 0.005) holds (mean deviation 0.005 < 0.02)."""
+    collapsed = [{"step": i, "entropy": h} for i, h in enumerate([1.0, 0.5, 0.2, 0.1, 0.07, 0.05, 0.04, 0.04, 0.04,
+                                                                 0.04])]
+    s = run_summary(collapsed, target_entropy=0.08, band=0.05)
+    assert s["mean_abs_dev_second_half"] == pytest.approx(0.038)
+    assert s["mean_abs_dev_second_half"] < 0.05 and s["held"] is False and band_held(s) is False
+    assert held_band(0.05, 0.08) == pytest.approx(0.02) and held_band(0.05, 0.4) == 0.05
+    steady = [{"step": i, "entropy": h} for i, h in enumerate([1.0, 0.5, 0.2, 0.1, 0.085, 0.075, 0.085, 0.075,
+                                                              0.085, 0.075])]
+    s = run_summary(steady, target_entropy=0.08, band=0.05)
+    assert s["mean_abs_dev_second_half"] == pytest.approx(0.005) and s["held"] is True
+
+
+def test_a_late_collapse_is_not_held_and_old_summaries_work():
+    """H_tgt 0.4, band 0.05, 20 rows: the second half (rows 10..19) sits at 0.4 for 9 rows, then the last entropy
+    is 0.1: mean deviation 0.3/10 = 0.03 < 0.05, but the final entropy 0.1 < H_tgt/2 = 0.2 → not held.
+    band_held reads a summary.json written before the ``held`` key existed (no ``held``; band keys only)."""
+    rows = [{"step": i, "entropy": 1.0 - 0.06 * i} for i in range(10)] + [
+        {"step": 10 + i, "entropy": 0.4} for i in range(9)] + [{"step": 19, "entropy": 0.1}]
+    s = run_summary(rows, target_entropy=0.4, band=0.05)
+    assert s["mean_abs_dev_second_half"] == pytest.approx(0.03) and s["final_entropy"] == 0.1
+    assert s["held"] is False
+    old = {"mean_abs_dev_second_half": 0.01, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.41}
+    assert band_held(old) is True and band_held({**old, "target_entropy": None}) is None
+
+
+def test_adaptive_w_mean_and_share_at_the_cap():
+    """8 rows, w_max 1.5: second half (rows 4..7) W = 1.49, 1.5, 1.5, 1.48 → mean 5.97/4 = 1.4925, at the cap
+    2 of 4 = 0.5; without w_max (no adaptive schedule) both are None."""
+    ws = [1.1, 1.2, 1.3, 1.4, 1.49, 1.5, 1.5, 1.48]
+    rows = [{"step": i, "entropy": 0.4, "stare_w": w} for i, w in enumerate(ws)]
+    s = run_summary(rows, target_entropy=0.4, w_max=1.5)
+    assert s["w_mean_second_half"] == pytest.approx(1.4925) and s["w_cap_share"] == 0.5
+    s = run_summary(rows, target_entropy=0.4)
+    assert s["w_mean_second_half"] is None and s["w_cap_share"] is None

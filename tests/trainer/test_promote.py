@@ -249,3 +249,122 @@ def test_strong_push_from_a_single_seed_is_warned(tmp_path, base, capsys):
     captured = capsys.readouterr()
     assert captured.err.count("warning: ") == 3 and "warning" not in captured.out
     assert len(json.loads((tmp_path / "c2.yaml.provenance.json").read_text())["warnings"]) == 3
+
+
+def d_run(path: Path, method: str, d_grpo: float, d_lplus: float, *, source: str = "simulator",
+          mode: str | None = "expected", stare: dict | None = None, h_opt: float | None = 0.693,
+          seed: int = 0) -> Path:
+    """A run whose entropy falls 1.0, 0.8, 0.6, 0.35, 0.3 (first below H_tgt 0.4 at the 4th row) with the same D terms
+    on every row, so D_L+/|D_GRPO| anywhere is d_lplus/|d_grpo|."""
+    loss = to_dict(LossConfig(loss_mode="stare" if stare is not None else "grpo",
+                              stare=STAREConfig(**{"target_entropy": 0.4, **(stare or {})})))
+    cfg = {"source": source, "method": method, "seed": seed, "band": 0.05, "loss": loss}
+    if mode is not None:
+        cfg["mode"] = mode
+    if h_opt is not None:
+        cfg["reward_optimal_entropy"] = h_opt
+    with RunWriter(path, cfg) as w:
+        for i, h in enumerate((1.0, 0.8, 0.6, 0.35, 0.3)):
+            w.log({**ROW, "step": i, "entropy": h, "pred/d_grpo": d_grpo, "pred/d_lplus": d_lplus})
+        w.write_summary({"initial_entropy": 1.0, "final_entropy": 0.4, "mean_abs_dev_second_half": 0.01,
+                         "target_entropy": 0.4})
+    return path
+
+
+def test_regime_mismatch_is_warned_with_the_numbers(tmp_path, base):
+    """Source: a mean-field toy (mode=expected) with D_GRPO = −0.05, D_L+ = 0.1 → D_L+/|D_GRPO| = 2 at its crossing,
+    H_tgt 0.4 = 0.577 × its reward-optimal ln 2. Target: a trainer probe of the model with D_GRPO = −0.01, D_L+ = 0.2
+    → 20 (10x apart, more than the factor 2) and sampled. Two regime warnings with both numbers; without a
+    calibration promote proposes calibrating to the probe. A probe at 3 (1.5x from 2) raises no D warning."""
+    src = d_run(tmp_path / "toy" / "o1" / "seed0", "o1", -0.05, 0.1, stare={"reweight_w": 1.3})
+    d_run(tmp_path / "toy" / "o1" / "seed1", "o1", -0.05, 0.1, stare={"reweight_w": 1.3}, seed=1)
+    probe = d_run(tmp_path / "probe", "grpo", -0.01, 0.2, source="trainer", mode=None, h_opt=None)
+    text, prov, notices = promote([src.parent], "o1", base, probe=probe)
+    d_warn, mode_warn = prov["warnings"]
+    assert d_warn.startswith("regime: D_L+/|D_GRPO| is 2 in the source runs (at their H_tgt crossing) at H 0.35 nats "
+                             f"and 20 in the target model's probe ({probe}) at H 0.61 nats")
+    assert "mode=expected" in mode_warn and "sampling noise raises the critical W" in mode_warn
+    assert f"# WARNING: {d_warn}" in text
+    assert prov["regime"]["source"]["target_over_optimal"] == pytest.approx(0.4 / 0.693)
+    assert any("the probe measured D_L+/|D_GRPO| = 20 on the target model" in n and "stare-lab calibrate" in n
+               for n in notices)
+    near = d_run(tmp_path / "probe3", "grpo", -0.01, 0.03, source="trainer", mode=None, h_opt=None)
+    _, prov, _ = promote([src.parent], "o1", base, probe=near)
+    assert [w for w in prov["warnings"] if "D_L+" in w] == []
+
+
+def calibration(path: Path, **critical) -> Path:
+    """A calibration.json of the schema stare-lab calibrate writes (stare_lab.regime)."""
+    data = {"kind": "calibrated",
+            "probe": {"run": "runs/smol-probe", "source": "trainer", "model": "SmolLM2-135M", "steps": [1, 2, 3],
+                      "entropy": 2.0, "d_ratio": 20.0, "lplus_above_sstar": 0.8, "target_entropy": None},
+            "knobs": {"coupling": 0.1}, "preset": {"name": "llm", "overrides": {}},
+            "fit": {"d_ratio": 18.0, "lplus_above_sstar": 0.78, "residual": 0.05},
+            "critical": {"o1": {"w": 1.12, "low": 1.08, "high": 1.2},
+                         "c2": {"w": 1.08, "m": 0.92, "low": 1.05, "high": 1.12}, "adaptive": {"w_max": 1.25},
+                         **critical},
+            "regime": {"d_ratio": 18.0, "target_over_optimal": 0.6, "mode": "sampled"}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_calibrated_w_is_promoted_with_its_kind(sweep, base, tmp_path):
+    """calibration.json: O1 1.12 (1.08–1.2), C2 1.08 at M 0.92. Promoting c2 takes W 1.08 and M 0.92 from it (the
+    runs' 1.3 / 0.8 are not used), records kind 'calibrated' in the provenance, and the calibrated toy's regime
+    (D ratio 18, sampled) matches its probe's (20): no regime warning. A calibration in a source folder is found
+    without --calibration."""
+    cal = calibration(tmp_path / "calibration.json")
+    text, prov, notices = promote([sweep], "c2", base, calibration=cal)
+    cfg = load_trainer_config(yaml.safe_load(text))
+    assert (cfg.loss.stare.reweight_w, cfg.loss.stare.reweight_m) == (1.08, 0.92)
+    assert cfg.loss.stare.top_p_ratio == 0.2  # the other settings still come from the source runs
+    assert prov["strength"]["kind"] == "calibrated" and prov["strength"]["m"] == 0.92
+    assert prov["calibration"] == str(cal) and not [w for w in prov["warnings"] if w.startswith("regime")]
+    assert "# critical W: 1.08 at M=0.92 (calibrated: " in text
+    assert any(n.startswith("W/M calibrated to the target model: 1.08 at M=0.92") for n in notices)
+    calibration(sweep / "calibration.json")
+    _, prov, _ = promote([sweep], "c2", base)
+    assert prov["strength"]["kind"] == "calibrated"
+
+
+def test_calibration_gives_o1_w_and_the_adaptive_cap(tmp_path, base):
+    """o1-adaptive from a calibration: W 1.12 and w_max 1.25 (critical.adaptive.w_max); a calibrated toy whose
+    D ratio (4) is 5x below its probe's (20) is warned about; a calibration without a finite W is refused."""
+    run = sim_run(tmp_path / "toy" / "o1-adaptive" / "seed0", "o1-adaptive", {"adaptive": True, "w_max": 1.5})
+    sim_run(tmp_path / "toy" / "o1-adaptive" / "seed1", "o1-adaptive", {"adaptive": True, "w_max": 1.5}, seed=1)
+    cal = calibration(tmp_path / "cal.json")
+    data = json.loads(cal.read_text())
+    data["regime"]["d_ratio"] = 4.0
+    cal.write_text(json.dumps(data))
+    text, prov, _ = promote([run.parent], "o1-adaptive", base, calibration=cal)
+    cfg = load_trainer_config(yaml.safe_load(text))
+    assert (cfg.loss.stare.reweight_w, cfg.loss.stare.w_max) == (1.12, 1.25)
+    (warn,) = [w for w in prov["warnings"] if w.startswith("regime")]
+    assert "D_L+/|D_GRPO| is 4 in the calibrated toy" in warn and "and 20 in the target model's probe" in warn
+    data["critical"] = {"o1": {"w": None}}
+    cal.write_text(json.dumps(data))
+    from stare_lab.errors import DataError
+
+    with pytest.raises(DataError, match="no critical W"):
+        promote([run.parent], "o1-adaptive", base, calibration=cal)
+
+
+def test_measured_w_comes_from_a_w_sweep(tmp_path, base):
+    """A W sweep (summary.json with critical.o1): W 1.1 failed its band on both seeds, 1.3 held → measured 1.3. The
+    runs at 1.3 are promoted (W 1.3, kind 'measured', range (1.1, 1.3]); the failed 1.1 runs are not refused (they
+    are not promoted). A sweep where no grid W held is refused, naming the largest W tried."""
+    sw = tmp_path / "sw"
+    for w, dev in ((1.1, 0.1), (1.3, 0.01)):
+        for seed in (0, 1):
+            sim_run(sw / "o1" / f"W={w:g}" / f"seed{seed}", "o1", {"reweight_w": w}, dev=dev, seed=seed)
+    measured = {"kind": "measured", "w": 1.3, "m": None, "low": 1.1, "high": 1.3, "source": "o1 W sweep"}
+    (sw / "summary.json").write_text(json.dumps({"methods": {}, "critical": {"o1": {
+        "measured_w": 1.3, "slice": {}, "strengths": [measured]}}}))
+    text, prov, _ = promote([sw], "o1", base)
+    assert load_trainer_config(yaml.safe_load(text)).loss.stare.reweight_w == 1.3
+    assert prov["strength"]["kind"] == "measured" and prov["strength"]["low"] == 1.1
+    assert len(prov["source_runs"]) == 2 and all("W=1.3" in r["path"] for r in prov["source_runs"])
+    (sw / "summary.json").write_text(json.dumps({"methods": {}, "critical": {"o1": {
+        "measured_w": None, "slice": {}, "strengths": [{**measured, "w": None, "low": 1.3, "high": None}]}}}))
+    with pytest.raises(ConfigError, match=r"found no grid W that held .* largest tried: 1.3"):
+        promote([sw], "o1", base)

@@ -28,8 +28,30 @@ source runs all share one seed.
 
 Refusals (override with ``--force``, recorded in the provenance): a run whose config is incomplete (no
 ``loss.stare`` or missing keys), a method without STARE settings (``loss.loss_mode`` is not ``stare``), or a run
-whose summary shows it failed its own band criterion (``mean_abs_dev_second_half`` > the run's ``band``). An
-existing ``--out`` file is never replaced without ``--overwrite``.
+whose summary shows it failed its own band criterion (:func:`stare_lab.summary.band_held`: mean |H − H_tgt| over the
+second half below min(band, H_tgt/4), final entropy ≥ H_tgt/2). An existing ``--out`` file is never replaced without
+``--overwrite``.
+
+**W and M from evidence** (docs/theory.md §7). The promoted W (and M for C2, ``w_max`` for the adaptive schedule) is
+a critical strength of a named kind (:class:`stare_lab.critical.CriticalStrength`), recorded in the provenance
+(``strength``, and every candidate under ``evidence``):
+
+* *calibrated* — ``--calibration PATH`` (``calibration.json`` or the folder ``stare-lab calibrate`` wrote), or a
+  source folder that holds a ``calibration.json``: the critical W of a toy calibrated to a probe of the target model
+  (:mod:`stare_lab.regime`). It wins over a toy's measured W: it is evidence about the model you will train; the
+  source runs then give only the other STARE settings (variant, P, scope, …), and neither the size guidance nor the
+  push warning applies to the calibrated values.
+* *measured* — a W sweep (a source folder whose ``summary.json`` has ``critical.<method>``): its measured critical
+  W, the smallest grid W held on every seed (the top-level slice); the runs at that W give the settings. Runs of one
+  setting that all held the band: that W, an upper bound of the critical W.
+
+**Regime check.** The source's regime (D_L+/|D_GRPO| where its entropy crosses H_tgt, H_tgt over the reward-optimal
+entropy, sampled vs mean field; :func:`stare_lab.regime.run_regime`, or the calibration's ``regime``) is compared with
+the target's — a probe run of the target model (``--probe`` with ``pred/d_grpo``, ``pred/d_lplus`` or
+``pred/d_ratio`` rows), else the calibration's ``probe``, else just "sampled" (the trainer samples G responses) —
+and every difference is a warning with both numbers (:func:`stare_lab.regime.regime_mismatches`). Given such a probe
+run and no calibration, promote proposes the command that calibrates the toy to it (``stare-lab calibrate``; a
+calibration sweeps a toy for minutes, which promote does not start by itself).
 """
 
 from __future__ import annotations
@@ -46,15 +68,16 @@ from typing import Any
 
 from stare_lab import __version__
 from stare_lab.config import apply_overrides, load_yaml, parse_overrides, to_dict
+from stare_lab.critical import CriticalStrength
 from stare_lab.errors import ConfigError, DataError, RunError
-from stare_lab.runs import find_runs, read_run
+from stare_lab.regime import calibrated_w_max
+from stare_lab.runs import read_run
+
+from trainer.planning.promote_sources import PROMOTED_KEYS, collect_settings, evidence, regime_check
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["PROMOTED_KEYS", "collect_settings", "promote", "add_arguments", "main"]
-
-#: The STARE keys carried from a simulation into the trainer config (``loss.stare.*``); target_entropy is not.
-PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope")
 
 #: the STARE keys of verl's plugin config (``+actor_rollout_ref.actor.policy_loss.<key>``; the plugin's
 #: ``stare_lab.integrations.verl.STARE_KEYS``, which imports verl and so is not imported here)
@@ -62,7 +85,6 @@ _VERL_STARE_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "targe
                     "w_max", "m_min", "scope", "gate")
 #: the plugin's policy-loss config class (``actor_rollout_ref.actor.policy_loss._target_``)
 VERL_POLICY_LOSS_TARGET = "stare_lab.integrations.verl.STAREPolicyLossConfig"
-_DEFAULT_BAND = 0.05
 #: the trainer keys ``--format verl`` writes a line for (:func:`_verl_lines`); other overrides are warned about
 VERL_CARRIED_KEYS = frozenset([f"loss.stare.{k}" for k in _VERL_STARE_KEYS] + [
     "loss.loss_mode", "loss.clip_ratio_low", "loss.clip_ratio_high", "loss.clip_ratio_c", "loss.loss_agg_mode",
@@ -73,76 +95,6 @@ def _model_size_b(path: str) -> float | None:
     """Parameter count in billions named in a model path (``Qwen2.5-32B-Base`` → 32.0), else None."""
     sizes = [float(m) for m in re.findall(r"(?<![\d.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])", path or "")]
     return max(sizes) if sizes else None
-
-
-def collect_settings(sources: list[str | Path], method: str, force: bool = False) -> dict[str, Any]:
-    """Find the runs of ``method`` under ``sources`` and return their common STARE settings and provenance.
-
-    Returns:
-        ``{"stare": {key: value for PROMOTED_KEYS}, "runs": [{"path", "seed", "summary"}], "refusals": [...]}``
-        (``refusals`` lists what ``force`` overrode).
-
-    Raises:
-        RunError: no run directory under the sources, or no run of ``method`` (the message lists the methods found).
-        ConfigError: the runs of ``method`` disagree on the STARE settings (ambiguous), a run's config is incomplete,
-            its method has no STARE settings, or it failed its band criterion — the last three only without
-            ``force``.
-    """
-    for s in sources:
-        if not Path(s).exists():
-            raise RunError(f"{str(s)!r} does not exist")
-    paths = find_runs(sources)
-    if not paths:
-        raise RunError(f"no run directories (with metrics.jsonl) under {', '.join(map(str, sources))}")
-    runs = [read_run(p) for p in paths]
-    matching = [r for r in runs if r.config.get("method") == method]
-    if not matching:
-        found = sorted({str(r.config.get("method")) for r in runs})
-        raise RunError(f"no run of method {method!r} under {', '.join(map(str, sources))}; methods found: "
-                       + ", ".join(found))
-    refusals: list[str] = []
-
-    def refuse(msg: str) -> None:
-        if not force:
-            raise ConfigError(msg + " (use --force to promote anyway)")
-        refusals.append(msg)
-
-    settings: dict[tuple, list] = {}
-    for r in matching:
-        loss = r.config.get("loss") if isinstance(r.config.get("loss"), dict) else {}
-        stare = loss.get("stare") if isinstance(loss.get("stare"), dict) else None
-        if stare is None:
-            raise ConfigError(f"run {r.path} has an incomplete config: no loss.stare section")
-        missing = [k for k in PROMOTED_KEYS if k not in stare]
-        if missing:
-            raise ConfigError(f"run {r.path} has an incomplete config: loss.stare lacks {', '.join(missing)}")
-        if loss.get("loss_mode") != "stare":
-            refuse(f"method {method!r} has no STARE settings (run {r.path} uses loss_mode={loss.get('loss_mode')!r})")
-        summary = r.summary or {}
-        dev = summary.get("mean_abs_dev_second_half")
-        band = r.config.get("band", _DEFAULT_BAND)
-        if dev is None:
-            refuse(f"run {r.path} has no band result in summary.json (mean_abs_dev_second_half); incomplete run?")
-        elif isinstance(band, (int, float)) and dev > band:
-            refuse(f"run {r.path} failed its band criterion: mean |H - H_tgt| over the second half = {dev:.4g} > "
-                   f"band {band:g}")
-        key = tuple(stare[k] for k in PROMOTED_KEYS)
-        settings.setdefault(key, []).append(r)
-    if len(settings) > 1:
-        variants = "; ".join(
-            ", ".join(f"{k}={v}" for k, v in zip(PROMOTED_KEYS, key)) + f" ({len(rs)} runs, e.g. {rs[0].path})"
-            for key, rs in settings.items()
-        )
-        raise ConfigError(f"method {method!r} is ambiguous: its runs have {len(settings)} different STARE settings: "
-                          f"{variants}; pass one run directory or a narrower sweep")
-    key = next(iter(settings))
-    return {
-        "stare": dict(zip(PROMOTED_KEYS, key)),
-        "runs": [
-            {"path": str(r.path), "seed": r.config.get("seed"), "summary": r.summary} for r in matching
-        ],
-        "refusals": refusals,
-    }
 
 
 def _probe_entropy(probe: str | Path) -> float:
@@ -191,8 +143,9 @@ def promote(
     target_entropy_frac: float | None = None,
     probe: str | Path | None = None,
     force: bool = False,
+    calibration: str | Path | None = None,
 ) -> tuple[str, dict[str, Any], list[str]]:
-    """Build the promoted config.
+    """Build the promoted config (W/M from evidence, the regime check and the proposal: module docstring).
 
     Returns:
         ``(text, provenance, notices)``: the file content (YAML or verl override lines), the provenance dict and
@@ -202,8 +155,9 @@ def promote(
 
     Raises:
         ConfigError / RunError: bad format, missing/ambiguous runs, refusals (see :func:`collect_settings`),
-            conflicting target-entropy options, or a merged config the trainer's loader rejects.
-        DataError: the ``--probe`` reports a non-positive or non-finite initial entropy.
+            conflicting target-entropy options, a merged config the trainer's loader rejects, a W sweep where no
+            grid W held, a calibration without a finite W for the promoted variant.
+        DataError: the ``--probe`` reports a non-positive or non-finite initial entropy; a malformed calibration.
     """
     from trainer.config import load_trainer_config  # the trainer's own loader validates the result
 
@@ -213,7 +167,7 @@ def promote(
         raise ConfigError("give at most one of --target-entropy and --target-entropy-frac")
     if target_entropy_frac is not None and probe is None:
         raise ConfigError("--target-entropy-frac needs --probe (a run directory or JSON with the initial entropy)")
-    found = collect_settings(sources, method, force=force)
+    found, strength, candidates, cal = evidence(sources, method, force, calibration)
     data = load_yaml(base)
     base_stare = load_trainer_config(data).loss.stare  # the base itself must be valid
     base_w, base_m = float(base_stare.reweight_w), float(base_stare.reweight_m)
@@ -224,10 +178,24 @@ def promote(
     stare = loss.setdefault("stare", {})
     stare.update(found["stare"])
     data["method"] = method
+    calibrated: set[str] = set()
+    if cal is not None and strength is not None:
+        stare["reweight_w"] = strength.w
+        calibrated.add("reweight_w")
+        if strength.m is not None:
+            stare["reweight_m"] = strength.m
+            calibrated.add("reweight_m")
+        if stare.get("adaptive") and calibrated_w_max(cal) is not None:
+            stare["w_max"] = calibrated_w_max(cal)
+            calibrated.add("w_max")
+        notices.append(f"W{'/M' if strength.m is not None else ''}{' and w_max' if 'w_max' in calibrated else ''} "
+                       f"calibrated to the target model: {strength.describe()}")
 
     user_keys = {k for k, _ in parse_overrides(overrides)}
     size = _model_size_b(str((data.get("model") or {}).get("path", "")))
-    if size is not None and size >= 14:
+    if size is not None and size >= 14 and calibrated:
+        notices.append(f"model size guidance ({size:g}B) not applied: W/M are calibrated to the target model")
+    elif size is not None and size >= 14:
         touched = {"loss.stare.reweight_w", "loss.stare.reweight_m"} & user_keys
         if not touched:
             w0, m0 = float(stare["reweight_w"]), float(stare["reweight_m"])
@@ -256,7 +224,10 @@ def promote(
     if "loss.stare.target_entropy" in user_keys:
         tgt_source = "the command line override loss.stare.target_entropy"
     notices.insert(0, f"target entropy {tgt:g} nats from {tgt_source} (never copied from a simulation)")
-    warnings = _push_warnings(cfg.loss.stare, base_w, base_m, user_keys) + _seed_warnings(found["runs"])
+    pushed_keys = user_keys | {f"loss.stare.{k}" for k in calibrated}  # evidence about the target: not warned
+    warnings = _push_warnings(cfg.loss.stare, base_w, base_m, pushed_keys) + _seed_warnings(found["runs"])
+    regime = regime_check(found, cal, probe, notices)
+    warnings += [f"regime: {w}" for w in regime["warnings"]]
     if fmt == "verl" and _verl_dropped(user_keys):
         warnings.append(
             f"--format verl emits only the STARE and loss keys; not carried: {', '.join(_verl_dropped(user_keys))} "
@@ -269,6 +240,10 @@ def promote(
         "base": str(base),
         "source_runs": found["runs"],
         "promoted": {k: getattr(cfg.loss.stare, k) for k in PROMOTED_KEYS},
+        "strength": None if strength is None else strength.to_dict(),
+        "evidence": [x.to_dict() for x in candidates],
+        "calibration": None if cal is None else cal.get("path"),
+        "regime": regime,
         "target_entropy": {"value": tgt, "from": tgt_source},
         "overrides": list(overrides),
         "forced": bool(found["refusals"]),
@@ -345,6 +320,9 @@ def _comment_block(provenance: dict[str, Any], notices: list[str]) -> str:
             if k in s
         )
         lines.append(f"  {run['path']} (seed {run.get('seed')}): {facts}")
+    strength = provenance.get("strength")
+    if strength:
+        lines.append(f"critical W: {CriticalStrength.from_dict(strength).describe()}")
     lines += [f"note: {n}" for n in notices]
     lines += [f"WARNING: {w}" for w in provenance.get("warnings") or []]
     if provenance["forced"]:
@@ -389,7 +367,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-entropy", type=float, default=None, help="H_tgt in nats (else from --base)")
     parser.add_argument("--target-entropy-frac", type=float, default=None,
                         help="H_tgt = FRAC x the model's initial entropy measured by --probe")
-    parser.add_argument("--probe", default=None, help="trainer run dir or JSON with initial_entropy")
+    parser.add_argument("--probe", default=None,
+                        help="trainer run dir or JSON with initial_entropy; a probe run of the target model with "
+                        "pred/d_grpo, pred/d_lplus (or pred/d_ratio) rows also gives its regime for the check")
+    parser.add_argument("--calibration", default=None,
+                        help="calibration.json (or the folder stare-lab calibrate wrote): promote its calibrated W "
+                        "(and M for C2, w_max for the adaptive schedule)")
     parser.add_argument("--force", action="store_true", help="promote despite refusals (recorded)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.set_defaults(extra_overrides=[])
@@ -417,7 +400,7 @@ def main(args: argparse.Namespace) -> int:
     text, provenance, notices = promote(
         sources, args.method, args.base, fmt=args.fmt, overrides=overrides,
         target_entropy=args.target_entropy, target_entropy_frac=args.target_entropy_frac, probe=args.probe,
-        force=args.force,
+        force=args.force, calibration=getattr(args, "calibration", None),
     )
     out.write_text(text)
     if args.fmt == "stare-lab":

@@ -1,0 +1,312 @@
+"""What ``stare-lab promote`` reads (:mod:`trainer.planning.promote`): the source runs' STARE settings, the evidence the
+promoted W comes from, and the regime check (docs/theory.md §7–8).
+
+* :func:`collect_settings`: the common STARE settings of a method's runs under the sources, with the band refusals.
+* :func:`evidence`: the critical strength the promoted W (and M, ``w_max``) comes from — *calibrated* (a
+  ``calibration.json``: evidence about the target model) > *measured* (a W sweep's smallest W held on every seed)
+  > the runs' own W when they all held (*measured*, an upper bound) — and every candidate seen
+  (:class:`stare_lab.critical.CriticalStrength`).
+* :func:`regime_check`: the source's regime against the target's (:mod:`stare_lab.regime`), and the proposal to
+  calibrate when a probe run of the target is given without a calibration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength
+from stare_lab.errors import ConfigError, RunError
+from stare_lab.regime import (
+    CALIBRATION_FILE, calibrated_strengths, read_calibration, regime_mismatches, run_regime,
+)
+from stare_lab.runs import find_runs, read_run
+from stare_lab.summary import band_held
+
+__all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "regime_check"]
+
+#: The STARE keys carried from a simulation into the trainer config (``loss.stare.*``); target_entropy is not.
+PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope")
+_DEFAULT_BAND = 0.05
+
+
+def _dotted(config: dict[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _matches(config: dict[str, Any], point: dict[str, Any]) -> bool:
+    """The run's config has every dotted ``key = value`` of ``point`` (numbers compared to 1e-9)."""
+    for key, want in point.items():
+        got = _dotted(config, key)
+        if isinstance(want, (int, float)) and isinstance(got, (int, float)) and not isinstance(got, bool):
+            if not math.isclose(float(got), float(want), rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif got != want:
+            return False
+    return True
+
+
+def _held(r: Any) -> bool | None:
+    """:func:`stare_lab.summary.band_held` of a run, its summary completed from its config (target, band)."""
+    s = dict(r.summary or {})
+    if s.get("target_entropy") is None:
+        s["target_entropy"] = _dotted(r.config, "loss.stare.target_entropy")
+    s.setdefault("band", r.config.get("band", _DEFAULT_BAND))
+    return band_held(s)
+
+
+def _merged_regime(runs: list[Any]) -> dict[str, Any]:
+    """The median over ``runs`` of each number of :func:`stare_lab.regime.run_regime` (each run measured where its
+    entropy crosses its own H_tgt), and their ``mode`` when they share one."""
+    regs = [run_regime(r.metrics, _dotted(r.config, "loss.stare.target_entropy"), r.config) for r in runs]
+    out: dict[str, Any] = {}
+    for key in ("d_ratio", "lplus_above_sstar", "target_over_optimal", "entropy"):
+        vals = sorted(v[key] for v in regs if v[key] is not None)
+        out[key] = (vals[len(vals) // 2] + vals[(len(vals) - 1) // 2]) / 2 if vals else None
+    modes = {v["mode"] for v in regs}
+    out["mode"] = modes.pop() if len(modes) == 1 else None
+    return out
+
+
+def collect_settings(
+    sources: list[str | Path], method: str, force: bool = False, *, point: dict[str, Any] | None = None,
+    free_keys: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Find the runs of ``method`` under ``sources`` and return their common STARE settings and provenance.
+
+    Args:
+        point: keep only the runs whose config has these dotted values (a W sweep's measured W and its slice).
+        free_keys: :data:`PROMOTED_KEYS` that come from a calibration: the runs may differ in them, and their band
+            criterion is not checked (the promoted W is not theirs).
+
+    Returns:
+        ``{"stare": {key: value for PROMOTED_KEYS}, "runs": [{"path", "seed", "summary"}], "refusals": [...],
+        "held": [bool | None per run], "regime": ...}`` (``refusals`` lists what ``force`` overrode; ``regime``
+        the runs' :func:`_merged_regime`; in ``stare`` a free key holds the first run's value).
+
+    Raises:
+        RunError: no run directory under the sources, or no run of ``method`` (the message lists the methods found).
+        ConfigError: the runs of ``method`` disagree on the STARE settings (ambiguous), a run's config is incomplete,
+            its method has no STARE settings, or it failed its band criterion — the last three only without
+            ``force``.
+    """
+    for s in sources:
+        if not Path(s).exists():
+            raise RunError(f"{str(s)!r} does not exist")
+    paths = find_runs(sources)
+    if not paths:
+        raise RunError(f"no run directories (with metrics.jsonl) under {', '.join(map(str, sources))}")
+    runs = [read_run(p) for p in paths]
+    matching = [r for r in runs if r.config.get("method") == method]
+    if not matching:
+        found = sorted({str(r.config.get("method")) for r in runs})
+        raise RunError(f"no run of method {method!r} under {', '.join(map(str, sources))}; methods found: "
+                       + ", ".join(found))
+    if point:
+        matching = [r for r in matching if _matches(r.config, point)]
+        if not matching:
+            where = ", ".join(f"{k}={v}" for k, v in point.items())
+            raise RunError(f"no run of method {method!r} at {where} under {', '.join(map(str, sources))}")
+    refusals: list[str] = []
+
+    def refuse(msg: str) -> None:
+        if not force:
+            raise ConfigError(msg + " (use --force to promote anyway)")
+        refusals.append(msg)
+
+    settings: dict[tuple, list] = {}
+    for r in matching:
+        loss = r.config.get("loss") if isinstance(r.config.get("loss"), dict) else {}
+        stare = loss.get("stare") if isinstance(loss.get("stare"), dict) else None
+        if stare is None:
+            raise ConfigError(f"run {r.path} has an incomplete config: no loss.stare section")
+        missing = [k for k in PROMOTED_KEYS if k not in stare]
+        if missing:
+            raise ConfigError(f"run {r.path} has an incomplete config: loss.stare lacks {', '.join(missing)}")
+        if loss.get("loss_mode") != "stare":
+            refuse(f"method {method!r} has no STARE settings (run {r.path} uses loss_mode={loss.get('loss_mode')!r})")
+        summary = r.summary or {}
+        dev = summary.get("mean_abs_dev_second_half")
+        band = r.config.get("band", _DEFAULT_BAND)
+        if "reweight_w" in free_keys:
+            pass  # the promoted W comes from a calibration: this run's band says nothing about it
+        elif dev is None:
+            refuse(f"run {r.path} has no band result in summary.json (mean_abs_dev_second_half); incomplete run?")
+        elif _held(r) is False:
+            refuse(f"run {r.path} failed its band criterion: mean |H - H_tgt| over the second half = {dev:.4g} "
+                   f"(held below min(band {band:g}, H_tgt/4), with a final entropy >= H_tgt/2)")
+        key = tuple(None if k in free_keys else stare[k] for k in PROMOTED_KEYS)
+        settings.setdefault(key, []).append(r)
+    if len(settings) > 1:
+        variants = "; ".join(
+            ", ".join(f"{k}={v}" for k, v in zip(PROMOTED_KEYS, key)) + f" ({len(rs)} runs, e.g. {rs[0].path})"
+            for key, rs in settings.items()
+        )
+        raise ConfigError(f"method {method!r} is ambiguous: its runs have {len(settings)} different STARE settings: "
+                          f"{variants}; pass one run directory or a narrower sweep")
+    first = matching[0].config["loss"]["stare"]
+    return {
+        "stare": {k: first[k] for k in PROMOTED_KEYS},
+        "runs": [
+            {"path": str(r.path), "seed": r.config.get("seed"), "summary": r.summary} for r in matching
+        ],
+        "refusals": refusals,
+        "held": [_held(r) for r in matching],
+        "regime": _merged_regime(matching),
+    }
+
+
+_W_KEY = "loss.stare.reweight_w"
+
+
+def _find_calibration(sources: list[str | Path], calibration: str | Path | None) -> dict[str, Any] | None:
+    """The calibration to promote from: ``calibration`` (a file or the folder holding one), else a
+    ``calibration.json`` directly inside a source folder (``stare-lab calibrate``'s output), else None.
+
+    Raises:
+        ConfigError: several source folders hold one (say which with --calibration).
+        RunError / DataError: :func:`stare_lab.regime.read_calibration`.
+    """
+    if calibration is not None:
+        return read_calibration(calibration)
+    found = [Path(src) / CALIBRATION_FILE for src in sources if (Path(src) / CALIBRATION_FILE).is_file()]
+    if len(found) > 1:
+        raise ConfigError(f"{len(found)} source folders hold a {CALIBRATION_FILE} ({', '.join(map(str, found))}); "
+                          "choose one with --calibration")
+    return read_calibration(found[0]) if found else None
+
+
+def _sweep_measured(sources: list[str | Path], method: str) -> tuple[CriticalStrength, dict[str, Any]] | None:
+    """The *measured* critical W of ``method`` from a W sweep among ``sources`` (a folder whose ``summary.json`` has
+    ``critical.<method>``, written by ``stare-lab simulate --sweep stare.reweight_w=…``): the record and the
+    dotted config values of its runs (W and the slice). None when no source is such a sweep.
+
+    Raises:
+        ConfigError: the sweep found no grid W that held the band on every seed.
+    """
+    for src in sources:
+        path = Path(src) / "summary.json"
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        c = ((data.get("critical") or {}) if isinstance(data, dict) else {}).get(method)
+        if not isinstance(c, dict) or not any(d.get("kind") == "measured" for d in c.get("strengths") or []):
+            continue
+        rec = CriticalStrength.from_dict(next(d for d in c["strengths"] if d.get("kind") == "measured"))
+        rec = CriticalStrength(rec.kind, rec.w, rec.m, rec.low, rec.high, f"{rec.source} ({path})")
+        if rec.w is None:
+            raise ConfigError(f"the W sweep of {method!r} in {str(src)!r} found no grid W that held the band on every "
+                              f"seed (the largest tried: {rec.low:g}): no measured critical W to promote; extend the "
+                              "grid, or promote a calibrated W (--calibration)")
+        return rec, {_W_KEY: rec.w, **(c.get("slice") or {})}
+    return None
+
+
+def _own_strength(found: dict[str, Any], method: str, sources: list[str | Path]) -> CriticalStrength | None:
+    """Runs of one setting that all held the band: their W as a *measured* strength, an upper bound of the critical
+    W (no sweep: the smallest W that holds is not known); None when a run did not hold (promoted with --force)."""
+    held = found["held"]
+    if not held or not all(h is True for h in held):
+        return None
+    st = found["stare"]
+    m = st["reweight_m"] if str(st["variant"]).upper() == "C2" else None
+    return CriticalStrength("measured", st["reweight_w"], m, None, st["reweight_w"],
+                            f"{method} at W={st['reweight_w']:g} held the band on {len(held)}/{len(held)} runs under "
+                            f"{', '.join(map(str, sources))} (no W sweep: an upper bound of the critical W)")
+
+
+def _calibrated_choice(cal: dict[str, Any], stare: dict[str, Any]) -> CriticalStrength:
+    """The calibrated strength for the promoted variant (O1: ``critical.o1``; C2: ``critical.c2`` at its M).
+
+    Raises:
+        ConfigError: the calibration has none for this variant, or its W is infinite (no W holds the band).
+    """
+    c2 = str(stare["variant"]).upper() == "C2"
+    pick = [x for x in calibrated_strengths(cal) if (x.m is not None) == c2]
+    if not pick:
+        raise ConfigError(f"calibration {cal.get('path')!r} has no critical.{'c2' if c2 else 'o1'}.w for the promoted "
+                          f"variant {stare['variant']}")
+    if not math.isfinite(pick[0].w):
+        raise ConfigError(f"calibration {cal.get('path')!r} says no W holds the band for {stare['variant']} (critical "
+                          "W infinite): nothing to promote; see docs/theory.md §8")
+    return pick[0]
+
+
+def _probe_regime(probe: str | Path | None) -> dict[str, Any] | None:
+    """The target model's regime from a ``--probe`` run directory that logs the D terms or ``pred/d_ratio``
+    (:func:`stare_lab.regime.run_regime` over all its rows), else None."""
+    if probe is None or not Path(probe).is_dir():
+        return None
+    run = read_run(probe)
+    if not any(k in row for row in run.metrics for k in (KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO)):
+        return None
+    reg = run_regime(run.metrics, None, {**run.config, "mode": "sampled"})
+    return reg if reg["d_ratio"] is not None else None
+
+
+def _calibrate_available() -> bool:
+    """Whether a ``stare-lab calibrate`` command is installed (entry point ``calibrate``)."""
+    from importlib import metadata
+
+    try:
+        return any(ep.name == "calibrate" for ep in metadata.entry_points(group="stare_lab.commands"))
+    except Exception:  # noqa: BLE001 - broken metadata: say it is not available
+        return False
+
+
+def evidence(sources: list[str | Path], method: str, force: bool, calibration: str | Path | None
+              ) -> tuple[dict[str, Any], CriticalStrength | None, list[CriticalStrength], dict[str, Any] | None]:
+    """``(found, strength, evidence, calibration)``: the source runs' settings (:func:`collect_settings`), the
+    critical strength the promoted W comes from (calibrated > a W sweep's measured W > the runs' own held W; None
+    when forced past a failed band), every candidate seen, and the calibration dict (or None)."""
+    cal = _find_calibration(sources, calibration)
+    measured = _sweep_measured(sources, method)
+    if cal is not None:
+        found = collect_settings(sources, method, force=force, free_keys=("reweight_w", "reweight_m", "w_max"))
+        chosen = _calibrated_choice(cal, found["stare"])
+        evidence = calibrated_strengths(cal) + ([measured[0]] if measured else [])
+        return found, chosen, evidence, cal
+    if measured is not None:
+        found = collect_settings(sources, method, force=force, point=measured[1])
+        return found, measured[0], [measured[0]], None
+    found = collect_settings(sources, method, force=force)
+    own = _own_strength(found, method, sources)
+    return found, own, [own] if own else [], None
+
+
+def regime_check(found: dict[str, Any], cal: dict[str, Any] | None, probe: str | Path | None,
+                  notices: list[str]) -> dict[str, Any]:
+    """``{"source", "target", "warnings"}``: the regime the promoted W was found in (the calibration's ``regime``,
+    else the source runs'), the target's (a ``--probe`` run's, else the calibration's ``probe``, else "sampled":
+    the trainer samples G responses), and :func:`stare_lab.regime.regime_mismatches` between them. Adds the
+    calibration proposal to ``notices`` when a probe run is given without a calibration."""
+    if cal is not None:
+        source = {**(cal.get("regime") or {}), "name": f"the calibrated toy ({cal.get('path')})"}
+    else:
+        source = {**found["regime"], "name": "the source runs (at their H_tgt crossing)"}
+    probe_reg = _probe_regime(probe)
+    if probe_reg is not None:
+        target = {**probe_reg, "name": f"the target model's probe ({probe})"}
+        if cal is None:
+            how = (f"`stare-lab calibrate {probe}`, then promote from its output folder (it holds "
+                   f"{CALIBRATION_FILE}) or pass --calibration" if _calibrate_available() else
+                   "stare-lab calibrate (not installed here: install the project's simulators)")
+            notices.append(f"the probe measured D_L+/|D_GRPO| = {probe_reg['d_ratio']:.3g} on the target model; for a "
+                           f"W calibrated to it run {how}")
+    elif cal is not None and isinstance(cal.get("probe"), dict):
+        p = cal["probe"]
+        target = {"d_ratio": p.get("d_ratio"), "lplus_above_sstar": p.get("lplus_above_sstar"),
+                  "entropy": p.get("entropy"), "target_over_optimal": None, "mode": "sampled",
+                  "name": f"the target model's probe ({p.get('run', '?')})"}
+    else:
+        target = {"mode": "sampled", "name": "the trainer"}
+    warnings = regime_mismatches(source, target, (source["name"], target["name"]))
+    return {"source": source, "target": target, "warnings": warnings}
