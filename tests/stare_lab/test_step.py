@@ -62,6 +62,8 @@ def test_stare_weights_by_hand():
     want[0, 1:3] = 1.5
     want[1, 1] = 0.5
     assert torch.equal(p.token_weights, want)
+    assert p.selection.lplus.nonzero().tolist() == [[0, 1], [0, 2]]  # the sets themselves are kept
+    assert p.selection.lminus.nonzero().tolist() == [[1, 1]]
     row = p.metrics()
     assert row["stare/num_pos_selected"] == 2 and row["stare/num_neg_selected"] == 1
     assert row["stare/num_pos_candidates"] == 3 and row["stare/num_neg_candidates"] == 2
@@ -159,6 +161,13 @@ def _compare_to_one_process(parts: list[StepBatch], cfg: LossConfig) -> None:
                          for r in results])
         assert torch.equal(got, ref.token_weights)
         assert group.calls == [4] * len(parts)  # named sums + 2 histograms + ties
+        for key in ("lplus", "lminus"):  # each rank keeps its rows of the sets
+            if getattr(ref.selection, key) is None:
+                assert all(getattr(r.selection, key) is None for r in results)
+                continue
+            sets = torch.cat([torch.nn.functional.pad(getattr(r.selection, key), (0, width - r.token_weights.shape[1]))
+                              for r in results])
+            assert torch.equal(sets, getattr(ref.selection, key)), key
     else:
         assert ref.needs.token_weights is False or not ref.gate_on
 
