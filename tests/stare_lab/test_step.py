@@ -266,11 +266,11 @@ def _toy_needs(cfg: LossConfig) -> LossNeeds:
     return LossNeeds(entropy=True, global_stats=("test_step_entropy_mean",))
 
 
-@register_policy_loss("test_step_entropy_centred", needs=_toy_needs)
-def entropy_centred(prep, cfg):
+@register_policy_loss("test_step_entropy_centred", needs=_toy_needs, metrics=("loss/toy",))
+def entropy_centred(ctx, cfg):
     """A toy loss defined outside the package: ℓ = −Â·ρ·(H_t − H̄_step), H̄_step the step's token-mean entropy."""
-    h = prep.inputs.entropy.detach().float()
-    return -prep.adv * prep.ratio * (h - prep.inputs.global_stats["test_step_entropy_mean"]), {"loss/toy": 1.0}
+    h = ctx.inputs.entropy.detach().float()
+    return -ctx.adv * ctx.ratio * (h - ctx.inputs.global_stats["test_step_entropy_mean"]), {"loss/toy": 1.0}
 
 
 def test_a_loss_registered_outside_the_package():
