@@ -222,21 +222,16 @@ def register_policy_loss(
 
 
 def unregister_policy_loss(name: str) -> None:
-    """Remove the loss ``name`` registered outside the package (e.g. to register a new version of it).
+    """Remove the loss ``name`` registered outside the package (e.g. to register a new version of it). A method that
+    selects it (``stare_lab.methods``) stays defined and fails with the unknown loss name when used: unregister it
+    too (``stare_lab.methods.unregister_method``).
 
     Raises:
-        ConfigError: ``name`` is not registered, is a built-in loss (:data:`BUILTIN_LOSSES`), or a method still
-            selects it (``stare_lab.methods.unregister_method`` that method first).
+        ConfigError: ``name`` is not registered, or is a built-in loss (:data:`BUILTIN_LOSSES`).
     """
-    from .methods import METHODS  # the methods module imports the losses lazily too: no cycle at import time
-
     get_policy_loss(name)
     if name in BUILTIN_LOSSES:
         raise ConfigError(f"policy loss {name!r} is built in and cannot be unregistered")
-    users = [m for m, spec in METHODS.items() if spec["loss"]["loss_mode"] == name]
-    if users:
-        raise ConfigError(f"policy loss {name!r} is the loss of method(s) {', '.join(map(repr, users))}: "
-                          "unregister_method them first")
     del _REGISTRY[name], _NEEDS[name], _METRICS[name]
 
 
