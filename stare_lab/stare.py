@@ -87,18 +87,39 @@ def _counts(k_pos: Tensor, n_pos: Tensor, k_neg: Tensor, n_neg: Tensor, num_vali
 class STARESelection:
     """The STARE sets of one batch (docs/theory.md §4): which tokens ω reweights.
 
+    Held as one int32 code per token (0: neither set, 1: L+, 2: L−), the buffer the radix select writes; the masks
+    are read off it on demand and ω is one table lookup.
+
     Attributes:
-        lplus: ``[B, T]`` bool, L+ (the selected high-surprisal tokens with Â > 0).
-        lminus: ``[B, T]`` bool, L− (Â < 0; variant C2), or None when L− was not selected (variant O1).
+        code: ``[B, T]`` int32 set codes.
+        has_lminus: whether L− was selected (variant C2).
         counts: 0-dim tensors ``stare/num_pos_selected``, ``stare/num_neg_selected`` (|L±|),
             ``stare/num_pos_candidates``, ``stare/num_neg_candidates`` (|T±|; 0 for T− without L−),
             ``stare/frac_pos_selected``, ``stare/frac_neg_selected`` (|L±| / valid tokens, over the whole
-            selection — all ranks for a distributed one, while the masks are this rank's rows).
+            selection — all ranks for a distributed one, while ``code`` holds this rank's rows).
     """
 
-    lplus: Tensor
-    lminus: Tensor | None
+    code: Tensor
+    has_lminus: bool
     counts: dict[str, Tensor]
+
+    @classmethod
+    def from_masks(cls, lplus: Tensor, lminus: Tensor | None, counts: dict[str, Tensor]) -> "STARESelection":
+        """The selection of two disjoint bool masks (``lminus`` None: L− not selected)."""
+        code = lplus.to(torch.int32)
+        if lminus is not None:
+            code.add_(lminus.to(torch.int32), alpha=_CODE_LMINUS)
+        return cls(code=code, has_lminus=lminus is not None, counts=counts)
+
+    @property
+    def lplus(self) -> Tensor:
+        """``[B, T]`` bool: L+ (the selected high-surprisal tokens with Â > 0)."""
+        return self.code == _CODE_LPLUS
+
+    @property
+    def lminus(self) -> Tensor | None:
+        """``[B, T]`` bool: L− (Â < 0, variant C2), or None when L− was not selected (variant O1)."""
+        return (self.code == _CODE_LMINUS) if self.has_lminus else None
 
     def weights(self, reweight_w: float, reweight_m: float = 1.0) -> Tensor:
         """ω ``[B, T]`` float32: fl32(W) on L+, fl32(M) on L− (when selected), 1.0 elsewhere — the same bits as
@@ -108,11 +129,8 @@ class STARESelection:
             ConfigError: ``reweight_w`` ∉ [1, float32 max] or ``reweight_m`` ∉ [float32 smallest normal, 1].
         """
         _check_weights(float(reweight_w), float(reweight_m))
-        omega = torch.ones(self.lplus.shape, dtype=torch.float32, device=self.lplus.device)
-        omega.masked_fill_(self.lplus, float(reweight_w))
-        if self.lminus is not None:
-            omega.masked_fill_(self.lminus, float(reweight_m))
-        return omega
+        table = torch.tensor([1.0, float(reweight_w), float(reweight_m)], dtype=torch.float32, device=self.code.device)
+        return table[self.code]
 
 
 def select_stare_sets(
@@ -129,7 +147,7 @@ def select_stare_sets(
     T+ = valid tokens with Â > 0, T− = valid tokens with Â < 0 (Â = 0 and padding are never selected).
     L± = the k = max(1, ⌈P·|T±|⌉) tokens of T± with the highest surprisal s = −log π (none if T± is empty or
     P = 0), ties broken by position (see :func:`select_top_surprisal`); L− only for variant C2. One radix select
-    writes both sets' codes into one int32 buffer; the masks are read off it.
+    writes both sets' codes into one int32 buffer (:attr:`STARESelection.code`).
 
     Args:
         logprobs: ``[B, T]`` log-probabilities (nats) of the sampled tokens (detached here).
@@ -158,8 +176,7 @@ def select_stare_sets(
         lp2, mask, adv_bt > 0, top_p_ratio, code, _CODE_LPLUS, 0,
         member2=adv_bt < 0 if c2 else None, on_value2=_CODE_LMINUS, count_valid=True,
     )
-    return STARESelection(lplus=code == _CODE_LPLUS, lminus=(code == _CODE_LMINUS) if c2 else None,
-                          counts=_counts(k_pos, n_pos, k_neg, n_neg, num_valid))
+    return STARESelection(code=code, has_lminus=c2, counts=_counts(k_pos, n_pos, k_neg, n_neg, num_valid))
 
 
 def stare_token_weights(

@@ -587,7 +587,7 @@ def _distributed_selections(
                   "stare/num_pos_candidates": pos.n, "stare/num_neg_candidates": n_neg,
                   "stare/frac_pos_selected": pos.k.to(torch.float32) / n_valid,
                   "stare/frac_neg_selected": k_neg.to(torch.float32) / n_valid}
-        selection = STARESelection(lplus=pos.selected, lminus=None if neg is None else neg.selected, counts=counts)
+        selection = STARESelection.from_masks(pos.selected, None if neg is None else neg.selected, counts)
         res = res[2 if c2 else 1:]
     qvals = {}
     for (n, _), r in zip(quantiles.items(), res):
