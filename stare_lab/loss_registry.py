@@ -48,6 +48,7 @@ __all__ = [
     "loss_metric_names",
     "kl_penalty",
     "LOG_RATIO_CLAMP",
+    "BUILTIN_LOSSES",
 ]
 
 #: |log ρ| is clamped to this before exponentiating (as in verl), so ρ stays finite.
@@ -156,7 +157,6 @@ class LossNeeds:
 # A core computes the per-token loss matrix [B, T] and its own metrics (0-dim tensors or floats).
 CoreLoss = Callable[["LossContext", LossConfig], "tuple[Tensor, dict[str, Any]]"]
 PolicyLoss = Callable[[PolicyLossInputs, "LossConfig | Mapping[str, Any]"], "tuple[Tensor, dict[str, float]]"]
-MetricNames = "Sequence[str] | Callable[[LossConfig], Sequence[str]]"
 
 _REGISTRY: dict[str, PolicyLoss] = {}
 _NEEDS: dict[str, Any] = {}

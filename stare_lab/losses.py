@@ -10,6 +10,10 @@ Method names used by simulators/trainer map onto the registry as: ``grpo`` → `
 (+ dynamic sampling upstream); ``o1`` / ``c2`` / ``o1-adaptive`` → ``stare``; ``entropy_bonus`` → ``grpo`` with
 ``entropy_coeff > 0``; ``clip_cov``, ``kl_cov``, ``forking_tokens`` → themselves.
 
+Every built-in loss starts from :func:`clipped_surrogate` (PPO clip, clip-higher, dual clip), which a loss registered
+outside the package calls too (docs/extending.md); each declares the metric names it returns
+(:data:`SURROGATE_METRICS` plus its own).
+
 What each built-in loss needs from the step (:func:`stare_lab.step.prepare_step` computes it once per step):
 ``stare`` the gate and W/M, and ω for scope ``global``; ``clip_cov`` the step's mean log-prob and advantage and a
 seeded generator; ``kl_cov`` the two means; ``forking_tokens`` the old entropies and the step's entropy threshold.
