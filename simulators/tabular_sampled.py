@@ -8,9 +8,10 @@ a step where none survives skips its update, ``skipped=1``), group advantages
 (``stare_lab.advantages.group_advantages``, one call for the whole batch: groups are contiguous), then the core's
 step preparation per run (:func:`stare_lab.step.prepare_step` on the run's kept tokens): the gate and W/M (from the
 batch token-mean entropy; under dynamic sampling that of the kept batch, as in the trainer), ω (scope ``global``),
-the token counts and every global statistic the loss declares. The D terms of docs/theory.md §7 also need the
-selected sets L+ / L− of runs whose gate is off or that have no STARE at all: ``stare_lab.stare.stare_token_weights``
-with variant C2 and marker weights selects both over the run's whole batch.
+the token counts and every global statistic the loss declares. The D terms of docs/theory.md §7 need both selected
+sets L+ / L− of every run: those the preparation kept when it selected both (a C2 run with its gate on), else
+``stare_lab.stare.select_stare_sets`` with variant C2 over the run's whole batch (runs whose gate is off, O1 runs, runs
+without STARE).
 
 Update. For the losses of :data:`CLOSED_FORMS` (token-mean aggregation, no entropy/KL/TIS term) the gradient of the
 core loss at ρ = 1 is ∂loss/∂log π_a = −Â·ω/N per token, so the step is the closed form Δz = (lr/G) Σ_i Â_i ω_i
@@ -28,9 +29,8 @@ from typing import Any
 import torch
 
 from stare_lab.advantages import group_advantages
-from stare_lab.decomposition import MARKER_M, MARKER_W
 from stare_lab.losses import compute_policy_loss
-from stare_lab.stare import stare_token_weights
+from stare_lab.stare import select_stare_sets
 from stare_lab.step import PreparedStep, StepBatch, prepare_step
 
 from .dynamic_sampling import select_groups
@@ -121,23 +121,28 @@ def rollouts(batch, pi: torch.Tensor) -> dict[str, Any]:
     return out
 
 
-def _selected_sets(batch, logp_tok: torch.Tensor, adv: torch.Tensor, kept: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """L+ and L− ``[R, S, G, L]`` bool of every run (the core's selection over the run's kept tokens, with the
-    run's P; both sets whatever the run's variant and gate, for the D terms)."""
+def _selected_sets(batch, logp_tok: torch.Tensor, adv: torch.Tensor, kept: list[int],
+                   preps: list[PreparedStep | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """L+ and L− ``[R, S, G, L]`` bool of every run: the core's sets over the run's kept tokens with the run's P,
+    both sets whatever the run's variant and gate (for the D terms) — the ones ``preps[r]`` kept when its
+    preparation selected both, else :func:`stare_lab.stare.select_stare_sets` (variant C2)."""
     R, S, G, L = logp_tok.shape
-    weights = torch.ones(R, S, G, L, dtype=torch.float32)
+    lplus = torch.zeros(R, S, G, L, dtype=torch.bool)
+    lminus = torch.zeros(R, S, G, L, dtype=torch.bool)
     lp32 = logp_tok.float()
     mask = torch.ones(S * G, L, dtype=torch.bool)
+    top_p = batch.top_p.tolist()
     for r in range(R):
         n = kept[r]
         if n == 0:
             continue
-        w, _ = stare_token_weights(
-            lp32[r, :n].view(n * G, L), adv[r, :n].view(n * G), mask[: n * G], batch.marker_stare[r],
-            gate_on=True, reweight_w=MARKER_W, reweight_m=MARKER_M,
-        )
-        weights[r, :n] = w.view(n, G, L)
-    return weights == MARKER_W, weights == MARKER_M
+        sets = None if preps is None else preps[r].selection
+        if sets is None or sets.lminus is None:
+            sets = select_stare_sets(lp32[r, :n].view(n * G, L), adv[r, :n].reshape(n * G), mask[: n * G], top_p[r],
+                                     variant="C2")
+        lplus[r, :n] = sets.lplus.view(n, G, L)
+        lminus[r, :n] = sets.lminus.view(n, G, L)
+    return lplus, lminus
 
 
 def _prepare(batch, r: int, roll, logp_tok, adv, pol: Policy, h_gate: float, step: int) -> PreparedStep:
@@ -220,7 +225,7 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor, step: int) -> Step
     psi_tok = pol.psi.reshape(-1)[flat]
     h_list = h_gate.tolist()
     preps = [_prepare(batch, r, roll, logp_tok, adv, pol, h_list[r], step) for r in range(R)]
-    lplus, lminus = _selected_sets(batch, logp_tok, adv, kept)
+    lplus, lminus = _selected_sets(batch, logp_tok, adv, kept, preps)
     omega = torch.ones(R, S, G, L, dtype=torch.float32)
     for r, p in enumerate(preps):
         if p.token_weights is not None:

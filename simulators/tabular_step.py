@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from stare_lab.decomposition import selection_stare
 from stare_lab.entropy import entropy_from_logits
 from stare_lab.losses import loss_needs
 
@@ -62,8 +61,6 @@ class TabularBatch:
         self.needs = [loss_needs(c.loss.loss_mode, c.loss) for c in self.configs]
         self.is_stare = torch.tensor([n.stare for n in self.needs])
         self.is_c2 = torch.tensor([n.stare and c.loss.stare.variant == "C2" for n, c in zip(self.needs, self.configs)])
-        # the selection of both sets L+ and L− (stare_lab.decomposition: C2, marker weights) with each run's P, for the D terms
-        self.marker_stare = [selection_stare(c.loss.stare) for c in self.configs]
 
     @property
     def size(self) -> int:

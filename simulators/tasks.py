@@ -21,6 +21,10 @@ Tasks (``TaskConfig.name``):
   the mode, so STARE's reweighting of high-surprisal tokens has nothing to act on (docs/theory.md §6); it is kept as the
   honest negative control.
 
+A task of one's own: subclass :class:`Task` (override :meth:`Task.check` and :meth:`Task.demonstrations`; the
+vocabulary and layout stay these) and :func:`register_task` it, e.g. from a plugin (``stare-lab --plugin``,
+docs/extending.md); ``task.name=NAME`` then selects it.
+
 Prompts are generated from a seed (:func:`make_splits`): a pool of distinct prompts, split into a train set and a
 held-out eval set that share no prompt. Rewards are 1.0 (correct) or 0.0 (wrong), from :meth:`Task.check`.
 Warm-start demonstrations (:meth:`Task.demonstrations`) are correct answers (uniformly random among the correct
@@ -43,14 +47,18 @@ __all__ = [
     "PAD",
     "VOCAB_SIZE",
     "TASKS",
+    "TASK_CLASSES",
     "TaskConfig",
     "Task",
     "make_task",
+    "register_task",
+    "unregister_task",
     "make_splits",
 ]
 
 BOS, SEP, EOS, PAD = 10, 11, 12, 13
 VOCAB_SIZE = 14
+#: The built-in tasks.
 TASKS = ("pick", "sort")
 
 
@@ -81,7 +89,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         p = config_prefix("task")
-        check_choice(join_key(p, "name"), self.name, TASKS)
+        check_choice(join_key(p, "name"), self.name, list(TASK_CLASSES))
         check_positive(join_key(p, "num_digits"), self.num_digits, integer=True)
         check_range(join_key(p, "num_digits"), self.num_digits, 2, 9)
         check_positive(join_key(p, "answer_len"), self.answer_len, integer=True)
@@ -192,15 +200,48 @@ class Task:
         return torch.cat([answer, torch.full((b, 1), EOS, dtype=torch.long)], dim=1)
 
 
+#: task name → the :class:`Task` class that implements it (the built-ins and those added by :func:`register_task`)
+TASK_CLASSES: dict[str, type[Task]] = {name: Task for name in TASKS}
+
+
+def register_task(name: str, cls: type[Task]) -> None:
+    """Make ``task.name=NAME`` select ``cls`` (a subclass of :class:`Task`), e.g. from a plugin.
+
+    Raises:
+        ConfigError: an empty or taken name, or ``cls`` not a subclass of :class:`Task`.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"task name {name!r} must be a non-empty string")
+    if name in TASK_CLASSES:
+        raise ConfigError(f"task {name!r} is already registered; choose another name")
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"task {name!r}: {cls!r} must be a subclass of simulators.tasks.Task")
+    TASK_CLASSES[name] = cls
+
+
+def unregister_task(name: str) -> None:
+    """Remove a task added with :func:`register_task`.
+
+    Raises:
+        ConfigError: ``name`` is not registered, or is built in (:data:`TASKS`).
+    """
+    if name not in TASK_CLASSES:
+        raise ConfigError(f"task {name!r} is not registered (one of {{{', '.join(TASK_CLASSES)}}})")
+    if name in TASKS:
+        raise ConfigError(f"task {name!r} is built in and cannot be unregistered")
+    del TASK_CLASSES[name]
+
+
 def make_task(config: TaskConfig | str) -> Task:
-    """A :class:`Task` from a config (or a task name with default sizes).
+    """A :class:`Task` from a config (or a task name with default sizes): an instance of the class registered for
+    ``config.name`` (:data:`TASK_CLASSES`).
 
     Raises:
         ConfigError: on an unknown task name (names the allowed ones) or invalid sizes.
     """
     if isinstance(config, str):
         config = TaskConfig(name=config)
-    return Task(config)
+    return TASK_CLASSES[config.name](config)
 
 
 def make_splits(task: Task, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

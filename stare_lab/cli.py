@@ -5,6 +5,10 @@ Each wing owns its subcommand in its own ``cli.py`` and registers it under the e
 one sub-parser and sets ``func`` (``func(args) -> int`` exit code) as its default. The core never imports its
 callers: the commands are discovered with :mod:`importlib.metadata`. A subcommand whose wing cannot be imported
 (extras not installed) still appears and says why it is unavailable.
+
+Plugins (:mod:`stare_lab.plugins`): ``--plugin NAME`` (repeatable; a module name or a path to a ``.py`` file) and
+the installed entry points of group ``stare_lab.plugins`` are loaded after parsing, before any subcommand runs; a
+plugin that fails to import is one error line naming it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"stare-lab {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE (a module name or a path to a .py file) before the command runs, e.g. to "
+                             "register a loss and its method (repeatable; docs/extending.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     registered: set[str] = set()
     try:
@@ -102,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from .plugins import load_plugins
+
+        load_plugins(args.plugin)
         return int(args.func(args) or 0)
     except StareLabError as err:
         print(f"stare-lab {args.command}: error: {err}", file=sys.stderr)

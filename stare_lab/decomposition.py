@@ -6,7 +6,7 @@
 with P the optimizer's preconditioner of the step (:func:`stare_lab.first_order.adam_preconditioner`) and the
 products summed by :func:`stare_lab.first_order.linearised_entropy_change`. The trainer (``trainer/step/prediction.py``)
 and the transformer simulator use these, so both split a step the same way; the tabular simulator computes the same
-split in closed form on logits and selects its sets with :func:`selection_stare`.
+split in closed form on logits and selects its sets with :func:`stare_lab.stare.select_stare_sets`.
 
 L+ (L−) are the tokens STARE would select with the run's ``stare.top_p_ratio`` — whatever the run's loss, variant and
 gate — so a GRPO run gives the conservative W* estimate and a STARE run the held-trajectory one (docs/theory.md §7).
@@ -24,18 +24,14 @@ from .critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
 from .losses import PolicyLossInputs, compute_policy_loss
 from .step import StepBatch, prepare_step
 
-__all__ = ["MARKER_W", "MARKER_M", "selection_stare", "selected_parts", "grpo_objective", "part_objective",
+__all__ = ["selection_stare", "selected_parts", "grpo_objective", "part_objective",
            "decomposition_keys", "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS"]
-
-#: The weights that mark L+ (ω = MARKER_W) and L− (ω = MARKER_M) when the selection is run only to find the sets.
-MARKER_W, MARKER_M = 2.0, 0.5
 
 
 def selection_stare(stare: STAREConfig) -> STAREConfig:
     """The STARE settings that select both L+ and L− with the run's top-P ratio and surprisal rule: variant C2, gate
-    always on, scope global, no adaptation, marker weights :data:`MARKER_W` / :data:`MARKER_M`."""
-    return dataclasses.replace(stare, variant="C2", gate="always", scope="global", adaptive=False,
-                               reweight_w=MARKER_W, reweight_m=MARKER_M)
+    always on, scope global, no adaptation (W and M are not read: the sets come back as masks)."""
+    return dataclasses.replace(stare, variant="C2", gate="always", scope="global", adaptive=False)
 
 
 def _is_c2(loss: LossConfig) -> bool:
@@ -56,11 +52,11 @@ def selected_parts(step_batch: StepBatch, loss: LossConfig, collective=None) -> 
     """
     cfg = dataclasses.replace(loss, loss_mode="stare", entropy_coeff=0.0, kl_coef=0.0, tis_cap=None,
                               stare=selection_stare(loss.stare))
-    sel = prepare_step(step_batch, cfg, collective=collective)
-    w = sel.token_weights if sel.token_weights is not None else torch.ones(step_batch.shape)
-    parts = {KEY_D_LPLUS: (w > 1).float()}
+    sets = prepare_step(step_batch, cfg, collective=collective).selection  # None: no valid token in the step
+    empty = torch.zeros(step_batch.shape, dtype=torch.float32, device=step_batch.response_mask.device)
+    parts = {KEY_D_LPLUS: empty if sets is None else sets.lplus.float()}
     if _is_c2(loss):
-        parts[KEY_D_LMINUS] = (w < 1).float()
+        parts[KEY_D_LMINUS] = empty if sets is None else sets.lminus.float()
     return parts
 
 

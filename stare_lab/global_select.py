@@ -3,10 +3,10 @@
 The STARE sets L± (docs/theory.md §4) and the forking-token entropy threshold (docs/theory.md §3) are quantiles of the
 *whole* step's batch. Across ranks they are computed without gathering the tokens: every rank histograms its keys,
 the histograms are summed (:class:`~stare_lab.collective.Collective`), and every rank reads the same threshold off
-the sum — the two-pass radix select of :mod:`stare_lab.stare` (16 high bits, then the 16 low bits inside the
+the sum — the two-pass radix select of :mod:`stare_lab.radix_select` (16 high bits, then the 16 low bits inside the
 threshold bin), distributed. Ties at the threshold are taken in global row-major order (rank 0's rows first, then
 rank 1's, …; within a rank, row-major), which is the order of the ranks' batches concatenated, so the selection is
-the one :func:`stare_lab.stare.select_top_surprisal` makes on the concatenated batch, token for token.
+the one :func:`stare_lab.radix_select.select_top_surprisal` makes on the concatenated batch, token for token.
 
 Cost per call, whatever the batch size: three collectives (two histograms of ``S × 65536`` counts, int32 when
 they fit, and one ``S × world_size`` int64 tie count; ``S`` = number of sets) and linear-time local work.
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .collective import Collective
 from .errors import DataError
-from .stare import _threshold
+from .radix_select import _threshold
 
 __all__ = ["TopK", "distributed_top_k", "surprisal_keys", "ordered_keys", "key_to_float"]
 
@@ -48,7 +48,7 @@ class TopK(NamedTuple):
 
 
 def surprisal_keys(logprobs: Tensor) -> Tensor:
-    """int64 keys that order like the surprisal s = |log π| as float32, as :mod:`stare_lab.stare` ranks it: the bit
+    """int64 keys that order like the surprisal s = |log π| as float32, as :mod:`stare_lab.radix_select` ranks it: the bit
     pattern of |fl32(log π)| (a non-negative float32 orders like its bit pattern), in ``[0, 2**31)`` (NaN above
     +inf)."""
     return torch.abs(logprobs.detach().to(torch.float32)).view(torch.int32).to(torch.int64)
@@ -82,7 +82,7 @@ def distributed_top_k(
             ``[0, 2**32)`` for each candidate and −1 for every other entry (see :func:`surprisal_keys`,
             :func:`ordered_keys`). Sets may have different shapes; every rank passes the same number of sets.
         num_selected: per set, k as a function of the global candidate count n (0-dim int64 → 0-dim int64,
-            ``0 ≤ k ≤ n``; e.g. ``lambda n: stare._num_selected(n, P)``).
+            ``0 ≤ k ≤ n``; e.g. ``lambda n: radix_select.num_selected(n, P)``).
         collective: the ranks' :class:`~stare_lab.collective.Collective` (:class:`LocalCollective` for one).
         positions: per set, whether to return this rank's selection (ties in global row-major order) or only the
             threshold and counts (enough for a quantile value).

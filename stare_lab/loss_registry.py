@@ -15,16 +15,18 @@ wraps it with what every loss shares, in this order:
 6. metrics: floats under ``loss/…`` and ``stare/…`` converted with a single host transfer.
 
 Each registration declares what the loss reads beyond the always-present tensors (:class:`LossNeeds`: entropy,
-the STARE gate and ω, global statistics of the whole step), possibly as a function of the :class:`LossConfig`;
-:func:`loss_needs` adds what the shared add-ons need (entropy for ``entropy_coeff > 0``, …). The step preparation
-(:func:`stare_lab.step.prepare_step`) reads these declarations, so a new loss is one registration plus its config.
+the STARE gate and ω, global statistics of the whole step) and the names of the metrics it returns, each possibly as
+a function of the :class:`LossConfig`; :func:`loss_needs` adds what the shared add-ons need (entropy for
+``entropy_coeff > 0``, …) and :func:`loss_metric_names` the add-ons' metrics. The step preparation
+(:func:`stare_lab.step.prepare_step`) and the trainer read these declarations, so a new loss is one registration plus
+its config; :func:`unregister_policy_loss` removes one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -35,14 +37,18 @@ from .errors import ConfigError, DataError
 
 __all__ = [
     "PolicyLossInputs",
+    "LossContext",
     "LossNeeds",
     "register_policy_loss",
+    "unregister_policy_loss",
     "get_policy_loss",
     "available_policy_losses",
     "compute_policy_loss",
     "loss_needs",
+    "loss_metric_names",
     "kl_penalty",
     "LOG_RATIO_CLAMP",
+    "BUILTIN_LOSSES",
 ]
 
 #: |log ρ| is clamped to this before exponentiating (as in verl), so ρ stays finite.
@@ -149,54 +155,125 @@ class LossNeeds:
 
 
 # A core computes the per-token loss matrix [B, T] and its own metrics (0-dim tensors or floats).
-CoreLoss = Callable[["_Prepared", LossConfig], "tuple[Tensor, dict[str, Any]]"]
+CoreLoss = Callable[["LossContext", LossConfig], "tuple[Tensor, dict[str, Any]]"]
 PolicyLoss = Callable[[PolicyLossInputs, "LossConfig | Mapping[str, Any]"], "tuple[Tensor, dict[str, float]]"]
 
 _REGISTRY: dict[str, PolicyLoss] = {}
 _NEEDS: dict[str, Any] = {}
+_METRICS: dict[str, Any] = {}
+#: the losses this package registers (:mod:`stare_lab.losses`); they cannot be unregistered
+BUILTIN_LOSSES = ("grpo", "stare", "clip_cov", "kl_cov", "forking_tokens")
 
 
 def register_policy_loss(
-    name: str, needs: LossNeeds | Callable[[LossConfig], LossNeeds] | None = None
+    name: str,
+    needs: LossNeeds | Callable[[LossConfig], LossNeeds] | None = None,
+    metrics: Sequence[str] | Callable[[LossConfig], Sequence[str]] = (),
 ) -> Callable[[CoreLoss], PolicyLoss]:
-    """Decorator: register a loss under ``name``, with what it needs.
+    """Decorator: register a loss under ``name``, with what it needs and the metrics it returns.
 
-    The decorated function ``core(prep, config) -> (loss_mat, metrics)`` receives the validated inputs
-    (``prep.inputs`` plus float32 views ``prep.logprobs``, ``prep.old_logprobs``, ``prep.adv`` (``[B, 1]`` or
-    ``[B, T]``), ``prep.mask`` (bool), ``prep.log_ratio``, ``prep.ratio``) and returns the per-token loss
-    ``[B, T]`` and a dict of metrics (0-dim tensors or floats); a core may also set ``prep.token_weights``
-    (``[B, T]``, no gradient) to have them multiplied in on valid tokens by the aggregation (STARE's ω). The registered (and returned) function is the full
-    loss ``(inputs, config) -> (loss, metrics)``: validation, TIS, aggregation, entropy bonus, KL and metric
-    conversion are added around the core, the same way for every loss.
+    The decorated function ``core(ctx, config) -> (loss_mat, metrics)`` receives a :class:`LossContext` (the
+    validated inputs ``ctx.inputs`` plus float32 views ``ctx.logprobs``, ``ctx.old_logprobs``, ``ctx.adv``
+    (``[B, 1]`` or ``[B, T]``), ``ctx.mask`` (bool), ``ctx.log_ratio``, ``ctx.ratio``) and returns the per-token loss
+    ``[B, T]`` and a dict of metrics (0-dim tensors or floats) whose names it declared in ``metrics``; a core may
+    also set ``ctx.token_weights`` (``[B, T]``, no gradient) to have them multiplied in on valid tokens by the
+    aggregation (STARE's ω). :func:`stare_lab.losses.clipped_surrogate` is the PPO/GRPO clipped surrogate a core
+    usually starts from. The registered (and returned) function is the full loss ``(inputs, config) -> (loss,
+    metrics)``: validation, TIS, aggregation, entropy bonus, KL and metric conversion are added around the core, the
+    same way for every loss.
 
     Args:
         name: the registry name (``LossConfig.loss_mode``).
         needs: what the loss reads beyond the four required tensors (:class:`LossNeeds`), or a function
             ``config -> LossNeeds`` when it depends on the settings (e.g. ω only for scope ``global``);
             ``None`` → nothing. What the shared add-ons need is added by :func:`loss_needs`.
+        metrics: the names of the metrics the core returns (e.g. ``stare_lab.losses.SURROGATE_METRICS`` plus its
+            own), or a function ``config -> names``. Callers learn a step's metric keys from them
+            (:func:`loss_metric_names`) before any call; a core that returns an undeclared name is an error.
 
     Raises:
-        ConfigError: if ``name`` is already registered, or ``needs`` is neither a LossNeeds nor callable.
+        ConfigError: if ``name`` is already registered or not a non-empty string, ``needs`` is neither a LossNeeds
+            nor callable, or ``metrics`` is neither a sequence of names nor callable.
     """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"policy loss name {name!r} must be a non-empty string")
     if needs is not None and not isinstance(needs, LossNeeds) and not callable(needs):
         raise ConfigError(f"needs for policy loss {name!r} must be a LossNeeds or a function of the LossConfig, "
                           f"got {type(needs).__name__}")
+    if not callable(metrics):
+        metrics = _metric_tuple(name, metrics)
 
     def decorator(core: CoreLoss) -> PolicyLoss:
         if name in _REGISTRY:
-            raise ConfigError(f"policy loss {name!r} is already registered")
+            raise ConfigError(f"policy loss {name!r} is already registered (unregister_policy_loss removes it)")
 
         def loss_fn(inputs: PolicyLossInputs, config: LossConfig | Mapping[str, Any] | None = None):
-            return _run(core, inputs, _as_config(config))
+            return _run(name, core, inputs, _as_config(config))
 
         loss_fn.__name__ = getattr(core, "__name__", name)
         loss_fn.__doc__ = core.__doc__
         loss_fn.core = core  # type: ignore[attr-defined]
         _REGISTRY[name] = loss_fn
         _NEEDS[name] = needs
+        _METRICS[name] = metrics
         return loss_fn
 
     return decorator
+
+
+def unregister_policy_loss(name: str) -> None:
+    """Remove the loss ``name`` registered outside the package (e.g. to register a new version of it). A method that
+    selects it (``stare_lab.methods``) stays defined and fails with the unknown loss name when used: unregister it
+    too (``stare_lab.methods.unregister_method``).
+
+    Raises:
+        ConfigError: ``name`` is not registered, or is a built-in loss (:data:`BUILTIN_LOSSES`).
+    """
+    get_policy_loss(name)
+    if name in BUILTIN_LOSSES:
+        raise ConfigError(f"policy loss {name!r} is built in and cannot be unregistered")
+    del _REGISTRY[name], _NEEDS[name], _METRICS[name]
+
+
+def _metric_tuple(name: str, names: Any) -> tuple[str, ...]:
+    if isinstance(names, str) or not isinstance(names, (Sequence, set, frozenset)) or not all(
+            isinstance(n, str) and n for n in names):
+        raise ConfigError(f"metrics of policy loss {name!r} must be a sequence of non-empty metric names (or a "
+                          f"function of the LossConfig returning one), got {names!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def loss_metric_names(
+    name: str, config: LossConfig | Mapping[str, Any] | None = None, *, entropy: bool = False
+) -> tuple[str, ...]:
+    """Every metric name the registered loss ``name`` returns under ``config``: ``loss/pg_loss``, the core's
+    declared names, the add-ons' (``loss/tis_weight_mean`` and for ``tis_mode="mask"`` ``loss/tis_masked_frac``
+    with ``tis_cap``, ``loss/entropy_term`` with ``entropy_coeff > 0``, ``loss/kl`` with ``kl_coef > 0``), the
+    ratio statistics ``loss/ratio_mean``, ``loss/ratio_max``, ``loss/approx_kl``, ``loss/entropy`` when the inputs
+    carry per-token entropy (``entropy``), and ``loss/total`` — the keys of the metrics dict of every call.
+
+    Raises:
+        ConfigError: unknown loss name, bad config, or a ``metrics`` function that returns something else.
+    """
+    get_policy_loss(name)
+    cfg = _as_config(config)
+    out = ["loss/pg_loss", *_declared_metrics(name, cfg)]
+    if cfg.tis_cap is not None:
+        out += ["loss/tis_weight_mean"] + (["loss/tis_masked_frac"] if cfg.tis_mode == "mask" else [])
+    if cfg.entropy_coeff > 0:
+        out.append("loss/entropy_term")
+    if cfg.kl_coef > 0:
+        out.append("loss/kl")
+    out += ["loss/ratio_mean", "loss/ratio_max", "loss/approx_kl"]
+    if entropy or cfg.entropy_coeff > 0:
+        out.append("loss/entropy")
+    out.append("loss/total")
+    return tuple(dict.fromkeys(out))
+
+
+def _declared_metrics(name: str, cfg: LossConfig) -> tuple[str, ...]:
+    declared = _METRICS[name]
+    return _metric_tuple(name, declared(cfg)) if callable(declared) else declared
 
 
 def loss_needs(name: str, config: LossConfig | Mapping[str, Any] | None = None) -> LossNeeds:
@@ -301,8 +378,22 @@ def _as_config(config: LossConfig | Mapping[str, Any] | None) -> LossConfig:
 
 
 @dataclasses.dataclass
-class _Prepared:
-    """Validated inputs shared by every core: float32 views and the PPO ratio."""
+class LossContext:
+    """What a registered loss's core receives (:func:`register_policy_loss`): the validated inputs and the float32
+    views every loss shares. Tensors are ``[B, T]`` unless noted.
+
+    Attributes:
+        inputs: the :class:`PolicyLossInputs` of the call (entropy, global statistics, W/M, … as given).
+        logprobs: log π_θ (nats), float32, with its graph.
+        old_logprobs: log π_old, float32, detached.
+        adv: advantages, float32, detached: ``[B, 1]`` (one per sequence) or ``[B, T]``.
+        mask: the response mask as bool.
+        log_ratio: log ρ = log π_θ − log π_old, clamped to ±:data:`LOG_RATIO_CLAMP` (with its graph).
+        ratio: ρ = exp(log_ratio).
+        finite_checks: (field, 0-dim sum) pairs the wrapper checks for finiteness in one host transfer (internal).
+        token_weights: per-token weights (``[B, T]``, no gradient) a core may set for the aggregation to multiply
+            into its loss matrix on valid tokens (STARE's ω); None = 1.
+    """
 
     inputs: PolicyLossInputs
     logprobs: Tensor
@@ -319,7 +410,7 @@ class _Prepared:
 _BT_FIELDS = ("old_logprobs", "entropy", "rollout_logprobs", "token_weights", "ref_logprobs")
 
 
-def _prepare(inputs: PolicyLossInputs) -> _Prepared:
+def _prepare(inputs: PolicyLossInputs) -> LossContext:
     if not isinstance(inputs, PolicyLossInputs):
         raise DataError(f"inputs must be a PolicyLossInputs, got {type(inputs).__name__}")
     lp = inputs.logprobs
@@ -365,20 +456,20 @@ def _prepare(inputs: PolicyLossInputs) -> _Prepared:
         value = getattr(inputs, name)
         if value is not None and name != "token_weights":  # ω is checked through the loss value (see _run)
             checks.append((name, value.detach().sum()))
-    return _Prepared(inputs, lp32, old, adv, mask, log_ratio, ratio, checks)
+    return LossContext(inputs, lp32, old, adv, mask, log_ratio, ratio, checks)
 
 
-def _raise_non_finite(prep: _Prepared, sums: list[float]) -> None:
+def _raise_non_finite(ctx: LossContext, sums: list[float]) -> None:
     """Called when a finiteness sum is not finite: pinpoint the field (the sum of finite values may overflow)."""
-    for (name, _), total in zip(prep.finite_checks, sums):
+    for (name, _), total in zip(ctx.finite_checks, sums):
         if math.isfinite(total):
             continue
         if name in ("global_num_tokens", "global_num_sequences"):
-            value = getattr(prep.inputs, name)
+            value = getattr(ctx.inputs, name)
             raise DataError(f"{name}={value.detach().reshape(()).item()} must be a finite number >= 0")
         if name == "pg_loss":  # every input above is finite: ω on a valid token, or an overflow
-            weights = prep.token_weights
-            bad = None if weights is None else prep.mask & ~torch.isfinite(weights)
+            weights = ctx.token_weights
+            bad = None if weights is None else ctx.mask & ~torch.isfinite(weights)
             if bad is not None and bad.any():
                 idx = bad.nonzero()[0].tolist()
                 raise DataError(
@@ -388,7 +479,7 @@ def _raise_non_finite(prep: _Prepared, sums: list[float]) -> None:
                 f"the policy loss is {total} although every input is finite: advantages or token weights too large "
                 "(float32 overflow)"
             )
-        value = getattr(prep.inputs, name).detach()
+        value = getattr(ctx.inputs, name).detach()
         bad = ~torch.isfinite(value)
         if bad.any():
             idx = bad.nonzero()[0].tolist()
@@ -398,7 +489,7 @@ def _raise_non_finite(prep: _Prepared, sums: list[float]) -> None:
             )
 
 
-def _tis_weights(prep: _Prepared, rollout_logprobs: Tensor, cfg: LossConfig) -> Tensor:
+def _tis_weights(ctx: LossContext, rollout_logprobs: Tensor, cfg: LossConfig) -> Tensor:
     """Importance weights of the rollout correction (detached), ``[B, T]`` float32.
 
     ``log ρ = old − rollout`` per token (clamped to ±:data:`LOG_RATIO_CLAMP`); with ``tis_level="sequence"`` one
@@ -407,9 +498,9 @@ def _tis_weights(prep: _Prepared, rollout_logprobs: Tensor, cfg: LossConfig) -> 
     1/C ≤ ρ ≤ C and 0 elsewhere (masked IS: out-of-range tokens or sequences leave the loss numerator; the
     normalisers stay the step's global counts). C = ``tis_cap``.
     """
-    log_rho = (prep.old_logprobs - rollout_logprobs.detach().float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_rho = (ctx.old_logprobs - rollout_logprobs.detach().float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if cfg.tis_level == "sequence":
-        log_rho = torch.where(prep.mask, log_rho, torch.zeros_like(log_rho)).sum(-1, keepdim=True)
+        log_rho = torch.where(ctx.mask, log_rho, torch.zeros_like(log_rho)).sum(-1, keepdim=True)
         log_rho = log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     rho = torch.exp(log_rho)
     if cfg.tis_mode == "mask":
@@ -417,34 +508,44 @@ def _tis_weights(prep: _Prepared, rollout_logprobs: Tensor, cfg: LossConfig) -> 
         rho = torch.where(keep, rho, torch.zeros_like(rho))
     else:
         rho = rho.clamp_max(cfg.tis_cap)
-    return rho.expand_as(prep.old_logprobs)
+    return rho.expand_as(ctx.old_logprobs)
 
 
-def _run(core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, float]]:
-    prep = _prepare(inputs)
-    pg_mat, core_metrics = core(prep, cfg)
+def _run(name: str, core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, float]]:
+    ctx = _prepare(inputs)
+    pg_mat, core_metrics = core(ctx, cfg)
+    if not isinstance(pg_mat, Tensor) or pg_mat.shape != ctx.mask.shape or not isinstance(core_metrics, Mapping):
+        raise DataError(f"policy loss {name!r} must return (a [B, T]={tuple(ctx.mask.shape)} loss tensor, a dict of "
+                        f"metrics), got ({type(pg_mat).__name__} of shape {tuple(getattr(pg_mat, 'shape', ()))}, "
+                        f"{type(core_metrics).__name__})")
+    declared = _declared_metrics(name, cfg)
+    undeclared = [k for k in core_metrics if k not in declared]
+    if undeclared:
+        raise ConfigError(f"policy loss {name!r} returned metric {undeclared[0]!r} it did not declare (declared: "
+                          f"{', '.join(declared) or 'none'}); add it to register_policy_loss({name!r}, metrics=...)")
+    core_metrics = dict(core_metrics)
     if cfg.tis_cap is not None:
         if inputs.rollout_logprobs is None:
             raise DataError("tis_cap is set but rollout_logprobs is missing")
-        tis = _tis_weights(prep, inputs.rollout_logprobs, cfg)
+        tis = _tis_weights(ctx, inputs.rollout_logprobs, cfg)
         pg_mat = pg_mat * tis
-        core_metrics["loss/tis_weight_mean"] = masked_mean(tis, prep.mask)
+        core_metrics["loss/tis_weight_mean"] = masked_mean(tis, ctx.mask)
         if cfg.tis_mode == "mask":
-            core_metrics["loss/tis_masked_frac"] = masked_mean(tis == 0, prep.mask)
+            core_metrics["loss/tis_masked_frac"] = masked_mean(tis == 0, ctx.mask)
     agg = dict(
-        mask=prep.mask,
+        mask=ctx.mask,
         mode=cfg.loss_agg_mode,
         global_num_tokens=inputs.global_num_tokens,
         global_num_sequences=inputs.global_num_sequences,
         loss_scale_factor=cfg.loss_scale_factor,
     )
-    pg_loss = aggregate_loss(pg_mat, **agg, token_weights=prep.token_weights)
+    pg_loss = aggregate_loss(pg_mat, **agg, token_weights=ctx.token_weights)
     for name in ("global_num_tokens", "global_num_sequences"):  # a tensor must be finite and >= 0 (checked below)
         value = getattr(inputs, name)
         if isinstance(value, Tensor) and value.numel() == 1:
             v = value.detach().reshape(()).to(device=pg_loss.device, dtype=torch.float32)
-            prep.finite_checks.append((name, torch.where(v >= 0, v, torch.full_like(v, math.nan))))
-    prep.finite_checks.append(("pg_loss", pg_loss.detach()))
+            ctx.finite_checks.append((name, torch.where(v >= 0, v, torch.full_like(v, math.nan))))
+    ctx.finite_checks.append(("pg_loss", pg_loss.detach()))
     loss = pg_loss
     metrics: dict[str, Any] = {"loss/pg_loss": pg_loss.detach()}
     if cfg.entropy_coeff > 0:
@@ -456,35 +557,35 @@ def _run(core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Ten
     if cfg.kl_coef > 0:
         if inputs.ref_logprobs is None:
             raise DataError(f"kl_coef={cfg.kl_coef} needs inputs.ref_logprobs")
-        kl_term = aggregate_loss(kl_penalty(prep.logprobs, inputs.ref_logprobs.float(), cfg.kl_estimator), **agg)
+        kl_term = aggregate_loss(kl_penalty(ctx.logprobs, inputs.ref_logprobs.float(), cfg.kl_estimator), **agg)
         loss = loss + cfg.kl_coef * kl_term
         metrics["loss/kl"] = kl_term.detach()
     with torch.no_grad():
         # products with the 0/1 mask are safe here: every input was checked finite and ρ is clamped
-        maskf = prep.mask.to(torch.float32)
+        maskf = ctx.mask.to(torch.float32)
         n_valid = maskf.sum()
-        masked_ratio = prep.ratio.detach() * maskf
+        masked_ratio = ctx.ratio.detach() * maskf
         metrics["loss/ratio_mean"] = _safe_div(masked_ratio.sum(), n_valid)
         metrics["loss/ratio_max"] = masked_ratio.amax() if masked_ratio.numel() else n_valid
-        metrics["loss/approx_kl"] = _safe_div(-(prep.log_ratio.detach() * maskf).sum(), n_valid)
+        metrics["loss/approx_kl"] = _safe_div(-(ctx.log_ratio.detach() * maskf).sum(), n_valid)
         if inputs.entropy is not None:
             metrics["loss/entropy"] = _safe_div((inputs.entropy.detach().float() * maskf).sum(), n_valid)
     metrics.update(core_metrics)
     metrics["loss/total"] = loss.detach()
-    floats = _to_floats(prep, metrics)
+    floats = _to_floats(ctx, metrics)
     return loss, floats
 
 
-def _to_floats(prep: _Prepared, metrics: dict[str, Any]) -> dict[str, float]:
+def _to_floats(ctx: LossContext, metrics: dict[str, Any]) -> dict[str, float]:
     """One host transfer for every tensor metric and the finiteness sums; raise DataError on non-finite inputs."""
     tensor_keys = [k for k, v in metrics.items() if isinstance(v, Tensor)]
-    n_checks = len(prep.finite_checks)
+    n_checks = len(ctx.finite_checks)
     stacked = torch.stack(
-        [t.detach().reshape(()).to(torch.float64) for _, t in prep.finite_checks]
+        [t.detach().reshape(()).to(torch.float64) for _, t in ctx.finite_checks]
         + [metrics[k].detach().reshape(()).to(torch.float64) for k in tensor_keys]
     ).tolist()
     if not all(math.isfinite(x) for x in stacked[:n_checks]):
-        _raise_non_finite(prep, stacked[:n_checks])
+        _raise_non_finite(ctx, stacked[:n_checks])
     out = {k: float(v) for k, v in metrics.items() if not isinstance(v, Tensor)}
     out.update(zip(tensor_keys, stacked[n_checks:]))
     return out

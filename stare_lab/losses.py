@@ -10,6 +10,10 @@ Method names used by simulators/trainer map onto the registry as: ``grpo`` → `
 (+ dynamic sampling upstream); ``o1`` / ``c2`` / ``o1-adaptive`` → ``stare``; ``entropy_bonus`` → ``grpo`` with
 ``entropy_coeff > 0``; ``clip_cov``, ``kl_cov``, ``forking_tokens`` → themselves.
 
+Every built-in loss starts from :func:`clipped_surrogate` (PPO clip, clip-higher, dual clip), which a loss registered
+outside the package calls too (docs/extending.md); each declares the metric names it returns
+(:data:`SURROGATE_METRICS` plus its own).
+
 What each built-in loss needs from the step (:func:`stare_lab.step.prepare_step` computes it once per step):
 ``stare`` the gate and W/M, and ω for scope ``global``; ``clip_cov`` the step's mean log-prob and advantage and a
 seeded generator; ``kl_cov`` the two means; ``forking_tokens`` the old entropies and the step's entropy threshold.
@@ -28,20 +32,29 @@ from .config import LossConfig
 from .errors import ConfigError, DataError
 from . import loss_registry
 from .loss_registry import (  # noqa: F401 - re-exported: the registry's public names
+    BUILTIN_LOSSES,
     LOG_RATIO_CLAMP,
+    LossContext,
     LossNeeds,
     PolicyLossInputs,
-    _Prepared,
     available_policy_losses,
     compute_policy_loss,
     get_policy_loss,
     kl_penalty,
+    loss_metric_names,
     loss_needs,
     register_policy_loss,
+    unregister_policy_loss,
 )
 from .stare import stare_token_weights
 
-__all__ = [*loss_registry.__all__, "aggregate_loss", "masked_mean", "forking_entropy_threshold"]
+__all__ = [*loss_registry.__all__, "aggregate_loss", "masked_mean", "forking_entropy_threshold", "clipped_surrogate",
+           "SURROGATE_METRICS"]
+
+#: The metrics :func:`clipped_surrogate` returns (declare them when a registered loss passes them on).
+SURROGATE_METRICS = ("loss/clipfrac_high", "loss/clipfrac_low", "loss/clipfrac_dual")
+#: The metrics the ``stare`` loss adds to them.
+STARE_METRICS = ("stare/gate_on", "stare/w", "stare/m", "stare/frac_pos_selected", "stare/frac_neg_selected")
 
 
 def forking_entropy_threshold(entropy: Tensor, response_mask: Tensor, top_quantile: float) -> Tensor:
@@ -73,13 +86,37 @@ def forking_entropy_threshold(entropy: Tensor, response_mask: Tensor, top_quanti
 
 
 
-def _grpo_matrix(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
-    """Per-token PPO/GRPO clipped surrogate with clip-higher and dual clip (docs/theory.md §3).
+def clipped_surrogate(
+    ctx: LossContext, cfg: LossConfig, advantages: Tensor | None = None
+) -> tuple[Tensor, dict[str, Any]]:
+    """Per-token PPO/GRPO clipped surrogate with clip-higher and dual clip (docs/theory.md §3), the matrix the
+    built-in losses start from; call it from a loss's core (:func:`register_policy_loss`) rather than writing the
+    clip again.
 
-    ℓ = max(−Â ρ, −Â clip(ρ, 1 − ε_low, 1 + ε_high)); for Â < 0 additionally ℓ = min(ℓ, −Â c), c = clip_ratio_c.
-    ρ = exp(clamp(log π − log π_old, ±20)).
+    ℓ = max(−Â ρ, −Â clip(ρ, 1 − ε_low, 1 + ε_high)); for Â < 0 additionally ℓ = min(ℓ, −Â c), with
+    ε_low = ``clip_ratio_low``, ε_high = ``clip_ratio_high`` (clip-higher when ε_high > ε_low), c = ``clip_ratio_c``
+    (dual clip) and ρ = exp(clamp(log π − log π_old, ±20)) (``ctx.ratio``).
+
+    Args:
+        ctx: the core's :class:`LossContext`.
+        cfg: the :class:`LossConfig` (clip settings).
+        advantages: Â to use instead of ``ctx.adv`` (e.g. reshaped advantages), float ``[B, 1]`` or ``[B, T]``,
+            detached here; None → ``ctx.adv``.
+
+    Returns:
+        ``(loss, metrics)``: ``[B, T]`` float32 with the graph of ``ctx.logprobs``, and the 0-dim tensors
+        :data:`SURROGATE_METRICS` — the fractions of valid tokens clipped above (Â > 0, ρ > 1 + ε_high), below
+        (Â < 0, ρ < 1 − ε_low) and by the dual clip (Â < 0, ρ > c).
+
+    Raises:
+        DataError: ``advantages`` of another shape.
     """
-    adv, ratio = prep.adv, prep.ratio
+    adv, ratio = ctx.adv, ctx.ratio
+    if advantages is not None:
+        if not isinstance(advantages, Tensor) or advantages.shape not in (adv.shape, ratio.shape):
+            raise DataError(f"clipped_surrogate: advantages must be a tensor of shape {tuple(adv.shape)} or "
+                            f"{tuple(ratio.shape)}, got {tuple(getattr(advantages, 'shape', ()))}")
+        adv = advantages.detach().float()
     neg_adv = -adv
     loss1 = neg_adv * ratio
     loss2 = neg_adv * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
@@ -92,9 +129,9 @@ def _grpo_matrix(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, An
         neg = adv < 0
         pos = adv > 0
         metrics = {
-            "loss/clipfrac_high": masked_mean(pos & (r > 1.0 + cfg.clip_ratio_high), prep.mask),
-            "loss/clipfrac_low": masked_mean(neg & (r < 1.0 - cfg.clip_ratio_low), prep.mask),
-            "loss/clipfrac_dual": masked_mean(neg & (r > cfg.clip_ratio_c), prep.mask),
+            "loss/clipfrac_high": masked_mean(pos & (r > 1.0 + cfg.clip_ratio_high), ctx.mask),
+            "loss/clipfrac_low": masked_mean(neg & (r < 1.0 - cfg.clip_ratio_low), ctx.mask),
+            "loss/clipfrac_dual": masked_mean(neg & (r > cfg.clip_ratio_c), ctx.mask),
         }
     return loss, metrics
 
@@ -105,10 +142,10 @@ def _grpo_matrix(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, An
 # ------------------------------------------------------------------------------------------------------------
 
 
-@register_policy_loss("grpo")
-def grpo_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
+@register_policy_loss("grpo", metrics=SURROGATE_METRICS)
+def grpo_loss(ctx: LossContext, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
     """GRPO / PPO clipped surrogate (docs/theory.md §3; DAPO clip-higher, dual clip for Â < 0)."""
-    return _grpo_matrix(prep, cfg)
+    return clipped_surrogate(ctx, cfg)
 
 
 def _stare_gate(inputs: PolicyLossInputs, cfg: LossConfig) -> bool:
@@ -128,8 +165,8 @@ def _stare_needs(cfg: LossConfig) -> LossNeeds:
     return LossNeeds(stare=True, token_weights=cfg.stare.scope == "global")
 
 
-@register_policy_loss("stare", needs=_stare_needs)
-def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
+@register_policy_loss("stare", needs=_stare_needs, metrics=SURROGATE_METRICS + STARE_METRICS)
+def stare_loss(ctx: LossContext, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
     """STARE: the GRPO surrogate times the token weights ω (docs/theory.md §4, step 5; ω is not renormalised).
 
     Gate (see :class:`PolicyLossInputs`): off ⇒ no multiplication at all, so the loss is bit-identical to
@@ -138,8 +175,8 @@ def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
     tokens (scope ``microbatch``: the reference behaviour; scope ``global`` without precomputed weights: this call
     is taken to be the whole batch).
     """
-    inputs = prep.inputs
-    loss, metrics = _grpo_matrix(prep, cfg)
+    inputs = ctx.inputs
+    loss, metrics = clipped_surrogate(ctx, cfg)
     gate_on = _stare_gate(inputs, cfg)
     w = cfg.stare.reweight_w if inputs.reweight_w is None else float(inputs.reweight_w)
     m = cfg.stare.reweight_m if inputs.reweight_m is None else float(inputs.reweight_m)
@@ -153,28 +190,28 @@ def stare_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
             for key in ("stare/frac_pos_selected", "stare/frac_neg_selected"):
                 metrics[key] = inputs.stare_stats[key]
         else:  # fractions of this call's valid tokens with ω > 1 (L+) and ω < 1 (L−)
-            metrics["stare/frac_pos_selected"] = masked_mean(weights > 1.0, prep.mask)
-            metrics["stare/frac_neg_selected"] = masked_mean(weights < 1.0, prep.mask)
+            metrics["stare/frac_pos_selected"] = masked_mean(weights > 1.0, ctx.mask)
+            metrics["stare/frac_neg_selected"] = masked_mean(weights < 1.0, ctx.mask)
     else:
         weights, stats = stare_token_weights(
-            prep.old_logprobs, prep.adv if inputs.advantages.dim() == 2 else prep.adv.squeeze(-1), prep.mask,
+            ctx.old_logprobs, ctx.adv if inputs.advantages.dim() == 2 else ctx.adv.squeeze(-1), ctx.mask,
             cfg.stare, gate_on=True, reweight_w=w, reweight_m=m,
         )
         metrics["stare/frac_pos_selected"] = stats["stare/frac_pos_selected"]
         metrics["stare/frac_neg_selected"] = stats["stare/frac_neg_selected"]
-    prep.token_weights = weights  # multiplied in by the aggregation: one pass with the mask, not two
+    ctx.token_weights = weights  # multiplied in by the aggregation: one pass with the mask, not two
     return loss, metrics
 
 
-def _covariance(prep: _Prepared) -> Tensor:
+def _covariance(ctx: LossContext) -> Tensor:
     """Per-token Cov_i = (log π_i − mean log π)(Â_i − mean Â) (Cui et al. 2025, docs/theory.md §3), detached; means over
     the valid tokens of the whole step when given in the inputs, else of this call."""
-    inputs = prep.inputs
-    lp = prep.logprobs.detach()
-    adv = prep.adv.expand_as(lp)
-    lp_mean = masked_mean(lp, prep.mask) if inputs.logprob_mean is None else torch.as_tensor(
+    inputs = ctx.inputs
+    lp = ctx.logprobs.detach()
+    adv = ctx.adv.expand_as(lp)
+    lp_mean = masked_mean(lp, ctx.mask) if inputs.logprob_mean is None else torch.as_tensor(
         inputs.logprob_mean, dtype=torch.float32, device=lp.device)
-    adv_mean = masked_mean(adv, prep.mask) if inputs.advantage_mean is None else torch.as_tensor(
+    adv_mean = masked_mean(adv, ctx.mask) if inputs.advantage_mean is None else torch.as_tensor(
         inputs.advantage_mean, dtype=torch.float32, device=lp.device)
     return (lp - lp_mean) * (adv - adv_mean)
 
@@ -187,79 +224,82 @@ def _count_for_ratio(ratio: float, n_valid: int) -> int:
 
 
 @register_policy_loss(
-    "clip_cov", needs=LossNeeds(global_stats=("logprob_mean", "advantage_mean", "generator"))
+    "clip_cov", needs=LossNeeds(global_stats=("logprob_mean", "advantage_mean", "generator")),
+    metrics=SURROGATE_METRICS + ("loss/clip_cov_frac",),
 )
-def clip_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
+def clip_cov_loss(ctx: LossContext, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
     """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; docs/theory.md §3): the GRPO surrogate with the gradient detached on
     a random subset of k = max(1, ⌊r·N⌋) tokens (N = this call's valid tokens, r = ``clip_cov_ratio``) drawn from
     the valid tokens with ω_lo < Cov_i < ω_hi that the PPO clip does not already clip. The loss value is unchanged;
     only those tokens' gradients are removed. r = 0 ⇒ exactly ``grpo``. Random subset from ``inputs.generator``."""
-    loss, metrics = _grpo_matrix(prep, cfg)
-    n_valid = int(prep.mask.sum().item())
+    loss, metrics = clipped_surrogate(ctx, cfg)
+    n_valid = int(ctx.mask.sum().item())
     k = _count_for_ratio(cfg.clip_cov_ratio, n_valid)
     if k == 0:
         metrics["loss/clip_cov_frac"] = 0.0
         return loss, metrics
     with torch.no_grad():
-        cov = _covariance(prep)
-        ratio = prep.ratio.detach()
+        cov = _covariance(ctx)
+        ratio = ctx.ratio.detach()
         # tokens whose clipped term is active (−Â·clip(ρ) > −Â·ρ): Â > 0 with ρ > 1 + ε_high, Â < 0 with ρ < 1 − ε_low
-        clipped_by_ppo = ((prep.adv > 0) & (ratio > 1.0 + cfg.clip_ratio_high)) | (
-            (prep.adv < 0) & (ratio < 1.0 - cfg.clip_ratio_low)
+        clipped_by_ppo = ((ctx.adv > 0) & (ratio > 1.0 + cfg.clip_ratio_high)) | (
+            (ctx.adv < 0) & (ratio < 1.0 - cfg.clip_ratio_low)
         )
-        eligible = prep.mask & ~clipped_by_ppo & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
+        eligible = ctx.mask & ~clipped_by_ppo & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
         n_eligible = int(eligible.sum().item())
         chosen = torch.zeros_like(eligible)
         take = min(k, n_eligible)
         if take > 0:
-            gen = prep.inputs.generator
+            gen = ctx.inputs.generator
             u = torch.rand(eligible.numel(), generator=gen, device=gen.device if gen is not None else None)
             u = torch.where(eligible.view(-1), u.to(eligible.device), torch.full((), 2.0, device=eligible.device))
             chosen.view(-1)[torch.topk(u, take, largest=False).indices] = True
-    metrics["loss/clip_cov_frac"] = masked_mean(chosen, prep.mask)
+    metrics["loss/clip_cov_frac"] = masked_mean(chosen, ctx.mask)
     return torch.where(chosen, loss.detach(), loss), metrics
 
 
-@register_policy_loss("kl_cov", needs=LossNeeds(global_stats=("logprob_mean", "advantage_mean")))
-def kl_cov_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
+@register_policy_loss("kl_cov", needs=LossNeeds(global_stats=("logprob_mean", "advantage_mean")),
+                      metrics=SURROGATE_METRICS + ("loss/kl_cov_frac",))
+def kl_cov_loss(ctx: LossContext, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
     """KL-Cov (Cui et al. 2025; docs/theory.md §3): the GRPO surrogate plus β·|log ρ| (β = ``ppo_kl_coef``) on the
     k = max(1, ⌊r·N⌋) valid tokens with the largest Cov_i (r = ``kl_cov_ratio``, N = this call's valid tokens; ties
     by position). Unlike Cui et al.'s code the base surrogate keeps GRPO's clipping, so r = 0 ⇒ exactly ``grpo``."""
-    loss, metrics = _grpo_matrix(prep, cfg)
-    n_valid = int(prep.mask.sum().item())
+    loss, metrics = clipped_surrogate(ctx, cfg)
+    n_valid = int(ctx.mask.sum().item())
     k = _count_for_ratio(cfg.kl_cov_ratio, n_valid)
     if k == 0:
         metrics["loss/kl_cov_frac"] = 0.0
         return loss, metrics
     with torch.no_grad():
-        cov = _covariance(prep).masked_fill(~prep.mask, float("-inf")).view(-1)
+        cov = _covariance(ctx).masked_fill(~ctx.mask, float("-inf")).view(-1)
         # stable order: sort by -cov, ties by position
         order = torch.sort(-cov, stable=True).indices[:k]
         chosen = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
         chosen[order] = True
-        chosen = chosen.view_as(prep.mask)
-    metrics["loss/kl_cov_frac"] = masked_mean(chosen, prep.mask)
-    penalty = cfg.ppo_kl_coef * prep.log_ratio.abs()
+        chosen = chosen.view_as(ctx.mask)
+    metrics["loss/kl_cov_frac"] = masked_mean(chosen, ctx.mask)
+    penalty = cfg.ppo_kl_coef * ctx.log_ratio.abs()
     return torch.where(chosen, loss + penalty, loss), metrics
 
 
 @register_policy_loss(
-    "forking_tokens", needs=LossNeeds(entropy=True, global_stats=("entropy_threshold",))
+    "forking_tokens", needs=LossNeeds(entropy=True, global_stats=("entropy_threshold",)),
+    metrics=SURROGATE_METRICS + ("loss/forking_frac",),
 )
-def forking_tokens_loss(prep: _Prepared, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
+def forking_tokens_loss(ctx: LossContext, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]]:
     """80/20 forking tokens ("Beyond the 80/20 rule", arXiv 2506.01939; docs/theory.md §3): the GRPO surrogate kept only
     on tokens whose entropy ≥ the threshold of the top ``top_entropy_quantile`` (``inputs.entropy_threshold`` for a
     global quantile, else this call's, see :func:`forking_entropy_threshold`); other tokens contribute 0. The
     normalisers are unchanged (the denominator still counts every valid token)."""
-    inputs = prep.inputs
+    inputs = ctx.inputs
     if inputs.entropy is None:
         raise DataError("forking_tokens needs inputs.entropy (per-token entropy, nats)")
-    loss, metrics = _grpo_matrix(prep, cfg)
+    loss, metrics = clipped_surrogate(ctx, cfg)
     ent = inputs.entropy.detach().float()
     if inputs.entropy_threshold is None:
-        thr = forking_entropy_threshold(ent, prep.mask, cfg.top_entropy_quantile)
+        thr = forking_entropy_threshold(ent, ctx.mask, cfg.top_entropy_quantile)
     else:
         thr = torch.as_tensor(inputs.entropy_threshold, dtype=torch.float32, device=ent.device)
     keep = ent >= thr
-    metrics["loss/forking_frac"] = masked_mean(keep, prep.mask)
+    metrics["loss/forking_frac"] = masked_mean(keep, ctx.mask)
     return torch.where(keep, loss, torch.zeros_like(loss)), metrics

@@ -5,7 +5,8 @@ A *method* (``grpo``, ``o1``, …) names a training recipe; :data:`METHODS` maps
 (``dynamic_sampling``) and the entropy bonus (``entropy_bonus``: the method needs ``loss.entropy_coeff > 0``).
 Simulators build configs from it (:func:`method_overrides`); the trainer checks a config against it
 (:func:`check_method`). A loss registered outside the package (``stare_lab.losses.register_policy_loss``) becomes a
-method with :func:`register_method`; the wings read :data:`METHODS` when they validate, so nothing else is edited.
+method with :func:`register_method` (and stops being one with :func:`unregister_method`); the wings read
+:data:`METHODS` when they validate, so nothing else is edited.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from .config import LossConfig, join_key
 from .errors import ConfigError
 
-__all__ = ["METHODS", "method_overrides", "check_method", "register_method"]
+__all__ = ["METHODS", "BUILTIN_METHODS", "method_overrides", "check_method", "register_method", "unregister_method"]
 
 #: method name → ``{"loss": LossConfig fields (``stare`` a nested STAREConfig dict), "dynamic_sampling": bool}``
 #: plus ``"entropy_bonus": True`` for the method that needs ``loss.entropy_coeff > 0``.
@@ -35,6 +36,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "entropy_bonus": {"loss": {"loss_mode": "grpo"}, "dynamic_sampling": False, "entropy_bonus": True},
     "forking_tokens": {"loss": {"loss_mode": "forking_tokens"}, "dynamic_sampling": False},
 }
+#: the methods defined here; they cannot be unregistered
+BUILTIN_METHODS = tuple(METHODS)
 
 
 def register_method(
@@ -79,6 +82,19 @@ def register_method(
     if entropy_bonus:
         spec["entropy_bonus"] = True
     METHODS[name] = spec
+
+
+def unregister_method(name: str) -> None:
+    """Remove a method added with :func:`register_method` (its loss stays registered).
+
+    Raises:
+        ConfigError: ``name`` is not in :data:`METHODS`, or is a built-in method (:data:`BUILTIN_METHODS`).
+    """
+    if name not in METHODS:
+        raise ConfigError(f"method {name!r} is not defined (one of {{{', '.join(METHODS)}}})")
+    if name in BUILTIN_METHODS:
+        raise ConfigError(f"method {name!r} is built in and cannot be unregistered")
+    del METHODS[name]
 
 
 def method_overrides(method: str) -> dict[str, Any]:

@@ -1,290 +1,52 @@
-"""STARE: surprisal-quantile token weights, the entropy gate and the adaptive W/M controller (docs/theory.md §4).
+"""STARE: the selected sets L± and the token weights, the entropy gate and the adaptive W/M controller
+(docs/theory.md §4).
 
-Two pieces, kept apart on purpose:
+* :func:`select_stare_sets` — the sets themselves: L+ (and L− for variant C2) as bool masks with their counts, a
+  :class:`STARESelection`; :meth:`STARESelection.weights` turns them into ω for a step's W and M. Callers that
+  need the sets (the step preparation keeps them; the D terms of docs/theory.md §7 read them) use this.
+* :func:`stare_token_weights` — ω straight away: the selection writes the float32 bit patterns of W, M and 1.0
+  into the weights' memory in the same pass, the fastest path when the sets are not needed (the losses' scope
+  ``microbatch``).
 
-* :func:`stare_token_weights` — a pure function of one rollout batch: it selects the high-surprisal sets L+ (and
-  L− for variant C2) and returns the per-token weights ω. It is exact (exactly k tokens per set, a documented tie
-  rule), linear-time (a two-pass radix select over the float32 bit patterns of the surprisals, no sort, no top-k)
-  and free of host synchronisation unless asked to validate its inputs, so it can run on a whole optimizer batch
-  every step on an accelerator. Two implementations with identical results: tensor operations (any device) and,
-  for CPU tensors, a fused C kernel (:mod:`stare_lab.native_select`, built on first use; the tensor one is the
-  fallback without a C compiler).
+Both select with the radix select of :mod:`stare_lab.radix_select`: exact (exactly k tokens per set, a documented
+tie rule), linear-time, free of host synchronisation unless asked to validate inputs, and identical between its
+tensor implementation (any device) and the fused CPU kernel (:mod:`stare_lab.native_select`).
+
 * :class:`STAREController` — the per-step state: the gate decision from the batch token-mean entropy and the
   optional adaptive W/M schedule, with ``state_dict()`` / ``load_state_dict()`` for checkpoint/resume.
 
-Scope (``STAREConfig.scope``) is a property of *where* the weights are computed, not of this function: scope
+Scope (``STAREConfig.scope``) is a property of *where* the weights are computed, not of these functions: scope
 ``global`` means the caller passes the whole optimizer batch (all micro-batches, gathered across ranks) once per
-step; scope ``microbatch`` means the loss calls it on each micro-batch (reference behaviour). See
-:mod:`stare_lab.losses`.
+step (:func:`stare_lab.step.prepare_step`); scope ``microbatch`` means the loss calls it on each micro-batch
+(reference behaviour). See :mod:`stare_lab.losses`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import numbers
-import struct
 from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
-from . import native_select
-from .config import STAREConfig
+from .config import STAREConfig, check_range
 from .errors import DataError
+from .radix_select import as_bool_mask, as_rows, float32_bits, select_into, select_top_surprisal
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["STAREConfig", "stare_token_weights", "select_top_surprisal", "STAREController"]
+__all__ = ["STAREConfig", "STARESelection", "select_stare_sets", "stare_token_weights", "select_top_surprisal",
+           "STAREController"]
 
-# Radix select layout: a non-negative float32 surprisal has a bit pattern in [0, 2**31) that orders like the float.
-# Pass 1 histograms the high 16 bits (65536 bins), pass 2 the low 15 bits (32768 bins) of the threshold bin.
-_LO_BITS = 15
-_LO_BINS = 1 << _LO_BITS
-_HI_BINS = 1 << 16
-# Pass 2 sends the keys outside the threshold bin to _TRASH_BINS bins below (and one above) the real ones, spread by
-# position: index_add_ into one bin serialises on that address and costs twice as much as into distinct bins.
-_TRASH_BINS = 64
 # bit pattern of the float32 1.0: the weights are written as bit patterns (exactly fl(W), fl(M) and 1.0)
 _ONE_BITS = 0x3F800000
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 _FLOAT32_TINY = float(torch.finfo(torch.float32).smallest_normal)
-# Relative tolerance on P·n before the ceiling: a decimal P such as 0.1 is stored slightly above 1/10, and
-# ⌈fl(0.1)·30⌉ would be 4 instead of the intended 3.
-_K_RTOL = 1e-12
-
-
-def _num_selected(n: Tensor, top_p_ratio: float) -> Tensor:
-    """k = max(1, ⌈P·n⌉) for n ≥ 1, 0 for n = 0 or P = 0, as an int64 0-dim tensor (docs/theory.md §4).
-
-    ``n`` is an int64 0-dim tensor; computed in float64 with a relative tolerance of 1e-12 below the product so
-    that decimal P give the intended k (e.g. P = 0.1, n = 30 → 3). ``P = 0`` selects nothing, like the reference
-    implementation (hp-luo/STARE returns an empty set when ``top_p_ratio <= 0``).
-    """
-    if top_p_ratio <= 0.0:
-        return torch.zeros((), dtype=torch.int64, device=n.device)
-    k = torch.ceil(n.to(torch.float64) * (top_p_ratio * (1.0 - _K_RTOL))).to(torch.int64)
-    k = torch.minimum(k.clamp_min(1), n)
-    return k  # n = 0 → min(1, 0) = 0
-
-
-def _threshold(hist: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-    """For a histogram ``hist[b]`` (bins ordered by key) and k ≥ 0: the bin b* holding the k-th largest key and the
-    number of keys strictly above that bin. For k = 0 it returns the top bin and 0 (nothing is selected later)."""
-    count_ge = hist.flip(0).cumsum(0).flip(0)  # count_ge[b] = #keys in bins >= b (non-increasing in b)
-    b = ((count_ge >= k).sum() - 1).clamp_min(0)
-    above = count_ge.gather(0, b.view(1)).squeeze(0) - hist.gather(0, b.view(1)).squeeze(0)
-    return b, above
-
-
-def select_top_surprisal(
-    logprobs: Tensor, candidates: Tensor, top_p_ratio: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The k = max(1, ⌈P·n⌉) candidate tokens with the highest surprisal s = −log π (docs/theory.md §4, sets L±).
-
-    Exact and linear-time: a two-pass radix select on the float32 bit patterns of s (a non-negative float32 orders
-    like its bit pattern read as int32), 16 + 15 bits, with histograms accumulated by ``index_add_`` into
-    fixed-size bins and the threshold found from cumulative counts over the bins; k stays a tensor, so there is no
-    host synchronisation (no ``.item()``, no data-dependent shapes).
-
-    Tie rule: all candidates with s above the k-th largest value are selected; among the candidates whose s equals
-    it exactly, the first ones in row-major order (lower row first, then lower column) are taken until exactly k
-    tokens are selected.
-
-    Surprisal: s = |log π| bit for bit, i.e. −log π for every log-probability ≤ 0, with −0.0 and +0.0 both giving
-    s = +0. A positive or NaN log-probability is not a log-probability; :func:`stare_token_weights` rejects it when
-    ``check_inputs`` is on (without the check a NaN ranks above +inf).
-
-    Args:
-        logprobs: ``[B, T]`` (or ``[N]``) log-probabilities of the sampled tokens (nats, ≤ 0), any float dtype;
-            detached here and ranked as float32 (float64 values that round to the same float32 are ties).
-        candidates: bool, same shape: the set to select from (e.g. valid tokens with Â > 0).
-        top_p_ratio: P ∈ [0, 1]; P = 0 selects nothing.
-
-    Returns:
-        ``(selected, k, n)``: bool mask (same shape) with exactly k True entries, all inside ``candidates``; k and
-        the candidate count n as int64 0-dim tensors.
-
-    Raises:
-        DataError: if the shapes differ or the tensors are not 1-D/2-D.
-    """
-    if logprobs.shape != candidates.shape:
-        raise DataError(f"candidates has shape {tuple(candidates.shape)}, expected {tuple(logprobs.shape)}")
-    if logprobs.dim() not in (1, 2):
-        raise DataError(f"logprobs must be [N] or [B, T], got shape {tuple(logprobs.shape)}")
-    shape = logprobs.shape
-    lp2 = _as_rows(logprobs)
-    cand = _as_bool_mask(candidates).reshape(lp2.shape)
-    out = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
-    every_row = torch.ones((lp2.shape[0], 1), dtype=torch.bool, device=lp2.device)
-    selected, k, n, _, _, _ = _select(lp2, cand, every_row, top_p_ratio, out, on_value=1, off_value=0)
-    return selected.bool().view(shape), k, n
-
-
-def _as_rows(logprobs: Tensor) -> Tensor:
-    """Detached float32 ``[rows, cols]`` view (``[N]`` → ``[1, N]``)."""
-    lp = logprobs.detach().to(torch.float32)
-    return lp.reshape(1, -1) if lp.dim() == 1 else lp
-
-
-#: Elements per chunk of the CPU selection passes (512 KiB of int32): the temporaries of a chunk stay in cache.
-CHUNK_ELEMS = 1 << 17
-
-
-def _select(
-    lp2: Tensor,
-    valid: Tensor,
-    member: Tensor,
-    top_p_ratio: float,
-    out: Tensor,
-    on_value: int,
-    off_value: int,
-    member2: Tensor | None = None,
-    on_value2: int = 0,
-    count_valid: bool = False,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """Core of :func:`select_top_surprisal` on ``lp2`` ``[rows, cols]`` float32, for one set or two disjoint ones.
-
-    The candidates of a set are the ``valid`` tokens (bool ``[rows, cols]``) whose flag is set: ``member`` for the
-    first set, ``member2`` (optional, disjoint from ``member``) for the second (bool ``[rows, 1]`` per row, or
-    ``[rows, cols]``; e.g. Â > 0 and Â < 0). The result is written into the int32 ``out`` ``[rows, cols]``:
-    ``on_value`` / ``on_value2`` on the selected tokens of the first / second set, ``off_value`` elsewhere (the
-    weights pass float32 bit patterns here, so that no separate pass converts a 0/1 selection into weights).
-    Returns ``(out, k, n, k2, n2, num_valid)`` (k2 = n2 = 0 without a second set; num_valid, the number of valid
-    tokens, only when ``count_valid``, else None).
-
-    On CPU the fused kernel of :mod:`stare_lab.native_select` runs when it is available (same keys, k and tie rule;
-    identical result); otherwise, and on every other device, :func:`_select_tensor`.
-    """
-    rows, cols = lp2.shape
-    if rows * cols > 0 and lp2.device.type == "cpu" and native_select.available():
-        set_id = member.to(torch.uint8)
-        if member2 is not None:
-            set_id = set_id + member2.to(torch.uint8) * 2
-        p_scaled = top_p_ratio * (1.0 - _K_RTOL) if top_p_ratio > 0 else 0.0
-        k, n, k2, n2, num_valid = native_select.select_into(
-            lp2, valid, set_id, p_scaled, out, on_value, on_value2, off_value
-        )
-        return out, k, n, k2, n2, (num_valid if count_valid else None)
-    set_code = member.to(torch.int32).sub_(2)  # -1 where the flag is set, -2 where not
-    _, k, n, num_valid = _select_tensor(lp2, valid, set_code, top_p_ratio, out, on_value, off_value, count_valid)
-    zero = torch.zeros((), dtype=torch.int64, device=lp2.device)
-    k2 = n2 = zero
-    if member2 is not None:  # the second set into its own buffer, as (on2 − off) / 0, then added: sets are disjoint
-        second = torch.empty_like(out)
-        set_code2 = member2.to(torch.int32).sub_(2)
-        _, k2, n2, _ = _select_tensor(lp2, valid, set_code2, top_p_ratio, second, on_value2 - off_value, 0)
-        out.add_(second)
-    return out, k, n, k2, n2, num_valid
-
-
-def _select_tensor(
-    lp2: Tensor,
-    valid: Tensor,
-    set_code: Tensor,
-    top_p_ratio: float,
-    out: Tensor,
-    on_value: int,
-    off_value: int,
-    count_valid: bool = False,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """The selection in tensor operations, for any device: exact, linear-time, no host synchronisation.
-
-    ``set_code`` is int32 ``[rows, 1]`` or ``[rows, cols]``, −1 where the set flag holds and −2 where not, so that
-    valid + set_code is 0 exactly on the candidates and −1 or −2 elsewhere. Arguments and result otherwise as
-    :func:`_select`.
-
-    Four sweeps: two histogram passes, one tie count, one write. On CPU they run over chunks of about
-    :data:`CHUNK_ELEMS` elements so that their temporaries stay in cache (the whole batch is memory-bound
-    otherwise), and use integer arithmetic rather than comparisons (bool outputs are slow there); on other devices
-    each sweep is one chunk.
-    """
-    rows, cols = lp2.shape
-    device = lp2.device
-    zero = torch.zeros((), dtype=torch.int64, device=device)
-    if rows * cols == 0:
-        return out.fill_(off_value), zero, zero, (zero if count_valid else None)
-    step = max(1, CHUNK_ELEMS // cols) if device.type == "cpu" else rows
-    bounds = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
-    chunk_elems = min(step, rows) * cols
-    scratch = torch.empty(chunk_elems, dtype=torch.int32, device=device)
-    ones = torch.ones(1, dtype=torch.int32, device=device).expand(chunk_elems)
-    # the keys live in `out` until sweep 3 turns them into d and the final sweep into the result; per chunk:
-    # (r0, r1, rows of out, the same flat, scratch of the chunk's size)
-    chunks = [
-        (r0, r1, out[r0:r1], out[r0:r1].view(-1), scratch[: (r1 - r0) * cols]) for r0, r1 in bounds
-    ]
-
-    # pass 1: key = bits of |log π| (≥ 0, orders like s) for candidates; -1 or -2 for the others (OR with the code);
-    # histogram of the high 16 bits shifted to bins 1..65536; non-candidates (key >> 15 = -1) land in bin 0
-    hist1 = torch.zeros(_HI_BINS + 1, dtype=torch.int32, device=device)
-    counts = []
-    for r0, r1, key, flat, buf in chunks:
-        if count_valid:
-            counts.append(torch.count_nonzero(valid[r0:r1]))
-        code = buf.view(r1 - r0, cols).copy_(valid[r0:r1]).add_(set_code[r0:r1])
-        torch.abs(lp2[r0:r1], out=key.view(torch.float32))
-        key.bitwise_or_(code)
-        idx = torch.bitwise_right_shift(flat, _LO_BITS, out=buf).add_(1)
-        hist1.index_add_(0, idx, ones[: buf.numel()])
-    hist1 = hist1[1:].to(torch.int64)
-    n = hist1.sum()
-    k = _num_selected(n, top_p_ratio)
-    b1, above1 = _threshold(hist1, k)
-    k2 = k - above1
-
-    # pass 2: the low 15 bits of the keys inside bin b1 go to bins TRASH..TRASH+32767. Every other key is trash:
-    # below the bin (and the non-candidates) it is clamped up to bin (position mod TRASH), spread so that
-    # index_add_ does not serialise on one address; above the bin it is clamped down to bin TRASH + 32768.
-    # Overflow: key ≥ -2 and key − offset ≤ INT32_MAX except for keys within 64 of INT32_MAX (NaN payloads) when
-    # offset < 0, i.e. b1 = 0; those are above the bin, wrap to negative and are clamped into trash as well.
-    offset = ((b1 << _LO_BITS) - _TRASH_BINS).to(torch.int32)
-    trash = torch.arange(chunk_elems, dtype=torch.int32, device=device).bitwise_and_(_TRASH_BINS - 1)
-    top = torch.full((), _TRASH_BINS + _LO_BINS, dtype=torch.int32, device=device)
-    hist2 = torch.zeros(_TRASH_BINS + _LO_BINS + 1, dtype=torch.int32, device=device)
-    for _, _, _, flat, buf in chunks:
-        idx = torch.sub(flat, offset, out=buf)
-        torch.clamp(idx, min=trash[: buf.numel()], max=top, out=idx)
-        hist2.index_add_(0, idx, ones[: buf.numel()])
-    hist2 = hist2[_TRASH_BINS : _TRASH_BINS + _LO_BINS].to(torch.int64)
-    b2, above2 = _threshold(hist2, k2)
-    t = offset + _TRASH_BINS + b2.to(torch.int32)  # the k-th largest key (INT32_MAX when k = 0: nothing reaches it)
-    need = k2 - above2  # how many of the keys equal to t to take (0 when k = 0)
-
-    # sweep 3: d = clamp(key − (t − 1), 0, 2) ∈ {0: below t, 1: equal to t (tie), 2: above t}, kept in `out`;
-    # ties per row = Σ (d & 1). (key ≥ −2 and t ≥ 0, so key − (t − 1) ≥ INT32_MIN; it overflows only for a NaN
-    # key with every payload bit set at t = 0, which then stays unselected.)
-    ties_per_row = torch.empty(rows, dtype=torch.int32, device=device)
-    t_minus_1 = t - 1
-    for r0, r1, key, _, buf in chunks:
-        d = key.sub_(t_minus_1).clamp_(0, 2)
-        tie = torch.bitwise_and(d, 1, out=buf.view(r1 - r0, cols))
-        torch.sum(tie, 1, dtype=torch.int32, out=ties_per_row[r0:r1])
-
-    # ties, row-major: rows before r* take all their ties, row r* the first `need - ties before r*`, later none.
-    # Rows before r* select d ≥ 1, rows from r* on d ≥ 2: selected = clamp(d + [row < r*] − 1, 0, 1), written as
-    # off + (on − off)·selected; row r* is then rewritten alone.
-    ties_per_row = ties_per_row.to(torch.int64)
-    ties_before = ties_per_row.cumsum(0) - ties_per_row
-    r = (ties_before + ties_per_row < need).sum().clamp_max(rows - 1)  # first row whose ties reach `need`
-    shift = (torch.arange(rows, device=device) < r).to(torch.int32).sub_(1).unsqueeze(1)  # 0 before r*, −1 after
-    d_r = out.index_select(0, r.view(1))  # [1, cols], before the final sweep rewrites row r*
-    alpha = on_value - off_value
-    off = torch.full((), off_value, dtype=torch.int32, device=device)
-    for r0, r1, d, _, _ in chunks:
-        sel = d.add_(shift[r0:r1]).clamp_(0, 1)
-        if (on_value, off_value) != (1, 0):
-            torch.add(off, sel, alpha=alpha, out=sel)
-    tie_r = d_r == 1
-    take_r = tie_r & (tie_r.cumsum(1) <= need - ties_before.gather(0, r.view(1)))
-    sel_r = ((d_r == 2) | take_r).to(torch.int32)
-    out.index_copy_(0, r.view(1), sel_r.mul_(alpha).add_(off_value))
-    return out, k, n, (torch.stack(counts).sum() if count_valid else None)
-
-
-def _float32_bits(value: float) -> int:
-    """The bit pattern of fl32(value) as a signed int32 (round to nearest, like ``torch.tensor(value)``)."""
-    return struct.unpack("<i", struct.pack("<f", value))[0]
+# set codes of select_stare_sets' int32 buffer
+_CODE_LPLUS, _CODE_LMINUS = 1, 2
 
 
 def _check_inputs(logprobs: Tensor, advantages: Tensor, response_mask: Tensor) -> None:
@@ -301,8 +63,120 @@ def _check_inputs(logprobs: Tensor, advantages: Tensor, response_mask: Tensor) -
         )
 
 
-def _as_bool_mask(response_mask: Tensor) -> Tensor:
-    return response_mask if response_mask.dtype == torch.bool else response_mask != 0
+def _check_weights(w: float, m: float) -> None:
+    """ω is float32: W ∈ [1, float32 max], M ∈ [float32 smallest normal, 1] (ConfigError naming the key)."""
+    check_range("reweight_w", w, 1, _FLOAT32_MAX)
+    check_range("reweight_m", m, _FLOAT32_TINY, 1)
+
+
+def _zero_counts(device: torch.device) -> dict[str, Tensor]:
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    return {"stare/num_pos_selected": zero, "stare/num_neg_selected": zero, "stare/num_pos_candidates": zero,
+            "stare/num_neg_candidates": zero, "stare/frac_pos_selected": zero.to(torch.float32),
+            "stare/frac_neg_selected": zero.to(torch.float32)}
+
+
+def _counts(k_pos: Tensor, n_pos: Tensor, k_neg: Tensor, n_neg: Tensor, num_valid: Tensor) -> dict[str, Tensor]:
+    n_valid = num_valid.clamp_min(1).to(torch.float32)
+    return {"stare/num_pos_selected": k_pos, "stare/num_neg_selected": k_neg, "stare/num_pos_candidates": n_pos,
+            "stare/num_neg_candidates": n_neg, "stare/frac_pos_selected": k_pos.to(torch.float32) / n_valid,
+            "stare/frac_neg_selected": k_neg.to(torch.float32) / n_valid}
+
+
+@dataclasses.dataclass
+class STARESelection:
+    """The STARE sets of one batch (docs/theory.md §4): which tokens ω reweights.
+
+    Held as one int32 code per token (0: neither set, 1: L+, 2: L−), the buffer the radix select writes; the masks
+    are read off it on demand and ω is one table lookup.
+
+    Attributes:
+        code: ``[B, T]`` int32 set codes.
+        has_lminus: whether L− was selected (variant C2).
+        counts: 0-dim tensors ``stare/num_pos_selected``, ``stare/num_neg_selected`` (|L±|),
+            ``stare/num_pos_candidates``, ``stare/num_neg_candidates`` (|T±|; 0 for T− without L−),
+            ``stare/frac_pos_selected``, ``stare/frac_neg_selected`` (|L±| / valid tokens, over the whole
+            selection — all ranks for a distributed one, while ``code`` holds this rank's rows).
+    """
+
+    code: Tensor
+    has_lminus: bool
+    counts: dict[str, Tensor]
+
+    @classmethod
+    def from_masks(cls, lplus: Tensor, lminus: Tensor | None, counts: dict[str, Tensor]) -> "STARESelection":
+        """The selection of two disjoint bool masks (``lminus`` None: L− not selected)."""
+        code = lplus.to(torch.int32)
+        if lminus is not None:
+            code.add_(lminus.to(torch.int32), alpha=_CODE_LMINUS)
+        return cls(code=code, has_lminus=lminus is not None, counts=counts)
+
+    @property
+    def lplus(self) -> Tensor:
+        """``[B, T]`` bool: L+ (the selected high-surprisal tokens with Â > 0)."""
+        return self.code == _CODE_LPLUS
+
+    @property
+    def lminus(self) -> Tensor | None:
+        """``[B, T]`` bool: L− (Â < 0, variant C2), or None when L− was not selected (variant O1)."""
+        return (self.code == _CODE_LMINUS) if self.has_lminus else None
+
+    def weights(self, reweight_w: float, reweight_m: float = 1.0) -> Tensor:
+        """ω ``[B, T]`` float32: fl32(W) on L+, fl32(M) on L− (when selected), 1.0 elsewhere — the same bits as
+        :func:`stare_token_weights` writes.
+
+        Raises:
+            ConfigError: ``reweight_w`` ∉ [1, float32 max] or ``reweight_m`` ∉ [float32 smallest normal, 1].
+        """
+        _check_weights(float(reweight_w), float(reweight_m))
+        table = torch.tensor([1.0, float(reweight_w), float(reweight_m)], dtype=torch.float32, device=self.code.device)
+        return table[self.code]
+
+
+def select_stare_sets(
+    logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    top_p_ratio: float,
+    *,
+    variant: str = "C2",
+    check_inputs: bool = False,
+) -> STARESelection:
+    """The STARE sets of one rollout batch (docs/theory.md §4, step 4), as masks.
+
+    T+ = valid tokens with Â > 0, T− = valid tokens with Â < 0 (Â = 0 and padding are never selected).
+    L± = the k = max(1, ⌈P·|T±|⌉) tokens of T± with the highest surprisal s = −log π (none if T± is empty or
+    P = 0), ties broken by position (see :func:`select_top_surprisal`); L− only for variant C2. One radix select
+    writes both sets' codes into one int32 buffer (:attr:`STARESelection.code`).
+
+    Args:
+        logprobs: ``[B, T]`` log-probabilities (nats) of the sampled tokens (detached here).
+        advantages: ``[B]`` or ``[B, T]``.
+        response_mask: ``[B, T]`` bool or 0/1.
+        top_p_ratio: P ∈ [0, 1].
+        variant: ``C2`` (both sets) or ``O1`` (L+ only).
+        check_inputs: also check values (one host synchronisation), as :func:`stare_token_weights`.
+
+    Returns:
+        A :class:`STARESelection` on the inputs' device.
+
+    Raises:
+        DataError: on shape/dtype mismatches, or (``check_inputs``) bad values.
+    """
+    _check_inputs(logprobs, advantages, response_mask)
+    mask = as_bool_mask(response_mask)
+    adv = advantages.detach()
+    if check_inputs:
+        _check_values(logprobs, adv, mask)
+    adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    lp2 = as_rows(logprobs)
+    c2 = variant == "C2"
+    code = torch.empty(lp2.shape, dtype=torch.int32, device=lp2.device)
+    _, k_pos, n_pos, k_neg, n_neg, num_valid = select_into(
+        lp2, mask, adv_bt > 0, top_p_ratio, code, _CODE_LPLUS, 0,
+        member2=adv_bt < 0 if c2 else None, on_value2=_CODE_LMINUS, count_valid=True,
+    )
+    return STARESelection(code=code, has_lminus=c2, counts=_counts(k_pos, n_pos, k_neg, n_neg, num_valid))
 
 
 def stare_token_weights(
@@ -317,10 +191,10 @@ def stare_token_weights(
 ) -> tuple[Tensor, dict[str, Any]]:
     """STARE token weights ω over one rollout batch (docs/theory.md §4, step 4).
 
-    T+ = valid tokens with Â > 0, T− = valid tokens with Â < 0 (Â = 0 and padding are never selected).
-    L± = the k = max(1, ⌈P·|T±|⌉) tokens of T± with the highest surprisal s = −log π (none if T± is empty or
-    P = 0), ties broken by position (see :func:`select_top_surprisal`). With the gate on, ω = W on L+ and, for
-    variant C2, ω = M on L−; ω = 1 elsewhere. With the gate off, ω ≡ 1 and nothing is selected.
+    The sets are those of :func:`select_stare_sets` (L± = the k = max(1, ⌈P·|T±|⌉) highest-surprisal tokens of
+    T±, ties by position). With the gate on, ω = W on L+ and, for variant C2, ω = M on L−; ω = 1 elsewhere. With
+    the gate off, ω ≡ 1 and nothing is selected. The selection writes the bit patterns of fl32(W), fl32(M) and
+    1.0 straight into ω (no mask is materialised); use :func:`select_stare_sets` when the sets are needed.
 
     The selection runs over exactly the tokens given: pass the whole optimizer batch for scope ``global`` (the
     result is then independent of how the batch is later split into micro-batches), one micro-batch for scope
@@ -340,11 +214,9 @@ def stare_token_weights(
             free of host synchronisation; the losses validate their inputs themselves.
 
     Returns:
-        ``(weights, stats)``: ``weights`` ``[B, T]`` float32, detached, 1 on padding; ``stats`` with 0-dim
-        tensors ``stare/num_pos_selected``, ``stare/num_neg_selected`` (|L±|), ``stare/num_pos_candidates``,
-        ``stare/num_neg_candidates`` (|T±|, 0 for T− under O1), ``stare/frac_pos_selected``,
-        ``stare/frac_neg_selected`` (|L±| / valid tokens; 0 with no valid token) and Python floats
-        ``stare/gate_on`` (0/1), ``stare/w``, ``stare/m``. With the gate off every count is 0.
+        ``(weights, stats)``: ``weights`` ``[B, T]`` float32, detached, 1 on padding; ``stats`` with the 0-dim
+        count tensors of :attr:`STARESelection.counts` and Python floats ``stare/gate_on`` (0/1), ``stare/w``,
+        ``stare/m``. With the gate off every count is 0.
 
     Raises:
         DataError: on shape/dtype mismatches, or (``check_inputs``) bad values.
@@ -355,56 +227,29 @@ def stare_token_weights(
     _check_inputs(logprobs, advantages, response_mask)
     w = float(config.reweight_w if reweight_w is None else reweight_w)
     m = float(config.reweight_m if reweight_m is None else reweight_m)
-    from .config import check_range
-
-    check_range("reweight_w", w, 1, _FLOAT32_MAX)  # ω is float32: W, M must be representable (M not 0)
-    check_range("reweight_m", m, _FLOAT32_TINY, 1)
-    mask = _as_bool_mask(response_mask)
+    _check_weights(w, m)
+    mask = as_bool_mask(response_mask)
     adv = advantages.detach()
     if check_inputs:
         _check_values(logprobs, adv, mask)
 
     device = logprobs.device
-    zero = torch.zeros((), dtype=torch.int64, device=device)
-    stats: dict[str, Any] = {
-        "stare/gate_on": float(bool(gate_on)),
-        "stare/w": w,
-        "stare/m": m,
-    }
+    stats: dict[str, Any] = {"stare/gate_on": float(bool(gate_on)), "stare/w": w, "stare/m": m}
     if not gate_on:
-        stats.update(
-            {
-                "stare/num_pos_selected": zero,
-                "stare/num_neg_selected": zero,
-                "stare/num_pos_candidates": zero,
-                "stare/num_neg_candidates": zero,
-                "stare/frac_pos_selected": zero.to(torch.float32),
-                "stare/frac_neg_selected": zero.to(torch.float32),
-            }
-        )
+        stats.update(_zero_counts(device))
         return torch.ones(logprobs.shape, dtype=torch.float32, device=device), stats
 
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
-    lp2 = _as_rows(logprobs)
+    lp2 = as_rows(logprobs)
     # The weights are written as float32 bit patterns: the selection writes bits(W) on L+, bits(M) on L− (C2) and
     # bits(1.0) elsewhere straight into the memory of the weights, so ω is exactly fl(W), fl(M) or 1.0.
     weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
     c2 = config.variant == "C2"
-    _, k_pos, n_pos, k_neg, n_neg, num_valid = _select(
-        lp2, mask, adv_bt > 0, config.top_p_ratio, weights.view(torch.int32), _float32_bits(w), _ONE_BITS,
-        member2=adv_bt < 0 if c2 else None, on_value2=_float32_bits(m), count_valid=True,
+    _, k_pos, n_pos, k_neg, n_neg, num_valid = select_into(
+        lp2, mask, adv_bt > 0, config.top_p_ratio, weights.view(torch.int32), float32_bits(w), _ONE_BITS,
+        member2=adv_bt < 0 if c2 else None, on_value2=float32_bits(m), count_valid=True,
     )
-    n_valid = num_valid.clamp_min(1).to(torch.float32)
-    stats.update(
-        {
-            "stare/num_pos_selected": k_pos,
-            "stare/num_neg_selected": k_neg,
-            "stare/num_pos_candidates": n_pos,
-            "stare/num_neg_candidates": n_neg,
-            "stare/frac_pos_selected": k_pos.to(torch.float32) / n_valid,
-            "stare/frac_neg_selected": k_neg.to(torch.float32) / n_valid,
-        }
-    )
+    stats.update(_counts(k_pos, n_pos, k_neg, n_neg, num_valid))
     return weights, stats
 
 

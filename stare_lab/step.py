@@ -8,8 +8,9 @@ rollouts — and calls :func:`prepare_step` once. Over the whole step (all ranks
   batch token-mean entropy H̄ — all the step's named sums in ONE collective;
 * the STARE gate and W/M, decided by the :class:`~stare_lab.stare.STAREController` (docs/theory.md §4 step 3) through
   :func:`step_gate`, the one place the gate is decided;
-* ω and its statistics for scope ``global`` (docs/theory.md §4 step 4), exact over all ranks
-  (:mod:`stare_lab.global_select` reduces radix histograms; nothing is gathered);
+* the STARE sets L± (kept, :class:`~stare_lab.stare.STARESelection`), ω and its statistics for scope ``global``
+  (docs/theory.md §4 step 4), exact over all ranks (:mod:`stare_lab.global_select` reduces radix histograms;
+  nothing is gathered);
 * each global statistic the loss declared at registration (:class:`~stare_lab.loss_registry.LossNeeds`,
   :data:`GLOBAL_STATS`): token-means (Clip-Cov / KL-Cov's covariance centres), top quantiles (the forking-token
   entropy threshold), a seeded generator (Clip-Cov's random subset);
@@ -36,13 +37,14 @@ import torch
 from torch import Tensor
 
 from .collective import Collective, LocalCollective, reduce_named
-from .config import LossConfig, check_range
+from .config import LossConfig
 from .errors import ConfigError, DataError
 from .global_select import distributed_top_k, key_to_float, ordered_keys, surprisal_keys
 from .global_stats import GLOBAL_STATS, STEP_FIELDS, StepGenerator, TokenMean, TopQuantile, register_global_stat
 from .loss_registry import LossNeeds, PolicyLossInputs, _as_config, loss_needs
 from .losses import forking_entropy_threshold  # also registers the built-in losses before their needs are read
-from .stare import STAREController, _num_selected, stare_token_weights
+from .radix_select import num_selected
+from .stare import STAREController, STARESelection, select_stare_sets
 
 __all__ = [
     "StepBatch",
@@ -209,6 +211,9 @@ class PreparedStep:
         token_weights: ``[B, T]`` float32 ω of this rank's rows (scope ``global`` with the gate on), else None.
         stare_stats: counts and fractions of the selection (``stare/…``, 0-dim tensors) when ω was computed.
         global_stats: name → value of each declared global statistic.
+        num_groups: prompt groups with ≥ 1 valid token over the whole step (when the batch has ``group_ids``).
+        selection: the sets L+ (and L− for C2) behind ω, on this rank's rows
+            (:class:`~stare_lab.stare.STARESelection`), whenever ω was computed; else None.
     """
 
     batch: StepBatch
@@ -225,6 +230,7 @@ class PreparedStep:
     stare_stats: dict[str, Any] | None
     global_stats: dict[str, Any]
     num_groups: int | None = None
+    selection: STARESelection | None = None
 
     def metrics(self) -> dict[str, Any]:
         """The step's row entries (docs/design.md §4 keys): ``entropy`` (H̄ or None), ``gate_on`` (0/1), ``stare_w``,
@@ -379,10 +385,11 @@ def prepare_step(
     Order: (1) the named sums in one collective — valid tokens N, sequences S, Σ entropy, and the sums of each
     declared token-mean; (2) the gate and W/M: ``controller.update(H̄)`` when the loss uses STARE and there is a
     valid token (H̄ = ``batch_entropy`` if given, else the token-mean of ``batch.entropy``); (3) when the gate is on
-    and scope is ``global``: ω over all ranks (docs/theory.md §4: L± = the k = max(1, ⌈P·|T±|⌉) highest-surprisal
-    tokens of T±, surprisal from ``old_logprobs``, ties by global position); (4) declared top quantiles; (5) the
-    seeded generator. Collectives (none on one rank): 1, plus 3 when (3) or (4) runs. On one rank ω and the
-    quantiles come from :func:`stare_lab.stare.stare_token_weights` and
+    and scope is ``global``: the sets L± over all ranks (docs/theory.md §4: the k = max(1, ⌈P·|T±|⌉)
+    highest-surprisal tokens of T±, surprisal from ``old_logprobs``, ties by global position), kept as
+    ``selection``, and ω from them; (4) declared top quantiles; (5) the seeded generator. Collectives (none on one
+    rank): 1, plus 3 when (3) or (4) runs. On one rank the sets and the quantiles come from
+    :func:`stare_lab.stare.select_stare_sets` and
     :func:`stare_lab.losses.forking_entropy_threshold` themselves; across ranks from :mod:`stare_lab.global_select`,
     which gives the same bits.
 
@@ -468,20 +475,22 @@ def prepare_step(
     gate_on, w, m = step_gate(cfg, controller, None if skip else h_bar, needs=needs)
 
     # (3) ω (scope global) and (4) top quantiles, over all ranks
-    weights, stare_stats = None, None
+    weights, stare_stats, selection = None, None, None
     want_weights = needs.token_weights and gate_on and not skip
     quantiles = {n: d for n, d in stat_defs.items() if isinstance(d, TopQuantile)}
     stats: dict[str, Any] = {n: means[d.field] for n, d in stat_defs.items() if isinstance(d, TokenMean)}
     if coll.world_size == 1:
         if want_weights:
-            weights, stare_stats = stare_token_weights(batch.old_logprobs, batch.advantages, mask, cfg.stare,
-                                                       gate_on=True, reweight_w=w, reweight_m=m)
+            selection = select_stare_sets(batch.old_logprobs, batch.advantages, mask, cfg.stare.top_p_ratio,
+                                          variant=cfg.stare.variant)
         for n, d in quantiles.items():
             stats[n] = forking_entropy_threshold(_field(batch, d.field), mask, d.quantile(cfg))
     elif want_weights or quantiles:
-        weights, stare_stats, qvals = _distributed_selections(batch, cfg, coll, want_weights, w, m, quantiles,
-                                                              n_tok)
+        selection, qvals = _distributed_selections(batch, cfg, coll, want_weights, quantiles, n_tok)
         stats.update(qvals)
+    if selection is not None:
+        weights = selection.weights(w, m)
+        stare_stats = {"stare/gate_on": 1.0, "stare/w": w, "stare/m": m, **selection.counts}
     if needs.token_weights and not want_weights:
         stare_stats = _zero_stare_stats(gate_on, w, m, device) if needs.stare else None
 
@@ -492,7 +501,7 @@ def prepare_step(
     return PreparedStep(batch=batch, config=cfg, needs=needs, num_tokens=n_tok, num_sequences=n_seq,
                         entropy=h_bar, skip=skip, gate_on=gate_on, reweight_w=w, reweight_m=m,
                         token_weights=weights, stare_stats=stare_stats, global_stats=stats,
-                        num_groups=int(host["num_groups"]) if "num_groups" in host else None)
+                        num_groups=int(host["num_groups"]) if "num_groups" in host else None, selection=selection)
 
 
 def step_gate(
@@ -544,22 +553,20 @@ def _zero_stare_stats(gate_on: bool, w: float, m: float, device: torch.device) -
 
 
 def _distributed_selections(
-    batch: StepBatch, cfg: LossConfig, coll: Collective, want_weights: bool, w: float, m: float,
-    quantiles: dict[str, TopQuantile], n_tok: int,
-) -> tuple[Tensor | None, dict[str, Any] | None, dict[str, Tensor]]:
-    """ω and the top quantiles over all ranks in one :func:`distributed_top_k` call (3 collectives)."""
+    batch: StepBatch, cfg: LossConfig, coll: Collective, want_sets: bool, quantiles: dict[str, TopQuantile],
+    n_tok: int,
+) -> tuple[STARESelection | None, dict[str, Tensor]]:
+    """The STARE sets and the top quantiles over all ranks in one :func:`distributed_top_k` call (3 collectives)."""
     mask = batch.response_mask
     keys, k_fns, positions = [], [], []
     c2 = cfg.stare.variant == "C2"
-    if want_weights:
-        check_range("reweight_w", w, 1, float(torch.finfo(torch.float32).max))
-        check_range("reweight_m", m, float(torch.finfo(torch.float32).smallest_normal), 1)
+    if want_sets:
         s = surprisal_keys(batch.old_logprobs)
         adv = batch.advantages_bt().detach()
         p = cfg.stare.top_p_ratio
         for member in ([adv > 0, adv < 0] if c2 else [adv > 0]):
             keys.append(torch.where(mask & member, s, -1))
-            k_fns.append(lambda n, p=p: _num_selected(n, p))
+            k_fns.append(lambda n, p=p: num_selected(n, p))
             positions.append(True)
     for d in quantiles.values():
         q = d.quantile(cfg)
@@ -570,22 +577,19 @@ def _distributed_selections(
         k_fns.append(lambda n, k=k: torch.full_like(n, k))
         positions.append(False)
     res = distributed_top_k(keys, k_fns, coll, positions, max_count=n_tok)
-    weights = stare_stats = None
-    if want_weights:
+    selection = None
+    if want_sets:
         pos, neg = res[0], (res[1] if c2 else None)
-        weights = torch.ones(mask.shape, dtype=torch.float32, device=mask.device)
-        weights.masked_fill_(pos.selected, w)
         zero = torch.zeros((), dtype=torch.int64, device=mask.device)
         k_neg, n_neg = (zero, zero) if neg is None else (neg.k, neg.n)
-        if neg is not None:
-            weights.masked_fill_(neg.selected, m)
         n_valid = torch.tensor(n_tok, dtype=torch.int64, device=mask.device).clamp_min(1).to(torch.float32)
-        stare_stats = {"stare/gate_on": 1.0, "stare/w": w, "stare/m": m, "stare/num_pos_selected": pos.k,
-                       "stare/num_neg_selected": k_neg, "stare/num_pos_candidates": pos.n,
-                       "stare/num_neg_candidates": n_neg, "stare/frac_pos_selected": pos.k.to(torch.float32) / n_valid,
-                       "stare/frac_neg_selected": k_neg.to(torch.float32) / n_valid}
+        counts = {"stare/num_pos_selected": pos.k, "stare/num_neg_selected": k_neg,
+                  "stare/num_pos_candidates": pos.n, "stare/num_neg_candidates": n_neg,
+                  "stare/frac_pos_selected": pos.k.to(torch.float32) / n_valid,
+                  "stare/frac_neg_selected": k_neg.to(torch.float32) / n_valid}
+        selection = STARESelection.from_masks(pos.selected, None if neg is None else neg.selected, counts)
         res = res[2 if c2 else 1:]
     qvals = {}
     for (n, _), r in zip(quantiles.items(), res):
         qvals[n] = key_to_float(r.threshold) if n_tok else torch.tensor(float("inf"), device=mask.device)
-    return weights, stare_stats, qvals
+    return selection, qvals

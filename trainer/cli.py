@@ -53,7 +53,7 @@ def tiny_cpu_config(train_data: str, out: str) -> dict[str, Any]:
         "rollout": {"engine": "vllm", "n": 4, "max_response_length": 32, "max_num_seqs": 32},
         "algorithm": {"dynamic_sampling": False},
         "reward": {"kind": "gsm8k-lenient"},
-        "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "gate": "always", "top_p_ratio": 0.2}},
+        "loss": {"stare": {"gate": "always", "top_p_ratio": 0.2}},  # loss_mode and variant: from the method
         "optim": {"lr": 1e-3, "train_batch_size": 8, "micro_batch_max_tokens": 2048, "grad_clip": 1.0},
         "deepspeed": {"zero_stage": 3, "precision": "fp32"},
         "schedule": {"total_steps": 3, "save_freq": 3, "progress_bar": False},

@@ -2,7 +2,8 @@
 
 One YAML file (plus dotted ``key=value`` overrides) builds a :class:`TrainerConfig`::
 
-    method: o1                  # optional: derived from loss/algorithm if omitted; a given label must match them
+    method: o1                  # selects the loss (and its STARE variant) unless loss.* says otherwise; see below
+    plugins: [my_pkg.my_loss]   # optional: modules / .py files that register losses and methods (docs/extending.md)
     seed: 0
     out_dir: runs/o1
     model:     {path: ..., dtype: bfloat16, gradient_checkpointing: true}
@@ -18,6 +19,12 @@ One YAML file (plus dotted ``key=value`` overrides) builds a :class:`TrainerConf
 
 Every default lives here and is printed into the run's ``config.yaml``. Errors are
 :class:`~stare_lab.errors.ConfigError` naming the dotted key (``rollout.n=0 is outside (0, inf)``).
+
+``method`` alone selects the loss, as in the simulators: :func:`load_trainer_config` fills in what the method
+implies (``loss.loss_mode``, the ``loss.stare`` settings it fixes, ``algorithm.dynamic_sampling: true`` for
+``grpo-ds``) wherever the config does not set them; a setting the config does give must agree with the method.
+``plugins`` are imported (:func:`stare_lab.plugins.load_plugins`, with the installed entry-point plugins) before
+the method is looked up, by every process that loads the config — so every torchrun rank has the plugin's loss.
 """
 
 from __future__ import annotations
@@ -28,16 +35,18 @@ from typing import Any, Iterable, Mapping
 
 from stare_lab.config import (
     LossConfig,
+    apply_overrides,
     check_choice,
     check_positive,
     check_range,
     config_prefix,
     from_dict,
-    load_config,
+    load_yaml,
     to_dict,
 )
 from stare_lab.errors import ConfigError
-from stare_lab.methods import METHODS as _METHODS, check_method
+from stare_lab.methods import METHODS as _METHODS, check_method, method_overrides
+from stare_lab.plugins import load_plugins
 
 from trainer.tools.config import ToolUseConfig
 
@@ -53,6 +62,7 @@ __all__ = [
     "TrainerConfig",
     "METHODS",
     "derive_method",
+    "fill_method",
     "load_trainer_config",
     "DEFAULT_PROMPT_TEMPLATE",
 ]
@@ -415,7 +425,10 @@ class TrainerConfig:
             (default): derived from the loss config and ``algorithm.dynamic_sampling`` (:func:`derive_method`). A
             given label must be a key of :data:`METHODS` that the config matches (e.g. ``o1`` needs
             ``loss.loss_mode=stare``, variant O1), so a typo cannot mislabel a run; ``custom:NAME`` is a free label
-            for a setup outside the table.
+            for a setup outside the table. A method given in the YAML or as an override also fills in the loss settings
+            it implies that the config leaves out (:func:`load_trainer_config`).
+        plugins: modules (names, or paths to ``.py`` files) imported before the method and the loss are resolved
+            (:mod:`stare_lab.plugins`): a loss and method registered outside the package, on every rank.
         seed: the run's seed: data order, sampling and initialisation of everything random derive from it.
         out_dir: run directory (``metrics.jsonl``, ``config.yaml``, ``checkpoint/``).
         source: always ``trainer`` (run-directory convention).
@@ -427,6 +440,7 @@ class TrainerConfig:
     """
 
     method: str | None = None
+    plugins: list[str] = dataclasses.field(default_factory=list)
     seed: int = 0
     out_dir: str = "runs/train"
     source: str = "trainer"
@@ -449,6 +463,7 @@ class TrainerConfig:
         elif self.tool is not None and not isinstance(self.tool, ToolUseConfig):
             raise ConfigError(f"{p}tool={self.tool!r} must be a mapping of ToolUseConfig fields or null")
         check_choice(f"{p}source", self.source, ["trainer"])
+        _load_config_plugins(self.plugins, f"{p}plugins")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"{p}seed={self.seed} must be a non-negative integer")
         derived = derive_method(self.loss, self.algorithm.dynamic_sampling)
@@ -506,13 +521,56 @@ def derive_method(loss: LossConfig, dynamic_sampling: bool) -> str:
     return best if best is not None else f"custom:{loss.loss_mode}"
 
 
+def _load_config_plugins(plugins: Any, key: str) -> None:
+    if not isinstance(plugins, list) or not all(isinstance(n, str) and n.strip() for n in plugins):
+        raise ConfigError(f"{key}={plugins!r} must be a list of module names or .py paths, e.g. {key}=[my_loss.py]")
+    load_plugins(plugins)
+
+
+def fill_method(data: dict[str, Any]) -> dict[str, Any]:
+    """What ``data["method"]`` implies, filled into the raw config mapping where it says nothing: ``loss.loss_mode``,
+    the ``loss.stare`` keys the method fixes and, for a method that needs it, ``algorithm.dynamic_sampling: true``
+    (:data:`METHODS`). Keys the mapping gives are kept (:class:`TrainerConfig` then checks they agree); no method,
+    an unknown one or a ``custom:`` label changes nothing. Returns ``data`` (changed in place)."""
+    method = data.get("method")
+    if not isinstance(method, str) or method not in _METHODS:
+        return data
+    spec = method_overrides(method)
+    loss = data.setdefault("loss", {})
+    if not isinstance(loss, dict):
+        return data  # not a mapping: from_dict names the error
+    loss.setdefault("loss_mode", spec["loss"]["loss_mode"])
+    if spec["loss"].get("stare"):
+        stare = loss.setdefault("stare", {})
+        if isinstance(stare, dict):
+            for key, value in spec["loss"]["stare"].items():
+                stare.setdefault(key, value)
+    algorithm = data.setdefault("algorithm", {})
+    if spec["dynamic_sampling"] and isinstance(algorithm, dict):
+        algorithm.setdefault("dynamic_sampling", True)
+    return data
+
+
 def load_trainer_config(
     path: str | Path | Mapping[str, Any] | None, overrides: Iterable[str] = ()
 ) -> TrainerConfig:
-    """Load a :class:`TrainerConfig` from YAML (or a mapping / ``None`` for defaults) plus dotted overrides.
+    """Load a :class:`TrainerConfig` from YAML (or a mapping / ``None`` for defaults) plus dotted overrides: the
+    ``plugins`` are imported first, then what ``method`` implies is filled in (:func:`fill_method`), then the whole
+    config is built and validated.
 
     Raises:
-        ConfigError: missing/invalid file, unknown key, wrong type or out-of-range value (naming the dotted key).
+        ConfigError: missing/invalid file, unknown key, wrong type or out-of-range value (naming the dotted key), a
+            method the loss settings contradict; :class:`~stare_lab.plugins.PluginError` for a plugin that fails to
+            import.
     """
-    return load_config(path, overrides, TrainerConfig)
+    if path is None:
+        data: dict[str, Any] = {}
+    elif isinstance(path, Mapping):
+        data = to_dict(dict(path))
+    else:
+        data = load_yaml(path)
+    data = apply_overrides(data, overrides)
+    if "plugins" in data:
+        _load_config_plugins(data["plugins"], "plugins")
+    return from_dict(TrainerConfig, fill_method(data))
 

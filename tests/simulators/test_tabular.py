@@ -215,14 +215,16 @@ def test_closed_form_update_is_the_gradient_of_the_core_loss(method):
     assert float((delta[0] - want).abs().max()) < 1e-6 * float(want.abs().max())
 
 
-def test_marker_selection_gives_the_cores_weights():
-    """The sets the simulator selects once (variant C2, marker weights 2 / 0.5) give exactly the weights the core
-    returns for each run's own config (O1 and C2), so ω = fl(W) on L+, fl(M) on L− (C2), 1 elsewhere."""
+def test_selected_sets_give_the_cores_weights():
+    """The sets the simulator selects for the D terms (both L+ and L−, the run's P; no marker weights) give exactly
+    the weights the core returns for each run's own config (O1 and C2): ω = fl(W) on L+, fl(M) on L− (C2), 1
+    elsewhere. A prepared C2 step's kept sets are reused, and equal the fresh selection."""
     import dataclasses
 
     from simulators.tabular_sampled import _selected_sets
     from stare_lab.advantages import group_advantages
     from stare_lab.stare import stare_token_weights
+    from stare_lab.step import StepBatch, prepare_step
 
     torch.manual_seed(0)
     R, S, G, L = 1, 5, 4, 3
@@ -230,9 +232,10 @@ def test_marker_selection_gives_the_cores_weights():
     adv = group_advantages(torch.bernoulli(torch.full((R * S * G,), 0.5)), group_size=G).view(R, S, G).double()
 
     class B:
-        marker_stare = [dataclasses.replace(LossConfig().stare, variant="C2", top_p_ratio=0.3)]
+        top_p = torch.tensor([0.3], dtype=torch.float64)
 
     lplus, lminus = _selected_sets(B, lp, adv, [S])
+    assert lplus.any() and lminus.any() and not (lplus & lminus).any()
     for variant in ("O1", "C2"):
         cfg = dataclasses.replace(LossConfig().stare, variant=variant, top_p_ratio=0.3, reweight_w=1.3, reweight_m=0.7)
         w_core, _ = stare_token_weights(lp[0].reshape(S * G, L), adv[0].reshape(-1), torch.ones(S * G, L, dtype=torch.bool),
@@ -241,6 +244,13 @@ def test_marker_selection_gives_the_cores_weights():
         ours = torch.where(lplus[0], torch.tensor(1.3, dtype=torch.float32),
                            torch.where(lminus[0] & (variant == "C2"), torch.tensor(0.7, dtype=torch.float32), one))
         assert torch.equal(ours.reshape(S * G, L), w_core)
+    loss = LossConfig(loss_mode="stare", stare=dataclasses.replace(LossConfig().stare, variant="C2", gate="always",
+                                                                   top_p_ratio=0.3))
+    prep = prepare_step(StepBatch(torch.ones(S * G, L, dtype=torch.bool), adv[0].reshape(-1).float(),
+                                  lp[0].reshape(S * G, L).float()), loss, batch_entropy=0.0)
+    assert prep.selection is not None and prep.selection.lminus is not None
+    kept_plus, kept_minus = _selected_sets(B, lp, adv, [S], [prep])
+    assert torch.equal(kept_plus, lplus) and torch.equal(kept_minus, lminus)
 
 
 def test_first_order_is_the_cores_predicted_entropy_change():

@@ -91,3 +91,37 @@ def test_config_errors_name_the_key():
         TaskConfig(num_digits=2, answer_len=2, train_size=60, eval_size=10)
     with pytest.raises(DataError, match=r"prompts must have shape \[B, 7\]"):
         make_task("pick").check(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_a_registered_task_is_selected_by_name():
+    """A task defined outside the package (answer = the prompt's first k digits, then EOS) is selected by
+    ``task.name``; its checker decides the rewards (by hand below); built-in names cannot be taken or removed."""
+    import pytest
+    import torch
+
+    from simulators.tasks import Task, register_task, unregister_task
+    from stare_lab.errors import ConfigError
+
+    class Copy(Task):
+        def check(self, prompts, responses):
+            k = self.config.answer_len
+            want = torch.cat([prompts[:, 1:1 + k], torch.full((prompts.shape[0], 1), EOS)], dim=1)
+            return (responses[:, :k + 1] == want).all(dim=1).float()
+
+    register_task("test_copy", Copy)
+    try:
+        task = make_task(TaskConfig(name="test_copy", num_digits=3, answer_len=2, train_size=64, eval_size=8))
+        assert isinstance(task, Copy)
+        prompts = torch.tensor([[BOS, 4, 1, 7, SEP], [BOS, 4, 1, 7, SEP]])
+        responses = torch.tensor([[4, 1, EOS], [1, 4, EOS]])  # right; the right digits in the wrong order
+        assert task.check(prompts, responses).tolist() == [1.0, 0.0]
+        with pytest.raises(ConfigError, match="already registered"):
+            register_task("test_copy", Copy)
+    finally:
+        unregister_task("test_copy")
+    with pytest.raises(ConfigError, match=r"task.name='test_copy' is not one of"):
+        TaskConfig(name="test_copy")
+    with pytest.raises(ConfigError, match="built in"):
+        unregister_task("pick")
+    with pytest.raises(ConfigError, match="subclass"):
+        register_task("x", object)

@@ -14,10 +14,9 @@ import json
 
 import pytest
 
-from stare_lab import loss_registry, methods
 from stare_lab.cli import main
-from stare_lab.losses import LossNeeds, register_policy_loss
-from stare_lab.methods import register_method
+from stare_lab.losses import LossNeeds, register_policy_loss, unregister_policy_loss
+from stare_lab.methods import register_method, unregister_method
 
 LOSS, METHOD = "toy_scaled_grpo", "toy"
 SMALL = ["num_prompts=8", "seq_len=3", "vocab_size=6", "threshold=2", "lr=0.5"]
@@ -27,18 +26,17 @@ SMALL = ["num_prompts=8", "seq_len=3", "vocab_size=6", "threshold=2", "lr=0.5"]
 def toy_method():
     """Register the toy loss and method as a user's own module would, and remove them again afterwards."""
 
-    @register_policy_loss(LOSS, needs=LossNeeds(entropy=True))
-    def toy_loss(prep, cfg):
+    @register_policy_loss(LOSS, needs=LossNeeds(entropy=True), metrics=("loss/toy_beta", "loss/toy_entropy"))
+    def toy_loss(ctx, cfg):
         beta = float(cfg.params.get("beta", 1.0))
-        ent = prep.inputs.entropy.float()
-        entropy_mean = (ent * prep.mask).sum() / prep.mask.sum()
-        return -beta * prep.adv * prep.ratio, {"loss/toy_beta": beta, "loss/toy_entropy": entropy_mean}
+        ent = ctx.inputs.entropy.float()
+        entropy_mean = (ent * ctx.mask).sum() / ctx.mask.sum()
+        return -beta * ctx.adv * ctx.ratio, {"loss/toy_beta": beta, "loss/toy_entropy": entropy_mean}
 
     register_method(METHOD, LOSS)
     yield
-    methods.METHODS.pop(METHOD, None)
-    loss_registry._REGISTRY.pop(LOSS, None)
-    loss_registry._NEEDS.pop(LOSS, None)
+    unregister_method(METHOD)
+    unregister_policy_loss(LOSS)
 
 
 def _rows(path):

@@ -15,7 +15,7 @@ import torch
 from stare_lab.collective import LocalCollective
 from stare_lab.errors import DataError
 from stare_lab.global_select import distributed_top_k, key_to_float, ordered_keys, surprisal_keys
-from stare_lab.stare import _num_selected, select_top_surprisal
+from stare_lab.radix_select import num_selected as _num_selected, select_top_surprisal
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _ranks import run_ranks  # noqa: E402

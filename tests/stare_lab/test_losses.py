@@ -14,14 +14,18 @@ import torch
 from stare_lab.config import LossConfig, STAREConfig
 from stare_lab.errors import ConfigError, DataError
 from stare_lab.losses import (
+    SURROGATE_METRICS,
     PolicyLossInputs,
     aggregate_loss,
+    clipped_surrogate,
     available_policy_losses,
     compute_policy_loss,
     forking_entropy_threshold,
     get_policy_loss,
     kl_penalty,
+    loss_metric_names,
     register_policy_loss,
+    unregister_policy_loss,
 )
 
 LN = math.log
@@ -386,10 +390,10 @@ def test_dict_config_equals_dataclass_and_custom_loss():
     lb, _ = compute_policy_loss("grpo", b, LossConfig(loss_agg_mode="seq-mean-token-sum", clip_ratio_high=0.1))
     assert torch.equal(la, lb)
 
-    @register_policy_loss("test_only_reinforce")
-    def reinforce(prep, cfg):
+    @register_policy_loss("test_only_reinforce", metrics=("loss/custom",))
+    def reinforce(ctx, cfg):
         """REINFORCE: ℓ = −Â·log π (for the registry test only)."""
-        return -prep.adv * prep.logprobs, {"loss/custom": 1.0}
+        return -ctx.adv * ctx.logprobs, {"loss/custom": 1.0}
 
     # ℓ = −0.5·log π over two tokens; log π = −1 + ln ρ
     inp = make_inputs([[1.2, 0.9]], [0.5])
@@ -413,3 +417,64 @@ def test_tensor_normalisers_are_checked(bad):
         out = aggregate_loss(y, torch.ones(1, 2), "token-mean", global_num_tokens=torch.tensor(bad))
         out.backward()
         assert out.item() == 0.0 and torch.equal(y.grad, torch.zeros(1, 2))
+
+
+METRIC_CONFIGS = [
+    {},
+    {"entropy_coeff": 0.01, "kl_coef": 0.1},
+    {"tis_cap": 2.0, "tis_mode": "mask"},
+    {"tis_cap": 2.0, "stare": {"variant": "C2", "gate": "always"}},
+]
+
+
+@pytest.mark.parametrize("loss", ALL_LOSSES)
+@pytest.mark.parametrize("extra", METRIC_CONFIGS, ids=["plain", "bonus-kl", "tis-mask", "tis-c2"])
+def test_declared_metric_names_are_the_keys_of_a_call(loss, extra):
+    """loss_metric_names (what the trainer sums over ranks before any call) is exactly the key set a call returns,
+    for every built-in loss and the add-ons that add keys (entropy bonus, KL, TIS, masked TIS)."""
+    cfg = LossConfig(loss_mode=loss, **{k: v for k, v in extra.items() if k != "stare"},
+                     stare=STAREConfig(**extra.get("stare", {})))
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 4, generator=g)
+    inp = PolicyLossInputs(old.clone().requires_grad_(True), old, torch.tensor([1.0, -1.0, 0.5]),
+                           torch.ones(3, 4, dtype=torch.bool), entropy=torch.rand(3, 4, generator=g),
+                           rollout_logprobs=old - 0.1, ref_logprobs=old + 0.1)
+    _, metrics = compute_policy_loss(loss, inp, cfg)
+    assert set(metrics) == set(loss_metric_names(loss, cfg, entropy=True))
+    assert set(loss_metric_names(loss, cfg)) == set(metrics) - ({"loss/entropy"} if cfg.entropy_coeff == 0 else set())
+
+
+def test_an_undeclared_metric_is_an_error_and_unregister_frees_the_name():
+    def core(ctx, cfg):
+        return -ctx.adv * ctx.ratio, {"loss/a": 1.0, "loss/b": 2.0}
+
+    register_policy_loss("test_only_undeclared", metrics=("loss/a",))(core)
+    with pytest.raises(ConfigError, match="returned metric 'loss/b' it did not declare \\(declared: loss/a\\)"):
+        compute_policy_loss("test_only_undeclared", make_inputs([[1.0]], [1.0]), {})
+    unregister_policy_loss("test_only_undeclared")
+    register_policy_loss("test_only_undeclared", metrics=lambda cfg: ("loss/a", "loss/b"))(core)
+    _, metrics = compute_policy_loss("test_only_undeclared", make_inputs([[1.0]], [1.0]), {})
+    assert (metrics["loss/a"], metrics["loss/b"]) == (1.0, 2.0)
+    unregister_policy_loss("test_only_undeclared")
+    with pytest.raises(ConfigError, match="metrics of policy loss 'x' must be a sequence"):
+        register_policy_loss("x", metrics="loss/a")
+
+
+def test_clipped_surrogate_from_a_registered_loss():
+    """A loss that reuses the public clipped surrogate with its own advantages (here Â' = 2Â) gets GRPO's clip:
+    Â' = +2, ρ = [1, 1.5] (ε_high 0.28): ℓ = [−2, −2·1.28] → token-mean −2.28; the clipped token has no gradient."""
+    @register_policy_loss("test_only_double_adv", metrics=SURROGATE_METRICS)
+    def core(ctx, cfg):
+        return clipped_surrogate(ctx, cfg, advantages=2.0 * ctx.adv)
+
+    inp = make_inputs([[1.0, 1.5]], [1.0])
+    loss, metrics = compute_policy_loss("test_only_double_adv", inp, LossConfig())
+    assert loss.item() == pytest.approx(-2.28, abs=1e-6)
+    loss.backward()
+    assert inp.logprobs.grad.tolist()[0] == pytest.approx([-1.0, 0.0], abs=1e-6)  # ∂(−2ρ/2)/∂log π at ρ = 1
+    assert metrics["loss/clipfrac_high"] == pytest.approx(0.5)
+    unregister_policy_loss("test_only_double_adv")
+    with pytest.raises(DataError, match="clipped_surrogate: advantages must be a tensor of shape"):
+        register_policy_loss("test_only_bad_adv")(lambda ctx, cfg: clipped_surrogate(ctx, cfg, torch.ones(7)))
+        compute_policy_loss("test_only_bad_adv", make_inputs([[1.0]], [1.0]), {})
+    unregister_policy_loss("test_only_bad_adv")

@@ -7,24 +7,21 @@ import torch
 
 from stare_lab.config import LossConfig, from_dict
 from stare_lab.errors import ConfigError
-from stare_lab.losses import register_policy_loss
-from stare_lab.methods import METHODS, check_method, method_overrides, register_method
+from stare_lab.losses import available_policy_losses, register_policy_loss, unregister_policy_loss
+from stare_lab.methods import METHODS, check_method, method_overrides, register_method, unregister_method
 
 
 @pytest.fixture
 def toy_method():
     """A toy loss ℓ = −params.scale · Â · ρ registered with a method of the same name; removed afterwards."""
-    from stare_lab import loss_registry
-
     @register_policy_loss("toy_scaled_pg")
-    def toy(prep, cfg):
-        return -float(cfg.params.get("scale", 1.0)) * prep.adv * prep.ratio, {}
+    def toy(ctx, cfg):
+        return -float(cfg.params.get("scale", 1.0)) * ctx.adv * ctx.ratio, {}
 
     register_method("toy_scaled_pg", "toy_scaled_pg")
     yield "toy_scaled_pg"
-    METHODS.pop("toy_scaled_pg", None)
-    loss_registry._REGISTRY.pop("toy_scaled_pg", None)
-    getattr(loss_registry, "_NEEDS", {}).pop("toy_scaled_pg", None)
+    unregister_method("toy_scaled_pg")
+    unregister_policy_loss("toy_scaled_pg")
 
 
 def test_registered_method_resolves_and_checks(toy_method):
@@ -73,3 +70,22 @@ def test_register_method_unknown_stare_key():
 def test_loss_params_must_be_plain(value):
     with pytest.raises(ConfigError, match="loss.params"):
         from_dict(LossConfig, {"params": value}, prefix="loss")
+
+
+def test_unregister_removes_a_method_and_its_loss_in_that_order(toy_method):
+    """The method, then its loss; built-ins never; a second unregister names what is missing."""
+    unregister_method("toy_scaled_pg")
+    assert "toy_scaled_pg" not in METHODS
+    unregister_policy_loss("toy_scaled_pg")
+    assert "toy_scaled_pg" not in available_policy_losses()
+    with pytest.raises(ConfigError, match="method 'toy_scaled_pg' is not defined"):
+        unregister_method("toy_scaled_pg")
+    with pytest.raises(ConfigError, match="loss_mode='toy_scaled_pg' is not one of"):
+        unregister_policy_loss("toy_scaled_pg")
+    with pytest.raises(ConfigError, match="method 'c2' is built in"):
+        unregister_method("c2")
+    with pytest.raises(ConfigError, match="policy loss 'kl_cov' is built in"):
+        unregister_policy_loss("kl_cov")
+    # registered again under the same names (what a reloaded plugin does), so the fixture's teardown finds them
+    register_policy_loss("toy_scaled_pg")(lambda ctx, cfg: (-ctx.adv * ctx.ratio, {}))
+    register_method("toy_scaled_pg", "toy_scaled_pg")

@@ -18,7 +18,7 @@ import torch
 from stare_lab import native_select
 from stare_lab.config import STAREConfig
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.stare import STAREController, select_top_surprisal, stare_token_weights
+from stare_lab.stare import STAREController, select_stare_sets, select_top_surprisal, stare_token_weights
 
 
 @pytest.fixture(autouse=True, params=["native", "tensor"])
@@ -201,10 +201,10 @@ def test_chunked_sweeps_match_reference(monkeypatch, chunk_elems):
     """Tiny chunks (one row or a few rows per chunk) exercise the chunk boundaries of every sweep of the tensor
     implementation (the only one with chunks, so it runs whatever the backend parameter), with ties spread over
     many rows."""
-    import stare_lab.stare as stare_module
+    import stare_lab.radix_select as radix_module
 
     monkeypatch.setenv("STARE_LAB_NATIVE", "0")
-    monkeypatch.setattr(stare_module, "CHUNK_ELEMS", chunk_elems)
+    monkeypatch.setattr(radix_module, "CHUNK_ELEMS", chunk_elems)
     g = torch.Generator().manual_seed(chunk_elems)
     for trial in range(40):
         b, t = torch.randint(1, 12, (2,), generator=g).tolist()
@@ -244,6 +244,38 @@ def test_weights_are_exact_float32_values():
         neg = reference_selection(lp, mask & (adv[:, None] < 0), 0.3)
         expected = torch.where(pos, torch.tensor(w_val), torch.where(neg, torch.tensor(m_val), torch.tensor(1.0)))
         assert torch.equal(w, expected)
+
+
+def test_selected_sets_are_the_hand_picked_tokens_and_give_the_same_weights():
+    """select_stare_sets returns L+ and L− as masks (no marker weights): on the hand-made batch, P = 0.5, C2:
+    L+ = {(0, 3), (0, 1), (0, 2)} (s = 3.0, 2.0, 0.5 of row 0), L− = {(1, 2), (1, 0)} (s = 4.0, 1.0 of row 1; the
+    padding at (1, 4) never). The sets are the same whatever W and M — also W = M = 1, where ω cannot tell them
+    apart — and ``weights(W, M)`` is bit for bit the ω of stare_token_weights."""
+    sel = select_stare_sets(LP, ADV, MASK, 0.5, variant="C2")
+    assert sel.lplus.nonzero().tolist() == [[0, 1], [0, 2], [0, 3]]
+    assert sel.lminus.nonzero().tolist() == [[1, 0], [1, 2]]
+    assert [int(sel.counts[k]) for k in ("stare/num_pos_selected", "stare/num_neg_selected",
+                                         "stare/num_pos_candidates", "stare/num_neg_candidates")] == [3, 2, 5, 4]
+    assert float(sel.counts["stare/frac_neg_selected"]) == pytest.approx(2 / 9)
+    o1 = select_stare_sets(LP, ADV, MASK, 0.5, variant="O1")
+    assert o1.lminus is None and torch.equal(o1.lplus, sel.lplus)
+    assert int(o1.counts["stare/num_neg_selected"]) == 0
+    g = torch.Generator().manual_seed(5)
+    lp = -torch.rand(7, 11, generator=g) * 3
+    adv = torch.randn(7, generator=g)
+    mask = torch.rand(7, 11, generator=g) < 0.8
+    for variant in ("O1", "C2"):
+        sets = select_stare_sets(lp, adv, mask, 0.3, variant=variant)
+        assert torch.equal(sets.lplus, reference_selection(lp, mask & (adv[:, None] > 0), 0.3))
+        if variant == "C2":
+            assert torch.equal(sets.lminus, reference_selection(lp, mask & (adv[:, None] < 0), 0.3))
+        for w_val, m_val in [(1.0, 1.0), (1.3, 0.7), (3e38, 1e-30)]:
+            cfg = STAREConfig(variant=variant, top_p_ratio=0.3, reweight_w=w_val, reweight_m=m_val)
+            w, stats = stare_token_weights(lp, adv, mask, cfg)
+            assert torch.equal(sets.weights(w_val, m_val), w)
+            assert all(torch.equal(stats[k], v) for k, v in sets.counts.items())
+    with pytest.raises(ConfigError, match="reweight_w"):
+        sel.weights(0.5, 1.0)
 
 
 def test_large_batch_matches_topk():

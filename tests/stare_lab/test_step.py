@@ -62,6 +62,8 @@ def test_stare_weights_by_hand():
     want[0, 1:3] = 1.5
     want[1, 1] = 0.5
     assert torch.equal(p.token_weights, want)
+    assert p.selection.lplus.nonzero().tolist() == [[0, 1], [0, 2]]  # the sets themselves are kept
+    assert p.selection.lminus.nonzero().tolist() == [[1, 1]]
     row = p.metrics()
     assert row["stare/num_pos_selected"] == 2 and row["stare/num_neg_selected"] == 1
     assert row["stare/num_pos_candidates"] == 3 and row["stare/num_neg_candidates"] == 2
@@ -159,6 +161,13 @@ def _compare_to_one_process(parts: list[StepBatch], cfg: LossConfig) -> None:
                          for r in results])
         assert torch.equal(got, ref.token_weights)
         assert group.calls == [4] * len(parts)  # named sums + 2 histograms + ties
+        for key in ("lplus", "lminus"):  # each rank keeps its rows of the sets
+            if getattr(ref.selection, key) is None:
+                assert all(getattr(r.selection, key) is None for r in results)
+                continue
+            sets = torch.cat([torch.nn.functional.pad(getattr(r.selection, key), (0, width - r.token_weights.shape[1]))
+                              for r in results])
+            assert torch.equal(sets, getattr(ref.selection, key)), key
     else:
         assert ref.needs.token_weights is False or not ref.gate_on
 
@@ -257,11 +266,11 @@ def _toy_needs(cfg: LossConfig) -> LossNeeds:
     return LossNeeds(entropy=True, global_stats=("test_step_entropy_mean",))
 
 
-@register_policy_loss("test_step_entropy_centred", needs=_toy_needs)
-def entropy_centred(prep, cfg):
+@register_policy_loss("test_step_entropy_centred", needs=_toy_needs, metrics=("loss/toy",))
+def entropy_centred(ctx, cfg):
     """A toy loss defined outside the package: ℓ = −Â·ρ·(H_t − H̄_step), H̄_step the step's token-mean entropy."""
-    h = prep.inputs.entropy.detach().float()
-    return -prep.adv * prep.ratio * (h - prep.inputs.global_stats["test_step_entropy_mean"]), {"loss/toy": 1.0}
+    h = ctx.inputs.entropy.detach().float()
+    return -ctx.adv * ctx.ratio * (h - ctx.inputs.global_stats["test_step_entropy_mean"]), {"loss/toy": 1.0}
 
 
 def test_a_loss_registered_outside_the_package():

@@ -51,7 +51,10 @@ def test_command_exists(doc, cmd):
         if w.startswith(REPO_DIRS):
             assert (REPO / w).exists(), f"{doc}: {w} does not exist ({cmd})"
     if words[0] == "stare-lab":
-        sub = next(w for w in words[1:] if not w.startswith("-"))
+        args = words[1:]
+        while args and args[0].startswith("-"):  # front-door options before the subcommand; --plugin takes a value
+            args = args[2:] if args[0] == "--plugin" else args[1:]
+        sub = args[0]
         assert sub in _subcommands(), f"{doc}: stare-lab {sub} is not a subcommand"
     elif words[0] in ("python", "bash"):
         if words[1] == "-m":

@@ -39,12 +39,13 @@ def register() -> None:
 
     register_global_stat(f"{NAME}/centre", TokenMean("entropy"))
 
-    @register_policy_loss(NAME, needs=LossNeeds(entropy=True, global_stats=(f"{NAME}/centre",)))
-    def toy(prep, cfg):
-        centre = prep.inputs.global_stats[f"{NAME}/centre"]
-        h = prep.inputs.entropy.detach().float()
+    @register_policy_loss(NAME, needs=LossNeeds(entropy=True, global_stats=(f"{NAME}/centre",)),
+                          metrics=("loss/toy_centre",))
+    def toy(ctx, cfg):
+        centre = ctx.inputs.global_stats[f"{NAME}/centre"]
+        h = ctx.inputs.entropy.detach().float()
         scale = float(cfg.params.get("scale", 1.0))
-        return -scale * prep.adv * prep.ratio * (h - centre), {"loss/toy_centre": float(centre)}
+        return -scale * ctx.adv * ctx.ratio * (h - centre), {"loss/toy_centre": float(centre)}
 
     register_method(NAME, NAME)
 

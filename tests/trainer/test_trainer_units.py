@@ -22,9 +22,27 @@ def test_config_errors_name_the_dotted_key():
     with pytest.raises(ConfigError, match="unknown config key optim.foo"):
         load_trainer_config(None, ["optim.foo=1"])
     with pytest.raises(ConfigError, match="needs loss.loss_mode='stare'"):
-        load_trainer_config(None, ["method=o1"])
+        load_trainer_config(None, ["method=o1", "loss.loss_mode=grpo"])  # a given setting must agree
+    with pytest.raises(ConfigError, match="needs loss.stare.variant='O1', got 'C2'"):
+        load_trainer_config(None, ["method=o1", "loss.stare.variant=C2"])
     cfg = load_trainer_config(None, ["method=c2", "loss.loss_mode=stare", "loss.stare.variant=c2"])
     assert cfg.loss.stare.variant == "C2"
+
+
+def test_method_alone_selects_the_loss():
+    """As in the simulators, the method fills in what it implies (stare_lab.methods.METHODS): o1 → loss stare,
+    variant O1, adaptive off; o1-adaptive → adaptive on; grpo-ds → dynamic sampling on; settings it does not fix
+    (P, the gate) stay the config's."""
+    cfg = load_trainer_config(None, ["method=o1", "loss.stare.top_p_ratio=0.3"])
+    assert (cfg.loss.loss_mode, cfg.loss.stare.variant, cfg.loss.stare.adaptive) == ("stare", "O1", False)
+    assert cfg.loss.stare.top_p_ratio == 0.3
+    assert load_trainer_config(None, ["method=o1-adaptive"]).loss.stare.adaptive is True
+    cfg = load_trainer_config({"method": "grpo-ds"})
+    assert (cfg.loss.loss_mode, cfg.algorithm.dynamic_sampling) == ("grpo", True)
+    assert load_trainer_config(None, ["method=kl_cov"]).loss.loss_mode == "kl_cov"
+    with pytest.raises(ConfigError, match=r"needs loss\.entropy_coeff > 0"):  # the coefficient is the user's
+        load_trainer_config(None, ["method=entropy_bonus"])
+    assert load_trainer_config(None, ["method=entropy_bonus", "loss.entropy_coeff=0.01"]).loss.loss_mode == "grpo"
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):

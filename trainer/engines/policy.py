@@ -231,13 +231,11 @@ class PolicyEngine:
             token-weighted means of the loss metrics over all ranks (``loss/...``), ``loss/total`` (the step loss,
             summed over micro-batches and ranks), ``grad_norm`` and ``lr``.
         """
-        from stare_lab.losses import compute_policy_loss
+        from stare_lab.losses import compute_policy_loss, loss_metric_names
 
         cfg, needs = prep.config, prep.needs
-        probe = torch.zeros((0, 1))  # the metric names depend on the config only: those of a call on no rows
-        names = compute_policy_loss(cfg.loss_mode, prep.inputs(probe, probe.long()[:, 0],
-                                                                entropy=probe if needs.entropy_grad else None),
-                                    cfg)[1]
+        # the keys every rank sums, also a rank without micro-batches: the loss's declared metric names
+        names = loss_metric_names(cfg.loss_mode, cfg, entropy=needs.entropy_grad or prep.batch.entropy is not None)
         sums = {k: 0.0 for k in names if k != "loss/total"}
         sums.update({"__tokens": 0.0, "loss/total": 0.0})
 

@@ -1,0 +1,85 @@
+"""stare_lab.plugins: a plugin by file path or module name is imported once per process; entry points of group
+``stare_lab.plugins`` are loaded (a function is called once); every failure is one PluginError line naming the plugin.
+The plugins here only append their name to a list of a helper module, to count their imports."""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+
+import pytest
+
+from stare_lab import plugins
+from stare_lab.errors import ConfigError
+from stare_lab.plugins import PluginError, load_plugin, load_plugins, loaded_plugins
+
+COUNT = "import tests_plugin_counter as c\nc.imports.append(__name__)\n"
+
+
+@pytest.fixture
+def counter(tmp_path, monkeypatch):
+    """A module ``tests_plugin_counter`` with a list ``imports`` that each plugin appends its name to; a fresh
+    registry of loaded plugins."""
+    (tmp_path / "tests_plugin_counter.py").write_text("imports = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", True)  # no installed entry points unless a test asks
+    import tests_plugin_counter
+
+    yield tests_plugin_counter
+    for name in [m for m in sys.modules if m.startswith(("tests_plugin_", "stare_lab_plugin_tp_"))]:
+        del sys.modules[name]
+
+
+def test_a_file_and_a_module_are_imported_once(tmp_path, counter):
+    (tmp_path / "tp_file.py").write_text(COUNT)
+    (tmp_path / "tests_plugin_mod.py").write_text(COUNT)
+    mod = load_plugin(str(tmp_path / "tp_file.py"))
+    assert mod.__name__ == "stare_lab_plugin_tp_file" and load_plugin(str(tmp_path / "tp_file.py")) is mod
+    assert load_plugins([str(tmp_path / "tp_file.py"), "tests_plugin_mod", "tests_plugin_mod"]) == [
+        str(tmp_path / "tp_file.py"), "tests_plugin_mod"]
+    assert counter.imports == ["stare_lab_plugin_tp_file", "tests_plugin_mod"]
+    assert loaded_plugins() == [str(tmp_path / "tp_file.py"), "tests_plugin_mod"]
+
+
+def test_failures_are_one_line_naming_the_plugin(tmp_path, counter):
+    (tmp_path / "tp_bad.py").write_text("raise RuntimeError('no GPU here')\n")
+    with pytest.raises(PluginError) as err:
+        load_plugin(str(tmp_path / "tp_bad.py"))
+    assert str(err.value) == f"plugin {str(tmp_path / 'tp_bad.py')!r} failed to import: RuntimeError: no GPU here"
+    assert "stare_lab_plugin_tp_bad" not in sys.modules  # a failed file import leaves nothing behind
+    with pytest.raises(PluginError, match=r"plugin 'tests_plugin_nope' failed to import: ModuleNotFoundError"):
+        load_plugin("tests_plugin_nope")
+    with pytest.raises(PluginError, match="no such file"):
+        load_plugin(str(tmp_path / "missing.py"))
+    with pytest.raises(PluginError, match="must be a list"):
+        load_plugins("tests_plugin_mod")
+    with pytest.raises(PluginError, match="must be a module name"):
+        load_plugin(" ")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (tmp_path / "tp_same.py").write_text(COUNT)
+    (other / "tp_same.py").write_text(COUNT)
+    load_plugin(str(tmp_path / "tp_same.py"))
+    with pytest.raises(PluginError, match="already taken"):
+        load_plugin(str(other / "tp_same.py"))
+    assert issubclass(PluginError, ConfigError)  # the CLI prints it as one line
+
+
+def test_entry_points_are_loaded_once(tmp_path, counter, monkeypatch):
+    (tmp_path / "tests_plugin_ep.py").write_text(COUNT + "def register():\n    c.imports.append('register')\n")
+    eps = [metadata.EntryPoint(name="mod", value="tests_plugin_ep", group=plugins.ENTRY_POINT_GROUP),
+           metadata.EntryPoint(name="fn", value="tests_plugin_ep:register", group=plugins.ENTRY_POINT_GROUP)]
+    seen = []
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: seen.append(group) or eps)
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
+    load_plugins()
+    load_plugins()
+    assert seen == [plugins.ENTRY_POINT_GROUP]  # read once per process
+    assert counter.imports == ["tests_plugin_ep", "register"]  # sorted by name: fn (calls register) needs the import
+    bad = [metadata.EntryPoint(name="bad", value="tests_plugin_missing", group=plugins.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: bad)
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
+    with pytest.raises(PluginError, match=r"plugin 'bad = tests_plugin_missing' \(entry point of group "
+                                          r"stare_lab.plugins\) failed to load: ModuleNotFoundError"):
+        load_plugins()
