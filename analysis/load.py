@@ -2,7 +2,8 @@
 
 Analysis reads run directories only: :func:`load_runs` finds them (recursively, via
 :func:`stare_lab.runs.find_runs`), reads each with :func:`stare_lab.runs.read_run` and turns ``metrics.jsonl`` into
-one float64 column per key, indexed by ``step``. Damage is tolerated and reported, never fatal: a truncated last
+one float64 column per key, indexed by ``step``; other frameworks' logs (a TRL output folder) are read into the same
+form by the readers of :mod:`analysis.foreign`. Damage is tolerated and reported, never fatal: a truncated last
 line, null/NaN values, missing keys, duplicate or missing steps, a missing ``config.yaml``, a folder without runs —
 each gives a warning (logged, and kept in :attr:`RunData.warnings` or the caller's ``warnings`` list).
 """
@@ -24,6 +25,8 @@ import yaml
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
 from stare_lab.errors import RunError
 from stare_lab.runs import find_runs, read_run
+
+from .foreign import find_foreign_runs, read_foreign_run
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +197,7 @@ def _read_eval(path: Path, warnings: list[str]) -> dict | None:
 
 
 def load_run(path: str | os.PathLike) -> RunData:
-    """Read one run directory into a :class:`RunData`.
+    """Read one run directory (or a folder an :mod:`analysis.foreign` reader claims) into a :class:`RunData`.
 
     Rows without a finite integer ``step`` are dropped; duplicate steps keep the last row (a resumed run that was
     not truncated); rows are sorted by step. Each such repair adds a warning.
@@ -202,7 +205,7 @@ def load_run(path: str | os.PathLike) -> RunData:
     Raises:
         RunError: if ``path`` is not a run directory (no ``metrics.jsonl``) or holds no row with a valid step.
     """
-    run = read_run(path)  # raises RunError for a non-run directory
+    run = read_foreign_run(path) or read_run(path)  # read_run raises RunError for a non-run directory
     warnings = [_yaml_warning(run.path, w) for w in run.warnings]
     p = run.path
     config = run.config if isinstance(run.config, dict) else {}
@@ -298,9 +301,9 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
         if not root.exists():
             notes.append(f"{root}: does not exist; skipped")
             continue
-        found = find_runs([root])
+        found = find_runs([root]) + find_foreign_runs([root])
         if not found:
-            notes.append(f"{root}: no run directories (no metrics.jsonl) found; skipped")
+            notes.append(f"{root}: no run directories (no metrics.jsonl, no TRL trainer_state.json) found; skipped")
         dirs.extend(found)
     runs: list[RunData] = []
     for d in sorted(set(dirs)):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -68,6 +67,9 @@ _AGGREGATION = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo": 
 SUPPORTED_LOSS_TYPES = tuple(_AGGREGATION)
 #: The controller state file written into each checkpoint folder.
 CONTROLLER_FILE = "stare_controller.json"
+#: The core's dual-clip constant c standing for TRL's "no dual clip": the core clamps |log ρ| at 20, so every
+#: per-token loss is at most −Â·e^20 < −Â·c/2 and min(ℓ, −Â·c) is ℓ bit for bit; finite, so config.yaml keeps it.
+NO_DUAL_CLIP = 1e9
 _QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 # the per-step sums reduced once at the step's last micro-batch (float64; counts are exact below 2**53)
 _SUMS = ("entropy", "tokens", "clip_low", "clip_high", "loss", "kl", "pos_selected", "neg_selected",
@@ -104,7 +106,8 @@ class STAREGRPOConfig(GRPOConfig):
             ``gradient_accumulation_steps``).
     """
 
-    variant: str = field(default=_DEFAULT.variant, metadata=_help("STARE variant: O1 (xW on L+) or C2 (also xM on L-)."))
+    variant: str = field(default=_DEFAULT.variant,
+                         metadata=_help("STARE variant: O1 (xW on L+) or C2 (also xM on L-)."))
     top_p_ratio: float = field(default=_DEFAULT.top_p_ratio, metadata=_help("P: share of T+ (T-) selected as L+ (L-)."))
     reweight_w: float = field(default=_DEFAULT.reweight_w, metadata=_help("W >= 1: token weight on L+."))
     reweight_m: float = field(default=_DEFAULT.reweight_m, metadata=_help("M in (0, 1]: token weight on L- (C2)."))
@@ -129,13 +132,13 @@ class STAREGRPOConfig(GRPOConfig):
         return from_dict(STAREConfig, {name: getattr(self, name) for name in STARE_FIELDS}, prefix="")
 
     def loss_config(self) -> LossConfig:
-        """The core's :class:`LossConfig` of this run: the ``stare`` loss with TRL's clip range
-        (ε_low = ``epsilon``, ε_high = ``epsilon_high`` or ``epsilon``, no dual clip), the aggregation of
+        """The core's :class:`LossConfig` of this run: the ``stare`` loss with TRL's clip range (ε_low = ``epsilon``,
+        ε_high = ``epsilon_high`` or ``epsilon``, no dual clip: :data:`NO_DUAL_CLIP`), the aggregation of
         ``loss_type`` and the k3 KL term with coefficient ``beta``."""
         high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        return LossConfig(loss_mode="stare", clip_ratio_low=self.epsilon, clip_ratio_high=high, clip_ratio_c=math.inf,
-                          loss_agg_mode=_AGGREGATION[self.loss_type], kl_coef=self.beta, kl_estimator="k3",
-                          stare=self.stare_config())
+        return LossConfig(loss_mode="stare", clip_ratio_low=self.epsilon, clip_ratio_high=high,
+                          clip_ratio_c=NO_DUAL_CLIP, loss_agg_mode=_AGGREGATION[self.loss_type], kl_coef=self.beta,
+                          kl_estimator="k3", stare=self.stare_config())
 
     def run_dir(self) -> str | None:
         """The run directory the trainer writes (None when ``stare_run_dir=""``)."""
@@ -194,8 +197,9 @@ def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.n
     scaled = [k for k in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
                           "logits_scaling") if getattr(text, k, None) not in (None, 1.0)]
     if backbone is inner or head is None or scaled:
+        sets = f" (it sets {', '.join(scaled)})" if scaled else ""
         raise ConfigError(f"model {type(inner).__name__}: STAREGRPOTrainer needs a causal LM whose logits are "
-                          f"lm_head(base_model(...).last_hidden_state){' (it sets ' + ', '.join(scaled) + ')' if scaled else ''}")
+                          f"lm_head(base_model(...).last_hidden_state){sets}")
     return backbone, head
 
 
@@ -226,8 +230,8 @@ def token_statistics(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Te
     for s in range(0, b, batch_size):
         e = min(b, s + batch_size)
         with autocast():
-            hidden = backbone(input_ids=input_ids[s:e], attention_mask=attention[s:e], use_cache=False).last_hidden_state
-        hidden = hidden[:, -t - 1:-1][valid[s:e]]  # position i predicts completion token i
+            hidden = backbone(input_ids=input_ids[s:e], attention_mask=attention[s:e], use_cache=False)
+        hidden = hidden.last_hidden_state[:, -t - 1:-1][valid[s:e]]  # position i predicts completion token i
         tokens = completion_ids[s:e][valid[s:e]]
         parts: dict[str, list[Tensor]] = {k: [] for k in out}
         for r in range(0, hidden.shape[0], rows):
@@ -253,7 +257,7 @@ def _padded(tensors: list[Tensor], width: int) -> Tensor:
 
 
 class STAREGRPOTrainer(GRPOTrainer):
-    """TRL's ``GRPOTrainer`` with the STARE loss, gate and controller of the core (module docstring; docs/theory.md §4).
+    """TRL's ``GRPOTrainer`` with the core's STARE loss, gate and controller (module docstring; docs/theory.md §4).
 
     Construct it like ``GRPOTrainer`` with a :class:`STAREGRPOConfig`. The controller is
     :attr:`stare_controller` (:class:`~stare_lab.stare.STAREController`); the step being trained is
@@ -494,7 +498,8 @@ class STAREGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = os.path.join(self._get_output_dir(trial=trial), name)
             state = {"global_step": self.state.global_step, "controller": self.stare_controller.state_dict()}
             with open(os.path.join(folder, CONTROLLER_FILE), "w", encoding="utf-8") as fh:
                 json.dump(state, fh)

@@ -89,13 +89,14 @@ def test_config_rejects_bad_values_in_one_line(tmp_path, kw, message):
 
 
 def test_config_maps_onto_the_core(tmp_path):
-    """TRL's clip range and loss_type become the core's LossConfig (no dual clip: TRL has none); lower-case variant
+    """TRL's clip range and loss_type become the core's LossConfig (no dual clip: TRL has none, the core's c is
+    1e9 > e^20); lower-case variant
     is normalised; the run directory defaults to <output_dir>/stare_run."""
     cfg = _config(tmp_path, variant="c2", epsilon=0.2, epsilon_high=0.28, loss_type="grpo", beta=0.01,
                   use_bias_correction_kl=False)
     loss = cfg.loss_config()
     assert (cfg.variant, loss.loss_mode, loss.stare.variant) == ("C2", "stare", "C2")
-    assert (loss.clip_ratio_low, loss.clip_ratio_high, loss.clip_ratio_c) == (0.2, 0.28, math.inf)
+    assert (loss.clip_ratio_low, loss.clip_ratio_high, loss.clip_ratio_c) == (0.2, 0.28, stare_trl.NO_DUAL_CLIP)
     assert (loss.loss_agg_mode, loss.kl_coef, loss.kl_estimator) == ("seq-mean-token-mean", 0.01, "k3")
     assert cfg.run_dir() == os.path.join(str(tmp_path), "stare_run")
     assert _config(tmp_path, loss_type="dr_grpo").loss_config().loss_agg_mode == "token-mean"
