@@ -308,3 +308,25 @@ def test_kill_and_resume_restores_the_controller(runs):
     assert {k: v for k, v in after.items() if k != "last_entropy"} == {
         k: v for k, v in reference.items() if k != "last_entropy"}
     assert abs(after["last_entropy"] - reference["last_entropy"]) < 1e-6
+
+
+@pytest.mark.slow
+def test_analyze_reads_the_trl_run(runs, tmp_path):
+    """``stare-lab analyze`` on the 2-process run's output folder reads its stare_run/ (method c2, 3 steps, the gate
+    and W of the metrics rows), and on a copy of the folder's trainer_state.json alone reads TRL's log history: one
+    report with figures and a verdict naming both."""
+    from analysis.analyze import analyze
+    from analysis.load import load_runs
+
+    plain = tmp_path / "trl_log_only"
+    plain.mkdir()
+    (plain / "trainer_state.json").write_text((runs["two"] / "trainer_state.json").read_text())
+    loaded = {r.path.name: r for r in load_runs([runs["two"], plain])}
+    assert set(loaded) == {"stare_run", "trl_log_only"}
+    for run in loaded.values():
+        assert run.steps.tolist() == [1, 2, 3]
+        assert run.column("gate_on").tolist() == [1.0, 1.0, 1.0]
+        assert [round(w, 9) for w in run.column("stare_w")] == [1.25, 1.3, 1.35]
+    result = analyze([runs["two"], plain], tmp_path / "report")
+    assert "c2" in result.verdict and "trl_log_only" in result.verdict
+    assert {"dynamics.png", "quadrants.png", "report.md", "report.html"} <= {p.name for p in (tmp_path / "report").iterdir()}
