@@ -329,4 +329,5 @@ def test_analyze_reads_the_trl_run(runs, tmp_path):
         assert [round(w, 9) for w in run.column("stare_w")] == [1.25, 1.3, 1.35]
     result = analyze([runs["two"], plain], tmp_path / "report")
     assert "c2" in result.verdict and "trl_log_only" in result.verdict
-    assert {"dynamics.png", "quadrants.png", "report.md", "report.html"} <= {p.name for p in (tmp_path / "report").iterdir()}
+    written = {p.name for p in (tmp_path / "report").iterdir()}
+    assert {"dynamics.png", "quadrants.png", "report.md", "report.html"} <= written
