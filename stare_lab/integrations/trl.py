@@ -4,11 +4,13 @@ GMPO and GSPO-token trainers do). User guide: docs/integrations.md; the method: 
 
 Per optimizer step (every process the same, before the step's first micro-batch loss):
 
-1. TRL generates and scores the generation batch (``_generate_and_score_completions``); a no-grad pre-pass over it
-   measures, per completion token, the log-probability (the surprisal source), the entropy and the critical
-   surprisal s* (docs/theory.md §2, for the quadrant counts) — :mod:`stare_lab.entropy`,
-   :func:`stare_lab.first_order.critical_surprisal`, at TRL's sampling temperature.
-2. At the step's first micro-batch, the step's micro-batches on this process form one
+1. Every micro-batch of the step is measured with TRL's own forward (``_get_per_token_logps_and_entropies``):
+   per completion token the log-probability (the surprisal source; TRL's old log-probs when it has them), the
+   entropy, and from the decoder's hidden states the critical surprisal s* (docs/theory.md §2, for the quadrant
+   counts; :func:`stare_lab.first_order.critical_surprisal`). The first micro-batch is measured by its own loss
+   forward, the others by a no-grad forward when the step opens; with one micro-batch per step (TRL's default)
+   there is no extra forward at all.
+2. Right after the first micro-batch's forward, before its loss, the step's micro-batches on this process form one
    :class:`~stare_lab.step.StepBatch`, and :func:`stare_lab.step.prepare_step` decides the gate and W/M from the
    step's token-mean entropy over all processes and, for scope ``global``, selects ω exactly over all processes
    (radix histograms summed with ``accelerator.reduce``: the same ω as one process holding the whole batch,
@@ -31,7 +33,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +47,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     raise ImportError(f"stare_lab.integrations.trl needs TRL >= 1.16 ({err}): pip install 'stare-lab[trl]'") from err
 
 from ..config import LossConfig, STAREConfig, _fmt, check_range, from_dict, to_dict
-from ..entropy import default_chunk_rows, entropy_from_logits, logprobs_from_logits
+from ..entropy import default_chunk_rows
 from ..errors import ConfigError
 from ..first_order import critical_surprisal
 from ..losses import PolicyLossInputs, compute_policy_loss, kl_penalty
@@ -57,7 +59,7 @@ from ..summary import run_summary, summary_settings
 logger = logging.getLogger(__name__)
 
 __all__ = ["STAREGRPOConfig", "STAREGRPOTrainer", "STARE_FIELDS", "SUPPORTED_LOSS_TYPES", "CONTROLLER_FILE",
-           "token_statistics"]
+           "NO_DUAL_CLIP", "critical_surprisals"]
 
 #: The STARE fields of :class:`STAREGRPOConfig` (the reference implementation's names, :class:`STAREConfig`).
 STARE_FIELDS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy", "adaptive", "alpha", "w_max",
@@ -203,47 +205,38 @@ def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.n
     return backbone, head
 
 
-@torch.no_grad()
-def token_statistics(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                     completion_mask: Tensor, *, temperature: float, batch_size: int,
-                     autocast: Callable[[], Any] | None = None) -> dict[str, Tensor]:
-    """Per completion token, under π = softmax(logits / temperature): ``stare_logps`` (log π of the token),
-    ``stare_entropy`` (H of the position's distribution, nats) and ``stare_sstar`` (the critical surprisal s*,
-    docs/theory.md §2), each ``[B, T]`` float32, 0 where ``completion_mask`` is 0.
+@contextlib.contextmanager
+def _hidden_states(model: torch.nn.Module) -> Iterator[list[Tensor]]:
+    """Collect the decoder's ``last_hidden_state`` (detached) of every forward run inside the block: a forward hook
+    on ``base_model``, the module TRL's fused LM head calls."""
+    backbone, _ = _backbone_and_head(model)
+    store: list[Tensor] = []
+    handle = backbone.register_forward_hook(lambda module, args, out: store.append(out.last_hidden_state.detach()))
+    try:
+        yield store
+    finally:
+        handle.remove()
 
-    One no-grad forward of the decoder per ``batch_size`` rows (left-padded prompts and right-padded completions, as
-    TRL lays them out); the logits are built from the hidden states ``default_chunk_rows(V)`` tokens at a time, so
-    no ``[B, T, V]`` tensor exists.
 
-    Raises:
-        ConfigError: the model's logits are not ``lm_head(hidden_state)`` (softcapping, logit scaling).
-    """
-    backbone, head = _backbone_and_head(model)
-    autocast = autocast or contextlib.nullcontext
-    b, t = completion_ids.shape
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention = torch.cat([prompt_mask, completion_mask], dim=1)
-    valid = completion_mask.bool()
-    out = {k: torch.zeros((b, t), dtype=torch.float32, device=completion_ids.device)
-           for k in ("stare_logps", "stare_entropy", "stare_sstar")}
+def critical_surprisals(head: torch.nn.Module, hidden: Tensor, mask: Tensor, temperature: float,
+                        autocast: Callable[[], Any] = contextlib.nullcontext) -> Tensor:
+    """s* of every completion position (docs/theory.md §2, :func:`stare_lab.first_order.critical_surprisal`) from the
+    decoder's hidden states ``[B, L, H]`` whose last ``T`` positions (``mask`` ``[B, T]``) predict the completion:
+    ``[B, T]`` float32, 0 outside ``mask``. The logits ``lm_head(h) / temperature`` are built
+    ``default_chunk_rows(V)`` tokens at a time, never as a ``[B, T, V]`` tensor."""
+    t = mask.shape[1]
+    valid = mask.bool()
+    h = hidden[:, -t - 1:-1][valid]
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     rows = default_chunk_rows(int(head.weight.shape[0]))
-    for s in range(0, b, batch_size):
-        e = min(b, s + batch_size)
-        with autocast():
-            hidden = backbone(input_ids=input_ids[s:e], attention_mask=attention[s:e], use_cache=False)
-        hidden = hidden.last_hidden_state[:, -t - 1:-1][valid[s:e]]  # position i predicts completion token i
-        tokens = completion_ids[s:e][valid[s:e]]
-        parts: dict[str, list[Tensor]] = {k: [] for k in out}
-        for r in range(0, hidden.shape[0], rows):
+    parts = []
+    with torch.no_grad():
+        for r in range(0, h.shape[0], rows):
             with autocast():
-                logits = head(hidden[r:r + rows])
-            logits = logits.float()
-            parts["stare_logps"].append(logprobs_from_logits(logits, tokens[r:r + rows], temperature))
-            parts["stare_entropy"].append(entropy_from_logits(logits, temperature))
-            parts["stare_sstar"].append(critical_surprisal(logits, temperature))
-        for k, chunks in parts.items():
-            if chunks:
-                out[k][s:e][valid[s:e]] = torch.cat(chunks).float()
+                logits = head(h[r:r + rows])
+            parts.append(critical_surprisal(logits.float(), temperature))
+    if parts:
+        out[valid] = torch.cat(parts).to(out.device)
     return out
 
 
@@ -284,6 +277,7 @@ class STAREGRPOTrainer(GRPOTrainer):
         self.stare_step: PreparedStep | None = None
         self._stare_collective = _AccelerateCollective(self.accelerator)
         self._stare_left = 0  # micro-batches of the current optimizer step still to come
+        self._stare_pending: list[dict[str, Any]] | None = None  # the step to prepare at its first loss forward
         self._stare_sums: Tensor | None = None
         self._stare_reward: float | None = None
         self._stare_resume_step: int | None = None
@@ -296,11 +290,6 @@ class STAREGRPOTrainer(GRPOTrainer):
         if self.model.training:
             if "pixel_values" in out:
                 raise ConfigError("STAREGRPOTrainer supports text-only models (the batch has pixel_values)")
-            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                out.update(token_statistics(
-                    self.model, out["prompt_ids"], out["prompt_mask"], out["completion_ids"], out["completion_mask"],
-                    temperature=self.temperature, batch_size=self.args.per_device_train_batch_size,
-                    autocast=self.accelerator.autocast))
             rewards = self._metrics["train"].get("reward")
             self._stare_reward = float(rewards[-1]) if rewards else None
         return out
@@ -311,10 +300,44 @@ class STAREGRPOTrainer(GRPOTrainer):
             if self._stare_left == 0:
                 n = int(self.current_gradient_accumulation_steps)
                 spg = self.args.steps_per_generation
-                self._stare_begin_step([self._buffered_inputs[(self._step + i) % spg] for i in range(n)])
+                self._stare_start_step([self._buffered_inputs[(self._step + i) % spg] for i in range(n)])
                 self._stare_left = n
             self._stare_left -= 1
         return inputs
+
+    def _stare_start_step(self, micro: list[dict[str, Any]]) -> None:
+        """Open the optimizer step made of ``micro`` (this process's micro-batches, in training order): micro-batches
+        2, 3, … are measured now by a no-grad forward; the first is measured by its own loss forward, and the step
+        is prepared right after that forward, before its loss (:meth:`_compute_loss`)."""
+        for mb in micro[1:]:
+            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                logps, entropies, _, hidden = self._stare_forward(self.model, mb, capture=True,
+                                                                  batch_size=self.args.per_device_train_batch_size)
+            mb.update(self._stare_measure(mb, logps, entropies, hidden))
+        self._stare_pending = micro
+
+    def _stare_forward(self, model: torch.nn.Module, inputs: dict[str, Any], *, capture: bool, aux: bool = False,
+                       batch_size: int | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """TRL's own forward (``_get_per_token_logps_and_entropies``): log-probs, entropies, with ``aux`` the MoE aux
+        loss and with ``capture`` the decoder's hidden states."""
+        completion_ids = inputs["completion_ids"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with (_hidden_states(self.accelerator.unwrap_model(model)) if capture else contextlib.nullcontext([])) as hs:
+            logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), batch_size=batch_size, compute_entropy=True,
+                compute_aux_loss=aux)
+        return logps, entropies, aux_loss, (torch.cat(hs) if hs else None)
+
+    def _stare_measure(self, inputs: dict[str, Any], logps: Tensor, entropies: Tensor, hidden: Tensor) -> dict:
+        """A micro-batch's surprisal source (TRL's old log-probs when it has them, else the forward's), entropy and
+        s* per completion token (``[B, T]``, detached)."""
+        old = inputs.get("old_per_token_logps")
+        _, head = _backbone_and_head(self.accelerator.unwrap_model(self.model))
+        return {"stare_logps": (logps if old is None else old).detach().float(),
+                "stare_entropy": entropies.detach().float(),
+                "stare_sstar": critical_surprisals(head, hidden, inputs["completion_mask"], self.temperature,
+                                                   self.accelerator.autocast)}
 
     def _stare_begin_step(self, micro: list[dict[str, Any]]) -> PreparedStep:
         """Gate, W/M and (scope ``global``) ω of the optimizer step made of ``micro`` (this process's micro-batches,
@@ -357,13 +380,14 @@ class STAREGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
         mode = "train" if self.model.training else "eval"
-        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         mask = _loss_mask(inputs)
-        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled)
+        pending = self._stare_pending if mode == "train" else None
+        logps, entropies, aux_loss, hidden = self._stare_forward(model, inputs, capture=pending is not None,
+                                                                 aux=self.aux_loss_enabled)
+        if pending is not None:  # the step's first micro-batch: prepare the whole step before this loss
+            self._stare_pending, pending[0] = None, inputs
+            inputs.update(self._stare_measure(inputs, logps, entropies, hidden))
+            self._stare_begin_step(pending)
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
         if mode == "train":

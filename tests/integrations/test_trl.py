@@ -161,10 +161,7 @@ def test_gate_off_is_trl_loss_bit_for_bit(tmp_path, tiny_model, loss_type):
     batch = _micro_batch(len(plain.processing_class))
     expected = plain._compute_loss(plain.model, dict(batch))
     inputs = dict(batch)
-    inputs.update(stare_trl.token_statistics(stare.model, batch["prompt_ids"], batch["prompt_mask"],
-                                             batch["completion_ids"], batch["completion_mask"], temperature=1.0,
-                                             batch_size=8))
-    stare._stare_begin_step([inputs])
+    stare._stare_start_step([inputs])  # what _prepare_inputs does when a step opens (one micro-batch here)
     got = stare._compute_loss(stare.model, inputs)
     assert not stare.stare_step.gate_on
     assert torch.equal(got, expected)
@@ -174,28 +171,41 @@ def test_gate_off_is_trl_loss_bit_for_bit(tmp_path, tiny_model, loss_type):
         assert torch.equal(p.grad, q.grad), name
 
 
-def test_gate_on_is_the_weighted_surrogate(tmp_path, tiny_model):
-    """Gate on, on-policy (ρ = 1): TRL's clipped surrogate is −Â per token, so the ``dapo`` loss of the micro-batch is
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_gate_on_is_the_weighted_surrogate(tmp_path, tiny_model, micro_batches):
+    """Gate on, on-policy (ρ = 1): TRL's clipped surrogate is −Â per token, so the ``dapo`` loss of a micro-batch is
     Σ ω·(−Â)·m / (num_items_in_batch · GA / steps_per_generation) with ω the core's ``stare_token_weights`` of the
-    step (C2, P = 0.25, W = 1.5, M = 0.5); the step's H̄ is the token-mean of the pre-pass entropies."""
+    whole step (C2, P = 0.25, W = 1.5, M = 0.5). The surprisal and the entropies the step used are those of the
+    model's logits, computed here directly (log_softmax; H = −Σ p log p); s* lies in [0, H]. With 2 micro-batches
+    the second is measured by the no-grad forward when the step opens, the first by its loss forward."""
     cfg = _config(tmp_path, loss_type="dapo", target_entropy=100.0, variant="C2", top_p_ratio=0.25, reweight_w=1.5,
-                  reweight_m=0.5)
+                  reweight_m=0.5, gradient_accumulation_steps=micro_batches)
     stare = _trainer(stare_trl.STAREGRPOTrainer, cfg, tiny_model)
-    batch = _micro_batch(len(stare.processing_class))
-    batch.update(stare_trl.token_statistics(stare.model, batch["prompt_ids"], batch["prompt_mask"],
-                                            batch["completion_ids"], batch["completion_mask"], temperature=1.0,
-                                            batch_size=4))
-    prep = stare._stare_begin_step([batch])
-    loss = stare._compute_loss(stare.model, batch)
-    mask = batch["completion_mask"].bool()
-    omega, stats = stare_token_weights(batch["stare_logps"], batch["advantages"], mask, cfg.loss_config().stare,
+    full = _micro_batch(len(stare.processing_class))
+    rows = 8 // micro_batches
+    micro = [{k: (v[i * rows:(i + 1) * rows] if v.dim() else v) for k, v in full.items()} for i in range(micro_batches)]
+    stare._stare_start_step(micro)
+    loss = stare._compute_loss(stare.model, micro[0])
+    prep = stare.stare_step
+    mask = full["completion_mask"].bool()
+    with torch.no_grad():
+        ids = torch.cat([full["prompt_ids"], full["completion_ids"]], 1)
+        logits = stare.model(input_ids=ids, attention_mask=torch.cat([full["prompt_mask"], full["completion_mask"]], 1),
+                             ).logits[:, -13:-1]
+        logp_all = torch.log_softmax(logits.float(), -1)
+        logp = logp_all.gather(-1, full["completion_ids"][..., None])[..., 0]
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    assert torch.allclose(torch.where(prep.batch.response_mask, prep.batch.old_logprobs, 0.0), logp * mask, atol=1e-5)
+    assert abs(prep.entropy - (entropy * mask).sum().item() / mask.sum().item()) < 1e-5
+    sstar = torch.cat([mb["stare_sstar"] for mb in micro])
+    assert bool(((sstar >= 0) & (sstar <= entropy + 1e-4))[mask].all()) and bool((sstar[mask] > 0).all())
+    omega, stats = stare_token_weights(prep.batch.old_logprobs, full["advantages"], mask, cfg.loss_config().stare,
                                        reweight_w=1.5, reweight_m=0.5)
     assert prep.gate_on and torch.equal(prep.token_weights, omega)
     assert int(stats["stare/num_pos_selected"]) == math.ceil(0.25 * 27)  # T+: rows with Â > 0 hold 3+5+9+10 tokens
-    expected = (omega * -batch["advantages"][:, None] * mask).sum() / batch["num_items_in_batch"].float()
+    m0 = mask[:rows]
+    expected = (omega[:rows] * -full["advantages"][:rows, None] * m0).sum() / full["num_items_in_batch"].float()
     assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-7)
-    h_bar = (batch["stare_entropy"] * mask).sum().item() / mask.sum().item()
-    assert abs(prep.entropy - h_bar) < 1e-6
 
 
 # --------------------------------------------------------------------------------------------------------------
