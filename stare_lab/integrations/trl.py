@@ -283,7 +283,7 @@ class STAREGRPOTrainer(GRPOTrainer):
         self._stare_resume_step: int | None = None
         self._stare_writer: RunWriter | None = None
 
-    # -- the step: pre-pass, preparation ---------------------------------------------------------------------
+    # -- the step: measurement, preparation -----------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         out = super()._generate_and_score_completions(inputs)

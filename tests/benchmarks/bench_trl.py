@@ -3,10 +3,11 @@ this machine (CPU). Goal: STARE / plain ≤ 1.10.
 
 Setup (both sides): the tiny random-init Qwen2 model of ``trainer.tiny`` (built once in a temp dir), 8 GSM8K prompts
 per step × 4 samples, ≤ 32 new tokens (transformers ``generate``), T = 1, lr 1e-6, ``loss_type="dapo"``, no KL,
-fp32, lenient GSM8K reward, one process, the same seed. STARE side: C2, scope ``global``, the gate on every step
-(H_tgt = 100 nats) and the adaptive schedule, so every step runs the pre-pass (log-probs, entropy and s* of the
-generation batch), the step preparation (gate, W/M, ω) and the weighted loss. A run's number is its mean step time
-over steps 2..N (a callback around each optimizer step: generation, scoring, pre-pass, loss, update).
+fp32, lenient GSM8K reward, one process, one micro-batch per step (TRL's default), the same seed. STARE side: C2,
+scope ``global``, the gate on every step (H_tgt = 100 nats) and the adaptive schedule, so every step runs the
+measurement (s* from the hidden states), the step preparation (gate, W/M, ω), the weighted loss, the metrics and
+the run directory's row. A run's number is its mean step time over steps 2..N (a callback around each optimizer
+step: generation, scoring, loss, update).
 
 Each repetition runs the two sides back to back in fresh processes, their order alternating; the verdict reads the
 median of the paired ratios (the machine may be shared).
