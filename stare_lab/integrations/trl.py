@@ -258,7 +258,7 @@ class STAREGRPOTrainer(GRPOTrainer):
 
     Raises:
         ConfigError: ``args`` is not a :class:`STAREGRPOConfig`, or the model is not supported
-            (:func:`token_statistics`).
+            (its logits must be ``lm_head(base_model(...).last_hidden_state)``: no softcapping or logit scaling).
     """
 
     _tag_names = ["trl", "grpo", "stare"]

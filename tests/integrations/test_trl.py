@@ -208,6 +208,32 @@ def test_gate_on_is_the_weighted_surrogate(tmp_path, tiny_model, micro_batches):
     assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-7)
 
 
+def test_microbatch_scope_selects_per_loss_call(tmp_path, tiny_model):
+    """Scope ``microbatch`` (the reference's): each loss call selects L± over its own micro-batch, so the ``bnpo``
+    loss of micro-batch i is Σ ω_i·(−Â)·m / n_i / GA with ω_i the core's weights of that micro-batch alone, and the
+    step's logged |L+| is the sum of the per-micro-batch k = ⌈P·|T+_i|⌉; the gate is still the step's."""
+    cfg = _config(tmp_path, loss_type="bnpo", target_entropy=100.0, variant="C2", top_p_ratio=0.25, reweight_w=1.5,
+                  reweight_m=0.5, scope="microbatch", gradient_accumulation_steps=2)
+    stare = _trainer(stare_trl.STAREGRPOTrainer, cfg, tiny_model)
+    full = _micro_batch(len(stare.processing_class))
+    micro = [{k: (v[i * 4:(i + 1) * 4] if v.dim() else v) for k, v in full.items()} for i in range(2)]
+    stare._stare_start_step(micro)
+    expected_k = 0
+    for i, mb in enumerate(micro):
+        stare._stare_left = 1 - i  # what _prepare_inputs counts down: the second call closes the step
+        loss = stare._compute_loss(stare.model, mb)
+        mask = mb["completion_mask"].bool()
+        lp = stare.stare_step.batch.old_logprobs[i * 4:(i + 1) * 4]
+        omega, stats = stare_token_weights(lp, mb["advantages"], mask, cfg.loss_config().stare, reweight_w=1.5,
+                                           reweight_m=0.5)
+        expected_k += int(stats["stare/num_pos_selected"])
+        expected = (omega * -mb["advantages"][:, None] * mask).sum() / mask.sum() / 2
+        assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-7), i
+    assert stare.stare_step.token_weights is None and stare.stare_step.gate_on
+    assert stare._metrics["train"]["stare/num_pos_selected"] == [expected_k]
+    assert expected_k == math.ceil(0.25 * 8) + math.ceil(0.25 * 19)  # T+ of the two halves: 3+5 and 9+10 tokens
+
+
 # --------------------------------------------------------------------------------------------------------------
 # launched runs
 # --------------------------------------------------------------------------------------------------------------
