@@ -239,9 +239,17 @@ def test_microbatch_scope_selects_per_loss_call(tmp_path, tiny_model):
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _launch(model: Path, out: Path, nproc: int, *extra: str) -> subprocess.CompletedProcess:
     base = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                                                str(nproc), "--master_port", str(29500 + os.getpid() % 500)]
+                                                str(nproc), "--master_port", str(_free_port())]
     cmd = [*base, str(HELPER), "--model", str(model), "--out", str(out), "--dump", *extra]
     return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
 
