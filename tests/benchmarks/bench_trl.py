@@ -83,8 +83,11 @@ if side == "stare":
         _stare_record = timed(STAREGRPOTrainer._stare_record)
 else:
     cfg, cls = GRPOConfig(**common), GRPOTrainer
-cls(model=model, processing_class=tok, reward_funcs=reward, args=cfg, train_dataset=ds, callbacks=[T()]).train()
+trainer = cls(model=model, processing_class=tok, reward_funcs=reward, args=cfg, train_dataset=ds, callbacks=[T()])
+trainer.train()
 print("STEP_TIMES", json.dumps(times))
+lengths = [e["completions/mean_length"] for e in trainer.state.log_history if "completions/mean_length" in e]
+print("MEAN_LENGTH", sum(lengths[1:]) / max(len(lengths) - 1, 1))
 print("OWN_S", own[0] / len(times))
 """
 
@@ -96,16 +99,17 @@ def _env() -> dict:
     return env
 
 
-def run(model: Path, tmp: Path, steps: int, side: str, tag: str) -> tuple[float, float]:
-    """Median step time (s) over steps 2..N of one run of ``side`` (``stare`` or ``plain``), and the mean time per
-    step spent in STARE's own methods (0 for plain)."""
+def run(model: Path, tmp: Path, steps: int, side: str, tag: str) -> tuple[float, float, float]:
+    """Median step time (s) over steps 2..N of one run of ``side`` (``stare`` or ``plain``), the mean time per step
+    spent in STARE's own methods (0 for plain) and the mean completion length over steps 2..N (tokens)."""
     p = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(model), str(GSM8K), str(tmp / f"{side}_{tag}"),
                         str(steps), str(PROMPTS), str(N), str(MAX_NEW), side], cwd=REPO, env=_env(),
                        capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(p.stderr[-4000:])
     lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in p.stdout.splitlines() if " " in ln}
-    return statistics.median(json.loads(lines["STEP_TIMES"])[1:]), float(lines["OWN_S"])
+    return (statistics.median(json.loads(lines["STEP_TIMES"])[1:]), float(lines["OWN_S"]),
+            float(lines["MEAN_LENGTH"]))
 
 
 def main() -> int:
@@ -125,17 +129,18 @@ def main() -> int:
     for rep in range(args.reps):
         loads.append(os.getloadavg()[0])
         if rep % 2 == 0:
-            s, o = run(model, tmp, args.steps, "stare", str(rep))
-            p, _ = run(model, tmp, args.steps, "plain", str(rep))
+            s, o, ls = run(model, tmp, args.steps, "stare", str(rep))
+            p, _, lp = run(model, tmp, args.steps, "plain", str(rep))
         else:
-            p, _ = run(model, tmp, args.steps, "plain", str(rep))
-            s, o = run(model, tmp, args.steps, "stare", str(rep))
+            p, _, lp = run(model, tmp, args.steps, "plain", str(rep))
+            s, o, ls = run(model, tmp, args.steps, "stare", str(rep))
         stare_t.append(s)
         plain_t.append(p)
         own.append(o / s)
         ratios.append(s / p)
         print(f"  rep {rep + 1}: STARE {s:.3f} s/step, plain TRL {p:.3f} s/step, ratio {s / p:.3f}; STARE's own "
-              f"methods {1000 * o:.1f} ms/step = {100 * o / s:.1f}% of its step (load {loads[-1]:.1f})", flush=True)
+              f"methods {1000 * o:.1f} ms/step = {100 * o / s:.1f}% of its step; mean completion length {ls:.1f} vs "
+              f"{lp:.1f} tokens (load {loads[-1]:.1f})", flush=True)
     med = statistics.median(ratios)
     ok = med <= GOAL
     print(f"STARE {statistics.median(stare_t):.3f} s/step vs plain TRL {statistics.median(plain_t):.3f} s/step "
