@@ -13,7 +13,7 @@ step: generation, scoring, loss, update); the STARE run also reports the time sp
 Each repetition runs the two sides back to back in fresh processes, their order alternating; the verdict reads the
 median of the paired ratios (the machine may be shared).
 
-Usage: ``python tests/benchmarks/bench_trl.py [--steps 8] [--reps 3]``. Prints every repetition, the medians and a
+Usage: ``python tests/benchmarks/bench_trl.py [--steps 8] [--reps 3] [--ga 1]``. Prints every repetition, the medians and a
 one-line verdict; exit status 0 when the median ratio is ≤ 1.10.
 """
 
@@ -43,8 +43,8 @@ from stare_lab.integrations.trl import STAREGRPOConfig, STAREGRPOTrainer
 from trainer.rewards import gsm8k_lenient_reward
 from trainer.config import DEFAULT_PROMPT_TEMPLATE
 
-model_dir, data, out, steps, prompts, n, max_new, side = sys.argv[1:9]
-steps, prompts, n, max_new = int(steps), int(prompts), int(n), int(max_new)
+model_dir, data, out, steps, prompts, n, max_new, side, ga = sys.argv[1:10]
+steps, prompts, n, max_new, ga = int(steps), int(prompts), int(n), int(max_new), int(ga)
 recs = [json.loads(l) for l in open(data)][: prompts * steps]
 ds = Dataset.from_list([{"prompt": [{"role": "user", "content": DEFAULT_PROMPT_TEMPLATE.format(problem=r["problem"])}],
                          "answer": r["answer"]} for r in recs])
@@ -60,7 +60,8 @@ class T(TrainerCallback):
     def on_step_begin(self, args, state, control, **kw): self.t = time.perf_counter()
     def on_step_end(self, args, state, control, **kw): times.append(time.perf_counter() - self.t)
 
-common = dict(output_dir=out, use_cpu=True, per_device_train_batch_size=prompts * n, num_generations=n,
+common = dict(output_dir=out, use_cpu=True, per_device_train_batch_size=prompts * n // ga,
+              gradient_accumulation_steps=ga, num_generations=n,
               max_completion_length=max_new, temperature=1.0, learning_rate=1e-6, loss_type="dapo", beta=0.0,
               max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", num_iterations=1, seed=0,
               bf16=False, disable_dropout=True)
@@ -99,11 +100,11 @@ def _env() -> dict:
     return env
 
 
-def run(model: Path, tmp: Path, steps: int, side: str, tag: str) -> tuple[float, float, float]:
+def run(model: Path, tmp: Path, steps: int, side: str, tag: str, ga: int = 1) -> tuple[float, float, float]:
     """Median step time (s) over steps 2..N of one run of ``side`` (``stare`` or ``plain``), the mean time per step
     spent in STARE's own methods (0 for plain) and the mean completion length over steps 2..N (tokens)."""
     p = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(model), str(GSM8K), str(tmp / f"{side}_{tag}"),
-                        str(steps), str(PROMPTS), str(N), str(MAX_NEW), side], cwd=REPO, env=_env(),
+                        str(steps), str(PROMPTS), str(N), str(MAX_NEW), side, str(ga)], cwd=REPO, env=_env(),
                        capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(p.stderr[-4000:])
@@ -116,6 +117,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--ga", type=int, default=1, help="micro-batches per step (the same 32 rows split; 1 = TRL's "
+                    "default; with G > 1 STARE adds a no-grad forward of G - 1 of them)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from trainer.tiny import build_tiny_model
@@ -123,17 +126,17 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench_stare_trl_"))
     model = build_tiny_model(tmp / "model", seed=0, corpus_file=GSM8K)
     t0 = time.time()
-    print(f"{PROMPTS} prompts x {N} samples x <= {MAX_NEW} tokens, steps 2..{args.steps}, {args.reps} paired reps; "
-          "shared machine: read the medians")
+    print(f"{PROMPTS} prompts x {N} samples x <= {MAX_NEW} tokens in {args.ga} micro-batch(es), steps 2..{args.steps}, "
+          f"{args.reps} paired reps; shared machine: read the medians")
     ratios, stare_t, plain_t, loads, own = [], [], [], [], []
     for rep in range(args.reps):
         loads.append(os.getloadavg()[0])
         if rep % 2 == 0:
-            s, o, ls = run(model, tmp, args.steps, "stare", str(rep))
-            p, _, lp = run(model, tmp, args.steps, "plain", str(rep))
+            s, o, ls = run(model, tmp, args.steps, "stare", str(rep), args.ga)
+            p, _, lp = run(model, tmp, args.steps, "plain", str(rep), args.ga)
         else:
-            p, _, lp = run(model, tmp, args.steps, "plain", str(rep))
-            s, o, ls = run(model, tmp, args.steps, "stare", str(rep))
+            p, _, lp = run(model, tmp, args.steps, "plain", str(rep), args.ga)
+            s, o, ls = run(model, tmp, args.steps, "stare", str(rep), args.ga)
         stare_t.append(s)
         plain_t.append(p)
         own.append(o / s)
