@@ -13,8 +13,8 @@ step: generation, scoring, loss, update); the STARE run also reports the time sp
 Each repetition runs the two sides back to back in fresh processes, their order alternating; the verdict reads the
 median of the paired ratios (the machine may be shared).
 
-Usage: ``python tests/benchmarks/bench_trl.py [--steps 8] [--reps 3] [--ga 1]``. Prints every repetition, the medians and a
-one-line verdict; exit status 0 when the median ratio is ≤ 1.10.
+Usage: ``python tests/benchmarks/bench_trl.py [--steps 8] [--reps 3] [--ga 1]``. Prints every repetition, the
+medians and a one-line verdict; exit status 0 when the median ratio is ≤ 1.10.
 """
 
 from __future__ import annotations
