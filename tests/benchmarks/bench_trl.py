@@ -8,7 +8,8 @@ scope ``global``, the gate on every step (H_tgt = 100 nats) and the adaptive sch
 measurement (s* from the hidden states), the step preparation (gate, W/M, ω), the weighted loss, the metrics and
 the run directory's row. A run's number is its median step time over steps 2..N (a callback around each optimizer
 step: generation, scoring, loss, update); the STARE run also reports the time spent in STARE's own methods
-(measurement, step preparation, metrics), a figure that machine load barely moves.
+(s* and the measurement's bookkeeping, step preparation, metrics and row), a figure that machine load barely moves;
+with ``--ga G > 1`` the no-grad forward of micro-batches 2..G is in the step time, not in that figure.
 
 Each repetition runs the two sides back to back in fresh processes, their order alternating; the verdict reads the
 median of the paired ratios (the machine may be shared).
