@@ -2,7 +2,8 @@
 
 Analysis reads run directories only: :func:`load_runs` finds them (recursively, via
 :func:`stare_lab.runs.find_runs`), reads each with :func:`stare_lab.runs.read_run` and turns ``metrics.jsonl`` into
-one float64 column per key, indexed by ``step``. Damage is tolerated and reported, never fatal: a truncated last
+one float64 column per key, indexed by ``step``; other frameworks' logs (a TRL output folder) are read into the same
+form by the readers of :mod:`analysis.foreign`. Damage is tolerated and reported, never fatal: a truncated last
 line, null/NaN values, missing keys, duplicate or missing steps, a missing ``config.yaml``, a folder without runs —
 each gives a warning (logged, and kept in :attr:`RunData.warnings` or the caller's ``warnings`` list).
 """
@@ -26,7 +27,7 @@ from stare_lab.errors import RunError
 from stare_lab.runs import find_runs, read_run
 
 from .foreign import SOURCES as FOREIGN_SOURCES
-from .foreign import find_foreign, read_foreign
+from .foreign import READERS, find_foreign_runs, read_foreign_run
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def _read_eval(path: Path, warnings: list[str]) -> dict | None:
 
 
 def load_run(path: str | os.PathLike) -> RunData:
-    """Read one run directory into a :class:`RunData`.
+    """Read one run directory (or a folder an :mod:`analysis.foreign` reader claims) into a :class:`RunData`.
 
     Rows without a finite integer ``step`` are dropped; duplicate steps keep the last row (a resumed run that was
     not truncated); rows are sorted by step. Each such repair adds a warning.
@@ -209,13 +210,11 @@ def load_run(path: str | os.PathLike) -> RunData:
         RunError: if ``path`` is not a run directory (no ``metrics.jsonl``) nor a recognised foreign log, or holds no
             row with a valid step.
     """
-    if Path(path).is_file():
-        try:
-            fr = read_foreign(path)
-        except ValueError as err:
-            raise RunError(str(err)) from None
-        return _run_data(fr.path, fr.config, fr.rows, None, list(fr.warnings), 0)
-    run = read_run(path)  # raises RunError for a non-run directory
+    run = read_foreign_run(path)
+    if run is None:
+        if Path(path).is_file():
+            raise RunError(f"{str(path)!r} is not a log any reader recognises (analysis.foreign: {', '.join(READERS)})")
+        run = read_run(path)  # raises RunError for a non-run directory
     warnings = [_yaml_warning(run.path, w) for w in run.warnings]
     config = run.config if isinstance(run.config, dict) else {}
     return _run_data(run.path, config, run.metrics, run.summary, warnings, len(run.warnings))
@@ -315,9 +314,10 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
         if not root.exists():
             notes.append(f"{root}: does not exist; skipped")
             continue
-        found = find_runs([root]) + find_foreign(root)
+        found = (find_runs([root]) if root.is_dir() else []) + find_foreign_runs([root])
         if not found:
-            notes.append(f"{root}: no run directories (no metrics.jsonl) nor framework logs found; skipped")
+            notes.append(f"{root}: no run directories (no metrics.jsonl) nor framework logs (TRL trainer_state.json, "
+                         "verl file logger) found; skipped")
         dirs.extend(found)
     runs: list[RunData] = []
     for d in sorted(set(dirs)):

@@ -9,6 +9,7 @@ wraps it with what every loss shares, in this order:
 2. ℓ itself (``grpo``, ``stare``, ``clip_cov``, ``kl_cov``, ``forking_tokens``, or any loss registered later);
 3. truncated importance sampling (``tis_cap``): ℓ ← ℓ · min(exp(old − rollout), C), detached (per token, or per
    sequence with ``tis_level="sequence"``; ``tis_mode="mask"`` zeroes out-of-range ratios instead of capping);
+   then a caller's own importance weights (``inputs.importance_weights``, e.g. TRL's vLLM correction): ℓ ← ℓ · w;
 4. aggregation (:func:`~stare_lab.aggregation.aggregate_loss`) with the global normalisers of the inputs;
 5. add-ons: L ← L − β·agg(entropy) (``entropy_coeff``) + λ·agg(KL to the reference) (``kl_coef``), aggregated
    with the same mode and normalisers;
@@ -90,6 +91,9 @@ class PolicyLossInputs:
         global_stats: every global statistic of the step by name (:data:`stare_lab.step.GLOBAL_STATS`), as
             :func:`stare_lab.step.prepare_step` computed them for the loss's declared ``LossNeeds.global_stats``;
             the way a loss registered outside the package reads a statistic that has no field of its own.
+        importance_weights: ``[B, T]`` or ``[B, 1]`` (one per sequence) detached weights the per-token loss ℓ is
+            multiplied by before aggregation: an importance correction the caller computed itself (e.g. TRL's
+            truncated or masked vLLM ratio), applied after ``tis_cap``'s. Every entry must be finite.
     """
 
     logprobs: Tensor
@@ -111,6 +115,7 @@ class PolicyLossInputs:
     generator: torch.Generator | None = None
     stare_stats: Mapping[str, Any] | None = None
     global_stats: Mapping[str, Any] | None = None
+    importance_weights: Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,6 +450,13 @@ def _prepare(inputs: PolicyLossInputs) -> LossContext:
             f"advantages must be a float tensor of shape [B]={tuple(shape[:1])} or [B, T]={tuple(shape)}, "
             f"got {getattr(adv, 'dtype', type(adv).__name__)} of shape {tuple(getattr(adv, 'shape', ()))}"
         )
+    iw = inputs.importance_weights
+    if iw is not None and (not isinstance(iw, Tensor) or iw.shape not in ((shape[0], 1), shape)
+                           or not iw.is_floating_point()):
+        raise DataError(
+            f"importance_weights must be a float tensor of shape [B, 1]={(shape[0], 1)} or [B, T]={tuple(shape)}, "
+            f"got {getattr(iw, 'dtype', type(iw).__name__)} of shape {tuple(getattr(iw, 'shape', ()))}"
+        )
     lp32 = lp.float()
     old = inputs.old_logprobs.detach().float()
     adv = adv.detach().float()
@@ -452,7 +464,7 @@ def _prepare(inputs: PolicyLossInputs) -> LossContext:
     log_ratio = (lp32 - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     checks = [("logprobs", lp.detach().sum()), ("old_logprobs", old.sum()), ("advantages", adv.sum())]
-    for name in _BT_FIELDS[1:]:
+    for name in (*_BT_FIELDS[1:], "importance_weights"):
         value = getattr(inputs, name)
         if value is not None and name != "token_weights":  # ω is checked through the loss value (see _run)
             checks.append((name, value.detach().sum()))
@@ -532,6 +544,8 @@ def _run(name: str, core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -
         core_metrics["loss/tis_weight_mean"] = masked_mean(tis, ctx.mask)
         if cfg.tis_mode == "mask":
             core_metrics["loss/tis_masked_frac"] = masked_mean(tis == 0, ctx.mask)
+    if inputs.importance_weights is not None:
+        pg_mat = pg_mat * inputs.importance_weights.detach().to(pg_mat.dtype)
     agg = dict(
         mask=ctx.mask,
         mode=cfg.loss_agg_mode,

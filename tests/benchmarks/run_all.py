@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # cheap first; the trainer-vs-TRL benchmark builds DeepSpeed ops and runs TRL, so it goes last
 ORDER = ["bench_loss", "bench_entropy", "bench_simulate", "bench_analyze", "bench_grading", "bench_transformer",
-         "bench_trainer_vs_trl"]
+         "bench_trl", "bench_trainer_vs_trl"]
 
 
 def main() -> int:
