@@ -10,6 +10,16 @@
   and the tail mass spread Zipf-like over the other V − 1 tokens (ranks 2 … V). Token ranks are a random
   permutation per state. The reward-optimal entropy is then (forking_positions/L)·ln(num_correct) per position.
 
+Reward coupling (every task, ``reward_coupling`` c ∈ (0, 1]): of the L positions of a prompt only
+k = max(1, ⌊c·L + ½⌋), chosen at random, decide the reward; every other position accepts every token (its correct
+set is the whole vocabulary), like a paraphrase that any continuation of the text could replace. The reward rule is
+unchanged — a response earns 1 iff at least ``threshold`` of its positions are correct — and a free position always
+counts as correct, so with ``threshold = L`` the reward is 1 iff all k deciding positions are correct. At c = 1
+(the default) every position decides and the tables are those of the task without the knob, bit for bit. At a free
+position the advantage is independent of the sampled token: in the mean-field limit GRPO does not move it at all,
+with G sampled responses it drifts only through sampling noise (docs/theory.md §2, near-criticality), while STARE's
+L+ tokens there raise its entropy — the weak token–reward link of a language model (docs/theory.md §8).
+
 Both tables are drawn from one ``torch.Generator`` seeded with the run's ``init_seed``, so every method of a seed
 starts from the same policy.
 """
@@ -20,18 +30,30 @@ import math
 
 import torch
 
-__all__ = ["init_tables", "reward_optimal_entropy"]
+__all__ = ["init_tables", "deciding_positions", "reward_optimal_entropy"]
 
 
 def init_tables(config, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Initial logits ``[S, L, V]`` float64 and correct sets ``[S, L, V]`` bool of ``config``'s task."""
+    """Initial logits ``[S, L, V]`` float64 and correct sets ``[S, L, V]`` bool of ``config``'s task, with the
+    positions that do not decide the reward (``reward_coupling`` < 1, module docstring) accepting every token."""
     if config.task == "forking":
-        return _forking_tables(config, generator)
-    S, L, V = config.num_prompts, config.seq_len, config.vocab_size
-    logits = config.init_spread * torch.randn(S, L, V, generator=generator, dtype=torch.float64)
-    ranks = torch.rand(S, L, V, generator=generator).argsort(dim=-1).argsort(dim=-1)
-    correct = ranks < config.num_correct
+        logits, correct = _forking_tables(config, generator)
+    else:
+        S, L, V = config.num_prompts, config.seq_len, config.vocab_size
+        logits = config.init_spread * torch.randn(S, L, V, generator=generator, dtype=torch.float64)
+        ranks = torch.rand(S, L, V, generator=generator).argsort(dim=-1).argsort(dim=-1)
+        correct = ranks < config.num_correct
+    if config.reward_coupling < 1.0:  # drawn after the task's tables: at c = 1 nothing else is drawn
+        correct = correct | ~deciding_positions(config, generator).unsqueeze(-1)
     return logits, correct
+
+
+def deciding_positions(config, generator: torch.Generator) -> torch.Tensor:
+    """``[S, L]`` bool: the k = max(1, ⌊c·L + ½⌋) positions of each prompt (chosen at random with ``generator``)
+    that decide the reward, c = ``config.reward_coupling`` (module docstring)."""
+    S, L = config.num_prompts, config.seq_len
+    k = max(1, math.floor(config.reward_coupling * L + 0.5))
+    return torch.rand(S, L, generator=generator).argsort(-1).argsort(-1) < k
 
 
 def _forking_tables(config, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
