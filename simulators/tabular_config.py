@@ -73,10 +73,11 @@ class TabularSimConfig:
         num_correct: K ∈ [1, V] correct tokens per (prompt, position).
         threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct). A position
             that does not decide the reward (``reward_coupling`` < 1) always counts as correct.
-        reward_coupling: c ∈ (0, 1], the fraction of positions per prompt that decide the reward: k = max(1,
-            ⌊c·L + ½⌋) positions chosen at random keep the task's correct set, every other position accepts every
-            token (a paraphrase: the advantage there is independent of the sampled token). 1 (the default): every
-            position decides (:mod:`simulators.tabular_tasks`; docs/theory.md §8).
+        reward_coupling: c ∈ (0, 1], the fraction of positions that decide the reward: max(1, ⌊c·n + ½⌋) of the
+            n positions of the table (per stratum: forks and others in ``forking``), chosen at random, keep the
+            task's correct set; every other position accepts every token (a paraphrase: the advantage there is
+            independent of the sampled token). 1 (the default): every position decides
+            (:mod:`simulators.tabular_tasks`; docs/theory.md §8).
         random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
         reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
             independently of the tokens (keeps reward variance alive once a prompt is solved).

@@ -1,0 +1,235 @@
+"""Tests of the reward-coupling knob, the per-step calibration observables (tabular and small transformer) and
+``stare-lab calibrate`` (simulators/calibrate.py): values by hand or from an independent computation (numpy sorts,
+the Lambert-W closed form of s*), and the calibration recovering known knobs from a toy probe."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import lambertw
+
+from stare_lab.errors import ConfigError, DataError, RunError
+from stare_lab.runs import RunWriter
+from simulators import calibrate as C
+from simulators.tabular import config_from_overrides, init_state, run_batch
+from simulators.tabular_engine import batch_step
+from simulators.tabular_expected import success_given_token
+from simulators.tabular_sampled import rollouts
+from simulators.tabular_step import policy_tables, stack_states
+from simulators.tabular_tasks import deciding_positions
+
+torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------------------------------------ coupling knob
+def _seq(**kw):
+    base = {"task": "sequence", "num_prompts": 3, "seq_len": 4, "vocab_size": 5, "num_correct": 1, "threshold": 4,
+            "reward_noise": 0.0, "group_size": 4, "steps": 2, "checkpoint_every": 2}
+    return config_from_overrides({**base, **kw})
+
+
+def test_coupling_count_and_tables():
+    """k = max(1, ⌊c·L + ½⌋) deciding positions per prompt (L = 4: c 0.5 → 2, 0.3 → ⌊1.7⌋ = 1, 0.1 → max(1, 0) =
+    1, 0.9 → ⌊4.1⌋ = 4); a free position accepts all V tokens, a deciding one keeps num_correct = 1; the logits do
+    not depend on c, and at c = 1 the tables are the plain task's."""
+    for c, k in ((0.5, 2), (0.3, 1), (0.1, 1), (0.9, 4)):
+        cfg = _seq(reward_coupling=c)
+        st = init_state(cfg)
+        per_pos = st.correct.sum(-1)  # [S, L]
+        assert ((per_pos == 5) | (per_pos == 1)).all()
+        assert (per_pos == 1).sum(-1).tolist() == [k] * 3
+        assert torch.equal(st.logits, init_state(_seq(reward_coupling=1.0)).logits)
+    assert torch.equal(init_state(_seq()).correct, init_state(_seq(reward_coupling=1.0)).correct)
+    assert init_state(_seq()).correct.sum(-1).eq(1).all()
+    with pytest.raises(ConfigError, match=r"reward_coupling=0 is outside \(0, 1\]"):
+        _seq(reward_coupling=0)
+
+
+def test_coupling_reward_rule_by_hand():
+    """With c = 0.5 (2 of 4 positions decide, threshold 4, no noise) a response is rewarded iff both deciding
+    positions hold their one correct token, whatever it samples at the free ones: checked token by token on a
+    sampled batch, and the exact expected-mode law P(r = 1) = Π over deciding positions of π(correct) (by hand)."""
+    cfg = _seq(reward_coupling=0.5, group_size=64)
+    st = init_state(cfg)
+    decide = st.correct.sum(-1) == 1  # [S, L]
+    batch = stack_states([cfg], [st])
+    roll = rollouts(batch, policy_tables(batch.logits, 1.0).pi)
+    tokens, rewards = roll["tokens"][0], roll["rewards"][0]  # [S, G, L], [S, G]
+    hits = st.correct[torch.arange(3)[:, None, None], torch.arange(4), tokens]  # [S, G, L]
+    want = (hits | ~decide[:, None, :]).all(-1).float()
+    assert torch.equal(rewards, want)
+    assert 0 < float(want.mean()) < 1  # both outcomes occur, so the check is not vacuous
+    pi = torch.softmax(st.logits, -1)
+    q = (pi * st.correct).sum(-1)  # [S, L]
+    p_bar, _ = success_given_token(cfg, pi, st.correct)
+    hand = [math.prod(float(q[s, l]) for l in range(4) if decide[s, l]) for s in range(3)]
+    assert p_bar.tolist() == pytest.approx(hand, rel=1e-12)
+    g = torch.Generator().manual_seed(0)
+    assert deciding_positions(cfg, g).sum(-1).tolist() == [2, 2, 2]
+
+
+# --------------------------------------------------------------------------------------------- the observables
+def _sstar_lambert(pi: np.ndarray) -> np.ndarray:
+    """s* = H − W₀(−C e^H), C = Σ π²(s − H) (docs/theory.md §2 closed form), per row of ``pi`` (float64)."""
+    s = -np.log(pi)
+    h = (pi * s).sum(-1)
+    c = (pi * pi * (s - h[..., None])).sum(-1)
+    return h - np.real(lambertw(-c * np.exp(h), 0))
+
+
+def _share(s_tok, sstar_tok, mask, weight=None):
+    w = np.exp(-s_tok) * (mask if weight is None else weight)
+    return float((w * (s_tok > sstar_tok)).sum() / w.sum())
+
+
+def _tabular_step(mode, **kw):
+    cfg = config_from_overrides({
+        "task": "forking", "mode": mode, "num_prompts": 6, "seq_len": 5, "vocab_size": 12, "num_correct": 3,
+        "forking_positions": 2, "threshold": 5, "reward_coupling": 0.6, "reward_noise": 0.1, "group_size": 8,
+        "lr": 0.5, "steps": 3, "checkpoint_every": 3, "method": "o1", **kw})
+    batch = stack_states([cfg], [init_state(cfg)])
+    probe = stack_states([cfg], [init_state(cfg)])  # the same rollout stream, to recompute the step independently
+    _, rows, _ = batch_step(batch, step=1)
+    return cfg, probe, rows[0]
+
+
+def test_sampled_observables_against_an_independent_computation():
+    """One sampled step: L+ recomputed with numpy (Â > 0 tokens, k = ⌈0.1·|T+|⌉ of the highest surprisal),
+    s* from the Lambert-W closed form, the share Σ_{L+, s>s*} π / Σ_{L+} π by hand; d_ratio = D_L+/|D_GRPO| and
+    W* = 1 − D_GRPO/D_L+ (O1) from the row's D terms."""
+    cfg, probe, row = _tabular_step("sampled")
+    pol = policy_tables(probe.logits, 1.0)
+    roll = rollouts(probe, pol.pi)
+    tok = roll["tokens"][0].numpy()  # [S, G, L]
+    r = roll["rewards"][0].double().numpy()
+    adv = (r - r.mean(-1, keepdims=True)) / (r.std(-1, ddof=1, keepdims=True) + 1e-6)
+    logp = torch.log_softmax(probe.logits[0], -1).numpy()  # [S, L, V]
+    S, G, L = tok.shape
+    s_tok = -logp[np.arange(S)[:, None, None], np.arange(L), tok]
+    sstar = _sstar_lambert(np.exp(logp))[:, None, :].repeat(G, 1)  # [S, G, L]
+    pos = np.broadcast_to(adv[..., None] > 0, tok.shape)
+    k = max(1, math.ceil(0.1 * pos.sum()))
+    order = np.argsort(-np.where(pos, s_tok, -np.inf).ravel(), kind="stable")[:k]
+    lplus = np.zeros(tok.size, bool)
+    lplus[order] = True
+    want = _share(s_tok.ravel(), sstar.ravel(), lplus)
+    assert 0 < want < 1 or want in (0.0, 1.0)
+    assert row["pred/lplus_above_sstar"] == pytest.approx(want, abs=1e-9)
+    assert row["pred/d_ratio"] == pytest.approx(row["pred/d_lplus"] / abs(row["pred/d_grpo"]), rel=1e-12)
+    w = 1 - row["pred/d_grpo"] / row["pred/d_lplus"]
+    assert row["pred/w_star"] == (pytest.approx(max(1.0, w), rel=1e-12) if row["pred/d_lplus"] > 0 else None)
+
+
+def test_expected_observables_against_an_independent_computation():
+    """Mean-field step: the L+ mass is the highest-surprisal 10 % of the positive-advantage mass
+    π_k·P(r=1|k)·(1 − p̄)-sign... selected over the whole table (recomputed with a numpy sort and a cumulative sum),
+    each token's π weighted by its selected mass; s* by Lambert W."""
+    cfg, probe, row = _tabular_step("expected")
+    pi = torch.softmax(probe.logits[0], -1)
+    p_bar, p1 = success_given_token(cfg, pi, probe.correct[0])
+    sigma = (p_bar * (1 - p_bar)).sqrt()
+    mass = (pi * p1 * (sigma > 0)[:, None, None]).numpy()  # positive-advantage mass per token
+    s = (-torch.log(pi)).numpy()
+    order = np.argsort(-s.ravel(), kind="stable")
+    m_sorted = mass.ravel()[order]
+    budget = 0.1 * mass.sum()
+    taken = np.clip(budget - (np.cumsum(m_sorted) - m_sorted), 0, None)
+    sel = np.zeros(mass.size)
+    sel[order] = np.minimum(taken, m_sorted)
+    sstar = np.broadcast_to(_sstar_lambert(pi.numpy())[..., None], s.shape)
+    want = _share(s.ravel(), sstar.ravel(), None, weight=sel)
+    assert row["pred/lplus_above_sstar"] == pytest.approx(want, abs=1e-9)
+    assert row["pred/d_ratio"] == pytest.approx(row["pred/d_lplus"] / abs(row["pred/d_grpo"]), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------- calibrate
+def _write_probe(path, entropies, d_grpo, d_lplus, shares, target=0.6, source="trainer"):
+    config = {"source": source, "method": "grpo", "seed": 0, "loss": {"stare": {"target_entropy": target}},
+              "model": {"path": "/models/SmolLM2-135M"}}
+    with RunWriter(path, config) as w:
+        for i, (h, g, p, sh) in enumerate(zip(entropies, d_grpo, d_lplus, shares)):
+            w.log({"step": i + 1, "entropy": h, "reward": 0.5, "gate_on": 0, "stare_w": 1.0, "stare_m": 1.0,
+                   "pred_entropy_change": None, "entropy_change": None, "pred/d_grpo": g, "pred/d_lplus": p,
+                   "pred/lplus_above_sstar": sh})
+
+
+def test_probe_window_and_pooling_by_hand(tmp_path):
+    """Entropies 1.0 0.9 0.7 0.5 0.4, target 0.6, window 2: the first step below is index 3, the window rows 2–3
+    (steps 3, 4); d_ratio = (0.3 + 0.1)/|−0.1 − 0.3| = 1, share = (0.2 + 0.4)/2 = 0.3, ρ = 0.6 / 1.0. Two runs pool
+    their sums: with the second run's window (0.5, −0.5) the ratio is 0.9/0.9 = 1."""
+    _write_probe(tmp_path / "a", [1.0, 0.9, 0.7, 0.5, 0.4], [-1, -1, -0.1, -0.3, -1], [9, 9, 0.3, 0.1, 9],
+                 [0, 0, 0.2, 0.4, 0])
+    p = C.read_probe([tmp_path / "a"], window=2)
+    assert (p.steps, p.d_ratio, p.lplus_above_sstar) == ([3, 4], pytest.approx(1.0), pytest.approx(0.3))
+    assert (p.target_entropy, p.rel_entropy, p.entropy, p.source, p.model) == (
+        0.6, pytest.approx(0.6), pytest.approx(0.6), "trainer", "SmolLM2-135M")
+    _write_probe(tmp_path / "b", [0.8, 0.55, 0.5], [-0.5, -0.2, -0.3], [0.5, 0.2, 0.3], [0.1, 0.1, 0.1])
+    pooled = C.read_probe([tmp_path / "a", tmp_path / "b"], window=2)
+    assert pooled.d_ratio == pytest.approx((0.4 + 0.7) / 1.1)  # window b: rows 0-1 (crossing at 1)
+    never = C.read_probe([tmp_path / "a"], target=0.1, initial_entropy=2.0)  # no crossing: every step, ρ = H̄/H_0
+    assert never.target_entropy is None and never.steps == [1, 2, 3, 4, 5]
+    assert never.rel_entropy == pytest.approx(0.7 / 2.0) and never.d_ratio == pytest.approx(27.4 / 3.4)
+
+
+def test_probe_errors(tmp_path):
+    _write_probe(tmp_path / "a", [1.0, 0.5], [None, None], [None, None], [None, None])
+    with pytest.raises(DataError, match=r"has no rows with entropy, pred/d_grpo and pred/d_lplus: log the D terms"):
+        C.read_probe([tmp_path / "a"])
+    with pytest.raises(RunError, match="is not a run directory|does not exist"):
+        C.read_probe([tmp_path / "nothing"])
+    _write_probe(tmp_path / "b", [1.0, 0.5], [-1, -1], [1, 1], [0.5, 0.5])
+    with pytest.raises(ConfigError, match=r"--target=-1 must be a number > 0"):
+        C.read_probe([tmp_path / "b"], target=-1)
+    _write_probe(tmp_path / "c", [1.0, 0.9], [-1, -1], [1, 1], [0.5, 0.5])
+    with pytest.raises(DataError, match="the probe runs disagree: 1 of 2 cross"):
+        C.read_probe([tmp_path / "b", tmp_path / "c"])
+
+
+def test_residual_by_hand():
+    """g(x) = x/(1 + |x|): probe ratio 1 (g 0.5), share 0.3; toy ratio 3 (g 0.75), share 0.1 → √(0.25² + 0.2²)."""
+    probe = C.Probe(["x"], "simulator", None, [1], 0.5, 1.0, 1.0, 0.3, 0.5, 0.5)
+    assert C.residual(3.0, 0.1, probe) == pytest.approx(math.hypot(0.25, 0.2))
+    assert C.residual(-1.0, 0.3, probe) == pytest.approx(1.0)  # g(−1) = −0.5
+    assert C.residual(None, 0.3, probe) == math.inf
+
+
+#: the fit test's toy: the llm preset, small and short (the knobs below are distinguishable at this size)
+FIT = {"num_prompts": 16, "steps": 150, "checkpoint_every": 150}
+
+
+def test_calibration_recovers_known_knobs(tmp_path):
+    """A GRPO probe of the llm toy with known knobs (coupling 0.6, 6 correct tokens, noise 0.3; probe seeds 7, 8)
+    is calibrated on a grid that holds them and three other settings, with other seeds (0, 1): the fit must return
+    the probe's knobs. Then the whole command on that probe (tiny W grid) writes calibration.json of the documented
+    schema."""
+    truth = {"reward_coupling": 0.6, "num_correct": 6, "reward_noise": 0.3}
+    data = C._base_overrides(FIT)
+    probes = []
+    for seed in (7, 8):
+        cfg = config_from_overrides({**data, **truth, "method": "grpo", "seed": seed})
+        probes.append(tmp_path / "probe" / f"seed{seed}")
+        run_batch([cfg], [probes[-1]])
+    probe = C.read_probe(probes)
+    grid = {"reward_coupling": [0.6, 1.0], "num_correct": [6], "reward_noise": [0.1, 0.3]}
+    best, table, target = C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0, 1), overrides=FIT, workers=1)
+    assert best["knobs"] == truth, table
+    assert target == pytest.approx(probe.rel_entropy * C.matched_target(probe, (0, 1), FIT)[1])
+    out = C.calibrate(probes, tmp_path / "cal", grid={"reward_coupling": [0.6], "num_correct": [6],
+                                                      "reward_noise": [0.3]},
+                      seeds=(0,), w_grid=[1.5, 8.0], overrides=FIT, workers=1)
+    saved = json.loads((tmp_path / "cal" / "calibration.json").read_text())
+    assert saved == json.loads(json.dumps(out))
+    assert set(saved) == {"kind", "probe", "knobs", "preset", "fit", "critical", "regime"}
+    assert saved["kind"] == "calibrated" and saved["knobs"] == truth
+    assert set(saved["critical"]) == {"o1", "c2", "adaptive"} and saved["critical"]["c2"]["m"] == 0.9
+    assert saved["preset"]["name"] == "llm" and saved["regime"]["mode"] == "sampled"
+    assert saved["preset"]["overrides"]["loss.stare.target_entropy"] == pytest.approx(target)
+    o1 = saved["critical"]["o1"]
+    assert (o1["w"], o1["low"], o1["high"]) in ((1.5, 1.0, 1.5), (8.0, 1.5, 8.0), (None, 8.0, None))
+    with pytest.raises(RunError, match="already holds a calibration"):
+        C.calibrate(probes, tmp_path / "cal", seeds=(0,), w_grid=[1.5], overrides=FIT)
