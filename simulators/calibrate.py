@@ -7,9 +7,12 @@ linked to the advantage far more strongly than in a language model, where a few 
 D_L+/|D_GRPO| of the first-order entropy change STARE's L+ tokens carry to GRPO's drift (``pred/d_ratio``), and the
 share of the L+ tokens' probability mass whose surprisal is above their position's critical surprisal s*
 (``pred/lplus_above_sstar``: the tokens whose reinforcement raises the entropy). Calibration chooses the knobs of
-the ``llm`` preset — the reward-coupling fraction (``reward_coupling``), the fork width (``num_correct``) and the
-verifier noise (``reward_noise``) — so that the toy's GRPO run shows the probe's two values at the matching
-entropy, then sweeps W on that toy.
+the ``llm`` preset — the reward-coupling fraction (``reward_coupling``), the fork width (how many of the positions
+fork, ``forking_positions``, and between how many correct tokens, ``num_correct``) and the verifier noise
+(``reward_noise``) — so that the toy's GRPO run shows the probe's two values at the matching entropy, then sweeps W
+on that toy. The share of forking positions is the main lever of the L+-above-s* share (measured: with 2 of 10
+positions forking it stays ≤ 0.2 at the crossing, with 5 of 10 it reaches 0.5–1.0), the coupling and the noise
+that of D_L+/|D_GRPO| (docs/calibration.md).
 
 Steps (:func:`calibrate`):
 
@@ -25,10 +28,10 @@ Steps (:func:`calibrate`):
 2. **Matching entropy.** Entropies of a toy and of a language model are not on one scale, so they are matched
    relative to the start of RL: the probe sits at ρ = H_match / H_0 of its initial entropy H_0 (the first row's
    entropy, or ``--initial-entropy`` for a probe of a later checkpoint), with H_match the target when the probe
-   crosses it and the window's mean entropy otherwise; the toy is read, and its band is set, at ρ × its own initial
-   entropy (:func:`matched_target`).
+   crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
+   set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
 3. **Fit** (:func:`fit_knobs`): GRPO runs of the ``llm`` preset (sampled, G responses per prompt, as in training)
-   over a grid of the three knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, the same window rule at
+   over a grid of the four knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, the same window rule at
    the matched target. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
    lplus_above_sstar) between toy and probe with g(x) = x / (1 + |x|) (monotone, bounded: the ratio spans −1 … 60
    between toys and models, and W* = 1 + 1/ratio changes little among large ratios); a knob setting whose GRPO run
@@ -46,7 +49,7 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
     {"kind": "calibrated",
      "probe": {"run": str, "source": "trainer|simulator", "model": str|null, "steps": [int], "entropy": float,
                "d_ratio": float, "lplus_above_sstar": float|null, "target_entropy": float|null},
-     "knobs": {"reward_coupling": float, "num_correct": int, "reward_noise": float},
+     "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float},
      "preset": {"name": "llm", "overrides": {dotted key: value}},
      "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "residual": float},
      "critical": {"o1": {"w": float|null, "low": float, "high": float|null},
@@ -96,13 +99,15 @@ __all__ = [
 
 #: the preset whose knobs are fitted
 PRESET = "llm"
-#: the knobs fitted, in order: reward-coupling fraction, fork width, verifier noise
-KNOBS = ("reward_coupling", "num_correct", "reward_noise")
-#: the default fit grid (72 settings)
+#: the knobs fitted, in order: reward-coupling fraction, fork width (forking positions of the 10, correct tokens
+#: at a fork), verifier noise
+KNOBS = ("reward_coupling", "forking_positions", "num_correct", "reward_noise")
+#: the default fit grid (96 settings)
 DEFAULT_GRID: dict[str, list] = {
-    "reward_coupling": [0.3, 0.4, 0.5, 0.6, 0.8, 1.0],
-    "num_correct": [2, 4, 6],
-    "reward_noise": [0.0, 0.1, 0.2, 0.3],
+    "reward_coupling": [0.4, 0.6, 0.8, 1.0],
+    "forking_positions": [2, 4, 6, 8],
+    "num_correct": [4, 8],
+    "reward_noise": [0.0, 0.1, 0.3],
 }
 #: the default W grid of the critical-W sweep
 DEFAULT_W_GRID = [1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]
@@ -280,8 +285,8 @@ def _base_overrides(overrides: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def matched_target(probe: Probe, seeds: Sequence[int], overrides: dict[str, Any] | None = None) -> tuple[float, float]:
-    """``(toy target, toy initial entropy)`` in nats: ρ × the ``llm`` toy's mean initial entropy over ``seeds``
-    (module docstring, step 2; the initial policy does not depend on the fitted knobs)."""
+    """``(toy target, toy initial entropy)`` in nats: ρ × the mean initial entropy over ``seeds`` of the ``llm`` toy
+    with ``overrides`` (dotted keys; module docstring, step 2)."""
     data = _base_overrides(overrides)
     h0 = statistics.fmean(mean_entropy(init_state(config_from_overrides({**data, "seed": s})).logits, 1.0)
                           for s in seeds)
@@ -324,7 +329,7 @@ def fit_knobs(
     probe: Probe, out: Path, grid: dict[str, list] | None = None, seeds: Sequence[int] = (0, 1),
     overrides: dict[str, Any] | None = None, workers: int | None = None,
     progress: Callable[[int], None] | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the fit (module docstring, step 3) into ``out`` (``out/<knobs>/seed<k>``).
 
     Args:
@@ -333,37 +338,39 @@ def fit_knobs(
         workers: processes (None: all cores). progress: called with run-steps done.
 
     Returns:
-        (the best setting ``{"knobs", "d_ratio", "lplus_above_sstar", "residual", "crossing"}``, every setting's row
-        in grid order, the toy target in nats).
+        (the best setting, every setting in grid order); a setting is ``{"knobs", "target", "d_ratio",
+        "lplus_above_sstar", "crossing", "residual"}`` with ``target`` its matched target (nats).
 
     Raises:
-        ConfigError: a bad grid or override (one line, the key named). DataError: no knob setting reaches the
+        ConfigError: a bad grid or override (one line, the key named). DataError: no knob setting reaches its
             matched target.
     """
     grid = _check_grid(grid or {})
-    target, _ = matched_target(probe, seeds, overrides)
-    data = _base_overrides(overrides)
-    data.setdefault("loss", {}).setdefault("stare", {})["target_entropy"] = target
-    data["target_entropy_rel"] = None
     settings = [dict(zip(KNOBS, combo)) for combo in itertools.product(*(grid[k] for k in KNOBS))]
-    configs, dirs = [], []
+    configs, dirs, targets = [], [], []
     for knobs in settings:
-        for s in seeds:
-            try:
-                configs.append(config_from_overrides({**data, **knobs, "method": "grpo", "seed": int(s)}))
-            except ConfigError as err:
-                raise ConfigError(f"fit grid point {_label(knobs)}: {err}") from None
-            dirs.append(out / _label(knobs) / f"seed{s}")
+        try:
+            target, _ = matched_target(probe, seeds, {**(overrides or {}), **knobs})
+            data = _base_overrides({**(overrides or {}), **knobs, "loss.stare.target_entropy": target})
+            data["target_entropy_rel"] = None
+            for s in seeds:
+                configs.append(config_from_overrides({**data, "method": "grpo", "seed": int(s)}))
+                dirs.append(out / _label(knobs) / f"seed{s}")
+        except ConfigError as err:
+            raise ConfigError(f"fit grid point {_label(knobs)}: {err}") from None
+        targets.append(target)
     run_many(configs, dirs, workers=workers, progress=progress)
     table = []
-    for i, knobs in enumerate(settings):
+    for i, (knobs, target) in enumerate(zip(settings, targets)):
         obs = toy_observables(dirs[i * len(seeds):(i + 1) * len(seeds)], target)
-        table.append({"knobs": knobs, **obs, "residual": residual(obs["d_ratio"], obs["lplus_above_sstar"], probe)})
+        table.append({"knobs": knobs, "target": target, **obs,
+                      "residual": residual(obs["d_ratio"], obs["lplus_above_sstar"], probe)})
     finite = [t for t in table if math.isfinite(t["residual"])]
     if not finite:
-        raise DataError(f"no knob setting of the fit grid reaches the matched target {target:.3g} nats within "
-                        f"{configs[0].steps} steps; give more steps (steps=...) or a grid with more coupling")
-    return min(finite, key=lambda t: t["residual"]), table, target
+        raise DataError(f"no knob setting of the fit grid reaches its matched target (ρ = {probe.rel_entropy:.3g} of "
+                        f"its initial entropy) within {configs[0].steps} steps; give more steps (steps=...) or a "
+                        "grid with more coupling")
+    return min(finite, key=lambda t: t["residual"]), table
 
 
 def _bracket(measured: float | None, ws: list[float]) -> dict[str, float | None]:
@@ -429,8 +436,9 @@ def calibrate(
     for path in taken:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     out.mkdir(parents=True, exist_ok=True)
-    best, table, toy_target = fit_knobs(probe, out / "fit", grid, fit_seeds, overrides, workers, progress)
-    (out / "fit.json").write_text(json.dumps({"toy_target": toy_target, "settings": table}, indent=2,
+    best, table = fit_knobs(probe, out / "fit", grid, fit_seeds, overrides, workers, progress)
+    toy_target = best["target"]
+    (out / "fit.json").write_text(json.dumps({"probe": dataclasses.asdict(probe), "settings": table}, indent=2,
                                              default=str) + "\n")
     preset_overrides = {**(overrides or {}), **best["knobs"], "loss.stare.target_entropy": toy_target}
     critical, _ = critical_sweep(preset_overrides, out / "sweep", w_grid, seeds, c2_m, workers, progress)

@@ -269,7 +269,8 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
         "calibrate",
         help="fit the tabular 'llm' toy to a probe run and read off its critical W (simulators)",
         description=(
-            "Fit the knobs of the tabular 'llm' preset (reward coupling, fork width, verifier noise) so that its GRPO "
+            "Fit the knobs of the tabular 'llm' preset (reward coupling, fork width: forking positions and correct "
+            "tokens at a fork, verifier noise) so that its GRPO "
             "run shows the probe's D_L+/|D_GRPO| and L+-above-s* share at the matching entropy, then sweep W on the "
             "calibrated toy: critical W for O1, C2 (at --c2-m) and w_max for the adaptive schedule. Writes "
             "OUT/calibration.json, OUT/fit.json and the runs (OUT/fit, OUT/sweep). docs/calibration.md."
@@ -285,7 +286,8 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
                         "(default: the probe's first step)")
     p.add_argument("--window", default=None, help="probe steps around the target crossing (default 10%% of the run)")
     p.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2,...",
-                   help="fit grid of one knob (repeatable): reward_coupling, num_correct, reward_noise")
+                   help="fit grid of one knob (repeatable): reward_coupling, forking_positions, num_correct, "
+                        "reward_noise")
     p.add_argument("--fit-seeds", default="2", metavar="N | A,B,...", help="seeds per knob setting (default 2)")
     p.add_argument("--seeds", default="3", metavar="N | A,B,...", help="seeds of the W sweep (default 3)")
     p.add_argument("--w-grid", default=None, metavar="W1,W2,...", help="W values of the sweep")
@@ -333,7 +335,8 @@ def calibrate_handler(args: argparse.Namespace) -> int:
         if key.strip() not in KNOBS or not raw.strip():
             raise ConfigError(f"--grid {item!r} must look like KNOB=V1,V2,... with KNOB one of {{{', '.join(KNOBS)}}}")
         values = [v for _, v in parse_overrides(f"{key}={x}" for x in raw.split(",") if x.strip())]
-        grid[key.strip()] = [int(v) if key.strip() == "num_correct" and float(v).is_integer() else v for v in values]
+        integer = key.strip() in ("num_correct", "forking_positions")
+        grid[key.strip()] = [int(v) if integer and float(v).is_integer() else v for v in values]
 
     def seeds_of(name: str, text: str) -> list[int]:
         seeds = parse_seeds(text, None)

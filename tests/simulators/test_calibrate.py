@@ -34,18 +34,27 @@ def _seq(**kw):
 
 
 def test_coupling_count_and_tables():
-    """k = max(1, ⌊c·L + ½⌋) deciding positions per prompt (L = 4: c 0.5 → 2, 0.3 → ⌊1.7⌋ = 1, 0.1 → max(1, 0) =
-    1, 0.9 → ⌊4.1⌋ = 4); a free position accepts all V tokens, a deciding one keeps num_correct = 1; the logits do
-    not depend on c, and at c = 1 the tables are the plain task's."""
-    for c, k in ((0.5, 2), (0.3, 1), (0.1, 1), (0.9, 4)):
+    """max(1, ⌊c·n + ½⌋) deciding positions of the n = S·L = 12 of the table (c 0.5 → 6, 0.3 → ⌊4.1⌋ = 4,
+    0.1 → ⌊1.7⌋ = 1, 0.05 → max(1, ⌊1.1⌋) = 1, 0.9 → ⌊11.3⌋ = 11); a free position accepts all V tokens, a
+    deciding one keeps num_correct = 1; the logits do not depend on c, and at c = 1 the tables are the plain
+    task's. In ``forking`` forks and other positions are counted apart: 8 prompts × 2 forks, c = 0.3 → ⌊5.3⌋ = 5
+    deciding forks and of the 8·3 = 24 others ⌊7.7⌋ = 7."""
+    for c, k in ((0.5, 6), (0.3, 4), (0.1, 1), (0.05, 1), (0.9, 11)):
         cfg = _seq(reward_coupling=c)
         st = init_state(cfg)
         per_pos = st.correct.sum(-1)  # [S, L]
         assert ((per_pos == 5) | (per_pos == 1)).all()
-        assert (per_pos == 1).sum(-1).tolist() == [k] * 3
+        assert int((per_pos == 1).sum()) == k
         assert torch.equal(st.logits, init_state(_seq(reward_coupling=1.0)).logits)
     assert torch.equal(init_state(_seq()).correct, init_state(_seq(reward_coupling=1.0)).correct)
     assert init_state(_seq()).correct.sum(-1).eq(1).all()
+    fk = {"task": "forking", "num_prompts": 8, "seq_len": 5, "vocab_size": 12, "num_correct": 3,
+          "forking_positions": 2, "threshold": 5}
+    st = init_state(config_from_overrides({**fk, "reward_coupling": 0.3}))
+    fork = init_state(config_from_overrides(fk)).correct.sum(-1) == 3  # at c = 1 a fork has its 3 correct tokens
+    per_pos = st.correct.sum(-1)
+    assert int(fork.sum()) == 16 and int((fork & (per_pos == 3)).sum()) == 5
+    assert int((~fork & (per_pos == 1)).sum()) == 7 and bool((per_pos[~fork & (per_pos != 1)] == 12).all())
     with pytest.raises(ConfigError, match=r"reward_coupling=0 is outside \(0, 1\]"):
         _seq(reward_coupling=0)
 
@@ -69,8 +78,7 @@ def test_coupling_reward_rule_by_hand():
     p_bar, _ = success_given_token(cfg, pi, st.correct)
     hand = [math.prod(float(q[s, l]) for l in range(4) if decide[s, l]) for s in range(3)]
     assert p_bar.tolist() == pytest.approx(hand, rel=1e-12)
-    g = torch.Generator().manual_seed(0)
-    assert deciding_positions(cfg, g).sum(-1).tolist() == [2, 2, 2]
+    assert int(deciding_positions(cfg, torch.Generator().manual_seed(0)).sum()) == 6
 
 
 # --------------------------------------------------------------------------------------------- the observables
@@ -198,29 +206,31 @@ def test_residual_by_hand():
     assert C.residual(None, 0.3, probe) == math.inf
 
 
-#: the fit test's toy: the llm preset, small and short (the knobs below are distinguishable at this size)
-FIT = {"num_prompts": 16, "steps": 150, "checkpoint_every": 150}
+#: the fit test's toy: the llm preset, short (the knobs below are distinguishable at this size)
+FIT = {"num_prompts": 32, "steps": 150, "checkpoint_every": 150}
 
 
 def test_calibration_recovers_known_knobs(tmp_path):
-    """A GRPO probe of the llm toy with known knobs (coupling 0.6, 6 correct tokens, noise 0.3; probe seeds 7, 8)
+    """A GRPO probe of the llm toy with known knobs (coupling 0.6, 6 correct tokens, noise 0.3; probe seeds 9, 10)
     is calibrated on a grid that holds them and three other settings, with other seeds (0, 1): the fit must return
-    the probe's knobs. Then the whole command on that probe (tiny W grid) writes calibration.json of the documented
-    schema."""
-    truth = {"reward_coupling": 0.6, "num_correct": 6, "reward_noise": 0.3}
+    the probe's knobs. The four settings differ by more than the seed noise of the observables at this size
+    (measured: with 32 prompts and a 10 % window 4 of 4 probe seed pairs × true settings were recovered); closer
+    settings are within the fit's resolution. Then the whole command on that probe (tiny W grid) writes
+    calibration.json of the documented schema."""
+    truth = {"reward_coupling": 0.6, "forking_positions": 2, "num_correct": 6, "reward_noise": 0.3}
     data = C._base_overrides(FIT)
     probes = []
-    for seed in (7, 8):
+    for seed in (9, 10):
         cfg = config_from_overrides({**data, **truth, "method": "grpo", "seed": seed})
         probes.append(tmp_path / "probe" / f"seed{seed}")
         run_batch([cfg], [probes[-1]])
     probe = C.read_probe(probes)
-    grid = {"reward_coupling": [0.6, 1.0], "num_correct": [6], "reward_noise": [0.1, 0.3]}
-    best, table, target = C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0, 1), overrides=FIT, workers=1)
+    grid = {"reward_coupling": [0.6, 1.0], "forking_positions": [2], "num_correct": [6], "reward_noise": [0.1, 0.3]}
+    best, table = C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0, 1), overrides=FIT, workers=1)
     assert best["knobs"] == truth, table
-    assert target == pytest.approx(probe.rel_entropy * C.matched_target(probe, (0, 1), FIT)[1])
-    out = C.calibrate(probes, tmp_path / "cal", grid={"reward_coupling": [0.6], "num_correct": [6],
-                                                      "reward_noise": [0.3]},
+    target = best["target"]
+    assert target == pytest.approx(probe.rel_entropy * C.matched_target(probe, (0, 1), {**FIT, **truth})[1])
+    out = C.calibrate(probes, tmp_path / "cal", grid={k: [v] for k, v in truth.items()},
                       seeds=(0,), w_grid=[1.5, 8.0], overrides=FIT, workers=1)
     saved = json.loads((tmp_path / "cal" / "calibration.json").read_text())
     assert saved == json.loads(json.dumps(out))
