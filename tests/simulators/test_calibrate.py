@@ -243,3 +243,46 @@ def test_calibration_recovers_known_knobs(tmp_path):
     assert (o1["w"], o1["low"], o1["high"]) in ((1.5, 1.0, 1.5), (8.0, 1.5, 8.0), (None, 8.0, None))
     with pytest.raises(RunError, match="already holds a calibration"):
         C.calibrate(probes, tmp_path / "cal", seeds=(0,), w_grid=[1.5], overrides=FIT)
+
+
+# ----------------------------------------------------------------------------------------- small transformer
+def test_transformer_observables_against_an_independent_computation(tmp_path):
+    """One GRPO step of a tiny transformer with the D terms on: the L+-above-s* share recomputed from the step's
+    batch (rewards from the checker, GRPO advantages by hand, L+ = the ⌈0.1·|T+|⌉ valid Â > 0 tokens of highest
+    surprisal by a numpy sort, s* from the Lambert-W closed form on the θ_old logits), and d_ratio / W* from the
+    row's own D terms."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:  # pragma: no cover
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip("transformers is not installed")
+    from simulators import transformer as T
+
+    tiny = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+            "model.num_kv_heads=1", "task.num_digits=4", "task.answer_len=3", "task.train_size=256",
+            "task.eval_size=16", "warm_start.steps=30", "warm_start.batch_size=32", "steps=1", "prompts_per_step=8",
+            "group_size=4", "eval_every=5", "eval_samples=2", f"warm_start.cache_dir={tmp_path / 'cache'}"]
+    sim = T._Simulation(T.config_from_preset(None, tiny, method="grpo"), tmp_path / "run")
+    row = sim.rl_step(1)
+    prompts, responses, mask, theta_old = sim.last_batch
+    with torch.no_grad():
+        logits = T.response_logits(sim.model, prompts, responses, theta_old).double()
+    r = sim.task.check(prompts, responses).double().view(-1, 4).numpy()
+    adv = ((r - r.mean(-1, keepdims=True)) / (r.std(-1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
+    logp = torch.log_softmax(logits, -1).numpy()
+    tok, m = responses.numpy(), mask.numpy()
+    B, T_ = tok.shape
+    s_tok = -logp[np.arange(B)[:, None], np.arange(T_), tok]
+    sstar = _sstar_lambert(np.exp(logp))
+    pos = m & (adv[:, None] > 0)
+    assert pos.any()
+    k = max(1, math.ceil(0.1 * pos.sum()))
+    order = np.argsort(-np.where(pos, s_tok, -np.inf).ravel(), kind="stable")[:k]
+    lplus = np.zeros(tok.size, bool)
+    lplus[order] = True
+    want = _share(s_tok.ravel(), sstar.ravel(), lplus)
+    assert row["pred/lplus_above_sstar"] == pytest.approx(want, abs=1e-5)
+    assert row["pred/d_ratio"] == pytest.approx(row["pred/d_lplus"] / abs(row["pred/d_grpo"]), rel=1e-12)
+    assert row["pred/w_star"] == (pytest.approx(max(1.0, 1 - row["pred/d_grpo"] / row["pred/d_lplus"]), rel=1e-12)
+                                  if row["pred/d_lplus"] > 0 else math.inf if row["pred/d_grpo"] < 0 else 1.0)
