@@ -84,7 +84,7 @@ from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.runs import read_run
 
-from .parallel import run_many
+from .parallel import check_memory, run_many
 from .presets import get_preset
 from .sweep import check_writable_dir, plan_sweep, run_sweep
 from .tabular import config_from_overrides, init_state, mean_entropy
@@ -342,8 +342,8 @@ def fit_knobs(
         "lplus_above_sstar", "crossing", "residual"}`` with ``target`` its matched target (nats).
 
     Raises:
-        ConfigError: a bad grid or override (one line, the key named). DataError: no knob setting reaches its
-            matched target.
+        ConfigError: a bad grid or override (one line, the key named), or a grid whose runs would not fit in
+            memory (:func:`simulators.parallel.check_memory`). DataError: no knob setting reaches its matched target.
     """
     grid = _check_grid(grid or {})
     settings = [dict(zip(KNOBS, combo)) for combo in itertools.product(*(grid[k] for k in KNOBS))]
@@ -359,6 +359,7 @@ def fit_knobs(
         except ConfigError as err:
             raise ConfigError(f"fit grid point {_label(knobs)}: {err}") from None
         targets.append(target)
+    check_memory(configs, workers)  # a grid the machine cannot hold is refused before anything runs
     run_many(configs, dirs, workers=workers, progress=progress)
     table = []
     for i, (knobs, target) in enumerate(zip(settings, targets)):

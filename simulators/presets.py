@@ -82,15 +82,16 @@ STORY_METHODS = ["grpo", "o1", "c2", "o1-adaptive"]
 #: calibrate any other model with ``stare-lab calibrate PROBE_RUN``.
 LLM_OVERRIDES: dict[str, Any] = {
     "task": "forking", "mode": "sampled", "reward": "verifiable", "num_prompts": 32, "group_size": 8, "seq_len": 10,
-    "vocab_size": 32, "num_correct": 6, "forking_positions": 2, "tail_mass": 0.01, "zipf_exponent": 1.0,
-    "threshold": 10, "reward_coupling": 0.5, "reward_noise": 0.1, "lr": 1.0, "steps": 300, "checkpoint_every": 300,
-    "loss": {"stare": {"target_entropy": 0.3}},
+    "vocab_size": 32, "num_correct": 8, "forking_positions": 6, "tail_mass": 0.01, "zipf_exponent": 1.0,
+    "threshold": 10, "reward_coupling": 0.6, "reward_noise": 0.0, "lr": 1.0, "steps": 300, "checkpoint_every": 300,
+    "loss": {"stare": {"target_entropy": 0.85}},
 }
 LLM_DESCRIPTION = (
-    "the forking structure (32 prompts x 10 positions x 32 tokens, 2 forks) with a weak token-reward link: only "
-    "half of the positions decide the reward (reward_coupling 0.5), the others accept every token like "
-    "paraphrases; 6 correct tokens at a deciding fork, noisy verifier 0.1, G = 8 sampled responses, lr 1, 300 "
-    "steps, H_tgt 0.3 nats. Fit its knobs to your model with stare-lab calibrate PROBE_RUN (docs/calibration.md)"
+    "the forking structure with a weak token-reward link, calibrated to a GRPO probe of the small transformer "
+    "(docs/calibration.md): 32 prompts x 10 positions x 32 tokens, 6 of 10 positions fork (8 correct tokens at a "
+    "deciding fork), only 60 % of the positions decide the reward (reward_coupling 0.6; the others accept every "
+    "token, like paraphrases), exact verifier, G = 8 sampled responses, lr 1, 300 steps, H_tgt 0.85 nats (0.48 of "
+    "the initial entropy, as the transformer's 0.7 of 1.45). Calibrate it to your model: stare-lab calibrate PROBE_RUN"
 )
 
 #: Tabular presets: name → {"kind", "description", "overrides"} (overrides for TabularSimConfig), optionally the

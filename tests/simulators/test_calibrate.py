@@ -206,8 +206,9 @@ def test_residual_by_hand():
     assert C.residual(None, 0.3, probe) == math.inf
 
 
-#: the fit test's toy: the llm preset, short (the knobs below are distinguishable at this size)
-FIT = {"num_prompts": 32, "steps": 150, "checkpoint_every": 150}
+#: the fit test's toy: the llm preset, short, with the target of the measurements in the docstring below (the
+#: knobs there are distinguishable at this size)
+FIT = {"num_prompts": 32, "steps": 150, "checkpoint_every": 150, "loss.stare.target_entropy": 0.3}
 
 
 def test_calibration_recovers_known_knobs(tmp_path):
