@@ -249,6 +249,8 @@ def read_probe(
     if ratio is None:
         raise DataError(f"the probe's window has ΣD_GRPO = 0 ({', '.join(map(str, paths))}): no drift to compare "
                         "with; choose other steps (--window, --target)")
+    if share is None:
+        logger.warning("the probe rows carry no %s: the fit matches D_L+/|D_GRPO| alone", KEY_LPLUS_ABOVE)
     run, rows, a, b = first
     h0 = initial_entropy if initial_entropy is not None else float(rows[0]["entropy"])
     tgt = crossed[0]

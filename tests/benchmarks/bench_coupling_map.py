@@ -2,8 +2,8 @@
 
 Runs ``stare-lab simulate --preset llm --methods grpo,o1 --seeds 3 --sweep reward_coupling=C1,… --sweep
 stare.reweight_w=W1,…`` (the preset's other knobs: its calibrated defaults) and prints one table row per coupling:
-GRPO's own mean |H − H_tgt| over the second half (a GRPO run that stays in the band has no drift to cancel: there
-any W "holds" and the critical W says nothing), D_L+/|D_GRPO| and the L+-above-s* share where GRPO crosses H_tgt
+GRPO's final entropy and mean |H − H_tgt| over the second half (a GRPO run that stays in the band, or never reaches
+it, leaves no drift to cancel at H_tgt: there the critical W says nothing), D_L+/|D_GRPO| and the L+-above-s* share where GRPO crosses H_tgt
 (pooled over the GRPO seeds, :func:`simulators.calibrate.toy_observables`), the measured critical W of O1 (the
 smallest grid W held on every seed) and whether W 1.1 holds. No pass/fail goal: the map is reported whatever it is
 (docs/calibration.md).
@@ -60,7 +60,7 @@ def main() -> int:
     band = summary["band"]
     by_slice = summary["critical"]["o1"]["by_slice"]
     print(f"wall {wall:.0f} s; band ±{band} nats; W grid {args.w}")
-    print("| reward coupling | H_tgt | GRPO mean abs(H − H_tgt), 2nd half | D_L+/abs(D_GRPO) at the crossing | "
+    print("| reward coupling | H_tgt | GRPO: H_end, mean abs(H − H_tgt) 2nd half | D_L+/abs(D_GRPO) at the crossing | "
           "L+ above s* | measured critical W (O1) | W 1.1 holds |")
     print("|---|---|---|---|---|---|---|")
     for c in args.couplings.split(","):
@@ -72,10 +72,14 @@ def main() -> int:
         crit = by_slice.get(f"reward_coupling={float(c):g}", {})
         dev11 = crit.get("deviation_by_w", {}).get("1.1")
         holds11 = "-" if dev11 is None else ("yes" if all(d is not None and d < band for d in dev11) else "no")
-        grpo_dev = g["mean"]["mean_abs_dev_second_half"]
-        note = " (GRPO itself stays in the band)" if grpo_dev is not None and grpo_dev < band else ""
-        print(f"| {float(c):g} | {_f(target)} | {_f(grpo_dev)}{note} | {_f(obs['d_ratio'])} | "
-              f"{_f(obs['lplus_above_sstar'])} | {_f(crit.get('measured_w'))} | {holds11} |")
+        grpo_dev, h_min = g["mean"]["mean_abs_dev_second_half"], g["mean"]["min_entropy"]
+        note = ""
+        if h_min is not None and h_min > target + band:
+            note = " (GRPO never reaches H_tgt: nothing to hold)"
+        elif grpo_dev is not None and grpo_dev < band:
+            note = " (GRPO itself stays in the band)"
+        print(f"| {float(c):g} | {_f(target)} | {_f(g['mean']['final_entropy'])}, {_f(grpo_dev)}{note} | "
+              f"{_f(obs['d_ratio'])} | {_f(obs['lplus_above_sstar'])} | {_f(crit.get('measured_w'))} | {holds11} |")
     return 0
 
 
