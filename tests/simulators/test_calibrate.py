@@ -287,3 +287,26 @@ def test_transformer_observables_against_an_independent_computation(tmp_path):
     assert row["pred/d_ratio"] == pytest.approx(row["pred/d_lplus"] / abs(row["pred/d_grpo"]), rel=1e-12)
     assert row["pred/w_star"] == (pytest.approx(max(1.0, 1 - row["pred/d_grpo"] / row["pred/d_lplus"]), rel=1e-12)
                                   if row["pred/d_lplus"] > 0 else math.inf if row["pred/d_grpo"] < 0 else 1.0)
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    """The front door's error contract for calibrate: a missing run, a bad grid knob and a taken output folder are
+    one line each (exit 1), nothing is written."""
+    from stare_lab.cli import main
+
+    _write_probe(tmp_path / "p", [1.0, 0.5], [-1, -1], [1, 1], [0.5, 0.5])
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "calibration.json").write_text("{}")
+    cases = [
+        ([str(tmp_path / "nothing")], "does not exist"),
+        ([str(tmp_path / "p"), "--grid", "bogus=1"], "--grid 'bogus=1' must look like KNOB=V1,V2,... with KNOB one of"),
+        ([str(tmp_path / "p"), "--c2-m", "1.5"], "--c2-m=1.5 is outside (0, 1]"),
+        ([str(tmp_path / "p"), "--w-grid", "0.5,2"], "must be numbers >= 1"),
+    ]
+    for argv, msg in cases:
+        assert main(["calibrate", *argv, "--out", str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err
+    assert main(["calibrate", str(tmp_path / "p"), "--out", str(tmp_path / "taken")]) == 1
+    assert "already holds a calibration" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
