@@ -20,9 +20,9 @@ Steps (:func:`calibrate`):
    ``pred/d_grpo`` and ``pred/d_lplus`` (optional ``pred/d_lminus``, ``pred/d_ratio``,
    ``pred/lplus_above_sstar``): a trainer run with the D-term probe, a small-transformer run with
    ``measure_decomposition=true`` or a tabular run. The probe's steps are the window of :func:`probe_window` —
-   ``window`` steps (default 10 % of the run, :data:`WINDOW_FRAC`) centred on the first step whose entropy is below the target entropy
-   (``--target``, else the run's ``loss.stare.target_entropy``), or every step when the run never gets there (a
-   probe of a checkpoint near its target). Over those steps, pooled over the runs: d_ratio = ΣD_L+ / |ΣD_GRPO| (a
+   ``window`` steps (default 10 % of the run, :data:`WINDOW_FRAC`) centred on the first step whose entropy is
+   below the target entropy (``--target``, else the run's ``loss.stare.target_entropy``), or every step when the run
+   never gets there (a probe of a checkpoint near its target). Over those steps, pooled over the runs: d_ratio = ΣD_L+ / |ΣD_GRPO| (a
    ratio of sums, as :mod:`stare_lab.critical` windows W*), lplus_above_sstar = the mean of the per-step shares,
    entropy = the mean entropy.
 2. **Matching entropy.** Entropies of a toy and of a language model are not on one scale, so they are matched

@@ -82,6 +82,21 @@ def test_coupling_reward_rule_by_hand():
 
 
 # --------------------------------------------------------------------------------------------- the observables
+def test_share_with_weights_by_hand():
+    """A floating mask weights each token's π: weights 2, 1, 0 on s = 0.1 (below s* = 1), 2 and 3 (above) →
+    e^-2 / (2·e^-0.1 + e^-2); 0/1 floats equal the bool mask; a negative weight is refused."""
+    from stare_lab.first_order import share_above_critical
+
+    s = torch.tensor([0.1, 2.0, 3.0], dtype=torch.float64)
+    one = torch.ones(3, dtype=torch.float64)
+    got = share_above_critical(s, one, torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64))
+    assert got == pytest.approx(math.exp(-2.0) / (2 * math.exp(-0.1) + math.exp(-2.0)), rel=1e-12)
+    assert share_above_critical(s, one, torch.tensor([1.0, 1.0, 0.0])) == share_above_critical(
+        s, one, torch.tensor([True, True, False]))
+    with pytest.raises(DataError, match="weights, which must be finite and >= 0"):
+        share_above_critical(s, one, torch.tensor([1.0, -1.0, 0.0]))
+
+
 def _sstar_lambert(pi: np.ndarray) -> np.ndarray:
     """s* = H − W₀(−C e^H), C = Σ π²(s − H) (docs/theory.md §2 closed form), per row of ``pi`` (float64)."""
     s = -np.log(pi)
