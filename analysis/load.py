@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import yaml
 
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
 from stare_lab.errors import RunError
 from stare_lab.runs import find_runs, read_run
 
@@ -36,8 +36,9 @@ __all__ = ["RunData", "load_run", "load_runs", "config_get", "EVAL_FILE"]
 #: Written next to ``metrics.jsonl`` by ``stare-lab evaluate``.
 EVAL_FILE = "eval.json"
 
-#: first-order decomposition terms (stare_lab.critical): parts of a step's change, not predictions of it
-_DECOMPOSITION_KEYS = (KEY_D_GRPO, KEY_D_LPLUS, KEY_D_LMINUS)
+#: first-order decomposition terms and the calibration observables derived from them (stare_lab.critical): parts
+#: of a step's change, ratios and shares, not predictions of it
+_DECOMPOSITION_KEYS = (KEY_D_GRPO, KEY_D_LPLUS, KEY_D_LMINUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR)
 
 _SEED_RE = re.compile(r"seed[_-]?(\d+)$", re.IGNORECASE)
 
@@ -169,7 +170,8 @@ class RunData:
     def predictor_keys(self) -> list[str]:
         """Keys of the first-order ΔH predictors this run logs: ``pred_entropy_change`` then each ``pred/<name>``
         (runs.py conventions) except the decomposition terms ``pred/d_grpo``, ``pred/d_lplus``, ``pred/d_lminus`` of
-        :mod:`stare_lab.critical` (parts of a step's change, not predictions of it), only those with at least one
+        :mod:`stare_lab.critical` (parts of a step's change, not predictions of it) and the calibration
+        observables ``pred/d_ratio``, ``pred/lplus_above_sstar``, ``pred/w_star``, only those with at least one
         finite value."""
         keys = ["pred_entropy_change"] + sorted(
             k for k in self.columns if k.startswith("pred/") and k not in _DECOMPOSITION_KEYS

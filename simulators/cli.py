@@ -38,7 +38,7 @@ from stare_lab.errors import ConfigError
 
 from .presets import DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset, preset_names
 
-__all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP"]
+__all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP", "register_calibrate", "calibrate_handler"]
 
 #: the entry-point group where the analysis wing publishes its report function (pyproject.toml)
 REPORT_GROUP = "stare_lab.reports"
@@ -241,6 +241,122 @@ def handler(args: argparse.Namespace) -> int:
         group_by = [k for k, _ in plan.grid if not k.startswith("loss.stare.")]
         print(_figures(report[0], out, list(plan.run_dirs.values()), group_by))
     print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- calibrate
+def register_calibrate(subparsers) -> argparse.ArgumentParser:
+    """Add the ``calibrate`` sub-parser (entry point ``stare_lab.commands: calibrate``; :mod:`simulators.calibrate`)."""
+    p = subparsers.add_parser(
+        "calibrate",
+        help="fit the tabular 'llm' toy to a probe run and read off its critical W (simulators)",
+        description=(
+            "Fit the knobs of the tabular 'llm' preset (reward coupling, fork width: forking positions and correct "
+            "tokens at a fork, verifier noise) so that its GRPO "
+            "run shows the probe's D_L+/|D_GRPO| and L+-above-s* share at the matching entropy, then sweep W on the "
+            "calibrated toy: critical W for O1, C2 (at --c2-m) and w_max for the adaptive schedule. Writes "
+            "OUT/calibration.json, OUT/fit.json and the runs (OUT/fit, OUT/sweep). docs/calibration.md."
+        ),
+    )
+    p.add_argument("probe", nargs="+", metavar="PROBE_RUN",
+                   help="run directories with the D terms (pooled): trainer, small transformer or tabular")
+    p.add_argument("--out", default=None, help="output directory (default runs/calibrate)")
+    p.add_argument("--target", default=None, help="target entropy (nats) the probe window is centred on "
+                                                  "(default: the probe's loss.stare.target_entropy)")
+    p.add_argument("--initial-entropy", default=None,
+                   help="the entropy at the start of RL (nats), when the probe is a later checkpoint "
+                        "(default: the probe's first step)")
+    p.add_argument("--window", default=None, help="probe steps around the target crossing (default 10%% of the run)")
+    p.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2,...",
+                   help="fit grid of one knob (repeatable): reward_coupling, forking_positions, num_correct, "
+                        "reward_noise")
+    p.add_argument("--fit-seeds", default="2", metavar="N | A,B,...", help="seeds per knob setting (default 2)")
+    p.add_argument("--seeds", default="3", metavar="N | A,B,...", help="seeds of the W sweep (default 3)")
+    p.add_argument("--w-grid", default=None, metavar="W1,W2,...", help="W values of the sweep")
+    p.add_argument("--c2-m", default=None, help="the M of the C2 sweep (default 0.9, the paper's)")
+    p.add_argument("--workers", default=None, help="processes (default: all cores)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous calibration in OUT")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                   help="further 'llm' preset overrides for the fit and the sweep, e.g. steps=600")
+    p.set_defaults(func=calibrate_handler, extra_overrides=[])
+    return p
+
+
+def _float_option(name: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--{name}={text!r} must be a number") from None
+    return value
+
+
+def _floats(name: str, text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--{name}={text!r} must be a comma-separated list of numbers") from None
+
+
+def calibrate_handler(args: argparse.Namespace) -> int:
+    """Run :func:`simulators.calibrate.calibrate` and print the probe, the fit and the critical W; returns 0."""
+    from stare_lab.config import parse_overrides
+
+    from .calibrate import DEFAULT_C2_M, DEFAULT_W_GRID, KNOBS, PRESET, calibrate
+
+    t0 = time.perf_counter()
+    probe_args = [a for a in args.probe if "=" not in a]
+    overrides = ([a for a in args.probe if "=" in a] + list(args.overrides)
+                 + list(getattr(args, "extra_overrides", None) or []))
+    if not probe_args:
+        raise ConfigError("calibrate needs at least one PROBE_RUN directory")
+    grid = {}
+    for item in args.grid:
+        key, _, raw = item.partition("=")
+        if key.strip() not in KNOBS or not raw.strip():
+            raise ConfigError(f"--grid {item!r} must look like KNOB=V1,V2,... with KNOB one of {{{', '.join(KNOBS)}}}")
+        values = [v for _, v in parse_overrides(f"{key}={x}" for x in raw.split(",") if x.strip())]
+        integer = key.strip() in ("num_correct", "forking_positions")
+        grid[key.strip()] = [int(v) if integer and float(v).is_integer() else v for v in values]
+
+    def seeds_of(name: str, text: str) -> list[int]:
+        seeds = parse_seeds(text, None)
+        if seeds is None:
+            raise ConfigError(f"--{name} is empty")
+        return list(range(seeds)) if isinstance(seeds, int) else seeds
+
+    window = _int_option("window", args.window)
+    c2_m = _float_option("c2-m", args.c2_m)
+    out = Path(args.out) if args.out else Path("runs") / "calibrate"
+    with tqdm(desc="calibrate", unit="step", disable=None, leave=False) as bar:
+        result = calibrate(
+            probe_args, out, target=_float_option("target", args.target),
+            initial_entropy=_float_option("initial-entropy", args.initial_entropy), window=window, grid=grid,
+            fit_seeds=seeds_of("fit-seeds", args.fit_seeds), seeds=seeds_of("seeds", args.seeds),
+            w_grid=_floats("w-grid", args.w_grid) if args.w_grid else DEFAULT_W_GRID,
+            c2_m=DEFAULT_C2_M if c2_m is None else c2_m, overrides=dict(parse_overrides(overrides)),
+            workers=_int_option("workers", args.workers), overwrite=args.overwrite, progress=bar.update,
+        )
+    pr, fit, crit = result["probe"], result["fit"], result["critical"]
+
+    def f(x, spec=".3g"):
+        return "-" if x is None else format(x, spec)
+
+    print(f"probe: {pr['run']} ({pr['source']}, {pr['model'] or '-'}): steps {pr['steps'][0]}-{pr['steps'][-1]}, "
+          f"H {f(pr['entropy'])} nats, D_L+/|D_GRPO| {f(pr['d_ratio'])}, L+ above s* {f(pr['lplus_above_sstar'])}")
+    knobs = ", ".join(f"{k}={v}" for k, v in result["knobs"].items())
+    print(f"calibrated toy ({PRESET}): {knobs}; its D_L+/|D_GRPO| {f(fit['d_ratio'])}, L+ above s* "
+          f"{f(fit['lplus_above_sstar'])} (residual {f(fit['residual'])}) at H_tgt "
+          f"{f(result['preset']['overrides']['loss.stare.target_entropy'])} nats")
+    for name in ("o1", "c2"):
+        c = crit[name]
+        m = f" at M {c['m']:g}" if name == "c2" else ""
+        print(f"critical W ({name}{m}, calibrated): {f(c['w'])} (between {f(c['low'])} and {f(c['high'])} on the grid)")
+    print(f"adaptive schedule: w_max >= {f(crit['adaptive']['w_max'])}")
+    over = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in result["preset"]["overrides"].items())
+    print(f"the calibrated toy: stare-lab simulate --preset {PRESET} {over}")
+    print(f"wrote {out / 'calibration.json'} in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

@@ -12,12 +12,12 @@ import logging
 import math
 from typing import Any
 
-from stare_lab.critical import DECOMPOSITION_KEYS, REGIME_RATIO, decomposition_summary
+from stare_lab.critical import DECOMPOSITION_KEYS, KEY_D_RATIO, KEY_W_STAR, REGIME_RATIO, decomposition_summary, w_star
 from stare_lab.summary import SUMMARY_KEYS, fit_prediction, run_summary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["fit_line", "run_stats", "STAT_KEYS", "REGIME_RATIO"]
+__all__ = ["fit_line", "run_stats", "step_observables", "STAT_KEYS", "REGIME_RATIO"]
 
 #: the keys :func:`run_stats` returns
 STAT_KEYS = SUMMARY_KEYS + DECOMPOSITION_KEYS
@@ -28,6 +28,18 @@ def fit_line(pred: list[float], meas: list[float]) -> dict[str, float | None]:
     predicted; the line needs 3 pairs, ``rel_err`` = ‖meas − pred‖ / ‖meas‖ from 1 pair; None where undefined)."""
     fit = fit_prediction(pred, meas)
     return {k: fit[k] for k in ("slope", "intercept", "r2", "rel_err")}
+
+
+def step_observables(d_grpo: float | None, d_lplus: float | None, d_lminus: float | None = None,
+                     m: float = 1.0) -> dict[str, float | None]:
+    """Two per-step calibration observables of docs/theory.md §8 from a step's D terms (nats), as every simulator
+    logs them: ``pred/d_ratio`` = D_L+/|D_GRPO| (None when D_GRPO is 0 or a term is missing) and ``pred/w_star``
+    = W*(t) (:func:`stare_lab.critical.w_star` with the run's M, ``m`` = 1 for O1; ``inf`` — written as null —
+    when no W cancels the drift). The third, ``pred/lplus_above_sstar``, needs the tokens
+    (:func:`stare_lab.first_order.share_above_critical`)."""
+    ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (d_grpo, d_lplus))
+    return {KEY_D_RATIO: d_lplus / abs(d_grpo) if ok and d_grpo != 0 else None,
+            KEY_W_STAR: w_star(d_grpo, d_lplus, d_lminus, m)}
 
 
 def run_stats(

@@ -71,7 +71,13 @@ class TabularSimConfig:
         seq_len: L ≥ 1 positions per response.
         vocab_size: V ≥ 2 tokens.
         num_correct: K ∈ [1, V] correct tokens per (prompt, position).
-        threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct).
+        threshold: correct positions needed for reward 1, in [1, L]; ``None`` means L (all correct). A position
+            that does not decide the reward (``reward_coupling`` < 1) always counts as correct.
+        reward_coupling: c ∈ (0, 1], the fraction of positions that decide the reward: max(1, ⌊c·n + ½⌋) of the
+            n positions of the table (per stratum: forks and others in ``forking``), chosen at random, keep the
+            task's correct set; every other position accepts every token (a paraphrase: the advantage there is
+            independent of the sampled token). 1 (the default): every position decides
+            (:mod:`simulators.tabular_tasks`; docs/theory.md §8).
         random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
         reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
             independently of the tokens (keeps reward variance alive once a prompt is solved).
@@ -117,6 +123,7 @@ class TabularSimConfig:
     vocab_size: int = 8
     num_correct: int = 2
     threshold: int | None = 3
+    reward_coupling: float = 1.0
     random_reward_p: float = 0.5
     reward_noise: float = 0.1
     init_spread: float = 1.0
@@ -165,6 +172,7 @@ class TabularSimConfig:
             check_positive(k("threshold"), self.threshold, integer=True)
             if self.threshold > self.seq_len:
                 raise ConfigError(f"{k('threshold')}={self.threshold} is outside [1, seq_len={self.seq_len}]")
+        check_range(k("reward_coupling"), self.reward_coupling, 0, 1, lo_open=True)
         check_range(k("random_reward_p"), self.random_reward_p, 0, 1)
         check_range(k("reward_noise"), self.reward_noise, 0, 0.5)
         check_range(k("init_spread"), self.init_spread, 0, None)

@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
 from stare_lab.entropy import entropy_from_logits
 from stare_lab.errors import RunError
 
+from .run_stats import step_observables
 from .tabular_expected import expected_parts
 from .tabular_sampled import sampled_parts
 from .tabular_step import Policy, TabularBatch, TabularState, policy_tables
@@ -75,9 +77,9 @@ def batch_step(
     scalars = {
         "entropy": h_before,
         "pred_entropy_change": first[0],
-        "pred/d_grpo": first[1],
-        "pred/d_lplus": first[2],
-        "pred/d_lminus": first[3],
+        KEY_D_GRPO: first[1],
+        KEY_D_LPLUS: first[2],
+        KEY_D_LMINUS: first[3],
         "stare/push_first_order": push_fo,
         **out.scalars,
     }
@@ -90,6 +92,8 @@ def batch_step(
         row["gate_on"] = int(row["gate_on"])
         row["skipped"] = int(row["skipped"])
         row.update(out.rows[r])
+        # D_L+/|D_GRPO| and W*(t) (the run's current M for C2), docs/theory.md §8
+        row.update(step_observables(row[KEY_D_GRPO], row[KEY_D_LPLUS], row[KEY_D_LMINUS], 1.0 + float(mp[r])))
         row["time/update_s"] = elapsed / batch.size
         rows.append(row)
     return parts[0], rows, pending

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stare_lab.critical import KEY_LPLUS_ABOVE
+from stare_lab.first_order import share_above_critical
 from stare_lab.step import step_gate
 
 from .tabular_step import Policy, StepParts, quadrant_stats
@@ -181,6 +183,10 @@ def expected_parts(batch, pol: Policy, h_before: torch.Tensor, step: int = 1) ->
     frac_pos = apply * sel_pos.sum((1, 2, 3)) / n_states
     frac_neg = apply * batch.is_c2.double() * sel_neg.sum((1, 2, 3)) / n_states
     rows = [{} for _ in range(R)]
+    # share of the L+ probability mass above s* (docs/theory.md §8): each token weighted by its selected mass
+    sstar = pol.sstar.unsqueeze(-1).expand_as(probs)
+    for r in range(R):
+        rows[r][KEY_LPLUS_ABOVE] = share_above_critical(-pol.logp[r], sstar[r], sel_pos[r])
     for r, (fp, fn) in enumerate(zip(frac_pos.tolist(), frac_neg.tolist())):
         if batch.is_stare[r]:
             rows[r].update({"stare/frac_pos_selected": fp, "stare/frac_neg_selected": fn})

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 
 from stare_lab.advantages import group_advantages
+from stare_lab.critical import KEY_LPLUS_ABOVE
+from stare_lab.first_order import share_above_critical
 from stare_lab.losses import compute_policy_loss
 from stare_lab.stare import select_stare_sets
 from stare_lab.step import PreparedStep, StepBatch, prepare_step
@@ -263,6 +265,12 @@ def sampled_parts(batch, pol: Policy, h_before: torch.Tensor, step: int) -> Step
         "skipped": f64([p.skip for p in preps]),
         **quad,
     }
+    # share of the L+ probability mass above s* (docs/theory.md §8), over the run's kept tokens
+    surprisal, sstar_tok = -logp_tok, pol.sstar.reshape(-1)[state]
+    for r in range(R):
+        n = kept[r]
+        rows[r][KEY_LPLUS_ABOVE] = (share_above_critical(surprisal[r, :n], sstar_tok[r, :n], lplus[r, :n])
+                                    if n else None)
     for r, p in enumerate(preps):
         if p.needs.stare and p.stare_stats is not None:
             st = p.stare_stats

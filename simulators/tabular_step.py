@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from stare_lab.entropy import entropy_from_logits
+from stare_lab.first_order import critical_surprisal
 from stare_lab.losses import loss_needs
 
 __all__ = [
@@ -113,13 +114,15 @@ def batch_key(config: Any) -> tuple:
 @dataclasses.dataclass
 class Policy:
     """The policy tables of a batch (all ``[R, S, L, V]`` float64 unless noted): ``logp`` = log π, ``pi`` = π,
-    ``entropy`` ``[R, S, L]`` (nats), ``grad`` = ∂H/∂z, ``psi`` = Ψ (module docstring)."""
+    ``entropy`` ``[R, S, L]`` (nats), ``grad`` = ∂H/∂z, ``psi`` = Ψ (module docstring), ``sstar`` ``[R, S, L]`` the
+    critical surprisal s* of each state (nats, :func:`stare_lab.first_order.critical_surprisal`)."""
 
     logp: torch.Tensor
     pi: torch.Tensor
     entropy: torch.Tensor
     grad: torch.Tensor
     psi: torch.Tensor
+    sstar: torch.Tensor
 
 
 @dataclasses.dataclass
@@ -139,7 +142,8 @@ class StepParts:
 
 def policy_tables(logits: torch.Tensor, temperature: float) -> Policy:
     """π, log π = log_softmax(z/τ) (the policy's definition, docs/theory.md §1), the entropy and its gradient from the
-    core (``stare_lab.entropy.entropy_from_logits`` and autograd), and Ψ, for ``logits [R, S, L, V]``."""
+    core (``stare_lab.entropy.entropy_from_logits`` and autograd), Ψ and s* (``stare_lab.first_order``), for
+    ``logits [R, S, L, V]``."""
     z = logits.detach().clone().requires_grad_(True)
     ent = entropy_from_logits(z, temperature=temperature)
     ent.sum().backward()
@@ -147,7 +151,7 @@ def policy_tables(logits: torch.Tensor, temperature: float) -> Policy:
     logp = torch.log_softmax(logits / temperature, dim=-1)
     pi = logp.exp()
     psi = (grad - (pi * grad).sum(-1, keepdim=True)) / temperature
-    return Policy(logp, pi, ent.detach(), grad, psi)
+    return Policy(logp, pi, ent.detach(), grad, psi, critical_surprisal(logits, temperature=temperature))
 
 
 def scatter_parts(

@@ -44,7 +44,11 @@ Reads top to bottom:
      D_X = ∇θH̄(θ_old) · (−P ⊙ g_X), the part of the first update's AdamW step that the gradient g_X of the GRPO
      objective (ω ≡ 1) or of the selected L+ (L−) tokens' surrogate carries, P the step's AdamW preconditioner
      (:mod:`stare_lab.decomposition`, the trainer's split too). W*(t) = 1 − D_GRPO/D_L+ (docs/theory.md §7) and
-     the predicted critical W are in ``summary.json`` (:func:`stare_lab.critical.decomposition_summary`).
+     the predicted critical W are in ``summary.json`` (:func:`stare_lab.critical.decomposition_summary`). Next
+     to them, the calibration observables of docs/theory.md §8 (``stare-lab calibrate``): ``pred/d_ratio`` =
+     D_L+/|D_GRPO|, ``pred/w_star`` = W*(t) (with the step's M for C2) and ``pred/lplus_above_sstar``, the share of
+     the L+ tokens' probability mass whose surprisal is above their position's critical surprisal s*
+     (:func:`stare_lab.first_order.share_above_critical`).
 
    Quadrants (``quadrant/{pos,neg}_{high,low}/{count,dH}``): tokens by sign of Â and by surprisal above / below the
    critical surprisal s* (equivalently Φ_t > 0 / ≤ 0, docs/theory.md §2), dH = their summed ``pred/phi_tokens`` term.
@@ -72,15 +76,17 @@ import torch
 
 from stare_lab.advantages import group_advantages
 from stare_lab.config import to_dict
-from stare_lab.critical import KEY_D_GRPO
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
 from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
 from stare_lab.first_order import (
     adam_preconditioner,
+    critical_surprisal,
     entropy_sensitivity,
     linearised_entropy_change,
     param_dot,
     predicted_entropy_change,
+    share_above_critical,
 )
 from stare_lab.losses import compute_policy_loss, loss_needs
 from stare_lab.stare import STAREController
@@ -88,7 +94,7 @@ from stare_lab.step import StepBatch, prepare_step, step_gate
 
 from .driver import drive
 from .dynamic_sampling import select_groups
-from .run_stats import fit_line, run_stats
+from .run_stats import fit_line, run_stats, step_observables
 from .tasks import EOS, PAD, VOCAB_SIZE, Task, make_splits, make_task
 from .transformer_config import (
     PRESET_DESCRIPTIONS,
@@ -386,8 +392,12 @@ class _Simulation:
                 prep = prepare_step(step_batch, self.loss_cfg, controller=self.controller, step=step, seed=cfg.seed,
                                     batch_entropy=h_before)
                 row.update(prep.metrics())
-                d_grads = (self._decomposition_grads(step_batch, prep, logprobs, entropy, theta_old)
-                           if cfg.measure_decomposition else {})
+                d_grads = {}
+                if cfg.measure_decomposition:
+                    d_grads, lplus = self._decomposition_grads(step_batch, prep, logprobs, entropy, theta_old)
+                    # share of the L+ probability mass above s* (docs/theory.md §8)
+                    row[KEY_LPLUS_ABOVE] = share_above_critical(
+                        -old_logprobs, critical_surprisal(logits_old, temperature=tau), lplus.bool() & mask)
                 weights = prep.token_weights if prep.token_weights is not None else torch.ones_like(old_logprobs)
                 # token-level Φ decomposition and quadrants (module docstring)
                 phi = entropy_sensitivity(logits_old, responses, temperature=tau)
@@ -413,6 +423,10 @@ class _Simulation:
         t_update = time.perf_counter() - t0 - t_sample
         self.last_batch = (prompts, responses, mask, {n: t.detach() for n, t in theta_old.items()})  # for tests
         row.update(self._measure(prompts, responses, mask, theta_old, logits_old, h_bar_old, d_grads, precond))
+        if d_grads:  # D_L+/|D_GRPO| and W*(t), with the step's M for C2 (docs/theory.md §8)
+            c2 = self.loss_cfg.loss_mode == "stare" and self.loss_cfg.stare.variant == "C2"
+            row.update(step_observables(row.get(KEY_D_GRPO), row.get(KEY_D_LPLUS), row.get(KEY_D_LMINUS),
+                                        float(row["stare_m"]) if c2 else 1.0))
         row.update(skipped=0, entropy=h_before, response_length=float(mask.sum(dim=1).float().mean()))
         return self._finish_row(row, t0, t_sample, t_update)
 
@@ -424,16 +438,17 @@ class _Simulation:
         row["time/step_s"] = time.perf_counter() - t0
         return row
 
-    def _decomposition_grads(self, step_batch, prep, logprobs, entropy, theta_old) -> dict[str, list]:
+    def _decomposition_grads(self, step_batch, prep, logprobs, entropy, theta_old) -> tuple[dict[str, list], torch.Tensor]:
         """The gradients at θ_old of the GRPO objective and of the L+ (L−) parts (:mod:`stare_lab.decomposition`),
-        through the first update's graph (kept)."""
+        through the first update's graph (kept), and the L+ indicator ``[B, T]`` (0/1)."""
         params = list(theta_old.values())
         inputs = prep.inputs(logprobs, entropy=entropy)
         grad = lambda obj: torch.autograd.grad(obj, params, retain_graph=True, allow_unused=True)  # noqa: E731
         grads = {KEY_D_GRPO: grad(grpo_objective(inputs, self.loss_cfg))}
-        for key, indicator in selected_parts(step_batch, self.loss_cfg).items():
+        parts = selected_parts(step_batch, self.loss_cfg)
+        for key, indicator in parts.items():
             grads[key] = grad(part_objective(inputs, indicator, self.loss_cfg))
-        return grads
+        return grads, parts[KEY_D_LPLUS]
 
     def _preconditioner(self, lr: float, grad_norm: float) -> list[torch.Tensor]:
         """AdamW's P of the update just taken (first update of the step), in the order of ``named_parameters``."""

@@ -161,22 +161,28 @@ def share_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> flo
     Args:
         surprisal: ``[...]`` surprisal ``s_a = −log π_a`` of the sampled tokens (nats).
         s_star: ``[...]`` the critical surprisal of each token's position (:func:`critical_surprisal`).
-        mask: ``[...]`` bool / 0-1, the selected tokens (e.g. L+).
+        mask: ``[...]`` bool / integer 0-1, the selected tokens (e.g. L+); or a floating tensor of weights ≥ 0
+            (e.g. the expected number of times each token of a table is in L+, the mean-field limit), each entry's
+            π_a counted that many times: ``Σ w·π_a·1[s > s*] / Σ w·π_a``.
 
     Returns:
         The share in [0, 1] (float64 sums), or ``None`` when the mask selects no token.
 
     Raises:
-        DataError: shapes differ.
+        DataError: shapes differ, or a floating ``mask`` has a negative or non-finite weight.
 
     Source: docs/theory.md §8 (the L+-above-s* calibration target).
     """
     if not (surprisal.shape == s_star.shape == mask.shape):
         raise DataError(f"share_above_critical: shapes {tuple(surprisal.shape)}, {tuple(s_star.shape)} and "
                         f"{tuple(mask.shape)} differ")
-    sel = mask.detach().bool()
+    if mask.is_floating_point() and not bool(torch.isfinite(mask).all() and (mask >= 0).all()):
+        raise DataError("share_above_critical: a floating mask holds weights, which must be finite and >= 0")
     s = surprisal.detach().double()
-    p = torch.where(sel, torch.exp(-s), torch.zeros((), dtype=torch.float64, device=s.device))
+    if mask.is_floating_point():
+        p = mask.detach().double() * torch.exp(-s)
+    else:
+        p = torch.where(mask.detach().bool(), torch.exp(-s), torch.zeros((), dtype=torch.float64, device=s.device))
     total = float(p.sum())
     if not total > 0:
         return None

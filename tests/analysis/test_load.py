@@ -41,6 +41,14 @@ def test_load_run_known_values(tmp_path):
     assert r.warnings == []
 
 
+def test_decomposition_terms_and_calibration_observables_are_not_predictors(tmp_path):
+    """D terms, D_L+/|D_GRPO|, the L+-above-s* share and W*(t) are logged under pred/ but predict no ΔH."""
+    extra = {"pred/grad_dot": 0.1, "pred/d_grpo": -0.1, "pred/d_lplus": 0.2, "pred/d_lminus": -0.1,
+             "pred/d_ratio": 2.0, "pred/lplus_above_sstar": 0.5, "pred/w_star": 1.5}
+    r = load_run(_write(tmp_path / "run", [_row(i, 1.0 - 0.1 * i, **extra) for i in range(3)]))
+    assert r.predictor_keys() == ["pred_entropy_change", "pred/grad_dot"]
+
+
 def test_truncated_last_line_null_nan_and_missing_keys(tmp_path):
     d = _write(tmp_path / "run", [_row(0, 0.5), _row(1, float("nan")), _row(2, 0.3)])
     with open(d / "metrics.jsonl", "a") as fh:

@@ -1,0 +1,466 @@
+"""``stare-lab calibrate PROBE_RUN``: fit the tabular ``llm`` task to a probe of a real (or simulated) model and read
+off the critical STARE strength of the calibrated toy (docs/theory.md §8, docs/calibration.md).
+
+Why. The toys' critical W does not transfer: in a tabular task every position decides the reward, so each token is
+linked to the advantage far more strongly than in a language model, where a few tokens out of thousands matter
+(docs/theory.md §8). Two quantities, measurable on any GRPO run near its target entropy, say how strongly: the ratio
+D_L+/|D_GRPO| of the first-order entropy change STARE's L+ tokens carry to GRPO's drift (``pred/d_ratio``), and the
+share of the L+ tokens' probability mass whose surprisal is above their position's critical surprisal s*
+(``pred/lplus_above_sstar``: the tokens whose reinforcement raises the entropy). Calibration chooses the knobs of
+the ``llm`` preset — the reward-coupling fraction (``reward_coupling``), the fork width (how many of the positions
+fork, ``forking_positions``, and between how many correct tokens, ``num_correct``) and the verifier noise
+(``reward_noise``) — so that the toy's GRPO run shows the probe's two values at the matching entropy, then sweeps W
+on that toy. The share of forking positions is the main lever of the L+-above-s* share (measured: with 2 of 10
+positions forking it stays ≤ 0.2 at the crossing, with 5 of 10 it reaches 0.5–1.0), the coupling and the noise
+that of D_L+/|D_GRPO| (docs/calibration.md).
+
+Steps (:func:`calibrate`):
+
+1. **Probe** (:func:`read_probe`): one or more run directories whose metrics rows carry ``entropy``,
+   ``pred/d_grpo`` and ``pred/d_lplus`` (optional ``pred/d_lminus``, ``pred/d_ratio``,
+   ``pred/lplus_above_sstar``): a trainer run with the D-term probe, a small-transformer run with
+   ``measure_decomposition=true`` or a tabular run. The probe's steps are the window of :func:`probe_window` —
+   ``window`` steps (default 10 % of the run, :data:`WINDOW_FRAC`) centred on the first step whose entropy is
+   below the target entropy (``--target``, else the run's ``loss.stare.target_entropy``), or every step when the run
+   never gets there (a probe of a checkpoint near its target). Over those steps, pooled over the runs: d_ratio = ΣD_L+ / |ΣD_GRPO| (a
+   ratio of sums, as :mod:`stare_lab.critical` windows W*), lplus_above_sstar = the mean of the per-step shares,
+   entropy = the mean entropy.
+2. **Matching entropy.** Entropies of a toy and of a language model are not on one scale, so they are matched
+   relative to the start of RL: the probe sits at ρ = H_match / H_0 of its initial entropy H_0 (the first row's
+   entropy, or ``--initial-entropy`` for a probe of a later checkpoint), with H_match the target when the probe
+   crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
+   set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
+3. **Fit** (:func:`fit_knobs`): GRPO runs of the ``llm`` preset (sampled, G responses per prompt, as in training)
+   over a grid of the four knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, the same window rule at
+   the matched target. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
+   lplus_above_sstar) between toy and probe with g(x) = x / (1 + |x|) (monotone, bounded: the ratio spans −1 … 60
+   between toys and models, and W* = 1 + 1/ratio changes little among large ratios); a knob setting whose GRPO run
+   never reaches the matched target cannot reproduce the probe (residual ∞). The smallest residual wins.
+4. **Critical W** (:func:`critical_sweep`): ``stare-lab simulate --preset llm`` with the fitted knobs, the matched
+   target, methods grpo, o1 and c2 (C2 at ``c2_m``) over a W grid, ``seeds`` seeds: the measured critical W of each
+   method (the smallest grid W held on every seed, :func:`stare_lab.critical.measured_critical_w`) with its
+   uncertainty range — (``low``, ``high``] = (the largest grid W below it, the measured W]: the toy's critical W
+   lies in between on this grid (``low`` = 1 when the smallest grid W holds; ``w``/``high`` null and ``low`` the
+   largest grid W when no W holds). The adaptive schedule's cap must reach it: ``w_max`` = the O1 ``high``.
+
+Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: run directories and its
+``summary.json``), ``fit.json`` (every knob setting with its observables and residual) and ``calibration.json``::
+
+    {"kind": "calibrated",
+     "probe": {"run": str, "source": "trainer|simulator", "model": str|null, "steps": [int], "entropy": float,
+               "d_ratio": float, "lplus_above_sstar": float|null, "target_entropy": float|null},
+     "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float},
+     "preset": {"name": "llm", "overrides": {dotted key: value}},
+     "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "residual": float},
+     "critical": {"o1": {"w": float|null, "low": float, "high": float|null},
+                  "c2": {"w": float|null, "m": float, "low": float, "high": float|null},
+                  "adaptive": {"w_max": float|null}},
+     "regime": {"d_ratio": float, "target_over_optimal": float|null, "mode": "sampled|expected"}}
+
+``probe.run``: the probe directories, comma-separated; ``probe.steps``: the step numbers of the window (of the first
+probe run); ``probe.entropy``: the window's mean entropy (nats); ``probe.target_entropy``: the target the window is
+centred on (null when the probe never crosses it). ``preset.overrides``: what ``stare-lab simulate --preset llm``
+takes to run the calibrated toy (the knobs and the matched target). ``fit``: the calibrated toy's own observables at
+its matched target. ``critical``: module docstring step 4 (W for O1 with M = 1; C2 at the recorded M).
+``regime``: the calibrated toy's regime — its D_L+/|D_GRPO| at the target, its target over its reward-optimal
+entropy, its mode — for comparing the toy with a training target before acting on its W (``promote``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import os
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_ABOVE
+from stare_lab.errors import ConfigError, DataError, RunError
+from stare_lab.runs import read_run
+
+from .parallel import check_memory, run_many
+from .presets import get_preset
+from .sweep import check_writable_dir, plan_sweep, run_sweep
+from .tabular import config_from_overrides, init_state, mean_entropy
+from .tabular_tasks import reward_optimal_entropy
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "KNOBS", "DEFAULT_GRID", "DEFAULT_W_GRID", "Probe", "probe_window", "read_probe", "matched_target", "residual",
+    "toy_observables", "fit_knobs", "critical_sweep", "calibrate", "PRESET",
+]
+
+#: the preset whose knobs are fitted
+PRESET = "llm"
+#: the knobs fitted, in order: reward-coupling fraction, fork width (forking positions of the 10, correct tokens
+#: at a fork), verifier noise
+KNOBS = ("reward_coupling", "forking_positions", "num_correct", "reward_noise")
+#: the default fit grid (96 settings)
+DEFAULT_GRID: dict[str, list] = {
+    "reward_coupling": [0.4, 0.6, 0.8, 1.0],
+    "forking_positions": [2, 4, 6, 8],
+    "num_correct": [4, 8],
+    "reward_noise": [0.0, 0.1, 0.3],
+}
+#: the default W grid of the critical-W sweep
+DEFAULT_W_GRID = [1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]
+#: the probe / toy window as a share of the run's steps (unless ``window`` is given)
+WINDOW_FRAC = 0.1
+#: the C2 M of the sweep unless given (the paper's, docs/theory.md §4)
+DEFAULT_C2_M = 0.9
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+@dataclasses.dataclass
+class Probe:
+    """The probe's observables (module docstring, step 1): ``runs`` (paths), ``source`` (``trainer`` /
+    ``simulator``), ``model`` (name or None), ``steps`` (step numbers of the window of the first run),
+    ``entropy`` (window mean, nats), ``initial_entropy`` (H_0, nats), ``d_ratio``, ``lplus_above_sstar`` (None when
+    the rows do not carry it), ``target_entropy`` (the target the window is centred on; None when not crossed),
+    ``rel_entropy`` (ρ = H_match / H_0)."""
+
+    runs: list[str]
+    source: str
+    model: str | None
+    steps: list[int]
+    entropy: float
+    initial_entropy: float
+    d_ratio: float
+    lplus_above_sstar: float | None
+    target_entropy: float | None
+    rel_entropy: float
+
+
+def probe_window(rows: Sequence[dict[str, Any]], target: float | None, window: int) -> tuple[int, int, bool]:
+    """The probe steps of one run's ``rows``: ``(start, stop, crossed)`` row indices of the ``window`` rows centred on
+    the first row whose ``entropy`` is below ``target`` (clipped to the run, as
+    :func:`stare_lab.critical.w_star_at_crossing`), or ``(0, len(rows), False)`` when there is no target or the
+    entropy never falls below it."""
+    n = len(rows)
+    cross = None
+    if target is not None:
+        cross = next((i for i, r in enumerate(rows) if _num(r.get("entropy")) is not None and r["entropy"] < target),
+                     None)
+    if cross is None:
+        return 0, n, False
+    window = max(1, min(window, n))
+    a = max(0, min(cross - window // 2, n - window))
+    return a, a + window, True
+
+
+def _window_sums(rows: Sequence[dict[str, Any]], start: int, stop: int) -> dict[str, Any]:
+    """ΣD_GRPO, ΣD_L+, the per-step L+-above-s* shares and the entropies of ``rows[start:stop]`` (steps with a
+    missing D term are left out of the sums)."""
+    dg = dl = 0.0
+    shares, ents, used = [], [], 0
+    for r in rows[start:stop]:
+        g, p = _num(r.get(KEY_D_GRPO)), _num(r.get(KEY_D_LPLUS))
+        if g is not None and p is not None:
+            dg, dl, used = dg + g, dl + p, used + 1
+        s = _num(r.get(KEY_LPLUS_ABOVE))
+        if s is not None:
+            shares.append(s)
+        h = _num(r.get("entropy"))
+        if h is not None:
+            ents.append(h)
+    return {"d_grpo": dg, "d_lplus": dl, "shares": shares, "entropies": ents, "used": used}
+
+
+def _observables(parts: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None]:
+    """(d_ratio, lplus_above_sstar, entropy) pooled over the windows ``parts`` of :func:`_window_sums`."""
+    dg = sum(p["d_grpo"] for p in parts)
+    dl = sum(p["d_lplus"] for p in parts)
+    used = sum(p["used"] for p in parts)
+    shares = [s for p in parts for s in p["shares"]]
+    ents = [h for p in parts for h in p["entropies"]]
+    ratio = dl / abs(dg) if used and dg != 0 else None
+    return (ratio, statistics.fmean(shares) if shares else None, statistics.fmean(ents) if ents else None)
+
+
+def _model_name(config: dict[str, Any]) -> str | None:
+    if config.get("source") == "trainer":
+        path = (config.get("model") or {}).get("path")
+        return Path(str(path)).name if path else None
+    sim = config.get("simulator")
+    if sim == "transformer":
+        m = config.get("model") or {}
+        return f"small transformer ({m.get('arch', '?')}, hidden {m.get('hidden_size', '?')}, " \
+               f"{m.get('num_layers', '?')} layers)"
+    return f"tabular {config.get('task')}" if sim == "tabular" else None
+
+
+def read_probe(
+    paths: Sequence[str | os.PathLike], target: float | None = None, initial_entropy: float | None = None,
+    window: int | None = None,
+) -> Probe:
+    """Read and pool the probe runs ``paths`` (module docstring, steps 1–2).
+
+    Args:
+        paths: run directories (``stare_lab.runs`` format).
+        target: the target entropy (nats) the window is centred on; None → each run's ``loss.stare.target_entropy``.
+        initial_entropy: H_0 (nats) for the matching entropy; None → the first run's first ``entropy``.
+        window: steps per window; None → :data:`WINDOW_FRAC` of each run (at least 1).
+
+    Raises:
+        DataError: a path is not a run directory (``RunError``), a run has no rows with ``entropy``,
+            ``pred/d_grpo`` and ``pred/d_lplus`` (the message says how to log them), the pooled ΣD_GRPO is 0, or the
+            runs disagree on whether they cross the target.
+        ConfigError: ``target`` / ``initial_entropy`` / ``window`` out of range.
+    """
+    if not paths:
+        raise ConfigError("calibrate needs at least one PROBE_RUN directory")
+    if target is not None and not (_num(target) is not None and target > 0):
+        raise ConfigError(f"--target={target!r} must be a number > 0 (nats)")
+    if initial_entropy is not None and not (_num(initial_entropy) is not None and initial_entropy > 0):
+        raise ConfigError(f"--initial-entropy={initial_entropy!r} must be a number > 0 (nats)")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ConfigError(f"--window={window!r} must be an integer >= 1")
+    parts, crossed, first = [], [], None
+    for path in paths:
+        run = read_run(path)
+        rows = [r for r in run.metrics if _num(r.get("entropy")) is not None]
+        if not rows or not any(_num(r.get(KEY_D_GRPO)) is not None and _num(r.get(KEY_D_LPLUS)) is not None
+                               for r in rows):
+            raise DataError(
+                f"probe run {str(path)!r} has no rows with entropy, {KEY_D_GRPO} and {KEY_D_LPLUS}: log the D terms "
+                "(small transformer: measure_decomposition=true; trainer: schedule.measure_entropy_change=true; "
+                "tabular runs always log them)")
+        tgt = target if target is not None else _num(((run.config.get("loss") or {}).get("stare") or {})
+                                                     .get("target_entropy"))
+        a, b, did = probe_window(rows, tgt, window or max(1, round(WINDOW_FRAC * len(rows))))
+        parts.append(_window_sums(rows, a, b))
+        crossed.append(tgt if did else None)
+        if first is None:
+            first = (run, rows, a, b)
+    if len({c is None for c in crossed}) > 1:
+        raise DataError(f"the probe runs disagree: {sum(c is not None for c in crossed)} of {len(crossed)} cross "
+                        "their target entropy; give runs that all cross it (or none)")
+    ratio, share, entropy = _observables(parts)
+    if ratio is None:
+        raise DataError(f"the probe's window has ΣD_GRPO = 0 ({', '.join(map(str, paths))}): no drift to compare "
+                        "with; choose other steps (--window, --target)")
+    if share is None:
+        logger.warning("the probe rows carry no %s: the fit matches D_L+/|D_GRPO| alone", KEY_LPLUS_ABOVE)
+    run, rows, a, b = first
+    h0 = initial_entropy if initial_entropy is not None else float(rows[0]["entropy"])
+    tgt = crossed[0]
+    h_match = tgt if tgt is not None else entropy
+    return Probe(
+        runs=[str(p) for p in paths], source=str(run.config.get("source") or "simulator"),
+        model=_model_name(run.config), steps=[int(r.get("step", i + 1)) for i, r in enumerate(rows[a:b], a)],
+        entropy=float(entropy), initial_entropy=float(h0), d_ratio=float(ratio), lplus_above_sstar=share,
+        target_entropy=tgt, rel_entropy=float(h_match / h0),
+    )
+
+
+def residual(toy_ratio: float | None, toy_share: float | None, probe: Probe) -> float:
+    """The fit's distance (module docstring, step 3): √((g(r_toy) − g(r_probe))² + (share_toy − share_probe)²)
+    with g(x) = x/(1 + |x|); the share term only when the probe has it. ``inf`` when the toy has no value."""
+    g = lambda x: x / (1.0 + abs(x))  # noqa: E731
+    if toy_ratio is None or (probe.lplus_above_sstar is not None and toy_share is None):
+        return math.inf
+    d = (g(toy_ratio) - g(probe.d_ratio)) ** 2
+    if probe.lplus_above_sstar is not None:
+        d += (toy_share - probe.lplus_above_sstar) ** 2
+    return math.sqrt(d)
+
+
+def _base_overrides(overrides: dict[str, Any] | None) -> dict[str, Any]:
+    data = copy.deepcopy(get_preset(PRESET)["overrides"])
+    for key, value in (overrides or {}).items():
+        node = data
+        *head, last = key.split(".")
+        for part in head:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return data
+
+
+def matched_target(probe: Probe, seeds: Sequence[int], overrides: dict[str, Any] | None = None) -> tuple[float, float]:
+    """``(toy target, toy initial entropy)`` in nats: ρ × the mean initial entropy over ``seeds`` of the ``llm`` toy
+    with ``overrides`` (dotted keys; module docstring, step 2)."""
+    data = _base_overrides(overrides)
+    h0 = statistics.fmean(mean_entropy(init_state(config_from_overrides({**data, "seed": s})).logits, 1.0)
+                          for s in seeds)
+    return probe.rel_entropy * h0, h0
+
+
+def toy_observables(run_dirs: Sequence[str | os.PathLike], target: float, window: int | None = None
+                    ) -> dict[str, Any]:
+    """The toy's d_ratio, lplus_above_sstar and crossing steps at ``target`` (nats), pooled over its seeds'
+    ``run_dirs`` (the window rule of :func:`probe_window`); ``d_ratio`` None when a seed never crosses ``target``."""
+    parts, crossings = [], []
+    for d in run_dirs:
+        rows = read_run(d).metrics
+        a, b, did = probe_window(rows, target, window or max(1, round(WINDOW_FRAC * len(rows))))
+        crossings.append(a + (b - a) // 2 if did else None)
+        if did:
+            parts.append(_window_sums(rows, a, b))
+    if not parts or len(parts) < len(crossings):
+        return {"d_ratio": None, "lplus_above_sstar": None, "crossing": crossings}
+    ratio, share, _ = _observables(parts)
+    return {"d_ratio": ratio, "lplus_above_sstar": share, "crossing": crossings}
+
+
+def _label(knobs: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in knobs.items())
+
+
+def _check_grid(grid: dict[str, list]) -> dict[str, list]:
+    unknown = [k for k in grid if k not in KNOBS]
+    if unknown:
+        raise ConfigError(f"fit grid key {unknown[0]!r} is not one of {{{', '.join(KNOBS)}}}")
+    out = {k: list(grid.get(k) or DEFAULT_GRID[k]) for k in KNOBS}
+    for k, vals in out.items():
+        if len(set(map(repr, vals))) != len(vals):
+            raise ConfigError(f"fit grid {k}={','.join(map(str, vals))} lists a value twice")
+    return out
+
+
+def fit_knobs(
+    probe: Probe, out: Path, grid: dict[str, list] | None = None, seeds: Sequence[int] = (0, 1),
+    overrides: dict[str, Any] | None = None, workers: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the fit (module docstring, step 3) into ``out`` (``out/<knobs>/seed<k>``).
+
+    Args:
+        probe: :func:`read_probe`'s result. grid: knob → values (missing knobs: :data:`DEFAULT_GRID`).
+        seeds: seeds per knob setting. overrides: further ``llm`` preset overrides (dotted keys, e.g. ``lr``).
+        workers: processes (None: all cores). progress: called with run-steps done.
+
+    Returns:
+        (the best setting, every setting in grid order); a setting is ``{"knobs", "target", "d_ratio",
+        "lplus_above_sstar", "crossing", "residual"}`` with ``target`` its matched target (nats).
+
+    Raises:
+        ConfigError: a bad grid or override (one line, the key named), or a grid whose runs would not fit in
+            memory (:func:`simulators.parallel.check_memory`). DataError: no knob setting reaches its matched target.
+    """
+    grid = _check_grid(grid or {})
+    settings = [dict(zip(KNOBS, combo)) for combo in itertools.product(*(grid[k] for k in KNOBS))]
+    configs, dirs, targets = [], [], []
+    for knobs in settings:
+        try:
+            target, _ = matched_target(probe, seeds, {**(overrides or {}), **knobs})
+            data = _base_overrides({**(overrides or {}), **knobs, "loss.stare.target_entropy": target})
+            data["target_entropy_rel"] = None
+            for s in seeds:
+                configs.append(config_from_overrides({**data, "method": "grpo", "seed": int(s)}))
+                dirs.append(out / _label(knobs) / f"seed{s}")
+        except ConfigError as err:
+            raise ConfigError(f"fit grid point {_label(knobs)}: {err}") from None
+        targets.append(target)
+    check_memory(configs, workers)  # a grid the machine cannot hold is refused before anything runs
+    run_many(configs, dirs, workers=workers, progress=progress)
+    table = []
+    for i, (knobs, target) in enumerate(zip(settings, targets)):
+        obs = toy_observables(dirs[i * len(seeds):(i + 1) * len(seeds)], target)
+        table.append({"knobs": knobs, "target": target, **obs,
+                      "residual": residual(obs["d_ratio"], obs["lplus_above_sstar"], probe)})
+    finite = [t for t in table if math.isfinite(t["residual"])]
+    if not finite:
+        raise DataError(f"no knob setting of the fit grid reaches its matched target (ρ = {probe.rel_entropy:.3g} of "
+                        f"its initial entropy) within {configs[0].steps} steps; give more steps (steps=...) or a "
+                        "grid with more coupling")
+    return min(finite, key=lambda t: t["residual"]), table
+
+
+def _bracket(measured: float | None, ws: list[float]) -> dict[str, float | None]:
+    """``{"w", "low", "high"}``: module docstring, step 4."""
+    if measured is None:
+        return {"w": None, "low": max(ws), "high": None}
+    below = [w for w in ws if w < measured]
+    return {"w": measured, "low": max(below) if below else 1.0, "high": measured}
+
+
+def critical_sweep(
+    overrides: dict[str, Any], out: Path, w_grid: Sequence[float] = DEFAULT_W_GRID, seeds: Sequence[int] = (0, 1, 2),
+    c2_m: float = DEFAULT_C2_M, workers: int | None = None, progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The W sweep of the calibrated toy (module docstring, step 4) into ``out``: ``stare-lab simulate --preset
+    llm`` with ``overrides`` (dotted keys), ``stare.reweight_m=c2_m``, methods grpo, o1, c2 over ``w_grid``.
+
+    Returns:
+        (``{"o1": {"w", "low", "high"}, "c2": {"w", "m", "low", "high"}, "adaptive": {"w_max"}}``, the sweep's
+        ``summary.json``).
+
+    Raises:
+        ConfigError / RunError: as :func:`simulators.sweep.plan_sweep` (e.g. ``c2_m`` outside (0, 1]).
+    """
+    ws = sorted(float(w) for w in w_grid)
+    items = [f"{k}={v}" for k, v in overrides.items()] + [f"loss.stare.reweight_m={c2_m}"]
+    plan = plan_sweep(PRESET, ["grpo", "o1", "c2"], list(seeds), out, overrides=items, overwrite=True,
+                      sweep=[f"stare.reweight_w={','.join(f'{w:g}' for w in ws)}"], workers=workers)
+    summary = run_sweep(plan, progress=progress)
+    crit = summary.get("critical") or {}
+    o1 = _bracket((crit.get("o1") or {}).get("measured_w"), ws)
+    c2 = {**_bracket((crit.get("c2") or {}).get("measured_w"), ws), "m": float(c2_m)}
+    c2 = {k: c2[k] for k in ("w", "m", "low", "high")}
+    return {"o1": o1, "c2": c2, "adaptive": {"w_max": o1["high"]}}, summary
+
+
+def calibrate(
+    paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, target: float | None = None,
+    initial_entropy: float | None = None, window: int | None = None, grid: dict[str, list] | None = None,
+    fit_seeds: Sequence[int] = (0, 1), seeds: Sequence[int] = (0, 1, 2), w_grid: Sequence[float] = DEFAULT_W_GRID,
+    c2_m: float = DEFAULT_C2_M, overrides: dict[str, Any] | None = None, workers: int | None = None,
+    overwrite: bool = False, progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Calibrate the ``llm`` toy to the probe ``paths`` and sweep it (module docstring); writes ``out/fit/``,
+    ``out/sweep/``, ``out/fit.json`` and ``out/calibration.json`` and returns the latter's dict. ``overwrite``
+    replaces a previous calibration in ``out`` (those four entries; nothing else is touched).
+
+    Raises:
+        ConfigError / DataError / RunError: as :func:`read_probe`, :func:`fit_knobs` and :func:`critical_sweep`;
+            RunError also when ``out`` already holds a calibration and ``overwrite`` is False, or is not writable.
+    """
+    out = Path(out)
+    probe = read_probe(paths, target, initial_entropy, window)
+    if not (_num(c2_m) is not None and 0 < c2_m <= 1):
+        raise ConfigError(f"--c2-m={c2_m!r} is outside (0, 1]")
+    ws = [_num(w) for w in w_grid]
+    if not ws or any(w is None or w < 1 for w in ws):
+        raise ConfigError(f"--w-grid={','.join(map(str, w_grid))} must be numbers >= 1")
+    taken = [out / name for name in ("calibration.json", "fit.json", "fit", "sweep") if (out / name).exists()]
+    if taken and not overwrite:
+        raise RunError(f"{str(out)!r} already holds a calibration ({taken[0].name}); pass --overwrite to replace it")
+    check_writable_dir(out)
+    for path in taken:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    best, table = fit_knobs(probe, out / "fit", grid, fit_seeds, overrides, workers, progress)
+    toy_target = best["target"]
+    (out / "fit.json").write_text(json.dumps({"probe": dataclasses.asdict(probe), "settings": table}, indent=2,
+                                             default=str) + "\n")
+    preset_overrides = {**(overrides or {}), **best["knobs"], "loss.stare.target_entropy": toy_target}
+    critical, _ = critical_sweep(preset_overrides, out / "sweep", w_grid, seeds, c2_m, workers, progress)
+    cfg = config_from_overrides(_base_overrides(preset_overrides) | {"seed": int(seeds[0])})
+    h_opt = reward_optimal_entropy(cfg, init_state(cfg).correct)
+    result = {
+        "kind": "calibrated",
+        "probe": {"run": ",".join(probe.runs), "source": probe.source, "model": probe.model, "steps": probe.steps,
+                  "entropy": probe.entropy, "d_ratio": probe.d_ratio, "lplus_above_sstar": probe.lplus_above_sstar,
+                  "target_entropy": probe.target_entropy},
+        "knobs": dict(best["knobs"]),
+        "preset": {"name": PRESET, "overrides": preset_overrides},
+        "fit": {"d_ratio": best["d_ratio"], "lplus_above_sstar": best["lplus_above_sstar"],
+                "residual": best["residual"]},
+        "critical": critical,
+        "regime": {"d_ratio": best["d_ratio"], "target_over_optimal": toy_target / h_opt if h_opt > 0 else None,
+                   "mode": cfg.mode},
+    }
+    tmp = out / "calibration.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, out / "calibration.json")
+    return result
