@@ -16,7 +16,7 @@ _STYLE = (
     "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
     "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
     "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}"
-    "td.n{text-align:right}img{max-width:100%}code{background:#f3f3f3}"
+    "td.n{text-align:right}img{max-width:100%;height:auto}code{background:#f3f3f3}"
 )
 
 

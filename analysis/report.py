@@ -44,7 +44,7 @@ BAND_RULE = (
     "Seed bands: the 95% t-interval of the mean over seeds (mean ± t·s/√n; with 3 seeds t = 4.30), cut to the "
     "values the statistic can take — fractions and shares to [0, 1]; entropies, counts and times to ≥ 0 "
     "(`analysis.stats.known_range`). In tables a cut interval is shown as [low, high] instead of ± (e.g. "
-    "0.577 [0, 1]: the seeds disagree too much for the interval to say more than the range); figures shade the "
+    "0.577 [0, 1]: the seeds disagree too much for the interval to say more than the range); figures draw the "
     "cut band. Rewards, ΔH and predictions have no known range and are never cut."
 )
 
@@ -269,7 +269,7 @@ def write_report(
     paper: str | os.PathLike | None = None,
     paper_setting: str | None = None,
     paper_model: str | None = None,
-    dpi: int = 90,
+    dpi: int = plots.DPI,
     title: str = "stare_lab analysis report",
     inputs: Sequence[str] = (),
     sweep: dict[str, Any] | None = None,
@@ -285,7 +285,8 @@ def write_report(
         metrics: extra metric keys to plot over steps and list in the summary table.
         paper: a Table-2 CSV (see :mod:`analysis.paper`) to put reported numbers next to measured ones.
         paper_setting, paper_model: restrict the paper rows.
-        dpi: raster resolution (dots per inch) of PNG figures.
+        dpi: raster resolution (dots per inch) of PNG figures (the HTML shows a PNG at its figure's size in
+            inches, 96 CSS pixels per inch, so a higher ``dpi`` is sharper, not larger).
         title: the report's title.
         inputs: the paths analysed (listed in the report).
         sweep: a sweep's ``summary.json`` (:func:`analysis.phase.read_sweep_summary`): its headline goes at the
@@ -321,6 +322,12 @@ def write_report(
         if created:  # leave no half-written (or empty) folder behind; everything in it is ours
             shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def _css_width(png: bytes, dpi: int) -> int:
+    """The CSS width (pixels, 96 per inch) of a PNG rendered at ``dpi``: its figure's width in inches (the PNG's
+    width is bytes 16–19 of its header, big-endian)."""
+    return round(int.from_bytes(png[16:20], "big") * 96 / dpi)
 
 
 def _write(
@@ -361,15 +368,16 @@ def _write(
 
     doc.h(2, "1. Entropy dynamics")
     doc.p(
-        "Lines: mean over seeds, one colour, line style and marker per method; shaded in the method's colour: 95% "
-        "band (mean ± t·s/√n, none for a single seed; the entropy band cut at 0 nats, see section 4); gold, "
-        "hatched: the target band H_tgt ± "
-        f"{cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when groups differ, each "
-        "labelled in the legend). Gate: fraction of seeds with the STARE gate on (when a method has more than "
-        f"{plots.MAX_GATE_LINES} groups, e.g. a sweep's grid points, one row per STARE group, black = on in every "
-        "seed, white = off). W (STARE weight on L+) as logged, "
-        "for the groups whose loss uses STARE; M (on L−) only for variant C2 (`loss.stare.variant`): O1 never "
-        "applies M, whatever M its runs log."
+        "Lines: mean over seeds, one colour, line style and marker per method; thin solid lines in the same colour: "
+        "its 95% band (mean ± t·s/√n, none for a single seed; the entropy band cut at 0 nats, see section 4), never "
+        "a translucent fill, so overlaps make no new colour. A sweep's grid points are coloured by their value "
+        "(colour bar), the method named once in the legend. Entropy twice: left zoomed on the target band and the "
+        "second half of the runs, right the whole run (dashed box: the left panel's range). Gold, hatched: the "
+        f"target band H_tgt ± {cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when "
+        "groups differ, each labelled in the legend). Gate: fraction of seeds with the STARE gate on (when a method "
+        f"has more than {plots.MAX_GATE_LINES} groups, e.g. a sweep's grid points, one row per STARE group, black = "
+        "on in every seed, white = off). W (STARE weight on L+) as logged, for the groups whose loss uses STARE; M "
+        "(on L−, lighter) only for variant C2 (`loss.stare.variant`): O1 never applies M, whatever M its runs log."
     )
     add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
 
@@ -432,8 +440,10 @@ def _write(
         doc.p("None.")
 
     pngs = plots.save_figures(built, dpi, png_copies=fmt == "pdf")
-    images = {path.name: ("image/png", png) if fmt == "pdf" else (_MIME[fmt], path.read_bytes())
-              for (_, path), png in zip(built, pngs)}
+    images = {}
+    for (_, path), png in zip(built, pngs):
+        mime, data = ("image/png", png) if fmt == "pdf" else (_MIME[fmt], path.read_bytes())
+        images[path.name] = (mime, data, _css_width(data, dpi) if mime == "image/png" else None)
     md_path = out / "report.md"
     html_path = out / "report.html"
     md_path.write_text(doc.to_markdown(), encoding="utf-8")

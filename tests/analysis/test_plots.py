@@ -68,7 +68,7 @@ def test_gate_panel_is_one_row_per_grid_point_for_more_than_four(tmp_path):
     _run(tmp_path / "grpo" / "seed0", "grpo", None, lambda i: 1.0, steps=10)
     ax_g = plot_dynamics(compare(tmp_path)).axes[2]
     assert [t.get_text() for t in ax_g.get_yticklabels()] == [f"W={w:g}" for w in ws]  # no row for GRPO
-    assert "black on in every seed" in ax_g.get_title() and not ax_g.get_lines()
+    assert "black: on in all seeds" in ax_g.get_title() and not ax_g.get_lines()
     rows = [np.asarray(m.get_array()).ravel() for m in ax_g.collections]
     assert len(rows) == 5 and rows[0].tolist() == [0.5] * 10
     assert all(r.tolist() == [0.0] * 5 + [1.0] * 5 for r in rows[1:])
