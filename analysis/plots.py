@@ -124,7 +124,9 @@ def _legend_panel(ax, fig, styles: Any) -> None:
         ax.legend(handles, labels, loc="upper left", frameon=False, ncols=ncols,
                   fontsize=8 if math.ceil(len(labels) / ncols) <= 10 else 6.5, borderaxespad=0.0)
     if styles.scale is not None:
-        colour_bar(fig, styles.scale, cax=ax.inset_axes((0.04, 0.14, 0.92, 0.08)))
+        box = ax.get_position()  # a figure-level axes (in fig.axes), in the lower part of the panel
+        colour_bar(fig, styles.scale, cax=fig.add_axes((box.x0 + 0.04 * box.width, box.y0 + 0.14 * box.height,
+                                                        0.92 * box.width, 0.08 * box.height)))
 
 
 def plot_dynamics(cmp: Comparison) -> Any:
