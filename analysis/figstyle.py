@@ -34,7 +34,7 @@ from .grouping import fmt_value, short_name
 logger = logging.getLogger(__name__)
 
 __all__ = ["DPI", "METHOD_STYLES", "METHOD_COLORS", "SEED_BAND", "COLOUR_BAR", "Scale", "Styles", "method_style",
-           "method_color", "group_styles", "draw", "figure", "figure_legend", "legend_entries", "colour_bar",
+           "method_color", "shade", "group_styles", "draw", "figure", "figure_legend", "legend_entries", "colour_bar",
            "style", "save_figure", "save_figures"]
 
 #: resolution (dots per inch) of the report's PNG figures
@@ -98,7 +98,7 @@ def method_color(method: str) -> str:
     return method_style(method)[0]
 
 
-def _shade(colour: str, t: float) -> str:
+def shade(colour: str, t: float) -> str:
     """``colour`` mixed towards black (t < 0) or white (t > 0) by |t| ∈ [0, 1]."""
     from matplotlib.colors import to_hex, to_rgb
 
@@ -156,7 +156,7 @@ class Styles:
         for m in self.scale.methods:
             _, ls, marker = method_style(m)
             ax.plot([], [], color="0.25", ls=ls, marker=marker, ms=4,
-                    label=f"{m}: colour = {short_name(self.scale.key)} (colour bar)")
+                    label=f"{m}: colour = {short_name(self.scale.key)} (colour bar); no seed bands")
 
 
 def _numeric(v: Any) -> bool:
@@ -224,7 +224,7 @@ def group_styles(cmp: Any) -> Styles:
                 scaled.add(g.label)
         elif len(groups) > 1:
             for i, g in enumerate(groups):
-                out[g.label] = (_shade(colour, -0.5 + i / (len(groups) - 1)), _LINESTYLES[(k + i) % len(_LINESTYLES)],
+                out[g.label] = (shade(colour, -0.5 + i / (len(groups) - 1)), _LINESTYLES[(k + i) % len(_LINESTYLES)],
                                 marker)  # shades from -0.5 (darker) to +0.5 (lighter)
         else:
             out[groups[0].label] = (colour, ls, marker)

@@ -23,7 +23,7 @@ from .figstyle import (
     DPI,
     METHOD_COLORS,
     METHOD_STYLES,
-    _shade,
+    shade,
     colour_bar,
     draw,
     figure,
@@ -90,7 +90,7 @@ def _shade_targets(ax, cmp: Comparison, label: bool = True) -> None:
     by_target = _targets(cmp)
     for i, (t, labels) in enumerate(by_target.items()):
         who = "" if len(by_target) == 1 else f" ({', '.join(labels)})"
-        ax.axhspan(t - hw, t + hw, facecolor=_shade(_BAND_COLOR, 0.75), lw=0.6, zorder=0.5,
+        ax.axhspan(t - hw, t + hw, facecolor=shade(_BAND_COLOR, 0.75), lw=0.6, zorder=0.5,
                    hatch=_BAND_HATCHES[i % len(_BAND_HATCHES)], edgecolor=_BAND_COLOR,
                    label=f"target band H_tgt = {t:.3g} ± {hw:g} nats{who}" if label else None)
 
@@ -174,7 +174,7 @@ def plot_dynamics(cmp: Comparison) -> Any:
             if any(uses_m(r) for r in g.runs):
                 m = cmp.series(g, "stare_m").finite()
                 if m.x.size:  # lighter, opaque: no translucent line over another colour
-                    ax_w.plot(m.x, m.mean, color=_shade(st[0], 0.45), ls=st[1], lw=lw)
+                    ax_w.plot(m.x, m.mean, color=shade(st[0], 0.45), ls=st[1], lw=lw)
         styles.add_proxies(ax_h)
         zoom = zoom_range(cmp)
         if zoom is not None:
@@ -266,8 +266,8 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
     a column with the scatter (hollow markers, one shape and colour per method, :func:`_scatter`; identity line
     dashed; R² and slope of the least-squares fit in the legend), then the R² and slope of the fit in at most
     ``n_bins`` windows of ≥ 10 steps each (over time). Fits use every pair; the scatter shows at most ``max_points``
-    evenly spaced pairs per group (:func:`_shown_pairs`). A sweep's grid is coloured by its colour bar. None if no run has both a
-    prediction and a measurement."""
+    evenly spaced pairs per group (:func:`_shown_pairs`). A sweep's grid is coloured by its colour bar. None if no
+    run has both a prediction and a measurement."""
     if not cmp.has_measured_change():
         return None
     keys = cmp.predictor_keys()[:max_predictors]
