@@ -301,14 +301,16 @@ def _legend_shape(fig, labels: Sequence[str], ncols: int) -> tuple[int, int]:
 
 
 def colour_bar(fig, scale: Scale, cax: Any = None, ax: Any = None, orientation: str = "horizontal") -> Any:
-    """A discrete colour bar of ``scale`` — one cell per value, ticked with the values — in ``cax``, or beside the
-    axes ``ax`` (constrained layout). Its axes is labelled :data:`COLOUR_BAR`."""
+    """A discrete colour bar of ``scale`` — one cell per value, ticked with the values — in ``cax``, or below
+    (horizontal) or right of (vertical) the axes ``ax`` (constrained layout). Its axes is labelled
+    :data:`COLOUR_BAR`."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
     n = len(scale.values)
     mappable = ScalarMappable(BoundaryNorm(np.arange(n + 1) - 0.5, n), ListedColormap(list(scale.colours)))
-    kw = {"cax": cax} if cax is not None else {"ax": ax, "shrink": 0.6, "aspect": 25}
+    side = "bottom" if orientation == "horizontal" else "right"
+    kw = {"cax": cax} if cax is not None else {"ax": ax, "shrink": 0.6, "aspect": 30, "location": side}
     cb = fig.colorbar(mappable, orientation=orientation, ticks=range(n), **kw)
     labels = [fmt_value(v) for v in scale.values]
     (cb.ax.set_xticklabels if orientation == "horizontal" else cb.ax.set_yticklabels)(labels)
@@ -324,7 +326,7 @@ def figure_legend(fig, ax, ncols: int = 4, panel_height: float | None = None, to
     band entry, :func:`legend_entries`), and the colour bar of ``scale`` under it. With fixed margins
     (``panel_height``: inches of the panels' rows) the figure is made tall enough for the legend's rows and the
     colour bar and the margins set: ``top`` inches above the panels, ``bottom`` inches for the x labels below
-    them. With constrained layout the colour bar goes to the right of the panels."""
+    them. With constrained layout the colour bar goes between the panels and the legend."""
     handles, labels = legend_entries(fig, ax)
     if not handles:
         return
@@ -332,7 +334,7 @@ def figure_legend(fig, ax, ncols: int = 4, panel_height: float | None = None, to
     if fig.get_layout_engine():
         fig.legend(handles, labels, ncols=cols, frameon=False, loc="outside lower center")
         if scale is not None:
-            colour_bar(fig, scale, ax=fig.axes, orientation="vertical")
+            colour_bar(fig, scale, ax=[a for a in fig.axes if a.get_visible()], orientation="horizontal")
         return
     bar = 0.75 if scale is not None else 0.0  # inches: the colour bar, its ticks and its label
     height = fig.get_figheight()

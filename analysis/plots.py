@@ -311,7 +311,7 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
                 title += f", axis clipped to [{_SLOPE_LIM[0]:g}, {_SLOPE_LIM[1]:g}]"
             ax_sl.set(title=title, ylabel="slope", xlabel="step")
         if styles.scale is not None:
-            colour_bar(fig, styles.scale, ax=axes[0, :].tolist(), orientation="vertical")
+            colour_bar(fig, styles.scale, ax=axes.ravel().tolist(), orientation="vertical")
     return fig
 
 
