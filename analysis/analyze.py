@@ -19,6 +19,7 @@ import matplotlib.figure  # noqa: F401 - the report's figures (imported here, wi
 from stare_lab.errors import ConfigError
 
 from .compare import Comparison, compare
+from .figstyle import DPI
 from .phase import read_sweep_summary
 from .report import ReportFiles, write_report
 
@@ -49,7 +50,7 @@ def analyze(
     merge: bool = False,
     metrics: Sequence[str] = (),
     fmt: str = "png",
-    dpi: int = 90,
+    dpi: int = DPI,
     paper: str | os.PathLike | None = None,
     paper_setting: str | None = None,
     paper_model: str | None = None,

@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--paper", metavar="CSV", help="paper Table-2 CSV (e.g. papers/stare_2606.19236/table2.csv)")
     p.add_argument("--paper-setting", help="keep only paper rows of this setting (short_cot, long_cot, tool_use)")
     p.add_argument("--paper-model", help="keep only paper rows of this model")
-    p.add_argument("--dpi", default=90, help="resolution of PNG figures (default 90)")
+    p.add_argument("--dpi", help="resolution of PNG figures in dots per inch (default 150)")
     p.add_argument("--summary", metavar="SUMMARY_JSON",
                    help="a sweep's summary.json (stare-lab simulate): its headline on top, its phase diagram and "
                    "critical W (default: a summary.json in a single given directory)")
@@ -91,7 +91,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     band = _positive_float("--band", args.band)
     threshold = _positive_float("--threshold", args.threshold)
     threshold_frac = _positive_float("--threshold-frac", args.threshold_frac)
-    dpi = _positive_int("--dpi", args.dpi)
+    dpi = {} if args.dpi is None else {"dpi": _positive_int("--dpi", args.dpi)}  # default: analysis.figstyle.DPI
     if threshold_frac is not None and threshold_frac > 1:
         raise ConfigError(f"--threshold-frac={threshold_frac} is outside (0, 1]")
     for opt, val in (("--paper-setting", args.paper_setting), ("--paper-model", args.paper_model)):
@@ -99,7 +99,7 @@ def run_analyze(args: argparse.Namespace) -> int:
             raise ConfigError(f"{opt}={val!r} needs --paper CSV (it selects rows of the paper table)")
     res = analyze(args.paths, args.out, group_by=args.group_by, band=band, threshold=threshold,
                   threshold_frac=threshold_frac if threshold_frac is not None else 0.1, merge=args.merge,
-                  metrics=args.metric, fmt=args.fmt, dpi=dpi, paper=args.paper, paper_setting=args.paper_setting,
+                  metrics=args.metric, fmt=args.fmt, **dpi, paper=args.paper, paper_setting=args.paper_setting,
                   paper_model=args.paper_model, summary=args.summary)
     cmp, files = res.comparison, res.files
     print(f"verdict: {res.verdict}")

@@ -21,7 +21,7 @@ from stare_lab.errors import ConfigError
 from .load import RunData
 
 __all__ = ["KIND_KEYS", "SWEEP_KEY", "setting_signature", "experiment_slice", "sweep_root", "check_group_by",
-           "split_labels", "group_key_value", "fmt_value"]
+           "split_labels", "group_key_value", "fmt_value", "short_name"]
 
 
 def fmt_value(v: Any) -> str:
@@ -40,6 +40,12 @@ SWEEP_KEY = "sweep folder"
 #: Short names of the method settings in group labels.
 _SHORT = {"loss.stare.reweight_w": "W", "loss.stare.reweight_m": "M", "loss.stare.target_entropy": "H_tgt",
           "target_entropy_frac": "H_tgt frac"}
+
+
+def short_name(key: str) -> str:
+    """The short name of a dotted config key in labels: ``W`` for ``loss.stare.reweight_w``, ``M``, ``H_tgt``, else
+    the last part (``lr`` for ``optim.lr``)."""
+    return _SHORT.get(key, key.rsplit(".", 1)[-1])
 
 
 def group_key_value(run: RunData, key: str) -> Any:
@@ -180,7 +186,7 @@ def split_labels(members: dict[tuple, list[RunData]], group_by: Sequence[str]) -
         keys = [k for k in dict.fromkeys(k for d in dicts for k in d)
                 if k not in kind_keys and k not in group_by and len({repr(d.get(k)) for d in dicts}) > 1]
         for s, d in zip(same, dicts):
-            parts = [f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}={fmt_value(d.get(k))}" for k in keys]
+            parts = [f"{short_name(k)}={fmt_value(d.get(k))}" for k in keys]
             if parts:
                 out[s] += " (" + ", ".join(parts) + ")"
     return out

@@ -37,7 +37,7 @@ from stare_lab import critical
 from stare_lab.regime import calibrated_strengths
 from stare_lab.summary import band_held
 
-from .plots import _figure, _style, method_style
+from .figstyle import figure as _figure, method_style, style as _style
 
 logger = logging.getLogger(__name__)
 

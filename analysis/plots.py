@@ -1,35 +1,47 @@
 """Figures of the analysis report (matplotlib, imported lazily; no pyplot, so no GUI backend is ever needed).
 
 Each ``plot_*`` function takes a :class:`analysis.compare.Comparison` and returns a ``matplotlib.figure.Figure``
-(or None when the runs lack the data), so it works the same from the CLI and from a notebook. One style for all:
-a fixed colour, line style and marker per method (:func:`method_style`: O1 and C2, say, differ in all three), the
-next line styles and darker-to-lighter shades of its colour for further groups of a method, seed mean as the line and the 95% band (mean ± t·s/√n) shaded,
-cut to the values the statistic can take (:func:`analysis.stats.known_range`: entropies ≥ 0, fractions in [0, 1]),
-entropies in nats. Legends sit outside the data: one legend per figure below its panels (the target bands labelled
-in it), the fit numbers of the prediction scatters below each column.
+(or None when the runs lack the data), so it works the same from the CLI and from a notebook. One look for all
+(:mod:`analysis.figstyle`): a fixed colour, line style and marker per method; a sweep's grid as a colour scale with a
+colour bar; the seed mean as the line and its 95% band (mean ± t·s/√n, cut to the values the statistic can take:
+entropies ≥ 0, fractions in [0, 1]) as two thin lines in the same colour — never a translucent fill, so overlapping
+bands make no colour the legend does not name; entropies in nats. The entropy is drawn twice: zoomed on the
+target band and the second half of the runs, and over the whole run. Legends sit outside the data.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import math
-import multiprocessing as mp
-import os
-import zlib
-from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from . import stats
 from .compare import QUADRANTS, Comparison
+from .figstyle import (
+    DPI,
+    METHOD_COLORS,
+    METHOD_STYLES,
+    shade,
+    colour_bar,
+    draw,
+    figure,
+    figure_legend,
+    group_styles,
+    legend_entries,
+    method_color,
+    method_style,
+    save_figure,
+    save_figures,
+    style,
+)
 from .verdict import uses_m, uses_stare
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DPI",
     "METHOD_COLORS",
     "METHOD_STYLES",
     "method_color",
@@ -41,131 +53,10 @@ __all__ = [
     "plot_metrics",
     "save_figure",
     "save_figures",
+    "zoom_range",
 ]
 
-#: Fixed (colour, line style, marker) per method, the same in every figure and report; no two share a colour, and
-#: the STARE variants also differ in line style and marker (readable in grey print too).
-METHOD_STYLES = {
-    "grpo": ("#1f77b4", "-", None),
-    "grpo-ds": ("#17becf", "-", "v"),
-    "o1": ("#d62728", "--", "o"),
-    "c2": ("#2ca02c", "-.", "s"),
-    "o1-adaptive": ("#9467bd", ":", "^"),
-    "clip_cov": ("#8c564b", "--", "D"),
-    "kl_cov": ("#e377c2", "-.", "P"),
-    "entropy_bonus": ("#bcbd22", ":", "X"),
-    "forking_tokens": ("#7f7f7f", "--", "*"),
-}
-#: Fixed colour per method (:data:`METHOD_STYLES`).
-METHOD_COLORS = {m: s[0] for m, s in METHOD_STYLES.items()}
-_EXTRA_COLORS = ("#ff7f0e", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d")
-_LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
-_MARKS = 10  # markers per line
 _SLOPE_LIM = (-1.0, 3.0)
-
-_STYLE = {
-    "font.size": 9,
-    "axes.titlesize": 9,
-    "axes.labelsize": 9,
-    "legend.fontsize": 8,
-    "xtick.labelsize": 8,
-    "ytick.labelsize": 8,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "lines.linewidth": 1.4,
-    "svg.hashsalt": "stare_lab",  # deterministic SVG ids
-}
-#: no creation dates in vector files: the same runs give byte-identical figures
-_METADATA = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}
-
-
-def method_style(method: str) -> tuple[str, Any, str | None]:
-    """``(colour, line style, marker)`` of ``method``: fixed for the known methods (:data:`METHOD_STYLES`), else a
-    stable pick (crc32 of the name) of colour and marker with a solid line."""
-    if method in METHOD_STYLES:
-        return METHOD_STYLES[method]
-    h = zlib.crc32(method.encode())
-    return _EXTRA_COLORS[h % len(_EXTRA_COLORS)], "-", "ophd<>"[h % 6]
-
-
-def method_color(method: str) -> str:
-    """The colour of ``method`` (:func:`method_style`)."""
-    return method_style(method)[0]
-
-
-def _shade(colour: str, t: float) -> str:
-    """``colour`` mixed towards black (t < 0) or white (t > 0) by |t| ∈ [0, 1]."""
-    from matplotlib.colors import to_hex, to_rgb
-
-    target = 0.0 if t < 0 else 1.0
-    return to_hex(tuple(c + abs(t) * (target - c) for c in to_rgb(colour)))
-
-
-def _styles(cmp: Comparison) -> dict[str, tuple[str, Any, str | None]]:
-    """label → (colour, linestyle, marker): the method's style for its first group; further groups of the method
-    (e.g. the W values of a sweep) keep its marker and get the next line styles and a shade of its colour, from
-    darker to lighter in group order."""
-    count: dict[str, int] = {}
-    for g in cmp.groups:
-        count[g.method] = count.get(g.method, 0) + 1
-    seen: dict[str, int] = {}
-    out = {}
-    for g in cmp.groups:
-        i = seen.get(g.method, 0)
-        seen[g.method] = i + 1
-        colour, ls, marker = method_style(g.method)
-        n = count[g.method]
-        if n > 1:
-            k = next((j for j, x in enumerate(_LINESTYLES) if x == ls), 0)
-            ls = _LINESTYLES[(k + i) % len(_LINESTYLES)]
-            colour = _shade(colour, -0.5 + i / (n - 1))  # -0.5 (darker) … +0.5 (lighter)
-        out[g.label] = (colour, ls, marker)
-    return out
-
-
-@contextlib.contextmanager
-def _style() -> Iterator[Any]:
-    import matplotlib
-
-    with matplotlib.rc_context(_STYLE):
-        yield matplotlib
-
-
-def _figure(
-    nrows: int, ncols: int, w: float = 4.0, h: float = 2.7, sharex: bool | str = False,
-    margins: dict[str, float] | None = None,
-):
-    """A figure of ``nrows × ncols`` panels of ``w × h`` inches. Laid out by matplotlib's constrained layout, or —
-    ``margins`` given (``subplots_adjust`` fractions; ``bottom`` leaves room for the figure legend) — by fixed
-    margins: the same picture for a fixed grid at a third of the drawing time (the largest figure's)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w * ncols, h * nrows), layout=None if margins else "constrained")
-    if margins:
-        fig.subplots_adjust(**margins)
-    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex)
-    return fig, axes
-
-
-def _draw(
-    ax, agg: stats.SeedAggregate, style: tuple[str, Any, str | None], label: str | None, band: bool = True,
-    stride: int = 1, lw: float | None = None,
-):
-    """Seed mean as a line in ``style`` (colour, line style, marker: :data:`_MARKS` markers along it), its band
-    shaded (where ≥ 2 seeds are finite). ``stride`` > 1 draws every stride-th point (only for curves already
-    moving-averaged over ≥ 2·stride steps, where it loses nothing visible)."""
-    a = agg.finite()
-    if a.x.size == 0:
-        return
-    color, ls, marker = style
-    sl = slice(None, None, max(1, stride))
-    x = a.x[sl]
-    ax.plot(x, a.mean[sl], color=color, ls=ls, label=label, lw=lw, marker=marker, ms=4,
-            markevery=max(1, x.size // _MARKS))
-    if band and np.isfinite(a.lo).any():
-        ax.fill_between(a.x[sl], a.lo[sl], a.hi[sl], color=color, alpha=0.18, lw=0)
 
 
 def _smooth_window(cmp: Comparison, key: str, points: int = 100) -> int:
@@ -174,65 +65,90 @@ def _smooth_window(cmp: Comparison, key: str, points: int = 100) -> int:
     return max(1, n // points)
 
 
-def _legend_shape(fig, labels: Sequence[str], ncols: int) -> tuple[int, int]:
-    """(columns, rows) of a figure legend with these labels: at most ``ncols`` columns, fewer when the longest
-    label would not fit the figure's width (about 15 characters of legend text per inch at its font size)."""
-    longest = max((len(x) for x in labels), default=1) + 6  # + the handle
-    cols = max(1, min(ncols, len(labels), int(fig.get_figwidth() * 15) // longest))
-    return cols, math.ceil(len(labels) / cols) if labels else 0
-
-
-def _figure_legend(fig, ax, ncols: int = 4, panel_height: float | None = None, top: float = 0.3,
-                   bottom: float = 0.55) -> None:
-    """One legend for the whole figure, below its panels (outside the data), from what ``ax`` labels. With
-    fixed margins (``panel_height``: inches of the panels' rows) the figure is made tall enough for the legend's rows
-    and the margins set: ``top`` inches above the panels, ``bottom`` inches for the x labels below them."""
-    handles, labels = ax.get_legend_handles_labels()
-    if not handles:
-        return
-    cols, rows = _legend_shape(fig, labels, ncols)
-    if fig.get_layout_engine():
-        fig.legend(handles, labels, ncols=cols, frameon=False, loc="outside lower center")
-        return
-    if panel_height is not None:
-        height = panel_height + top + bottom + 0.2 * rows
-        fig.set_size_inches(fig.get_figwidth(), height)
-        fig.subplots_adjust(top=1 - top / height, bottom=(bottom + 0.2 * rows) / height)
-    fig.legend(handles, labels, ncols=cols, frameon=False, loc="lower center", bbox_to_anchor=(0.5, 0.0))
-
-
-#: the target bands: a colour no method uses, hatched (unlike the seed bands), one hatch per distinct target
+#: the target bands: a colour no method uses, opaque (two bands overlapping show the one on top, never a mix) and
+#: hatched, one hatch per distinct target
 _BAND_COLOR = "#e8b400"
 _BAND_HATCHES = ("///", "\\\\\\", "xxx", "...", "+++", "|||")
 
 
-def _shade_targets(ax, cmp: Comparison) -> None:
-    """Shade H_tgt ± band_half_width once per distinct target of the groups whose loss uses STARE (of all groups when
-    none does) — gold and hatched (the seed bands are unhatched in the methods' colours), a different hatch per
-    target — each labelled in the legend with its value and, when the groups do not all share it, its groups."""
-    hw = cmp.band_half_width
+def _targets(cmp: Comparison) -> dict[float, list[str]]:
+    """Target entropy → the labels of its groups, for the groups whose loss uses STARE (of all groups when none
+    does: a baseline's configured target means nothing when STARE groups are there)."""
     stare = [g for g in cmp.groups if uses_stare(g.runs[0])]
     by_target: dict[float, list[str]] = {}
-    for g in stare or cmp.groups:  # the targets STARE steers to (a baseline's configured target means nothing)
+    for g in stare or cmp.groups:
         if g.target_entropy is not None:
             by_target.setdefault(g.target_entropy, []).append(g.label)
-    for i, (t, labels) in enumerate(sorted(by_target.items())):
+    return dict(sorted(by_target.items()))
+
+
+def _shade_targets(ax, cmp: Comparison, label: bool = True) -> None:
+    """Shade H_tgt ± band_half_width once per distinct target (:func:`_targets`) — light gold, opaque and hatched,
+    a different hatch per target — each labelled in the legend (``label``) with its value and, when the groups do
+    not all share it, its groups."""
+    hw = cmp.band_half_width
+    by_target = _targets(cmp)
+    for i, (t, labels) in enumerate(by_target.items()):
         who = "" if len(by_target) == 1 else f" ({', '.join(labels)})"
-        ax.axhspan(t - hw, t + hw, facecolor=_BAND_COLOR + "40", lw=0.6, hatch=_BAND_HATCHES[i % len(_BAND_HATCHES)],
-                   edgecolor=_BAND_COLOR, label=f"target band H_tgt = {t:.3g} ± {hw:g} nats{who}")
+        ax.axhspan(t - hw, t + hw, facecolor=shade(_BAND_COLOR, 0.75), lw=0.6, zorder=0.5,
+                   hatch=_BAND_HATCHES[i % len(_BAND_HATCHES)], edgecolor=_BAND_COLOR,
+                   label=f"target band H_tgt = {t:.3g} ± {hw:g} nats{who}" if label else None)
+
+
+def zoom_range(cmp: Comparison, pad: float = 0.1) -> tuple[float, float] | None:
+    """The entropy range (nats) of the zoomed entropy panel: every target band (:func:`_targets`) and the seed means
+    of every group over the second half of the steps, widened by ``pad`` × its span on each side and cut at 0;
+    None without finite entropies."""
+    aggs = [cmp.series(g, "entropy").finite() for g in cmp.groups]
+    xs = [a.x for a in aggs if a.x.size]
+    if not xs:
+        return None
+    mid = (min(float(x[0]) for x in xs) + max(float(x[-1]) for x in xs)) / 2
+    hw = cmp.band_half_width
+    vals = [v for a in aggs for v in a.mean[a.x >= mid]] + [v for t in _targets(cmp) for v in (t - hw, t + hw)]
+    vals = [float(v) for v in vals if math.isfinite(v)]
+    if not vals:
+        return None
+    lo, hi = min(vals), max(vals)
+    span = max(hi - lo, 0.02 * max(abs(hi), 1e-3))
+    return max(0.0, lo - pad * span), hi + pad * span
+
+
+def _legend_panel(ax, fig, styles: Any) -> None:
+    """The legend of the dynamics figure in its own (empty) panel ``ax``, from what the first panel labels, and
+    the colour bar of the sweep's grid under it."""
+    ax.axis("off")
+    handles, labels = legend_entries(fig, fig.axes[0])
+    if handles:
+        ncols = 1 if len(labels) <= 10 else 2
+        ax.legend(handles, labels, loc="upper left", frameon=False, ncols=ncols,
+                  fontsize=8 if math.ceil(len(labels) / ncols) <= 10 else 6.5, borderaxespad=0.0)
+    if styles.scale is not None:
+        box = ax.get_position()  # a figure-level axes (in fig.axes), in the lower part of the panel
+        colour_bar(fig, styles.scale, cax=fig.add_axes((box.x0 + 0.04 * box.width, box.y0 + 0.14 * box.height,
+                                                        0.92 * box.width, 0.08 * box.height)))
 
 
 def plot_dynamics(cmp: Comparison) -> Any:
-    """Entropy (nats, with the target band shaded), reward, gate state and STARE W/M over steps, one line per
-    group (seed mean) with its 95% band. Gate: fraction of seeds with the gate on — lines, or, when a method has
-    more than :data:`MAX_GATE_LINES` groups (a sweep's grid), one image row per STARE group. W is drawn for the
-    groups whose loss uses STARE, M only for those that apply it (variant C2, :func:`analysis.verdict.uses_m`)."""
-    styles = _styles(cmp)
-    with _style():
-        fig, axes = _figure(2, 2, sharex=True, margins={"left": 0.08, "right": 0.99, "wspace": 0.22,
-                                                         "hspace": 0.22})
-        ax_h, ax_r, ax_g, ax_w = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
+    """Entropy (nats, with the target band shaded; zoomed on the band and the second half, :func:`zoom_range`, and
+    over the whole run), reward, gate state and STARE W/M over steps, one line per group (seed mean) with its 95%
+    band; the legend (and a sweep's colour bar) in the sixth panel. Gate: fraction of seeds with the gate on —
+    lines, or, when a method has more than :data:`MAX_GATE_LINES` groups (a sweep's grid), one image row per STARE
+    group. W is drawn for the groups whose loss uses STARE, M only for those that apply it (variant C2,
+    :func:`analysis.verdict.uses_m`). ``fig.axes``: zoomed entropy, reward, gate, W/M, whole-run entropy, legend."""
+    from matplotlib.figure import Figure
+
+    styles = group_styles(cmp)
+    with style():
+        fig = Figure(figsize=(8.0, 7.6))
+        fig.subplots_adjust(left=0.08, right=0.99, top=0.96, bottom=0.07, wspace=0.22, hspace=0.38)
+        gs = fig.add_gridspec(3, 2)
+        ax_h = fig.add_subplot(gs[0, 0])
+        ax_r, ax_g, ax_w = (fig.add_subplot(gs[i, j], sharex=ax_h) for i, j in ((1, 0), (1, 1), (2, 0)))
+        ax_full = fig.add_subplot(gs[0, 1], sharex=ax_h)
+        ax_leg = fig.add_subplot(gs[2, 1])
         _shade_targets(ax_h, cmp)
+        _shade_targets(ax_full, cmp, label=False)
         k_r = _smooth_window(cmp, "reward", 200)
         widths = _overlap_widths(len(cmp.groups))
         per_method: dict[str, int] = {}
@@ -240,23 +156,33 @@ def plot_dynamics(cmp: Comparison) -> Any:
             per_method[g.method] = per_method.get(g.method, 0) + 1
         gate_rows = max(per_method.values(), default=0) > MAX_GATE_LINES
         for g, lw in zip(cmp.groups, widths):
-            st = styles[g.label]
-            _draw(ax_h, cmp.series(g, "entropy").clipped(stats.known_range("entropy")), st, g.label)
-            _draw(ax_r, cmp.series(g, "reward", smooth=k_r), st, g.label, stride=k_r // 2)
+            st, label = styles[g.label], styles.label(g.label)
+            band = styles.band(g.label)
+            lw = lw if band else None  # nested widths are for equal lines, not for a grid's levels
+            entropy = cmp.series(g, "entropy").clipped(stats.known_range("entropy"))
+            draw(ax_h, entropy, st, label, band)
+            draw(ax_full, entropy, st, None, band)
+            draw(ax_r, cmp.series(g, "reward", smooth=k_r), st, label, band, stride=k_r // 2)
             # gate and W/M are often identical across methods (e.g. o1 and c2 share W, M and the gate): wider
             # lines first, so a line drawn later on top leaves the earlier one visible around it
             if not gate_rows:
-                _draw(ax_g, cmp.series(g, "gate_on"), st, g.label, band=False, lw=lw)
+                draw(ax_g, cmp.series(g, "gate_on"), st, label, band=False, lw=lw)
             # W only where the loss uses it (STARE), M only where it does (C2): O1 and GRPO log a stare_m (O1's
             # adaptive controller even moves it) that their loss never applies
             if any(uses_stare(r) for r in g.runs):
-                _draw(ax_w, cmp.series(g, "stare_w"), st, g.label, band=False, lw=lw)
+                draw(ax_w, cmp.series(g, "stare_w"), st, label, band=False, lw=lw)
             if any(uses_m(r) for r in g.runs):
                 m = cmp.series(g, "stare_m").finite()
-                if m.x.size:
-                    ax_w.plot(m.x, m.mean, color=st[0], ls=st[1], alpha=0.55, lw=lw)
-        ax_h.set(title="entropy (batch token-mean)", ylabel="entropy (nats)")
-        ax_h.set_ylim(bottom=0)
+                if m.x.size:  # lighter, opaque: no translucent line over another colour
+                    ax_w.plot(m.x, m.mean, color=shade(st[0], 0.45), ls=st[1], lw=lw)
+        styles.add_proxies(ax_h)
+        zoom = zoom_range(cmp)
+        if zoom is not None:
+            ax_h.set_ylim(*zoom)
+            ax_full.axhspan(*zoom, fill=False, ls="--", lw=0.9, edgecolor="0.2", zorder=3)
+        ax_h.set(title="entropy (token-mean), zoomed: target band, 2nd half", ylabel="entropy (nats)")
+        ax_full.set(title="entropy, whole run (dashed box: the left panel)", ylabel="entropy (nats)")
+        ax_full.set_ylim(bottom=0)
         ax_r.set(title="mean reward" + (f" (moving average, {k_r} steps)" if k_r > 1 else ""), ylabel="reward")
         if gate_rows:
             _gate_rows(ax_g, cmp)
@@ -264,8 +190,8 @@ def plot_dynamics(cmp: Comparison) -> Any:
             ax_g.set(title="STARE gate (fraction of seeds on; equal lines nested)", ylabel="gate on", xlabel="step")
             ax_g.set_ylim(-0.05, 1.05)
         ax_w.axhline(1.0, color="0.5", lw=0.6)  # 1 = no reweighting (the baselines)
-        ax_w.set(title="STARE weights: W (> 1); M (< 1, faint; C2 only)", ylabel="weight", xlabel="step")
-        _figure_legend(fig, ax_h, panel_height=2 * 2.3)
+        ax_w.set(title="STARE weights: W (> 1); M (< 1, lighter; C2 only)", ylabel="weight", xlabel="step")
+        _legend_panel(ax_leg, fig, styles)
     return fig
 
 
@@ -299,7 +225,7 @@ def _gate_rows(ax, cmp: Comparison) -> None:
                                  / fig.get_figwidth()))
     ax.set_ylim(len(rows) - 0.5, -0.5)  # first group on top, as in the legend
     ax.grid(False)
-    title = "STARE gate" + (f" of {method}" if method else "") + ": black on in every seed, grey some, white off"
+    title = "STARE gate" + (f" of {method}" if method else "") + " (black: on in all seeds, white: off)"
     ax.set(title=title, xlabel="step")
 
 
@@ -311,34 +237,57 @@ def _overlap_widths(n: int, thin: float = 1.0, thick: float = 4.0) -> list[float
     return [thick - (thick - thin) * i / (n - 1) for i in range(n)]
 
 
-def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 4000, n_bins: int = 20) -> Any:
+#: scatter markers of the methods whose lines have none (GRPO): every method's points have their own shape
+_SCATTER_FALLBACK = "x"
+
+
+def _scatter(ax, x, y, colour: str, marker: str | None, label: str) -> None:
+    """Points as hollow markers of the method's shape (``x`` for a method without a marker): overlapping points
+    of different methods stay readable as shapes, and no translucent fill mixes their colours."""
+    from matplotlib.markers import MarkerStyle
+
+    m = marker or _SCATTER_FALLBACK
+    if MarkerStyle(m).is_filled():
+        ax.scatter(x, y, s=16, marker=m, facecolors="none", edgecolors=colour, linewidths=0.8, label=label)
+    else:
+        ax.scatter(x, y, s=16, marker=m, color=colour, linewidths=0.8, label=label)
+
+
+def _shown_pairs(n: int, max_points: int, i: int, n_groups: int) -> np.ndarray:
+    """Indices of the pairs the scatter of group ``i`` (of ``n_groups``) shows: every stride-th of its ``n`` pairs,
+    at most ``max_points``, from an offset of its own — so groups with equal pairs (runs that agree until the gate
+    opens) show side by side instead of one on top of the other (for ≥ 20 pairs per group and shown group)."""
+    stride = max(math.ceil(n / max_points), n_groups if n >= 20 * n_groups else 1)
+    return np.arange(i % stride, n, stride)
+
+
+def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 400, n_bins: int = 20) -> Any:
     """Predicted vs measured one-step ΔH (nats): per predictor key (``pred_entropy_change``, each ``pred/<name>``)
-    a column with the scatter (identity line dashed; R² and slope of the least-squares fit in the legend), then the
-    R² and slope of the fit in at most ``n_bins`` windows of ≥ 10 steps each (over time). Fits use every pair; the scatter shows at
-    most ``max_points`` evenly spaced pairs per group. None if no run has both a prediction and a measurement."""
+    a column with the scatter (hollow markers, one shape and colour per method, :func:`_scatter`; identity line
+    dashed; R² and slope of the least-squares fit in the legend), then the R² and slope of the fit in at most
+    ``n_bins`` windows of ≥ 10 steps each (over time). Fits use every pair; the scatter shows at most ``max_points``
+    evenly spaced pairs per group (:func:`_shown_pairs`). A sweep's grid is coloured by its colour bar. None if no
+    run has both a prediction and a measurement."""
     if not cmp.has_measured_change():
         return None
     keys = cmp.predictor_keys()[:max_predictors]
     if not keys:
         return None
-    styles = _styles(cmp)
-    with _style():
+    styles = group_styles(cmp)
+    with style():
         # each column's legend (one line per group) below it: the figure grows with the groups
-        fig, axes = _figure(3, len(keys), w=4.4, h=2.6 + 0.06 * (len(cmp.groups) + 1))
+        fig, axes = figure(3, len(keys), w=4.4, h=2.6 + 0.06 * (len(cmp.groups) + 1))
         for j, key in enumerate(keys):
             ax_s, ax_r2, ax_sl = axes[0, j], axes[1, j], axes[2, j]
             lo, hi = math.inf, -math.inf
-            for g in cmp.groups:
+            for i, g in enumerate(cmp.groups):
                 s, p, m = cmp.prediction_pairs(g, key)
                 if p.size == 0:
                     continue
                 c, ls, marker = styles[g.label]
                 fit = stats.fit_prediction(p, m)
-                idx = np.unique(np.linspace(0, p.size - 1, min(p.size, max_points)).astype(np.int64))
-                ax_s.scatter(
-                    p[idx], m[idx], s=7 if marker else 5, color=c, alpha=0.45, lw=0, marker=marker or "o",
-                    label=f"{g.label}: R²={fit.r2:.3f}, slope={fit.slope:.3f}",
-                )
+                idx = _shown_pairs(p.size, max_points, i, len(cmp.groups))
+                _scatter(ax_s, p[idx], m[idx], c, marker, f"{g.label}: R²={fit.r2:.3f}, slope={fit.slope:.3f}")
                 lo, hi = min(lo, p.min(), m.min()), max(hi, p.max(), m.max())
                 # windows of ≥ 10 steps each, at most n_bins of them
                 nb = max(1, min(n_bins, np.unique(s).size // 10))
@@ -351,7 +300,7 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
             handles, labels = ax_s.get_legend_handles_labels()
             if handles:  # below the column, outside the data: each group's fit (R², slope) of this predictor
                 axes[2, j].legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.32), frameon=False,
-                                  fontsize=7, markerscale=2.5)
+                                  fontsize=7, markerscale=1.5)
             ax_r2.set(title=f"R² over time (≤ {n_bins} windows of ≥ 10 steps)", ylabel="R²", xlabel="step")
             ax_r2.set_ylim(-0.05, 1.05)
             ax_sl.axhline(1.0, color="k", ls="--", lw=0.8)
@@ -361,6 +310,8 @@ def plot_prediction(cmp: Comparison, max_predictors: int = 4, max_points: int = 
                 ax_sl.set_ylim(max(ylo, _SLOPE_LIM[0]), min(yhi, _SLOPE_LIM[1]))
                 title += f", axis clipped to [{_SLOPE_LIM[0]:g}, {_SLOPE_LIM[1]:g}]"
             ax_sl.set(title=title, ylabel="slope", xlabel="step")
+        if styles.scale is not None:
+            colour_bar(fig, styles.scale, ax=axes.ravel().tolist(), orientation="vertical")
     return fig
 
 
@@ -370,23 +321,25 @@ def plot_quadrants(cmp: Comparison) -> Any:
     quadrant, moving-averaged for readability (window in the titles). None if no run logs quadrants."""
     if not cmp.has_quadrants():
         return None
-    styles = _styles(cmp)
+    styles = group_styles(cmp)
     k = _smooth_window(cmp, f"quadrant/{QUADRANTS[0][0]}/count")
     suffix = f" (moving avg {k})" if k > 1 else ""
-    with _style():
-        fig, axes = _figure(2, 4, w=3.2, h=2.5, sharex=True,
+    with style():
+        fig, axes = figure(2, 4, w=3.2, h=2.5, sharex=True,
                             margins={"left": 0.055, "right": 0.99, "wspace": 0.3, "hspace": 0.3})
         for j, (q, desc, sign) in enumerate(QUADRANTS):
             arrow = "H↑" if sign > 0 else "H↓"
             for g in cmp.groups:
-                st = styles[g.label]
+                st, label = styles[g.label], styles.label(g.label)
                 share = cmp.quadrant_share(g, q, smooth=k).clipped((0.0, 1.0))
-                _draw(axes[0, j], share, st, g.label, stride=k // 2)
-                _draw(axes[1, j], cmp.series(g, f"quadrant/{q}/dH", smooth=k), st, g.label, stride=k // 2)
+                band = styles.band(g.label)
+                draw(axes[0, j], share, st, label, band, stride=k // 2)
+                draw(axes[1, j], cmp.series(g, f"quadrant/{q}/dH", smooth=k), st, label, band, stride=k // 2)
             axes[0, j].set(title=f"{desc} ({arrow}){suffix}", ylabel="share of tokens" if j == 0 else None)
             axes[1, j].axhline(0.0, color="k", lw=0.6)
             axes[1, j].set(title=f"ΔH contribution{suffix}", xlabel="step", ylabel="ΔH (nats)" if j == 0 else None)
-        _figure_legend(fig, axes[0, 0], ncols=6, panel_height=2 * 2.1, bottom=0.6)
+        styles.add_proxies(axes[0, 0])
+        figure_legend(fig, axes[0, 0], ncols=6, panel_height=2 * 2.1, bottom=0.6, scale=styles.scale)
     return fig
 
 
@@ -396,16 +349,16 @@ def plot_cross_source(cmp: Comparison, key: str = "entropy") -> Any:
     can be normalised."""
     if len(cmp.sources) < 2:
         return None
-    styles = _styles(cmp)
-    with _style():
-        fig, axes = _figure(1, 1, w=6.0, h=3.6)
+    styles = group_styles(cmp)
+    with style():
+        fig, axes = figure(1, 1, w=6.0, h=3.6)
         ax = axes[0, 0]
         drawn = 0
         for g in cmp.groups:
             agg = cmp.normalised_series(g, key)  # a ratio of values ≥ 0 is ≥ 0
             agg = agg.clipped((0.0, math.inf)) if stats.known_range(key)[0] >= 0 else agg
             drawn += int(agg.finite().x.size > 0)
-            _draw(ax, agg, styles[g.label], g.label)
+            draw(ax, agg, styles[g.label], styles.label(g.label), styles.band(g.label))
         if drawn == 0:
             return None
         ax.axhline(1.0, color="0.5", lw=0.6)
@@ -415,7 +368,8 @@ def plot_cross_source(cmp: Comparison, key: str = "entropy") -> Any:
             ylabel=f"{key} / initial {key}",
         )
         ax.set_ylim(bottom=0)
-        _figure_legend(fig, ax)
+        styles.add_proxies(ax)
+        figure_legend(fig, ax, scale=styles.scale)
     return fig
 
 
@@ -425,70 +379,19 @@ def plot_metrics(cmp: Comparison, keys: Sequence[str]) -> Any:
     keys = [k for k in keys if any(r.has(k) for r in cmp.runs)]
     if not keys:
         return None
-    styles = _styles(cmp)
+    styles = group_styles(cmp)
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
-    with _style():
-        fig, axes = _figure(nrows, ncols, sharex=True)
+    with style():
+        fig, axes = figure(nrows, ncols, sharex=True)
         for i, key in enumerate(keys):
             ax = axes[i // ncols, i % ncols]
             for g in cmp.groups:
-                _draw(ax, cmp.series(g, key).clipped(stats.known_range(key)), styles[g.label], g.label)
+                draw(ax, cmp.series(g, key).clipped(stats.known_range(key)), styles[g.label], styles.label(g.label),
+                     styles.band(g.label))
             ax.set(title=key, xlabel="step")
         for i in range(len(keys), nrows * ncols):
             axes[i // ncols, i % ncols].set_visible(False)
-        _figure_legend(fig, axes[0, 0])
+        styles.add_proxies(axes[0, 0])
+        figure_legend(fig, axes[0, 0], scale=styles.scale)
     return fig
-
-
-def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 90) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix: png, svg or pdf) and return the path."""
-    path = Path(path)
-    with _style():
-        fig.savefig(path, dpi=dpi, metadata=_METADATA.get(path.suffix.lstrip(".").lower()))
-    logger.debug("wrote %s", path)
-    return path
-
-
-#: the figures a forked pool of :func:`save_figures` writes (set just before the fork, read by the children)
-_PENDING: list[tuple[Any, Path, int, bool]] = []
-
-
-def _save_pending(i: int) -> bytes | None:
-    fig, path, dpi, png = _PENDING[i]
-    save_figure(fig, path, dpi)
-    if not png:
-        return None
-    buf = io.BytesIO()
-    with _style():
-        fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
-def save_figures(
-    jobs: Sequence[tuple[Any, str | os.PathLike]], dpi: int = 90, png_copies: bool = False, workers: int | None = None,
-) -> list[bytes | None]:
-    """Write several figures (``jobs``: ``(figure, path)``) — rendering them at once on the machine's cores: the
-    figures are built in this process, and forked worker processes (each inherits them) only draw and write them,
-    largest first. With ``png_copies`` also return each figure as PNG bytes (the HTML report embeds PNG renders of
-    PDF figures), else Nones. ``workers``: processes (default: the cores this process may use); 1, a single
-    figure, or no ``fork`` start method → one after the other here. The files are the same either way."""
-    global _PENDING
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    n = min(len(jobs), cores if workers is None else max(1, int(workers)))
-    _PENDING = [(fig, Path(path), dpi, png_copies) for fig, path in jobs]
-    try:
-        if n <= 1 or "fork" not in mp.get_all_start_methods():
-            return [_save_pending(i) for i in range(len(jobs))]
-        order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][0].axes))  # most panels first
-        with mp.get_context("fork").Pool(n) as pool:
-            done = pool.map(_save_pending, order, chunksize=1)
-        out: list[bytes | None] = [None] * len(jobs)
-        for i, res in zip(order, done):
-            out[i] = res
-        return out
-    finally:
-        _PENDING = []

@@ -1,26 +1,21 @@
 """The analysis report: figures + ``report.md`` + a self-contained ``report.html`` (images base64-embedded) +
 ``report.json`` (the numbers of the tables, machine-readable).
 
-One document model (:class:`Doc`: headings, paragraphs, lists, tables, images) renders to both Markdown and HTML,
-so the two always say the same thing; the sections put the numbers of their tables into ``report.json`` as they
-build them (unformatted: mean / 95% half-width / count for a seed aggregate, null where a cell is empty).
-``report.json`` also lists every run with its summary statistics (:func:`analysis.stats.run_summary` with the
-run's own settings), which equal the statistics of the run's ``summary.json``. The report reads top to bottom:
-runs, entropy dynamics, predicted vs measured ΔH, the four quadrants, the per-method summary, then (when given)
-cross-source and paper comparisons.
-No timestamps: the same runs give the same report.
-"""
+One document model (:class:`analysis.document.Doc`: headings, paragraphs, lists, tables, images) renders to both
+Markdown and HTML, so the two always say the same thing; every table is an :class:`analysis.tables.Table` built once
+from raw values, whose rows also go into ``report.json`` (unformatted: mean / 95% half-width / count for a seed
+aggregate, null where a cell is empty). ``report.json`` also lists every run with its summary statistics
+(:func:`analysis.stats.run_summary` with the run's own settings), which equal the statistics of the run's
+``summary.json``. The report reads top to bottom: runs, entropy dynamics, predicted vs measured ΔH, the four
+quadrants, the per-method summary, then (when given) cross-source and paper comparisons.
+No timestamps: the same runs give the same report."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import html
 import json
 import logging
-import math
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,7 +25,9 @@ from stare_lab.errors import ConfigError, RunError
 
 from . import phase, plots, stats
 from .compare import Comparison
+from .document import Doc
 from .paper import check_paper_filters, load_paper_table, paper_comparison
+from .tables import Column, Table, interval, json_value
 from .verdict import comparison_verdict
 
 logger = logging.getLogger(__name__)
@@ -40,36 +37,6 @@ __all__ = ["Doc", "ReportFiles", "write_report", "report_data", "FORMATS"]
 FORMATS = ("png", "svg", "pdf")
 _MIME = {"png": "image/png", "svg": "image/svg+xml"}
 _MAX_WARNINGS = 60
-_NUMERIC = re.compile(r"^-?[\d.]+(e-?\d+)?( ± [\d.]+(e-?\d+)?| \[-?[\d.]+(e-?\d+)?, (-?[\d.]+(e-?\d+)?|inf)\])?"
-                      r"( \(\d+/\d+\))?$")
-
-
-def _num(v: Any, digits: int = 3) -> str:
-    """A table cell: '' for None/NaN, ints as is, floats with ``digits`` significant digits."""
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return ""
-        return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
-    return str(v)
-
-
-def _mci(t: tuple[float, float, int] | None, key: str = "", digits: int = 3) -> str:
-    """``(mean, halfwidth, n)`` → '0.123 ± 0.004' (no ± for one value; '' for none); where the interval leaves the
-    possible values of statistic ``key`` (:func:`analysis.stats.known_range`) the clipped interval instead:
-    '0.577 [0, 1]' (:data:`BAND_RULE`)."""
-    if not t or t[2] == 0:
-        return ""
-    mean, hw, _ = t
-    lo, hi, cut = stats.clipped_interval(mean, hw, stats.known_range(key))
-    if cut:
-        return f"{_num(mean, digits)} [{_num(lo, 2)}, {_num(hi, 2)}]"
-    return _num(mean, digits) + (f" ± {_num(hw, 2)}" if math.isfinite(hw) else "")
 
 
 #: the rule for every seed band of the report (tables and figures), said once in its text
@@ -77,134 +44,9 @@ BAND_RULE = (
     "Seed bands: the 95% t-interval of the mean over seeds (mean ± t·s/√n; with 3 seeds t = 4.30), cut to the "
     "values the statistic can take — fractions and shares to [0, 1]; entropies, counts and times to ≥ 0 "
     "(`analysis.stats.known_range`). In tables a cut interval is shown as [low, high] instead of ± (e.g. "
-    "0.577 [0, 1]: the seeds disagree too much for the interval to say more than the range); figures shade the "
+    "0.577 [0, 1]: the seeds disagree too much for the interval to say more than the range); figures draw the "
     "cut band. Rewards, ΔH and predictions have no known range and are never cut."
 )
-
-
-def _jnum(v: Any) -> Any:
-    """A number for report.json: None for None/NaN/±inf, ints as ints, other numbers as floats."""
-    if v is None or isinstance(v, (bool, str)):
-        return v
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) or hasattr(v, "__float__"):
-        v = float(v)
-        return v if math.isfinite(v) else None
-    return v
-
-
-def _jmci(t: tuple[float, float, int] | None, key: str = "") -> dict[str, Any] | None:
-    """``(mean, halfwidth, n)`` → ``{"mean", "ci95", "n", "low", "high"}``: ``ci95`` the t half-width, ``low`` /
-    ``high`` the interval cut to the possible values of statistic ``key`` (:data:`BAND_RULE`, as the tables show
-    it); None entries where undefined."""
-    if t is None:
-        return None
-    lo, hi, _ = stats.clipped_interval(t[0], t[1], stats.known_range(key)) if t[2] else (math.nan, math.nan, False)
-    return {"mean": _jnum(t[0]), "ci95": _jnum(t[1]), "n": int(t[2]), "low": _jnum(lo), "high": _jnum(hi)}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return _jnum(value)
-
-
-class Doc:
-    """A small document: add blocks, then render with :meth:`to_markdown` or :meth:`to_html`."""
-
-    def __init__(self) -> None:
-        self.blocks: list[tuple] = []
-
-    def h(self, level: int, text: str) -> None:
-        """A heading of ``level`` 1–6."""
-        self.blocks.append(("h", level, text))
-
-    def p(self, text: str) -> None:
-        """A paragraph; `backticks` become code, **stars** bold."""
-        self.blocks.append(("p", text))
-
-    def ul(self, items: Sequence[str]) -> None:
-        """A bullet list (nothing for an empty list)."""
-        if items:
-            self.blocks.append(("ul", list(items)))
-
-    def table(self, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        """A table; non-string cells are formatted with 3 significant digits, None/NaN as empty cells."""
-        self.blocks.append(("table", list(header), [[_num(c) if not isinstance(c, str) else c for c in r] for r in rows]))
-
-    def img(self, name: str, alt: str) -> None:
-        """An image file ``name`` relative to the report's folder (Markdown: an image, or a plain link for a PDF,
-        which Markdown viewers cannot show inline)."""
-        self.blocks.append(("img", name, alt))
-
-    def to_markdown(self) -> str:
-        """GitHub-flavoured Markdown; images are links relative to the report's folder."""
-        out: list[str] = []
-        for b in self.blocks:
-            kind = b[0]
-            if kind == "h":
-                out.append("#" * b[1] + " " + b[2])
-            elif kind == "p":
-                out.append(b[1])
-            elif kind == "ul":
-                out.append("\n".join(f"- {i}" for i in b[1]))
-            elif kind == "table":
-                esc = [[c.replace("|", "\\|") for c in r] for r in [b[1], *b[2]]]
-                lines = ["| " + " | ".join(esc[0]) + " |", "|" + "---|" * len(esc[0])]
-                lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
-                out.append("\n".join(lines))
-            elif kind == "img":
-                out.append(f"[{b[2]} ({b[1]})]({b[1]})" if b[1].lower().endswith(".pdf") else f"![{b[2]}]({b[1]})")
-        return "\n\n".join(out) + "\n"
-
-    @staticmethod
-    def _inline(text: str) -> str:
-        parts = re.split(r"(`[^`]*`|\*\*[^*]+\*\*)", text)
-        return "".join(
-            f"<code>{html.escape(p[1:-1])}</code>" if p.startswith("`") and p.endswith("`") and len(p) > 1
-            else f"<strong>{html.escape(p[2:-2])}</strong>" if p.startswith("**") and p.endswith("**") and len(p) > 4
-            else html.escape(p)
-            for p in parts
-        )
-
-    def to_html(self, images: dict[str, tuple[str, bytes]], title: str) -> str:
-        """HTML with every image embedded: ``images`` maps an image name to ``(mime type, bytes)``."""
-        body: list[str] = []
-        for b in self.blocks:
-            kind = b[0]
-            if kind == "h":
-                body.append(f"<h{b[1]}>{self._inline(b[2])}</h{b[1]}>")
-            elif kind == "p":
-                body.append(f"<p>{self._inline(b[1])}</p>")
-            elif kind == "ul":
-                body.append("<ul>" + "".join(f"<li>{self._inline(i)}</li>" for i in b[1]) + "</ul>")
-            elif kind == "table":
-                head = "".join(f"<th>{self._inline(c)}</th>" for c in b[1])
-                rows = "".join(
-                    "<tr>" + "".join(
-                        f'<td class="n">{self._inline(c)}</td>' if _NUMERIC.match(c) else f"<td>{self._inline(c)}</td>"
-                        for c in r
-                    ) + "</tr>"
-                    for r in b[2]
-                )
-                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
-            elif kind == "img":
-                mime, data = images[b[1]]
-                uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
-                body.append(f'<figure><img src="{uri}" alt="{html.escape(b[2])}"></figure>')
-        style = (
-            "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-            "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
-            "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}"
-            "td.n{text-align:right}img{max-width:100%}code{background:#f3f3f3}"
-        )
-        return (
-            f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
-        )
 
 
 @dataclasses.dataclass
@@ -221,33 +63,43 @@ class ReportFiles:
     critical: str | None = None
 
 
+def _seeds_text(seeds: Sequence[int | None]) -> str:
+    return ", ".join("?" if s is None else str(s) for s in seeds)
+
+
 def _runs_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
     doc.h(2, "Runs")
-    rows = []
-    tables["runs"] = []
+    t = Table([Column("group", "group"), Column("method", "method"), Column("source", "source"),
+               Column("runs", "runs"), Column("seeds", "seeds", text=_seeds_text),
+               Column("steps", "steps", in_json=False), Column("steps_min"), Column("steps_max"),
+               Column("target_entropy", "target H", "nats")])
     for g in cmp.groups:
         n = [r.n_steps for r in g.runs]
-        seeds = ", ".join("?" if s is None else str(s) for s in g.seeds)
-        steps = f"{min(n)}" if min(n) == max(n) else f"{min(n)}–{max(n)}"
-        rows.append([g.label, g.method, g.source, str(len(g.runs)), seeds, steps, g.target_entropy])
-        tables["runs"].append({"group": g.label, "method": g.method, "source": g.source, "runs": len(g.runs),
-                               "seeds": list(g.seeds), "steps_min": min(n), "steps_max": max(n),
-                               "target_entropy": g.target_entropy})
-    doc.table(["group", "method", "source", "runs", "seeds", "steps", "target H (nats)"], rows)
+        t.add(group=g.label, method=g.method, source=g.source, runs=len(g.runs), seeds=list(g.seeds),
+              steps=f"{min(n)}" if min(n) == max(n) else f"{min(n)}–{max(n)}", steps_min=min(n), steps_max=max(n),
+              target_entropy=g.target_entropy)
+    doc.table(t)
+    tables["runs"] = t.to_json()
     split = [n for n in cmp.notes if "separate groups" in n]
     if split:
         doc.p("Not averaged together: " + " ".join(s.rstrip(".") + "." for s in split))
 
 
+_FIT_COLUMNS = (
+    Column("group", "group"), Column("predictor", "predictor", text=lambda p: f"`{p}`"),
+    Column("n", "pairs (all seeds)"), Column("slope", "slope (pooled fit)"),
+    Column("intercept", "intercept (pooled fit)"), Column("r2", "R² (pooled fit)"),
+    Column("r2_identity", "R² (identity, pooled)"), Column("rmse", "RMSE", "nats"), Column("reason", "note"),
+)
+
+
 def _prediction_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
     doc.h(2, "2. Predicted vs measured one-step entropy change")
-    fits = cmp.prediction_fits()
-    tables["prediction"] = [
-        {"group": f["label"], "predictor": f["predictor"], **{k: getattr(f["fit"], k) for k in (
-            "n", "slope", "intercept", "r2", "r2_identity", "rmse", "reason")}}
-        for f in (fits if cmp.has_measured_change() else [])
-    ]
-    if not cmp.has_measured_change() or not fits:
+    fits = cmp.prediction_fits() if cmp.has_measured_change() else []
+    t = Table(_FIT_COLUMNS, [{"group": f["label"], "predictor": f["predictor"],
+                              **{c.key: getattr(f["fit"], c.key) for c in _FIT_COLUMNS[2:]}} for f in fits])
+    tables["prediction"] = t.to_json()
+    if not fits:
         doc.p("No run logs both a first-order prediction and a measured `entropy_change`; nothing to compare.")
         return
     doc.p(
@@ -257,15 +109,7 @@ def _prediction_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> No
         "(step, seed) pairs of a group go into one fit, so R² here is not the per-seed mean shown as R2(dH) by "
         "`stare-lab simulate`."
     )
-    rows = []
-    for f in fits:
-        fit = f["fit"]
-        rows.append(
-            [f["label"], f"`{f['predictor']}`", fit.n, fit.slope, fit.intercept, fit.r2, fit.r2_identity, fit.rmse,
-             fit.reason or ""]
-        )
-    doc.table(["group", "predictor", "pairs (all seeds)", "slope (pooled fit)", "intercept (pooled fit)",
-               "R² (pooled fit)", "R² (identity, pooled)", "RMSE (nats)", "note"], rows)
+    doc.table(t)
 
 
 def _quadrant_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None:
@@ -280,17 +124,22 @@ def _quadrant_section(doc: Doc, cmp: Comparison, tables: dict[str, Any]) -> None
         "summed first-order contribution per step (nats); mean ± 95% band over seeds (cut to the possible values: "
         "see section 4)."
     )
-    rows = []
+    t = Table([Column("group", "group"), Column("quadrant"), Column("description", "quadrant"),
+               Column("expected_sign", "expected sign of ΔH", text=lambda s: "+" if s > 0 else "−"),
+               interval("count", "tokens per step", stat="quadrant/q/count"),
+               interval("share", "share", stat="quadrant/q/share"),
+               interval("dH_per_step", "ΔH per step", "nats", stat="quadrant/q/dH_per_step"),
+               interval("dH_total", "ΔH total", "nats", stat="quadrant/q/dH_total")])
     for r in cmp.quadrant_table():
-        rows.append([r["label"], r["description"], "+" if r["expected_sign"] > 0 else "−",
-                     _mci(r["count"], "quadrant/q/count"), _mci(r["share"], "quadrant/q/share"),
-                     _mci(r["dH_per_step"]), _mci(r["dH_total"])])
-        tables["quadrants"].append({"group": r["label"], "quadrant": r["quadrant"], "description": r["description"],
-                                    "expected_sign": r["expected_sign"],
-                                    **{k: _jmci(r[k], f"quadrant/q/{k}") for k in ("count", "share", "dH_per_step",
-                                                                                    "dH_total")}})
-    doc.table(["group", "quadrant", "expected sign of ΔH", "tokens per step", "share", "ΔH per step (nats)",
-               "ΔH total (nats)"], rows)
+        t.add(group=r["label"], **{k: r[k] for k in ("quadrant", "description", "expected_sign", "count", "share",
+                                                     "dH_per_step", "dH_total")})
+    doc.table(t)
+    tables["quadrants"] = t.to_json()
+
+
+def _threshold_text(v: tuple[float | None, int, int]) -> str:
+    mean, crossed, total = v
+    return "never" if mean is None else f"{mean:.0f} ({crossed}/{total})"
 
 
 def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str], tables: dict[str, Any]) -> None:
@@ -310,25 +159,22 @@ def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str], tables: di
         "in-band numbers; its R2(dH) is a per-seed fit averaged over seeds (section 2 here pools the seeds). "
         + BAND_RULE
     )
-    header = ["group", "runs", "initial H (first logged, nats)", "final H (after the last update, nats)",
-              "steps to threshold", "in band (fraction of steps)", "final reward (mean of last 10% of steps)",
-              *[f"`{k[6:]}` (last logged)" for k in finals], "wall time (s)"]
-    rows = []
-    tables["summary"] = []
+    t = Table([
+        Column("group", "group"), Column("method"), Column("source"), Column("n_runs", "runs"),
+        Column("target_entropy"),
+        interval("initial_entropy", "initial H (first logged)", "nats"),
+        interval("final_entropy", "final H (after the last update)", "nats"),
+        Column("steps_to_threshold", "steps to threshold", text=_threshold_text,
+               json=lambda v: json_value({"mean": v[0], "crossed": v[1], "runs": v[2]})),
+        interval("frac_in_band", "in band (fraction of steps)"),
+        interval("final_reward", "final reward (mean of last 10% of steps)"),
+        *[interval(k, f"`{k[6:]}` (last logged)") for k in finals],
+        interval("wall_time_s", "wall time", "s"),
+    ])
     for r in srows:
-        mean, crossed, total = r["steps_to_threshold"]
-        stt = "never" if mean is None else f"{mean:.0f} ({crossed}/{total})"
-        rows.append([r["label"], str(r["n_runs"]), _mci(r["initial_entropy"], "initial_entropy"),
-                     _mci(r["final_entropy"], "final_entropy"), stt, _mci(r["frac_in_band"], "frac_in_band"),
-                     _mci(r["final_reward"], "final_reward"), *[_mci(r.get(k), k) for k in finals],
-                     _mci(r["wall_time_s"], "wall_time_s")])
-        entry: dict[str, Any] = {"group": r["label"], "method": r["method"], "source": r["source"],
-                                 "n_runs": r["n_runs"], "target_entropy": r["target_entropy"],
-                                 "steps_to_threshold": {"mean": mean, "crossed": crossed, "runs": total}}
-        for k in ("initial_entropy", "final_entropy", "frac_in_band", "final_reward", *finals, "wall_time_s"):
-            entry[k] = _jmci(r.get(k), k)
-        tables["summary"].append(entry)
-    doc.table(header, rows)
+        t.add(group=r["label"], **{c.key: r.get(c.key) for c in t.columns[1:]})
+    doc.table(t)
+    tables["summary"] = t.to_json()
 
 
 def run_summaries(cmp: Comparison) -> dict[int, dict[str, Any]]:
@@ -353,7 +199,7 @@ def report_data(
         for r in g.runs:
             runs.append({"path": str(r.path), "source": r.source, "method": r.method, "seed": r.seed,
                          "group": g.label, "summary": summaries[id(r)]})
-    return _jsonable({
+    return json_value({
         "title": title,
         "verdict": verdict if verdict is not None else comparison_verdict(cmp, summaries),
         "inputs": list(inputs),
@@ -392,7 +238,7 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
         "entropy is at least H_tgt/2, so a collapsed run never counts."
     )
     if srows:
-        doc.table(["slice", "push", "kind", "W", "range", "source", ""], srows)
+        doc.table(Table.from_rows(["slice", "push", "kind", "W", "range", "source", ""], srows))
     if fig is not None:
         doc.p("Phase diagram: band deviation = mean over seeds of the mean |H − H_tgt| over the second half of each "
               "run; the band holds below the boundary. Over W alone the deviation is on a log axis down to a floor "
@@ -405,14 +251,14 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
               "one-step change of the ω ≡ 1 update instead of D_GRPO (second-order, noise-driven drift included); "
               "conservative W = median over GRPO's seeds of W* where they cross H_tgt; tolerance max(35 % of W − 1, "
               "one grid step).")
-        doc.table(["method", "slice", "measured W", "predicted W", "predicted, measured drift", "conservative W",
-                   "tolerance", "within"], crit_rows)
+        doc.table(Table.from_rows(["method", "slice", "measured W", "predicted W", "predicted, measured drift",
+                                   "conservative W", "tolerance", "within"], crit_rows))
     if run_rows:
         doc.p("Per group: the predicted W only along runs that held the band (along a run that did not, the largest "
               "W*(t) is not a critical W); the conservative W* over all runs (the gate is off until the crossing, so "
               "each run follows GRPO up to there).")
-        doc.table(["group", "M (C2)", "held runs", "predicted W along the held runs (median)",
-                   "conservative W* at the H_tgt crossing (median)", "runs"], run_rows)
+        doc.table(Table.from_rows(["group", "M (C2)", "held runs", "predicted W along the held runs (median)",
+                                   "conservative W* at the H_tgt crossing (median)", "runs"], run_rows))
 
 
 def write_report(
@@ -423,7 +269,7 @@ def write_report(
     paper: str | os.PathLike | None = None,
     paper_setting: str | None = None,
     paper_model: str | None = None,
-    dpi: int = 90,
+    dpi: int = plots.DPI,
     title: str = "stare_lab analysis report",
     inputs: Sequence[str] = (),
     sweep: dict[str, Any] | None = None,
@@ -439,7 +285,8 @@ def write_report(
         metrics: extra metric keys to plot over steps and list in the summary table.
         paper: a Table-2 CSV (see :mod:`analysis.paper`) to put reported numbers next to measured ones.
         paper_setting, paper_model: restrict the paper rows.
-        dpi: raster resolution (dots per inch) of PNG figures.
+        dpi: raster resolution (dots per inch) of PNG figures (the HTML shows a PNG at its figure's size in
+            inches, 96 CSS pixels per inch, so a higher ``dpi`` is sharper, not larger).
         title: the report's title.
         inputs: the paths analysed (listed in the report).
         sweep: a sweep's ``summary.json`` (:func:`analysis.phase.read_sweep_summary`): its headline goes at the
@@ -475,6 +322,12 @@ def write_report(
         if created:  # leave no half-written (or empty) folder behind; everything in it is ours
             shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def _css_width(png: bytes, dpi: int) -> int:
+    """The CSS width (pixels, 96 per inch) of a PNG rendered at ``dpi``: its figure's width in inches (the PNG's
+    width is bytes 16–19 of its header, big-endian)."""
+    return round(int.from_bytes(png[16:20], "big") * 96 / dpi)
 
 
 def _write(
@@ -515,15 +368,16 @@ def _write(
 
     doc.h(2, "1. Entropy dynamics")
     doc.p(
-        "Lines: mean over seeds, one colour, line style and marker per method; shaded in the method's colour: 95% "
-        "band (mean ± t·s/√n, none for a single seed; the entropy band cut at 0 nats, see section 4); gold, "
-        "hatched: the target band H_tgt ± "
-        f"{cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when groups differ, each "
-        "labelled in the legend). Gate: fraction of seeds with the STARE gate on (when a method has more than "
-        f"{plots.MAX_GATE_LINES} groups, e.g. a sweep's grid points, one row per STARE group, black = on in every "
-        "seed, white = off). W (STARE weight on L+) as logged, "
-        "for the groups whose loss uses STARE; M (on L−) only for variant C2 (`loss.stare.variant`): O1 never "
-        "applies M, whatever M its runs log."
+        "Lines: mean over seeds, one colour, line style and marker per method; thin solid lines in the same colour: "
+        "its 95% band (mean ± t·s/√n, none for a single seed; the entropy band cut at 0 nats, see section 4), never "
+        "a translucent fill, so overlaps make no new colour. A sweep's grid points are coloured by their value "
+        "(colour bar), the method named once in the legend. Entropy twice: left zoomed on the target band and the "
+        "second half of the runs, right the whole run (dashed box: the left panel's range). Gold, hatched: the "
+        f"target band H_tgt ± {cmp.band_half_width:g} nats (`loss.stare.target_entropy`; one hatch per target when "
+        "groups differ, each labelled in the legend). Gate: fraction of seeds with the STARE gate on (when a method "
+        f"has more than {plots.MAX_GATE_LINES} groups, e.g. a sweep's grid points, one row per STARE group, black = "
+        "on in every seed, white = off). W (STARE weight on L+) as logged, for the groups whose loss uses STARE; M "
+        "(on L−, lighter) only for variant C2 (`loss.stare.variant`): O1 never applies M, whatever M its runs log."
     )
     add_figure(doc, "dynamics", plots.plot_dynamics(cmp), "entropy, reward, gate and W/M over steps")
 
@@ -547,23 +401,24 @@ def _write(
         if fig is None:
             doc.p("No run has at least 2 steps with a finite, non-zero entropy: nothing to normalise.")
         add_figure(doc, "cross_source", fig, "entropy relative to start by source")
-        rows = []
+        t = Table([Column("group", "group"), Column("source", "source"),
+                   Column("final_over_initial", "final H / initial H")])
         for g in cmp.groups:
             agg = cmp.normalised_series(g).finite()
-            rows.append([g.label, g.source, float(agg.mean[-1]) if agg.x.size else None])
-        doc.table(["group", "source", "final H / initial H"], rows)
-        tables["cross_source"] = [{"group": r[0], "source": r[1], "final_over_initial": r[2]} for r in rows]
+            t.add(group=g.label, source=g.source, final_over_initial=float(agg.mean[-1]) if agg.x.size else None)
+        doc.table(t)
+        tables["cross_source"] = t.to_json()
 
     if paper_rows is not None:
         doc.h(2, "6. Paper comparison")
-        header, rows, notes = paper_comparison(paper_rows, cmp, paper_setting, paper_model)
-        tables["paper"] = {"header": list(header), "rows": [list(r) for r in rows], "notes": list(notes)}
+        t = Table.from_rows(*paper_comparison(paper_rows, cmp, paper_setting, paper_model))
+        tables["paper"] = t.to_json_matrix()
         doc.p(f"Reported numbers from `{paper}` (percent) next to measured evaluation results; empty cells are "
               "empty in the source.")
-        doc.ul(notes)
-        if rows:
-            doc.table(header, rows)
+        if t.rows:
+            doc.table(t)  # the notes, then the table
         else:
+            doc.ul(t.notes)
             doc.p("No paper row matches the methods of these runs.")
 
     if metrics:
@@ -585,8 +440,10 @@ def _write(
         doc.p("None.")
 
     pngs = plots.save_figures(built, dpi, png_copies=fmt == "pdf")
-    images = {path.name: ("image/png", png) if fmt == "pdf" else (_MIME[fmt], path.read_bytes())
-              for (_, path), png in zip(built, pngs)}
+    images = {}
+    for (_, path), png in zip(built, pngs):
+        mime, data = ("image/png", png) if fmt == "pdf" else (_MIME[fmt], path.read_bytes())
+        images[path.name] = (mime, data, _css_width(data, dpi) if mime == "image/png" else None)
     md_path = out / "report.md"
     html_path = out / "report.html"
     md_path.write_text(doc.to_markdown(), encoding="utf-8")

@@ -320,7 +320,7 @@ def test_seed_bands_are_cut_to_the_possible_values(tmp_path):
     """Review finding: 3 seeds gave 'in band 0.577 ± 1.1' and 'wall time 6.89 ± 34 s'. Three c2 seeds with constant
     entropy 0.4 (= H_tgt), 0.05, 0.05 and step times 0.01, 0.01, 1 s over 20 steps: in band 1, 0, 0 → mean 1/3,
     half-width 4.3027·0.5774/√3 = 1.434 → shown [0, 1]; wall time 0.2, 0.2, 20 s → mean 6.8, s = 11.43, half-width
-    28.39 → [0, 35.19]; the entropy band 0.1667 ∓ 0.502 is shaded from 0, never below."""
+    28.39 → [0, 35.19]; the entropy band 0.1667 ∓ 0.502 is drawn from 0, never below."""
     _need("matplotlib")
     from stare_lab.runs import RunWriter
 
@@ -348,8 +348,9 @@ def test_seed_bands_are_cut_to_the_possible_values(tmp_path):
     from analysis.compare import compare
     from analysis.plots import plot_dynamics
 
+    from analysis.figstyle import SEED_BAND
+
     ax_h = plot_dynamics(compare(tmp_path / "runs")).axes[0]
-    seed_bands = [c for c in ax_h.collections if c.get_hatch() is None]  # the target band is hatched
-    ys = np.concatenate([p.vertices[:, 1] for c in seed_bands for p in c.get_paths()])
+    edges = [line for line in ax_h.get_lines() if line.get_gid() == SEED_BAND]  # the band: two edge lines
     h_hi = 1 / 6 + t975 * float(np.std([0.4, 0.05, 0.05], ddof=1)) / math.sqrt(3)
-    assert len(seed_bands) == 1 and ys.min() == 0.0 and ys.max() == pytest.approx(h_hi, rel=1e-9)
+    assert len(edges) == 2 and [float(np.min(e.get_ydata())) for e in edges] == [0.0, pytest.approx(h_hi, rel=1e-9)]
