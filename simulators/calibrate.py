@@ -84,11 +84,11 @@ from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.runs import read_run
 
-from .parallel import check_memory, run_many
-from .presets import get_preset
-from .sweep import check_writable_dir, plan_sweep, run_sweep
-from .tabular import config_from_overrides, init_state, mean_entropy
-from .tabular_tasks import reward_optimal_entropy
+from simulators.parallel import check_memory, run_many
+from simulators.presets import get_preset
+from simulators.sweep import check_writable_dir, plan_sweep, run_sweep
+from simulators.tabular.runner import config_from_overrides, init_state, mean_entropy
+from simulators.tabular.tasks import reward_optimal_entropy
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from stare_lab.errors import ConfigError
 
-from .presets import DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset, preset_names
+from simulators.presets import DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset, preset_names
 
 __all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP", "register_calibrate", "calibrate_handler"]
 
@@ -181,9 +181,9 @@ def handler(args: argparse.Namespace) -> int:
     """Run the sweep described by ``args``; returns 0. User errors raise StareLabError (the front door prints one
     line and exits 1)."""
     # here, not at the top: the front door imports every wing's cli to build its parser, and these pull in torch
-    from .keys import format_keys
-    from .notes import critical_lines, plan_notes
-    from .sweep import format_table, plan_sweep, run_sweep
+    from simulators.keys import format_keys
+    from simulators.notes import critical_lines, plan_notes
+    from simulators.sweep import format_table, plan_sweep, run_sweep
 
     if args.list_presets:
         for name in preset_names():
@@ -303,7 +303,7 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     """Run :func:`simulators.calibrate.calibrate` and print the probe, the fit and the critical W; returns 0."""
     from stare_lab.config import parse_overrides
 
-    from .calibrate import DEFAULT_C2_M, DEFAULT_W_GRID, KNOBS, PRESET, calibrate
+    from simulators.calibrate import DEFAULT_C2_M, DEFAULT_W_GRID, KNOBS, PRESET, calibrate
 
     t0 = time.perf_counter()
     probe_args = [a for a in args.probe if "=" not in a]

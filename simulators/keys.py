@@ -19,8 +19,8 @@ from typing import Any
 
 from stare_lab.config import from_dict
 
-from .presets import get_preset
-from .sweep import SIMULATORS, method_set_keys
+from simulators.presets import get_preset
+from simulators.sweep import SIMULATORS, method_set_keys
 
 __all__ = ["KeyInfo", "field_docs", "preset_keys", "format_keys"]
 

@@ -43,11 +43,11 @@ from stare_lab.critical import (
 from stare_lab.losses import loss_needs
 from stare_lab.verdict import cap_text, push_label, verdict
 
-from .grid import W_KEY, point_label
-from .presets import METHODS
-from .run_stats import REGIME_RATIO
-from .tabular import init_state, target_warning
-from .tabular_tasks import reward_optimal_entropy
+from simulators.grid import W_KEY, point_label
+from simulators.presets import METHODS
+from simulators.run_stats import REGIME_RATIO
+from simulators.tabular.runner import init_state, target_warning
+from simulators.tabular.tasks import reward_optimal_entropy
 
 __all__ = ["headline", "sweep_notes", "plan_notes", "group_facts", "strength_block", "critical_lines", "STRENGTH_RULE"]
 
@@ -411,7 +411,7 @@ def plan_notes(plan) -> list[str]:
       = 1): ρ ≡ 1, so log ρ = 0 and the gradient of its penalty β·|log ρ| is 0 — it equals GRPO.
     * ``loss.stare.*`` overrides when no method of the sweep uses the STARE loss: they change no update.
     * a STARE target above the reward-optimal entropy of a tabular task
-      (:func:`simulators.tabular.target_warning`).
+      (:func:`simulators.tabular.runner.target_warning`).
     """
     notes = []
     first = {}

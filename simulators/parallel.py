@@ -1,13 +1,13 @@
-"""Run many tabular simulations over the machine's cores: batched per core (:func:`simulators.tabular.run_batch`).
+"""Run many tabular simulations over the machine's cores: batched per core (:func:`simulators.tabular.runner.run_batch`).
 
-The runs are grouped by :func:`simulators.tabular.batch_key` (runs of one group share one tensor computation), and
+The runs are grouped by :func:`simulators.tabular.runner.batch_key` (runs of one group share one tensor computation), and
 each group is split into up to ``workers`` contiguous chunks, one forked process per chunk (``fork``: the parent's
 imports are reused, so a worker starts in milliseconds). A run's numbers do not depend on the batch it lands in
 (tested), so the split never changes a result. With one worker (or one chunk) everything runs in this process.
 
 Memory: all chunks compute at once, so their batched tensors add up (with one process the batches run one after
 the other). :func:`check_memory` compares a conservative estimate of that peak
-(:mod:`simulators.tabular_memory`) with the memory the machine has and refuses a request that does not fit before
+(:mod:`simulators.tabular.memory`) with the memory the machine has and refuses a request that does not fit before
 anything starts; a worker that dies anyway (e.g. killed by the kernel when memory ran out) is a one-line
 :class:`~stare_lab.errors.RunError` naming its exit code or signal.
 """
@@ -26,8 +26,8 @@ import torch
 
 from stare_lab.errors import ConfigError, RunError
 
-from .tabular import batch_key, run_batch
-from .tabular_memory import PROCESS_BYTES, available_memory, batch_peak_bytes, rows_bytes
+from simulators.tabular.runner import batch_key, run_batch
+from simulators.tabular.memory import PROCESS_BYTES, available_memory, batch_peak_bytes, rows_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _groups(configs: list[Any]) -> list[list[int]]:
 def peak_memory(configs: list[Any], workers: int | None = None) -> int:
     """Estimated peak bytes of :func:`run_many` of ``configs`` over ``workers`` processes (default
     :func:`default_workers`), conservative: with several chunks every worker process computes at once (its own
-    :data:`~simulators.tabular_memory.PROCESS_BYTES`, batch and metrics rows); in this process (one worker or one
+    :data:`~simulators.tabular.memory.PROCESS_BYTES`, batch and metrics rows); in this process (one worker or one
     chunk) the batches run one after the other, the rows of every run kept until the end."""
     if not configs:
         return 0
@@ -86,7 +86,7 @@ def peak_memory(configs: list[Any], workers: int | None = None) -> int:
 
 def check_memory(configs: list[Any], workers: int | None = None) -> None:
     """Refuse tabular runs whose estimated peak memory (:func:`peak_memory`) exceeds what the machine has now
-    (:func:`simulators.tabular_memory.available_memory`; no check when that cannot be read).
+    (:func:`simulators.tabular.memory.available_memory`; no check when that cannot be read).
 
     Raises:
         ConfigError: one line with the estimate, the largest batch's sizes, the available memory and what to lower

@@ -3,9 +3,9 @@
 A *preset* is a named bundle of config overrides for one simulator *kind*:
 
 * ``kind="tabular"`` presets live here in :data:`PRESETS` (overrides for
-  :class:`simulators.tabular.TabularSimConfig`);
+  :class:`simulators.tabular.runner.TabularSimConfig`);
 * ``kind="transformer"`` presets live here too, in :data:`TRANSFORMER_PRESETS` (overrides for
-  ``simulators.transformer_config.TransformerSimConfig``), with :data:`TRANSFORMER_DESCRIPTIONS` and the methods ×
+  ``simulators.transformer.config.TransformerSimConfig``), with :data:`TRANSFORMER_DESCRIPTIONS` and the methods ×
   seeds each runs (:data:`TRANSFORMER_SWEEPS`). Plain data: this module imports nothing heavy, so the command
   line can list presets and methods without loading torch.
 
@@ -190,7 +190,7 @@ _STRONG_PUSH = {"reweight_w": 5.0, "reweight_m": 0.2, "target_entropy": 0.7, "w_
 #: what every transformer preset shares (the presets deep-copy it: get_preset)
 _TF_COMMON = {**_OPTIM, "eval_every": 50, "checkpoint_every": 100, "loss": {"stare": _STRONG_PUSH}}
 
-#: Transformer presets: name → overrides of ``simulators.transformer_config.TransformerSimConfig`` (``stare-lab
+#: Transformer presets: name → overrides of ``simulators.transformer.config.TransformerSimConfig`` (``stare-lab
 #: simulate`` applies them, then the user's).
 TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     # GRPO, O1, C2 on one seed in ~75 s (2 cores; BENCHMARKS.md, bench_transformer.py). Task "pick" has several correct answers per prompt (here 4 prompt
@@ -259,7 +259,7 @@ def get_preset(name: str) -> dict[str, Any]:
     default ``methods`` and ``seeds`` (a list) where it defines them.
 
     Tabular presets come from :data:`PRESETS`, transformer presets (``kind="transformer"``) from
-    :mod:`simulators.transformer_config`.
+    :mod:`simulators.transformer.config`.
 
     Raises:
         ConfigError: unknown preset (the message lists the known names).
@@ -271,7 +271,7 @@ def get_preset(name: str) -> dict[str, Any]:
     if name in TRANSFORMER_PRESETS:
         sweep = TRANSFORMER_SWEEPS.get(name, {})
         out = {"name": name, "kind": "transformer",
-               "description": TRANSFORMER_DESCRIPTIONS.get(name, "small transformer simulator (simulators.transformer)"),
+               "description": TRANSFORMER_DESCRIPTIONS.get(name, "small transformer simulator (simulators.transformer.runner)"),
                "overrides": copy.deepcopy(TRANSFORMER_PRESETS[name])}
         if sweep.get("methods"):
             out["methods"] = list(sweep["methods"])

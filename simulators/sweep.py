@@ -47,14 +47,15 @@ from stare_lab.errors import ConfigError, RunError
 from stare_lab.losses import loss_needs
 from stare_lab.verdict import group_outcome
 
-from . import tabular, transformer
-from .driver import check_resume
-from .grid import critical_summary, method_points, parse_grid, point_label
-from .notes import headline, strength_block, sweep_notes
-from .parallel import check_memory, run_many
-from .presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
-from .run_stats import STAT_KEYS
-from .tabular_config import resolve_target_entropy
+from simulators.tabular import runner as tabular
+from simulators.transformer import runner as transformer
+from simulators.driver import check_resume
+from simulators.grid import critical_summary, method_points, parse_grid, point_label
+from simulators.notes import headline, strength_block, sweep_notes
+from simulators.parallel import check_memory, run_many
+from simulators.presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
+from simulators.run_stats import STAT_KEYS
+from simulators.tabular.config import resolve_target_entropy
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ def plan_sweep(
             ``out``, ``resume`` with ``overwrite``, ``steps`` given twice, an override or grid key that one of the
             methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead), a key both
             overridden and swept, an explicit ``loss.stare.target_entropy`` together with a (non-null)
-            ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular_config.resolve_target_entropy`); an
+            ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular.config.resolve_target_entropy`); an
             error caused by a method's own settings names the method (e.g. ``o1-adaptive``, whose default
             ``loss.stare.w_max`` caps W, with ``stare.reweight_w=2``); tabular runs whose estimated peak memory
             exceeds the machine's available memory (:func:`simulators.parallel.check_memory`).

@@ -4,7 +4,7 @@ Run:  OMP_NUM_THREADS=1 python tests/benchmarks/bench_transformer.py [--preset t
 
 Times the whole ``stare-lab simulate --preset transformer`` command (a fresh process: imports, warm start — trained
 once per seed and cached in the sweep dir, then reused by the other methods — and the three RL runs); the target
-is ≤ 90 s on the 2-core CI machine. ``--direct`` calls :func:`simulators.transformer.run` in-process instead (when
+is ≤ 90 s on the 2-core CI machine. ``--direct`` calls :func:`simulators.transformer.runner.run` in-process instead (when
 the CLI is unavailable). Then prints, per run: post-warm-start entropy/accuracy, GRPO collapse (first step below
 10 % of the initial entropy), R² and slope of each ΔH predictor, held-out accuracy and pass@k. Wall times taken
 while other processes load the machine are not comparable: the load average is printed with them.
@@ -26,7 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="transformer")
     ap.add_argument("--out", default=None, help="sweep directory (default: a fresh temporary one)")
-    ap.add_argument("--direct", action="store_true", help="call simulators.transformer.run in-process")
+    ap.add_argument("--direct", action="store_true", help="call simulators.transformer.runner.run in-process")
     ap.add_argument("--seeds", type=int, default=1, help="seeds for the CLI (the transformer preset is one seed)")
     ap.add_argument("--no-plots", action="store_true", help="pass --no-plots to the CLI")
     args = ap.parse_args()
@@ -37,7 +37,7 @@ def main() -> int:
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     if args.direct:
-        from simulators.transformer import PRESET_SWEEPS, config_from_preset, run
+        from simulators.transformer.runner import PRESET_SWEEPS, config_from_preset, run
 
         sweep = PRESET_SWEEPS[args.preset]
         for seed in sweep["seeds"][: args.seeds]:

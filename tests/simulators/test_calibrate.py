@@ -16,12 +16,12 @@ from scipy.special import lambertw
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.runs import RunWriter
 from simulators import calibrate as C
-from simulators.tabular import config_from_overrides, init_state, run_batch
-from simulators.tabular_engine import batch_step
-from simulators.tabular_expected import success_given_token
-from simulators.tabular_sampled import rollouts
-from simulators.tabular_step import policy_tables, stack_states
-from simulators.tabular_tasks import deciding_positions
+from simulators.tabular.runner import config_from_overrides, init_state, run_batch
+from simulators.tabular.engine import batch_step
+from simulators.tabular.expected import success_given_token
+from simulators.tabular.sampled import rollouts
+from simulators.tabular.step import policy_tables, stack_states
+from simulators.tabular.tasks import deciding_positions
 
 torch.set_num_threads(1)
 
@@ -273,7 +273,7 @@ def test_transformer_observables_against_an_independent_computation(tmp_path):
         if os.environ.get("CI") == "true":
             raise
         pytest.skip("transformers is not installed")
-    from simulators import transformer as T
+    from simulators.transformer import runner as T
 
     tiny = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
             "model.num_kv_heads=1", "task.num_digits=4", "task.answer_len=3", "task.train_size=256",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from simulators.dynamic_sampling import select_groups
-from simulators.tabular import config_from_overrides, init_state, run
+from simulators.tabular.runner import config_from_overrides, init_state, run
 
 TINY = {"num_prompts": 4, "group_size": 4, "seq_len": 3, "vocab_size": 5, "num_correct": 2, "threshold": 2,
         "reward_noise": 0.0, "steps": 6}
@@ -76,8 +76,8 @@ def test_transformer_step_without_a_surviving_group_is_skipped(tmp_path, monkeyp
     skipped=1 with entropy null, and its steps are numbered from 1."""
     if os.environ.get("CI") != "true":
         pytest.importorskip("transformers")
-    from simulators import transformer as T
-    from simulators.tasks import Task
+    from simulators.transformer import runner as T
+    from simulators.transformer.tasks import Task
 
     tiny = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
             "model.num_kv_heads=1", "task.num_digits=4", "task.answer_len=1", "task.train_size=64",

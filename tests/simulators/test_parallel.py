@@ -1,4 +1,4 @@
-"""Tabular runs over worker processes (simulators.parallel) and their memory estimate (simulators.tabular_memory):
+"""Tabular runs over worker processes (simulators.parallel) and their memory estimate (simulators.tabular.memory):
 a request the machine cannot hold is refused up front in one line; a worker that dies is one line naming how."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import simulators.parallel as parallel
 from simulators.presets import PRESETS
 from simulators.sweep import plan_sweep
-from simulators.tabular import config_from_overrides
-from simulators.tabular_memory import available_memory
+from simulators.tabular.runner import config_from_overrides
+from simulators.tabular.memory import available_memory
 from stare_lab.cli import main
 from stare_lab.errors import ConfigError, RunError
 
@@ -36,7 +36,7 @@ def test_estimate_is_above_the_measured_peak_but_not_far(tmp_path):
         import torch
         torch.set_num_threads(1)
         from simulators.parallel import peak_memory
-        from simulators.tabular import config_from_overrides, run_batch
+        from simulators.tabular.runner import config_from_overrides, run_batch
         over = json.loads(sys.argv[1])
         cfgs = [config_from_overrides({**over, "method": m, "seed": i, "steps": 2, "checkpoint_every": 2})
                 for i, m in enumerate(["grpo", "c2"])]
@@ -76,7 +76,7 @@ def test_available_memory_reads_meminfo():
 def test_too_large_a_request_is_one_line_up_front(tmp_path, capsys, monkeypatch):
     """Fresh-user review: `simulate --preset collapse group_size=100000 steps=1` (12 runs x 64 x 100000 x 4 sampled
     tokens: tens of GiB) on a 24 GiB machine → one line naming the estimate, the available memory and what to lower;
-    nothing is created. (The estimate, by hand from simulators.tabular_memory: 2 worker processes of 6 runs, each
+    nothing is created. (The estimate, by hand from simulators.tabular.memory: 2 worker processes of 6 runs, each
     6 x (288 B x 25.6M tokens + 288 B x 2048 states) + 128 B x 25.6M tokens (one run's loss) + 64 MiB + 6 rows of
     4 KiB = 47.58 GB; both: 95168544768 B = 88.6 GiB.)"""
     monkeypatch.setattr(parallel, "available_memory", lambda: (24 * GIB, "MemAvailable in /proc/meminfo"))

@@ -246,12 +246,12 @@ def test_override_of_a_key_the_method_leaves_alone_is_kept(tmp_path):
 
 
 def test_divergence_names_lr_and_step_and_leaves_nothing(tmp_path, capsys, monkeypatch):
-    """Review item 12: on the core-loss path the update is Δz = −lr·(n·L)·∂loss/∂z (simulators.tabular docstring);
+    """Review item 12: on the core-loss path the update is Δz = −lr·(n·L)·∂loss/∂z (simulators.tabular.runner docstring);
     with lr=1e308 and n·L = 16 the factor overflows to inf → RunError naming lr and the step; the started run
     directory (no completed step) and the sweep folders it created are removed. (grpo/o1/c2 take the closed form,
     which cannot overflow for a finite lr: tests/simulators/test_tabular.py.) lr=1e308 is above the allowed
     LR_MAX (refused up front, test_bad_input_is_one_clean_line_and_leaves_nothing): lifted here to reach the guard."""
-    monkeypatch.setattr("simulators.tabular_config.LR_MAX", float("inf"))
+    monkeypatch.setattr("simulators.tabular.config.LR_MAX", float("inf"))
     out = tmp_path / "d"
     assert simulate("--preset", "collapse", "--methods", "clip_cov", "--seeds", "1", "--steps", "3", "--out",
                     str(out), "--no-plots", "lr=1e308", *SMALL) == 1
@@ -265,7 +265,7 @@ def test_check_update_refuses_overflowing_logits():
     float64 maximum) and a Δz holding NaN are refused, naming lr and the step; a finite one passes."""
     import torch
 
-    from simulators.tabular import TabularSimConfig, check_update
+    from simulators.tabular.runner import TabularSimConfig, check_update
     from stare_lab.errors import RunError
 
     cfg = TabularSimConfig(num_prompts=2, seq_len=1, vocab_size=2, threshold=1, lr=0.5, mode="expected")
@@ -363,8 +363,8 @@ def test_seed_range_edges(tmp_path, capsys):
     tables fit torch's 64-bit seeds); one above it, and counts above 10000, are refused by the API (seed_list) and
     by both simulators' configs with the allowed range, never an OverflowError."""
     from simulators.sweep import seed_list
-    from simulators.tabular import config_from_overrides
-    from simulators.transformer_config import TransformerSimConfig
+    from simulators.tabular.runner import config_from_overrides
+    from simulators.transformer.config import TransformerSimConfig
     from stare_lab.errors import ConfigError
 
     top = 2**31 - 1
@@ -447,7 +447,7 @@ def test_explicit_target_entropy_replaces_the_presets_relative_target(tmp_path):
 
 
 def test_config_from_overrides_follows_the_same_target_rule():
-    from simulators.tabular import config_from_overrides
+    from simulators.tabular.runner import config_from_overrides
     from stare_lab.errors import ConfigError
 
     cfg = config_from_overrides({"target_entropy_rel": 0.5})

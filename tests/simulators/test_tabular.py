@@ -17,13 +17,13 @@ import torch
 
 from simulators.presets import get_preset
 from simulators.run_stats import fit_line, run_stats
-from simulators.tabular import (
+from simulators.tabular.runner import (
     TabularSimConfig, config_from_overrides, init_state, mean_entropy, run, run_batch, stack_states,
 )
-from simulators.tabular_expected import success_given_token, top_mass_fraction
-from simulators.tabular_sampled import rollouts
-from simulators.tabular_engine import batch_step
-from simulators.tabular_step import policy_tables
+from simulators.tabular.expected import success_given_token, top_mass_fraction
+from simulators.tabular.sampled import rollouts
+from simulators.tabular.engine import batch_step
+from simulators.tabular.step import policy_tables
 from stare_lab.config import LossConfig
 from stare_lab.errors import ConfigError, RunError
 
@@ -101,7 +101,7 @@ def test_relative_target_is_the_reward_optimal_entropy_times_rel():
 
 
 def test_target_above_the_reward_optimal_entropy_warns():
-    from simulators.tabular import target_warning
+    from simulators.tabular.runner import target_warning
 
     warn = target_warning(tiny(method="o1", loss={"stare": {"target_entropy": 0.9}}), math.log(2))
     assert "above the reward-optimal entropy 0.693" in warn and "wrong answers" in warn
@@ -221,7 +221,7 @@ def test_selected_sets_give_the_cores_weights():
     elsewhere. A prepared C2 step's kept sets are reused, and equal the fresh selection."""
     import dataclasses
 
-    from simulators.tabular_sampled import _selected_sets
+    from simulators.tabular.sampled import _selected_sets
     from stare_lab.advantages import group_advantages
     from stare_lab.stare import stare_token_weights
     from stare_lab.step import StepBatch, prepare_step

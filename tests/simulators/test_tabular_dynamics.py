@@ -14,7 +14,7 @@ import pytest
 from simulators.notes import sweep_notes
 from simulators.presets import PRESETS, get_preset
 from simulators.run_stats import REGIME_RATIO
-from simulators.tabular import config_from_overrides, run, run_batch
+from simulators.tabular.runner import config_from_overrides, run, run_batch
 
 
 def preset_config(name: str, **overrides):

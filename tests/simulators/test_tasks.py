@@ -1,11 +1,11 @@
-"""Tests of simulators/tasks.py: layouts, checkers (hand-built cases), demonstrations, splits, errors."""
+"""Tests of simulators/transformer/tasks.py: layouts, checkers (hand-built cases), demonstrations, splits, errors."""
 
 import pytest
 import torch
 
 from stare_lab.config import from_dict
 from stare_lab.errors import ConfigError, DataError
-from simulators.tasks import BOS, EOS, PAD, SEP, TaskConfig, make_splits, make_task
+from simulators.transformer.tasks import BOS, EOS, PAD, SEP, TaskConfig, make_splits, make_task
 
 
 def _prompt(digits):
@@ -99,7 +99,7 @@ def test_a_registered_task_is_selected_by_name():
     import pytest
     import torch
 
-    from simulators.tasks import Task, register_task, unregister_task
+    from simulators.transformer.tasks import Task, register_task, unregister_task
     from stare_lab.errors import ConfigError
 
     class Copy(Task):

@@ -1,4 +1,4 @@
-"""Tests of simulators/transformer.py on a tiny model (1 layer, width 32) and tiny sizes: config errors, sampling,
+"""Tests of simulators/transformer/runner.py on a tiny model (1 layer, width 32) and tiny sizes: config errors, sampling,
 the ∇θH̄·Δθ predictor against finite differences, determinism, warm-start cache, gate-off ≡ GRPO, resume."""
 
 import json
@@ -17,8 +17,8 @@ except ImportError:  # pragma: no cover
         raise
     pytest.skip("transformers is not installed", allow_module_level=True)
 
-from simulators import transformer as T  # noqa: E402
-from simulators.tasks import EOS, PAD  # noqa: E402
+from simulators.transformer import runner as T  # noqa: E402
+from simulators.transformer.tasks import EOS, PAD  # noqa: E402
 
 torch.set_num_threads(1)
 

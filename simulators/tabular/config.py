@@ -1,4 +1,4 @@
-"""Config of the tabular simulator (:mod:`simulators.tabular`): one dataclass, validated with full dotted keys."""
+"""Config of the tabular simulator (:mod:`simulators.tabular.runner`): one dataclass, validated with full dotted keys."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from stare_lab.config import LossConfig, STAREConfig, check_choice, check_positi
 from stare_lab.errors import ConfigError
 from stare_lab.losses import loss_needs
 
-from .presets import METHODS, SEED_MAX, method_overrides
+from simulators.presets import METHODS, SEED_MAX, method_overrides
 
 __all__ = ["TabularSimConfig", "EXPECTED_METHODS", "LR_MAX", "resolve_target_entropy"]
 
@@ -17,7 +17,7 @@ __all__ = ["TabularSimConfig", "EXPECTED_METHODS", "LR_MAX", "resolve_target_ent
 #: in the run's summary statistics, so values up to 1e3 are allowed and larger ones refused
 LR_MAX = 1e3
 
-#: methods whose mean-field dynamics :mod:`simulators.tabular_expected` implements
+#: methods whose mean-field dynamics :mod:`simulators.tabular.expected` implements
 EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
 
 
@@ -61,7 +61,7 @@ class TabularSimConfig:
         mode: ``sampled`` (G rollouts per prompt, the core's advantages / STARE weights / loss) or ``expected``
             (the mean-field limit G → ∞).
         task: ``sequence`` (L positions), ``bandit`` (requires ``seq_len = 1``) or ``forking`` (an LLM-like
-            token-entropy structure, :mod:`simulators.tabular_tasks`: ``forking_positions`` of the L positions per
+            token-entropy structure, :mod:`simulators.tabular.tasks`: ``forking_positions`` of the L positions per
             prompt fork between ``num_correct`` correct tokens, the others have one correct token and start nearly
             deterministic; Zipf-like initial probabilities; ``init_spread`` is not used).
         reward: ``verifiable`` (reward 1 iff ≥ threshold positions are correct) or ``random`` (Bernoulli).
@@ -77,7 +77,7 @@ class TabularSimConfig:
             n positions of the table (per stratum: forks and others in ``forking``), chosen at random, keep the
             task's correct set; every other position accepts every token (a paraphrase: the advantage there is
             independent of the sampled token). 1 (the default): every position decides
-            (:mod:`simulators.tabular_tasks`; docs/theory.md §8).
+            (:mod:`simulators.tabular.tasks`; docs/theory.md §8).
         random_reward_p: P(r = 1) of ``random`` rewards, in [0, 1].
         reward_noise: ε ∈ [0, 0.5]: a noisy verifier flips each ``verifiable`` reward with probability ε,
             independently of the tokens (keeps reward variance alive once a prompt is solved).
@@ -86,7 +86,7 @@ class TabularSimConfig:
         tail_mass: task ``forking``: initial probability off the (correct) mode of a non-forking position, in (0, 1).
         zipf_exponent: task ``forking``: s ≥ 0 of the Zipf-like initial probabilities p(rank r) ∝ r^(−s) (of the
             tail of a non-forking position, of all tokens of a forking one).
-        lr: SGD step size in (0, 1000] (:data:`LR_MAX`; :mod:`simulators.tabular` explains its scaling).
+        lr: SGD step size in (0, 1000] (:data:`LR_MAX`; :mod:`simulators.tabular.runner` explains its scaling).
         steps: number of updates ≥ 1.
         temperature: τ > 0 of sampling, log-probs and entropy.
         dynamic_sampling: keep only groups with non-zero reward variance (DAPO), refilling up to
@@ -99,10 +99,10 @@ class TabularSimConfig:
             of every position (docs/theory.md §7; ln V per position under ``random`` rewards, where every policy is
             reward-optimal). Written into ``loss.stare.target_entropy`` of the resolved config. ``None`` (the
             default) keeps the absolute ``loss.stare.target_entropy``. Given a ``loss.stare.target_entropy`` but no
-            ``target_entropy_rel``, ``stare-lab simulate`` and :func:`simulators.tabular.config_from_overrides`
+            ``target_entropy_rel``, ``stare-lab simulate`` and :func:`simulators.tabular.runner.config_from_overrides`
             set it to ``None`` (:func:`resolve_target_entropy`; both given → error). The target never depends on
             the random initial policy. A target above the reward-optimal entropy can only be held by keeping
-            probability on wrong answers: :func:`simulators.tabular.target_warning` says so.
+            probability on wrong answers: :func:`simulators.tabular.runner.target_warning` says so.
         collapse_frac: a run has collapsed at the first step whose entropy is below collapse_frac × initial.
         band: half-width (nats) of the band around H_tgt counted as "in band" in the summary.
         checkpoint_every: steps between checkpoints (and one at the end), ≥ 1.

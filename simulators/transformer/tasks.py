@@ -1,4 +1,4 @@
-"""Synthetic verifiable tasks for the small-transformer simulator (simulators/transformer.py).
+"""Synthetic verifiable tasks for the small-transformer simulator (simulators/transformer/runner.py).
 
 Every task shares one tiny vocabulary and one sequence layout, so prompts never need padding:
 
@@ -215,7 +215,7 @@ def register_task(name: str, cls: type[Task]) -> None:
     if name in TASK_CLASSES:
         raise ConfigError(f"task {name!r} is already registered; choose another name")
     if not (isinstance(cls, type) and issubclass(cls, Task)):
-        raise ConfigError(f"task {name!r}: {cls!r} must be a subclass of simulators.tasks.Task")
+        raise ConfigError(f"task {name!r}: {cls!r} must be a subclass of simulators.transformer.tasks.Task")
     TASK_CLASSES[name] = cls
 
 

@@ -1,11 +1,11 @@
-"""Configuration and presets of the small-transformer simulator (:mod:`simulators.transformer`).
+"""Configuration and presets of the small-transformer simulator (:mod:`simulators.transformer.runner`).
 
 :class:`TransformerSimConfig` (one method × one seed) with its sub-configs :class:`ModelConfig` and
-:class:`WarmStartConfig` (the task's is :class:`simulators.tasks.TaskConfig`, the loss's the core
+:class:`WarmStartConfig` (the task's is :class:`simulators.transformer.tasks.TaskConfig`, the loss's the core
 :class:`~stare_lab.config.LossConfig`), built with the :mod:`stare_lab.config` machinery so every error names the
 full dotted key; :func:`config_from_preset`. The presets themselves (:data:`PRESETS`: preset name → overrides,
 :data:`PRESET_SWEEPS`: the methods × seeds a preset runs) are plain data in :mod:`simulators.presets`, re-exported
-here and by :mod:`simulators.transformer`.
+here and by :mod:`simulators.transformer.runner`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from stare_lab.config import (
 from stare_lab.errors import ConfigError
 from stare_lab.methods import METHODS
 
-from .presets import SEED_MAX
-from .presets import TRANSFORMER_DESCRIPTIONS as PRESET_DESCRIPTIONS
-from .presets import TRANSFORMER_PRESETS as PRESETS
-from .presets import TRANSFORMER_SWEEPS as PRESET_SWEEPS
-from .tasks import TaskConfig
+from simulators.presets import SEED_MAX
+from simulators.presets import TRANSFORMER_DESCRIPTIONS as PRESET_DESCRIPTIONS
+from simulators.presets import TRANSFORMER_PRESETS as PRESETS
+from simulators.presets import TRANSFORMER_SWEEPS as PRESET_SWEEPS
+from simulators.transformer.tasks import TaskConfig
 
 __all__ = [
     "PRESETS",

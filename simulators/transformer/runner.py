@@ -5,7 +5,7 @@ Reads top to bottom:
 1. **Model** — a ``transformers`` Qwen2 (or Llama) causal LM with tiny dimensions (default: vocab 14, hidden 64,
    FFN 256, 2 layers, 2 heads, 1 KV head ≈ 124k parameters, fp32), random init from the seed. Log-probs and entropy
    of sampled tokens come from :mod:`stare_lab.entropy`, the same code path the trainer uses.
-2. **Task** — :mod:`simulators.tasks` (``pick``: several correct answers per prompt; ``sort``: one), prompts from
+2. **Task** — :mod:`simulators.transformer.tasks` (``pick``: several correct answers per prompt; ``sort``: one), prompts from
    the seed, disjoint train / held-out splits, a checker giving 0/1 rewards (optionally a noisy verifier for
    training, ``task.reward_noise``; accuracy and evaluation always use the exact verdicts).
 3. **Warm start** — a short supervised phase on noisy demonstrations (AdamW, ``warm_start.lr``) so the initial
@@ -57,7 +57,7 @@ Reads top to bottom:
 
 Public API: :data:`PRESETS`, :data:`PRESET_DESCRIPTIONS`, :data:`PRESET_SWEEPS`, :class:`ModelConfig`,
 :class:`WarmStartConfig`, :class:`TransformerSimConfig`, :func:`config_from_preset` (all from
-:mod:`simulators.transformer_config`), :func:`build_model`, :func:`sample_responses`, :func:`response_logits`,
+:mod:`simulators.transformer.config`), :func:`build_model`, :func:`sample_responses`, :func:`response_logits`,
 :func:`summarize`, :func:`run`.
 """
 
@@ -92,11 +92,11 @@ from stare_lab.losses import compute_policy_loss, loss_needs
 from stare_lab.stare import STAREController
 from stare_lab.step import StepBatch, prepare_step, step_gate
 
-from .driver import drive
-from .dynamic_sampling import select_groups
-from .run_stats import fit_line, run_stats, step_observables
-from .tasks import EOS, PAD, VOCAB_SIZE, Task, make_splits, make_task
-from .transformer_config import (
+from simulators.driver import drive
+from simulators.dynamic_sampling import select_groups
+from simulators.run_stats import fit_line, run_stats, step_observables
+from simulators.transformer.tasks import EOS, PAD, VOCAB_SIZE, Task, make_splits, make_task
+from simulators.transformer.config import (
     PRESET_DESCRIPTIONS,
     PRESET_SWEEPS,
     PRESETS,

@@ -1,6 +1,6 @@
 """One batched step of the tabular simulator — the mode's update plus the diagnostics every mode shares (first order,
 D terms, push ratio) — and the engine that advances a batch of runs for :func:`simulators.driver.drive` (see
-:mod:`simulators.tabular` for the logged keys).
+:mod:`simulators.tabular.runner` for the logged keys).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
 from stare_lab.entropy import entropy_from_logits
 from stare_lab.errors import RunError
 
-from .run_stats import step_observables
-from .tabular_expected import expected_parts
-from .tabular_sampled import sampled_parts
-from .tabular_step import Policy, TabularBatch, TabularState, policy_tables
+from simulators.run_stats import step_observables
+from simulators.tabular.expected import expected_parts
+from simulators.tabular.sampled import sampled_parts
+from simulators.tabular.step import Policy, TabularBatch, TabularState, policy_tables
 
 __all__ = ["MODES", "Pending", "batch_step", "finish_rows", "check_update", "TabularEngine"]
 
@@ -47,7 +47,7 @@ def batch_step(
     batch: TabularBatch, pol: Policy | None = None, step: int = 1
 ) -> tuple[torch.Tensor, list[dict[str, Any]], Pending]:
     """Step number ``step`` (from 1; it seeds the losses' step generator) of every run of ``batch`` from its policy
-    tables ``pol`` (:func:`~simulators.tabular_step.policy_tables` of ``batch.logits``; computed if not given):
+    tables ``pol`` (:func:`~simulators.tabular.step.policy_tables` of ``batch.logits``; computed if not given):
     returns (Δz ``[R, S, L, V]`` float64, one metrics row per run without ``step`` / ``time/step_s`` and without the
     keys that need the entropy after the update, the :class:`Pending` values that :func:`finish_rows` completes them
     with), nothing applied. The controllers are updated (once, by :func:`stare_lab.step.prepare_step` /
@@ -126,7 +126,7 @@ def check_update(config: Any, step: int, delta: torch.Tensor, logits: torch.Tens
 
 
 class TabularEngine:
-    """A :class:`~simulators.tabular_step.TabularBatch` advanced one batched step at a time
+    """A :class:`~simulators.tabular.step.TabularBatch` advanced one batched step at a time
     (:class:`simulators.driver.Engine`). The policy tables of the logits after each update serve both the finished
     step's rows (entropy after) and the next step."""
 
@@ -164,7 +164,7 @@ class TabularEngine:
         return results
 
     def payload(self, j: int) -> dict[str, Any]:
-        """Logits, correct sets, RNG state and controller of active run ``j`` (:func:`simulators.tabular.restore_state` reads it back)."""
+        """Logits, correct sets, RNG state and controller of active run ``j`` (:func:`simulators.tabular.runner.restore_state` reads it back)."""
         b = self.batch
         ctl = b.controllers[j]
         return {"logits": b.logits[j].clone(), "correct": b.correct[j].clone(), "rng": b.generators[j].get_state(),

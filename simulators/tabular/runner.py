@@ -10,11 +10,11 @@ are correct — or are ``random`` (Bernoulli(p), independent of the tokens: the 
 a sweep) stacked into one ``[R, S, L, V]`` tensor and advanced together, one step at a time; each run keeps its own
 rollout generator, STARE controller, learning rate, W/M and target, so a run's numbers do not depend on which other
 runs share its batch (tested: batched == one run at a time, bit for bit). :func:`run` is one run, :func:`run_batch`
-several (those sharing :func:`~simulators.tabular_step.batch_key` advance together); both go through the simulators'
+several (those sharing :func:`~simulators.tabular.step.batch_key` advance together); both go through the simulators'
 one run driver (:func:`simulators.driver.drive`: steps numbered from 1, checkpoint cadence, resume, interruption).
 
-Two modes (one step each: :mod:`simulators.tabular_sampled`, :mod:`simulators.tabular_expected`; assembled by
-:mod:`simulators.tabular_engine`):
+Two modes (one step each: :mod:`simulators.tabular.sampled`, :mod:`simulators.tabular.expected`; assembled by
+:mod:`simulators.tabular.engine`):
 
 * ``sampled``: each step draws G responses per prompt, rewards, group advantages (``stare_lab.advantages``),
   optional dynamic sampling (:mod:`simulators.dynamic_sampling`), the core's step preparation
@@ -26,7 +26,7 @@ Two modes (one step each: :mod:`simulators.tabular_sampled`, :mod:`simulators.ta
   that closed form; every other loss (any registered one) calls the core's ``compute_policy_loss`` and chains its gradient with
   respect to the sampled log-probs through ∂log π_a/∂z = (e_a − π)/τ. Both are the gradient of the core loss
   (tested against autograd through ``compute_policy_loss`` and ``logprobs_from_logits``).
-* ``expected``: the mean-field limit G → ∞ of the same objective (see :mod:`simulators.tabular_expected`); its gate
+* ``expected``: the mean-field limit G → ∞ of the same objective (see :mod:`simulators.tabular.expected`); its gate
   and W/M come from the core's one gate rule (:func:`stare_lab.step.step_gate`).
 
 Every step logs, per run (besides ``stare_lab.runs.REQUIRED_KEYS``): ``skipped`` (1 when dynamic sampling kept no
@@ -69,12 +69,12 @@ from stare_lab.config import from_dict, to_dict
 from stare_lab.entropy import entropy_from_logits
 from stare_lab.stare import STAREController
 
-from .driver import drive
-from .run_stats import REGIME_RATIO, run_stats
-from .tabular_config import EXPECTED_METHODS, TabularSimConfig, resolve_target_entropy
-from .tabular_engine import TabularEngine, check_update
-from .tabular_step import BATCH_FIELDS, TabularBatch, TabularState, batch_key, stack_states
-from .tabular_tasks import init_tables, reward_optimal_entropy
+from simulators.driver import drive
+from simulators.run_stats import REGIME_RATIO, run_stats
+from simulators.tabular.config import EXPECTED_METHODS, TabularSimConfig, resolve_target_entropy
+from simulators.tabular.engine import TabularEngine, check_update
+from simulators.tabular.step import BATCH_FIELDS, TabularBatch, TabularState, batch_key, stack_states
+from simulators.tabular.tasks import init_tables, reward_optimal_entropy
 
 logger = logging.getLogger(__name__)
 
@@ -93,12 +93,12 @@ _WARNED: set[str] = set()
 
 
 def init_state(config: TabularSimConfig) -> TabularState:
-    """Initial state of a run: logits and correct sets from :func:`simulators.tabular_tasks.init_tables` (seeded
+    """Initial state of a run: logits and correct sets from :func:`simulators.tabular.tasks.init_tables` (seeded
     with ``init_seed``, default ``seed``: same seed → same start for every method); the rollout generator is seeded
     with 2**32 + ``seed``.
 
     If ``config.target_entropy_rel`` is set, this resolves H_tgt = rel × the reward-optimal entropy of the task
-    (:func:`simulators.tabular_tasks.reward_optimal_entropy`) into ``config.loss.stare.target_entropy`` (mutating
+    (:func:`simulators.tabular.tasks.reward_optimal_entropy`) into ``config.loss.stare.target_entropy`` (mutating
     ``config``; :func:`run` passes a copy) before building the STARE controller, so the resolved target is what
     ``config.yaml`` records.
     """
@@ -117,7 +117,7 @@ def _controller(config: TabularSimConfig) -> STAREController | None:
 
 def target_warning(config: TabularSimConfig, h_opt: float) -> str | None:
     """A warning when the resolved target H_tgt (``loss.stare.target_entropy``) is above the reward-optimal
-    entropy ``h_opt`` (nats, :func:`simulators.tabular_tasks.reward_optimal_entropy`), else ``None``.
+    entropy ``h_opt`` (nats, :func:`simulators.tabular.tasks.reward_optimal_entropy`), else ``None``.
 
     docs/theory.md §7: the policy uniform over the K correct tokens of a position has entropy ln K; every reward-optimal
     policy has at most that entropy, so a band above it can only be held by keeping probability on wrong answers.
@@ -173,7 +173,7 @@ def critical_window(config: TabularSimConfig) -> int:
 
 class TabularSimulator:
     """The tabular simulator as the run driver sees it (:class:`simulators.driver.Simulator`): runs sharing
-    :func:`~simulators.tabular_step.batch_key` advance in one :class:`~simulators.tabular_engine.TabularEngine`."""
+    :func:`~simulators.tabular.step.batch_key` advance in one :class:`~simulators.tabular.engine.TabularEngine`."""
 
     def fresh(self, config: TabularSimConfig, run_dir: Path) -> tuple[TabularState, dict[str, Any]]:
         state = init_state(config)
@@ -236,7 +236,7 @@ def run(
         RunError: the directory already holds a run and ``resume`` is False, cannot be written, or its checkpoint
             does not match ``config`` or its rows (a row up to the checkpoint missing:
             :func:`simulators.driver.check_resume`); or an update made the logits non-finite
-            (:func:`~simulators.tabular_engine.check_update`). A run that started afresh and fails before
+            (:func:`~simulators.tabular.engine.check_update`). A run that started afresh and fails before
             completing a step removes what it wrote (``run_dir`` too, if then empty).
     """
     return run_batch([config], [run_dir], resume=resume, progress=progress)[0]
@@ -251,7 +251,7 @@ def run_batch(
     """Run R tabular simulations together, one batched tensor computation per step, each into its own directory
     (the layout and semantics of :func:`run`); returns their summaries in order.
 
-    Configs that do not share :func:`~simulators.tabular_step.batch_key`, or (on resume) checkpoints at different
+    Configs that do not share :func:`~simulators.tabular.step.batch_key`, or (on resume) checkpoints at different
     steps, are split into sub-batches run one after the other. ``progress(n)`` is called after each batched step
     with the number of runs it advanced. If a run's update diverges, that run stops (a fresh run without a completed
     step is removed) and the others finish; then the first such error is raised.
@@ -265,7 +265,7 @@ def run_batch(
 def config_from_overrides(overrides: dict[str, Any] | None = None) -> TabularSimConfig:
     """Build a :class:`TabularSimConfig` from a nested dict of overrides (``from_dict``; errors name dotted keys).
     A ``loss.stare.target_entropy`` without ``target_entropy_rel`` switches the relative target off, as in
-    ``stare-lab simulate`` (:func:`simulators.tabular_config.resolve_target_entropy`; both → ConfigError)."""
+    ``stare-lab simulate`` (:func:`simulators.tabular.config.resolve_target_entropy`; both → ConfigError)."""
     data = copy.deepcopy(overrides or {})
     stare = (data.get("loss") or {}).get("stare") if isinstance(data.get("loss"), dict) else None
     resolve_target_entropy(data, isinstance(stare, dict) and "target_entropy" in stare, "target_entropy_rel" in data)

@@ -1,4 +1,4 @@
-"""Sampled mode of the tabular simulator, batched over runs (see :mod:`simulators.tabular` for the update and the
+"""Sampled mode of the tabular simulator, batched over runs (see :mod:`simulators.tabular.runner` for the update and the
 logged keys).
 
 Per step and run: G responses per prompt drawn by inverse-CDF sampling from the run's own generator (uniforms
@@ -35,8 +35,8 @@ from stare_lab.losses import compute_policy_loss
 from stare_lab.stare import select_stare_sets
 from stare_lab.step import PreparedStep, StepBatch, prepare_step
 
-from .dynamic_sampling import select_groups
-from .tabular_step import Policy, StepParts, quadrant_stats, scatter_parts
+from simulators.dynamic_sampling import select_groups
+from simulators.tabular.step import Policy, StepParts, quadrant_stats, scatter_parts
 
 __all__ = ["sampled_parts", "rollouts", "closed_form", "CLOSED_FORMS"]
 
@@ -176,7 +176,7 @@ def _core_coefficients(batch, r: int, prep: PreparedStep, roll, logp_tok, row: d
     ent = prep.batch.entropy.clone().requires_grad_(True) if prep.needs.entropy_grad else None
     loss, metrics = compute_policy_loss(cfg.loss.loss_mode, prep.inputs(lp, entropy=ent), cfg.loss)
     loss.backward()
-    scale = cfg.lr * n * L  # token-mean over n·G·L tokens → per-state group update (simulators.tabular docstring)
+    scale = cfg.lr * n * L  # token-mean over n·G·L tokens → per-state group update (simulators.tabular.runner docstring)
     for key, value in metrics.items():
         row[key if "/" in key else f"loss/{key}"] = float(value)
     if ent is not None and ent.grad is not None:
@@ -208,7 +208,7 @@ def _state_index(batch, roll) -> torch.Tensor:
 
 def sampled_parts(batch, pol: Policy, h_before: torch.Tensor, step: int) -> StepParts:
     """The sampled step ``step`` of every run of ``batch`` (module docstring) as
-    :class:`~simulators.tabular_step.StepParts`."""
+    :class:`~simulators.tabular.step.StepParts`."""
     cfg = batch.base
     R, S, L, V, G = batch.size, cfg.num_prompts, cfg.seq_len, cfg.vocab_size, cfg.group_size
     roll = rollouts(batch, pol.pi)

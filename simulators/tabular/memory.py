@@ -1,7 +1,7 @@
 """How much memory batched tabular runs need, and how much the machine has — so that a request too large for the
 machine is refused before it starts (:func:`simulators.parallel.check_memory`) instead of being killed mid-run.
 
-A batch of R runs (one :class:`~simulators.tabular_step.TabularBatch`: S prompts, G responses, L positions, V
+A batch of R runs (one :class:`~simulators.tabular.step.TabularBatch`: S prompts, G responses, L positions, V
 tokens) allocates, per step:
 
 * sampled mode: per sampled token (R·S·G·L of them) the draws, token ids, flat state indices, log-probs, Ψ,
@@ -47,7 +47,7 @@ ROW_BYTES = 4096
 
 def batch_peak_bytes(configs: Sequence[Any]) -> int:
     """Estimated peak bytes of the tensors one batched step of ``configs`` allocates (runs sharing
-    :func:`~simulators.tabular_step.batch_key`; module docstring), conservative.
+    :func:`~simulators.tabular.step.batch_key`; module docstring), conservative.
 
     Raises:
         ValueError: no configs.

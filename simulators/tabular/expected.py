@@ -24,7 +24,7 @@ from stare_lab.critical import KEY_LPLUS_ABOVE
 from stare_lab.first_order import share_above_critical
 from stare_lab.step import step_gate
 
-from .tabular_step import Policy, StepParts, quadrant_stats
+from simulators.tabular.step import Policy, StepParts, quadrant_stats
 
 __all__ = ["success_given_token", "top_mass_selected", "top_mass_fraction", "gate_decisions", "expected_parts"]
 
@@ -132,7 +132,7 @@ def gate_decisions(batch, h_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def expected_parts(batch, pol: Policy, h_before: torch.Tensor, step: int = 1) -> StepParts:
-    """The mean-field step of every run (module docstring) as :class:`~simulators.tabular_step.StepParts`; the gate
+    """The mean-field step of every run (module docstring) as :class:`~simulators.tabular.step.StepParts`; the gate
     sees the mean entropy over all states (``step`` is not used: the mean field draws nothing).
 
     Written in masses: with inv = 1/(σ + ε) (0 for a prompt without reward variance), f⁺ = (1 − p̄)·inv,

@@ -1,5 +1,5 @@
 """The pieces every tabular step shares: the run state and the batch of runs, the policy tables, the token
-decomposition of an update and the quadrant statistics (see :mod:`simulators.tabular` for the logged keys).
+decomposition of an update and the quadrant statistics (see :mod:`simulators.tabular.runner` for the logged keys).
 
 First order. With H the entropy of a state and g = ∂H/∂z (autograd through ``stare_lab.entropy.entropy_from_logits``;
 docs/theory.md §2: ∂H/∂u_k = −π_k(log π_k + H), u = z/τ), a logit change Δz changes the entropy by ⟨g, Δz⟩ to first
