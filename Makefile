@@ -29,7 +29,6 @@ $(VENV)/.installed-sim: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -qq --no-compile torch==2.13.0
 	$(PIP) install -qq --no-compile -e ".[sim]"
-	$(PY) -c "import stare_lab, simulators, analysis, matplotlib, scipy"
 	touch $@
 
 # Everything (the tests, the trainer): on top of the above, the project with all extras; then remove the CUDA builds
