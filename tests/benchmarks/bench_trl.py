@@ -41,7 +41,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from stare_lab.integrations.trl import STAREGRPOConfig, STAREGRPOTrainer
-from trainer.rewards import gsm8k_lenient_reward
+from trainer.grading.rewards import gsm8k_lenient_reward
 from trainer.config import DEFAULT_PROMPT_TEMPLATE
 
 model_dir, data, out, steps, prompts, n, max_new, side, ga = sys.argv[1:10]

@@ -55,8 +55,8 @@ def test_estimate_is_above_the_measured_peak_but_not_far(tmp_path):
 
 
 def test_every_preset_and_the_readme_sweep_fit_easily():
-    """Today's presets (default methods x seeds, 2 workers) and the README's W sweep are estimated below 512 MiB,
-    far below any machine this runs on, so the check never refuses them."""
+    """Today's presets (default methods x seeds, 2 workers) and docs/quickstart.md's W sweep are estimated below
+    512 MiB, far below any machine this runs on, so the check never refuses them."""
     plans = [plan_sweep(name, None, None, "unused") for name in PRESETS]
     plans.append(plan_sweep("demo", ["grpo", "o1"], None, "unused",
                             sweep=["stare.reweight_w=1.1,1.2,1.3,1.4,1.5,1.6,1.8,2.0"]))

