@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab import __version__
-from stare_lab.config import apply_overrides, load_yaml, parse_overrides, to_dict
+from stare_lab.config import apply_overrides, expand_shorthand, load_yaml, parse_overrides, to_dict
+from stare_lab.files import read_json
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.runs import find_runs, read_run
 
@@ -166,10 +167,7 @@ def _probe_value(probe: str | Path) -> float:
             raise RunError(f"probe run {str(p)!r} has no entropy in its metrics")
         return float(values[0])
     if p.is_file():
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise RunError(f"probe file {str(p)!r} is not valid JSON: {err}") from None
+        data = read_json(p, "probe file", RunError)  # UTF-8 JSON, or one line naming file and line
         for key in ("initial_entropy", "entropy"):
             if isinstance(data, dict) and isinstance(data.get(key), (int, float)):
                 return float(data[key])
@@ -403,6 +401,7 @@ def main(args: argparse.Namespace) -> int:
     """
     # key=value words given positionally among the sources are overrides
     overrides = [s for s in args.sources if "=" in str(s)] + list(getattr(args, "extra_overrides", None) or [])
+    overrides = expand_shorthand(overrides)  # stare.* = loss.stare.*, as stare-lab simulate accepts
     sources = [s for s in args.sources if "=" not in str(s)]
     if not sources:
         raise RunError("no SWEEP_OR_RUN directory given")
