@@ -208,8 +208,8 @@ def promote(
         raise ConfigError("give at most one of --target-entropy and --target-entropy-frac")
     if target_entropy_frac is not None and probe is None:
         raise ConfigError("--target-entropy-frac needs --probe (a run directory or JSON with the initial entropy)")
+    data = load_yaml(base)  # the base file is checked first (encoding, YAML): one line naming file and line
     found = collect_settings(sources, method, force=force)
-    data = load_yaml(base)
     base_stare = load_trainer_config(data).loss.stare  # the base itself must be valid
     base_w, base_m = float(base_stare.reweight_w), float(base_stare.reweight_m)
     notices = [f"refused without --force, promoted anyway: {msg}" for msg in found["refusals"]]
