@@ -22,7 +22,7 @@ from stare_lab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DistInfo", "cpu_env_defaults", "init_distributed", "deepspeed_json", "effective_zero_stage"]
+__all__ = ["DistInfo", "cpu_env_defaults", "extensions_dir", "init_distributed", "deepspeed_json", "effective_zero_stage"]
 
 
 @dataclasses.dataclass
@@ -52,21 +52,36 @@ class DistInfo:
         return self.rank == 0
 
 
+def extensions_dir() -> Path:
+    """The fixed cache of DeepSpeed's compiled ops (``TORCH_EXTENSIONS_DIR`` unless set): ``<venv>/torch_extensions``
+    in a virtual environment (``sys.prefix``, the same whether or not it is activated, and what the Makefile
+    exports), else ``$XDG_CACHE_HOME/stare_lab/torch_extensions`` (default ``~/.cache``). One directory per
+    environment, so an op builds once and every later command — under ``make``, after ``. .venv/bin/activate`` or
+    via ``.venv/bin/stare-lab`` — reuses it."""
+    import sys
+
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / "torch_extensions"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "stare_lab" / "torch_extensions"
+
+
 def cpu_env_defaults() -> None:
-    """Set (``setdefault``) the environment the CPU path needs (the Makefile exports the same): one OpenMP thread,
-    DeepSpeed's CPU accelerator, in-process vLLM with a 1 GiB KV cache, a fixed op-build cache, offline hub."""
+    """Set (``setdefault``) the environment the trainer needs (the Makefile exports the same): one OpenMP thread
+    (:func:`stare_lab.threads.set_thread_defaults`), a fixed op-build cache (:func:`extensions_dir`), offline hub,
+    in-process vLLM; on CPU also DeepSpeed's CPU accelerator and a 1 GiB vLLM KV cache."""
+    from stare_lab.threads import set_thread_defaults
+
+    set_thread_defaults()  # before torch is imported where this runs first
     import torch
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        venv = os.environ.get("VIRTUAL_ENV")
-        if venv:
-            os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(venv) / "torch_extensions"))
 
 
 def _free_port() -> int:
