@@ -109,7 +109,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         h0, h1 = row["initial_entropy"][0], row["final_entropy"][0]
         band_frac = row["frac_in_band"]
         band_s = f", in band {band_frac[0]:.2f}" if band_frac[2] else ""
-        print(f"  {row['label']:<24} runs {row['n_runs']}  entropy {h0:.3g} -> {h1:.3g} nats{band_s}")
+        left = sum(str(r.path) in cmp.left_out for r in cmp.group(row["label"]).runs)
+        left_s = f" ({left} unfinished or not measurable: not in the verdict's counts)" if left else ""
+        print(f"  {row['label']:<24} runs {row['n_runs']}{left_s}  entropy {h0:.3g} -> {h1:.3g} nats{band_s}")
     n_warn, n_note = len(set(cmp.warnings)), len(cmp.notes)
     counts = [f"{n} {word}{'s' * (n != 1)}" for n, word in ((n_warn, "warning"), (n_note, "note")) if n]
     print(
