@@ -85,8 +85,6 @@ def run_analyze(args: argparse.Namespace) -> int:
     """Handler of ``stare-lab analyze`` (:func:`analysis.analyze.analyze`); prints the verdict, the sweep's critical
     W (the report's line, when a sweep over W is analysed), where the report went and a one-line summary per
     group."""
-    from .analyze import analyze  # here, not at the top: the front door imports every wing's cli to build its parser
-
     t0 = time.perf_counter()
     band = _positive_float("--band", args.band)
     threshold = _positive_float("--threshold", args.threshold)
@@ -97,6 +95,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     for opt, val in (("--paper-setting", args.paper_setting), ("--paper-model", args.paper_model)):
         if val is not None and args.paper is None:
             raise ConfigError(f"{opt}={val!r} needs --paper CSV (it selects rows of the paper table)")
+    # here, after the option checks (a bad option is one line before the plotting library loads), not at the top:
+    # the front door imports every wing's cli to build its parser
+    from .analyze import analyze
     res = analyze(args.paths, args.out, group_by=args.group_by, band=band, threshold=threshold,
                   threshold_frac=threshold_frac if threshold_frac is not None else 0.1, merge=args.merge,
                   metrics=args.metric, fmt=args.fmt, dpi=dpi, paper=args.paper, paper_setting=args.paper_setting,
