@@ -3,8 +3,10 @@
 ``stare-lab train CONFIG [key=value ...]`` runs :func:`trainer.run.loop.train`; launch it under ``torchrun`` /
 ``deepspeed`` for several processes (``python -m trainer.cli CONFIG ...`` is the same command without the front
 door). ``stare-lab train --preset tiny-cpu --train-data FILE.jsonl --out DIR`` builds a tiny random-init model in
-``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, DeepSpeed ZeRO-3, sync). Every
-run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
+``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, a DeepSpeed update — ZeRO stage 0 on
+one process, :func:`trainer.engines.launch.effective_zero_stage` — and the weight sync). ``--out`` holding a run is
+refused unless ``--resume`` / ``--overwrite`` (:func:`stare_lab.outdir.claim_out`); rank 0 holds the directory's
+lock (:func:`stare_lab.runlock.lock_dir`) for the whole run. Every run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
 are and the final numbers (:func:`final_report`); while it runs, rank 0 prints one line per step and engine noise
 is hidden unless ``--verbose`` (:func:`trainer.output.configure_output`). ``stare-lab plan CONFIG`` sizes a run before
 launching
@@ -37,8 +39,7 @@ def tiny_cpu_config(train_data: str, out: str) -> dict[str, Any]:
     """The ``tiny-cpu`` preset as a config mapping (model path = ``OUT/model``, built by :func:`_run_train`).
 
     A random-init model almost never writes a correct ``\\boxed{}`` answer, so with the strict math reward every
-    group would have reward 0, zero advantages and a zero gradient (the ZeRO-3 update and sync would run on
-    nothing). The preset therefore trains on the records whose gold answer is a single digit
+    group would have reward 0, zero advantages and a zero gradient (the update and sync would run on nothing). The preset therefore trains on the records whose gold answer is a single digit
     (``data.answer_pattern="[0-9]"``) with the lenient GSM8K reward (``reward.kind=gsm8k-lenient``: the last number
     of the response counts when there is no boxed answer), as the CI pipeline test does: some groups then have
     reward variance and the update has a non-zero gradient (``grad_norm > 0``, tested).
