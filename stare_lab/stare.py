@@ -127,6 +127,11 @@ def _as_rows(logprobs: Tensor) -> Tensor:
     return lp.reshape(1, -1) if lp.dim() == 1 else lp
 
 
+def _p_scaled(top_p_ratio: float) -> float:
+    """P·(1 − 1e-12): the factor of n before the ceiling of :func:`_num_selected`, as the fused kernel takes it."""
+    return top_p_ratio * (1.0 - _K_RTOL) if top_p_ratio > 0 else 0.0
+
+
 #: Elements per chunk of the CPU selection passes (512 KiB of int32): the temporaries of a chunk stay in cache.
 CHUNK_ELEMS = 1 << 17
 
@@ -161,9 +166,8 @@ def _select(
         set_id = member.to(torch.uint8)
         if member2 is not None:
             set_id = set_id + member2.to(torch.uint8) * 2
-        p_scaled = top_p_ratio * (1.0 - _K_RTOL) if top_p_ratio > 0 else 0.0
         k, n, k2, n2, num_valid = native_select.select_into(
-            lp2, valid, set_id, p_scaled, out, on_value, on_value2, off_value
+            lp2, valid, set_id, _p_scaled(top_p_ratio), out, on_value, on_value2, off_value
         )
         return out, k, n, k2, n2, (num_valid if count_valid else None)
     set_code = member.to(torch.int32).sub_(2)  # -1 where the flag is set, -2 where not
@@ -359,10 +363,9 @@ def stare_token_weights(
 
     check_range("reweight_w", w, 1, _FLOAT32_MAX)  # ω is float32: W, M must be representable (M not 0)
     check_range("reweight_m", m, _FLOAT32_TINY, 1)
-    mask = _as_bool_mask(response_mask)
     adv = advantages.detach()
     if check_inputs:
-        _check_values(logprobs, adv, mask)
+        _check_values(logprobs, adv, _as_bool_mask(response_mask))
 
     device = logprobs.device
     zero = torch.zeros((), dtype=torch.int64, device=device)
@@ -384,16 +387,24 @@ def stare_token_weights(
         )
         return torch.ones(logprobs.shape, dtype=torch.float32, device=device), stats
 
-    adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     lp2 = _as_rows(logprobs)
     # The weights are written as float32 bit patterns: the selection writes bits(W) on L+, bits(M) on L− (C2) and
     # bits(1.0) elsewhere straight into the memory of the weights, so ω is exactly fl(W), fl(M) or 1.0.
     weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
     c2 = config.variant == "C2"
-    _, k_pos, n_pos, k_neg, n_neg, num_valid = _select(
-        lp2, mask, adv_bt > 0, config.top_p_ratio, weights.view(torch.int32), _float32_bits(w), _ONE_BITS,
-        member2=adv_bt < 0 if c2 else None, on_value2=_float32_bits(m), count_valid=True,
-    )
+    if lp2.numel() and device.type == "cpu" and native_select.available():
+        # the fused kernel reads the advantages ([B] or [B, T]: L± per token inside its first pass) and the mask
+        # (bool or 0/1 float/int) as they are: no [B, T] set or bool mask is built first
+        k_pos, n_pos, k_neg, n_neg, num_valid = native_select.select_by_advantage(
+            lp2, response_mask, adv, c2, _p_scaled(config.top_p_ratio), weights.view(torch.int32),
+            _float32_bits(w), _float32_bits(m), _ONE_BITS)
+    else:
+        adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+        _, k_pos, n_pos, k_neg, n_neg, num_valid = _select(
+            lp2, _as_bool_mask(response_mask), adv_bt > 0, config.top_p_ratio, weights.view(torch.int32),
+            _float32_bits(w), _ONE_BITS, member2=adv_bt < 0 if c2 else None, on_value2=_float32_bits(m),
+            count_valid=True,
+        )
     n_valid = num_valid.clamp_min(1).to(torch.float32)
     stats.update(
         {
