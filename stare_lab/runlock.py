@@ -227,7 +227,12 @@ def lock_dir(directory: str | os.PathLike, command: str | None = None) -> Iterat
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise RunError(f"cannot create directory {str(d)!r}: {err.strerror or err}") from None
+        _remove_empty(created)
+        reason = err.strerror or str(err)
+        if created:  # name the existing folder that refused the new entry
+            raise RunError(f"cannot create output directory {str(d)!r}: {str(probe)!r} does not accept new entries "
+                           f"({reason})") from None
+        raise RunError(f"cannot create output directory {str(d)!r}: {reason}") from None
     lock = RunLock(d, command)
     try:
         lock.acquire()
