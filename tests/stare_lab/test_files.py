@@ -136,3 +136,20 @@ def test_train_config_not_utf8_and_bad_yaml(tmp_path, capsys):
     cfg.write_text(yaml.safe_dump({"seed": 1}) + "optim: {lr: 1e-6\n")
     assert cli_main(["train", str(cfg)]) == 1
     assert f"{cfg}:3: not valid YAML" in _one_line(capsys)
+
+
+def test_paper_table_and_deepspeed_json_not_utf8(tmp_path):
+    """The analysis paper table (--paper CSV) and deepspeed.config_file go through the same reader."""
+    from analysis.paper import load_paper_table
+    from trainer.config import load_trainer_config
+    from trainer.engines.launch import deepspeed_json
+
+    csv = tmp_path / "t.csv"
+    csv.write_bytes(b"setting,model,method\nshort_cot,Qw\xe9n,grpo\n")
+    with pytest.raises(DataError, match=r"t\.csv:2: not UTF-8 text \(byte 0xe9 at column 18\)"):
+        load_paper_table(csv)
+    ds = tmp_path / "ds.json"
+    ds.write_bytes(b'{"zero_optimization":\n {"stage": 2, "x": "\xff"}}\n')
+    cfg = load_trainer_config(None, [f"deepspeed.config_file={ds}"])
+    with pytest.raises(ConfigError, match=r"ds\.json:2: not UTF-8 text \(byte 0xff at column 25\)"):
+        deepspeed_json(cfg, 1)

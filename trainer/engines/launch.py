@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import os
 import socket
@@ -147,13 +146,14 @@ def deepspeed_json(cfg: Any, world_size: int) -> dict[str, Any]:
     """
     ds = cfg.deepspeed
     if ds.config_file:
+        from stare_lab.files import read_json
+
         p = Path(ds.config_file)
         if not p.is_file():
             raise ConfigError(f"deepspeed.config_file={ds.config_file!r} does not exist")
-        try:
-            base = json.loads(p.read_text())
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"deepspeed.config_file={ds.config_file!r} is not valid JSON: {err}") from None
+        base = read_json(p, "deepspeed.config_file", ConfigError)  # UTF-8 JSON, or one line with file:line
+        if not isinstance(base, dict):
+            raise ConfigError(f"deepspeed.config_file={ds.config_file!r} must hold a JSON object")
     else:
         stage = effective_zero_stage(ds, world_size)
         if stage != ds.zero_stage:
