@@ -21,6 +21,7 @@ from stare_lab.errors import ConfigError
 from .compare import Comparison, compare
 from .figstyle import DPI
 from .phase import read_sweep_summary
+from .progress import sweep_steps
 from .report import ReportFiles, write_report
 
 __all__ = ["Analysis", "analyze", "sweep_group_by"]
@@ -96,6 +97,10 @@ def analyze(
     cmp = compare(paths, group_by=group_by, band_half_width=band, threshold=threshold,
                   threshold_frac=threshold_frac if threshold is None else 0.1, split=not merge)
     cmp.warnings.extend(read_warnings)
+    if sweep is not None:  # each run's steps against what its sweep planned too (analysis.progress)
+        root = Path(summary).parent if summary is not None and Path(summary).is_file() else (
+            Path(summary) if summary is not None else Path(paths[0]))
+        cmp.mark_left_out(sweep_steps(sweep, root))
     _check_metrics(metrics, cmp.runs)
     files = write_report(cmp, out, fmt=fmt, metrics=metrics, paper=paper, paper_setting=paper_setting,
                          paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep,

@@ -85,8 +85,6 @@ def run_analyze(args: argparse.Namespace) -> int:
     """Handler of ``stare-lab analyze`` (:func:`analysis.analyze.analyze`); prints the verdict, the sweep's critical
     W (the report's line, when a sweep over W is analysed), where the report went and a one-line summary per
     group."""
-    from .analyze import analyze  # here, not at the top: the front door imports every wing's cli to build its parser
-
     t0 = time.perf_counter()
     band = _positive_float("--band", args.band)
     threshold = _positive_float("--threshold", args.threshold)
@@ -97,6 +95,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     for opt, val in (("--paper-setting", args.paper_setting), ("--paper-model", args.paper_model)):
         if val is not None and args.paper is None:
             raise ConfigError(f"{opt}={val!r} needs --paper CSV (it selects rows of the paper table)")
+    # here, after the option checks (a bad option is one line before the plotting library loads), not at the top:
+    # the front door imports every wing's cli to build its parser
+    from .analyze import analyze
     res = analyze(args.paths, args.out, group_by=args.group_by, band=band, threshold=threshold,
                   threshold_frac=threshold_frac if threshold_frac is not None else 0.1, merge=args.merge,
                   metrics=args.metric, fmt=args.fmt, **dpi, paper=args.paper, paper_setting=args.paper_setting,
@@ -109,7 +110,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         h0, h1 = row["initial_entropy"][0], row["final_entropy"][0]
         band_frac = row["frac_in_band"]
         band_s = f", in band {band_frac[0]:.2f}" if band_frac[2] else ""
-        print(f"  {row['label']:<24} runs {row['n_runs']}  entropy {h0:.3g} -> {h1:.3g} nats{band_s}")
+        left = sum(str(r.path) in cmp.left_out for r in cmp.group(row["label"]).runs)
+        left_s = f" ({left} unfinished or not measurable: not in the verdict's counts)" if left else ""
+        print(f"  {row['label']:<24} runs {row['n_runs']}{left_s}  entropy {h0:.3g} -> {h1:.3g} nats{band_s}")
     n_warn, n_note = len(set(cmp.warnings)), len(cmp.notes)
     counts = [f"{n} {word}{'s' * (n != 1)}" for n, word in ((n_warn, "warning"), (n_note, "note")) if n]
     print(

@@ -107,6 +107,8 @@ class Comparison:
         confidence: confidence level of the seed bands (0.95).
         group_by: the dotted config keys that split methods into groups.
         warnings: warnings from reading and aggregating (the report lists them).
+        left_out: ``str(run.path)`` → why the run is unfinished or not measurable (:mod:`analysis.progress`); such
+            runs are left out of the verdict's held / collapsed counts, which says so (:meth:`mark_left_out`).
     """
 
     groups: list[Group]
@@ -117,6 +119,17 @@ class Comparison:
     group_by: tuple[str, ...] = ()
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def mark_left_out(self, planned: dict | None = None) -> None:
+        """Find the unfinished and not measurable runs (:func:`analysis.progress.left_out`: steps against each run's
+        config and ``planned``, a sweep's steps per run directory) and add one warning per run."""
+        from .progress import left_out
+
+        for path, reason in left_out(self.runs, planned).items():
+            if self.left_out.get(path) != reason:
+                self.left_out[path] = reason
+                self.warnings.append(f"{path}: {reason}; left out of the verdict's held/collapsed counts")
 
     # ------------------------------------------------------------------------------------------------ basics
     @property
@@ -511,7 +524,7 @@ def compare(
                 tuple(value_rank(v) for _, v in g.key_values))
 
     groups.sort(key=order)
-    return Comparison(
+    cmp = Comparison(
         groups=groups,
         band_half_width=float(band_half_width),
         threshold=None if threshold is None else float(threshold),
@@ -521,3 +534,5 @@ def compare(
         warnings=warnings,
         notes=notes,
     )
+    cmp.mark_left_out()
+    return cmp

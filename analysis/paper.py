@@ -12,6 +12,7 @@ paper's percent. Nothing is invented: a cell the paper or the runs do not have s
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from stare_lab.errors import ConfigError, DataError
+from stare_lab.files import read_text
 
 from .compare import Comparison
 from .load import RunData
@@ -74,12 +76,12 @@ def load_paper_table(path: str | os.PathLike) -> list[dict[str, Any]]:
             (setting, model, method).
     """
     p = Path(path)
+    text = read_text(p, "paper table", DataError, allow_empty=True)  # UTF-8, or one line with file:line
     try:
-        with open(p, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames
-            raw = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames
+        raw = list(reader)
+    except csv.Error as err:
         raise DataError(f"paper table {str(p)!r} is not readable: {err}") from None
     if not header:
         raise DataError(f"paper table {str(p)!r} is empty (no CSV header)")

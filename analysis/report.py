@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stare_lab.critical import STRENGTH_KINDS
-from stare_lab.errors import ConfigError, RunError
+from stare_lab.errors import ConfigError
+from stare_lab.runlock import LOCK_FILE, lock_dir
 
 from . import phase, plots, stats
 from .compare import Comparison
@@ -311,17 +312,16 @@ def write_report(
         check_paper_filters(paper_rows, paper_setting, paper_model)
     out = Path(out_dir)
     created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise RunError(f"cannot create output directory {str(out)!r}: {err.strerror or err}") from None
-    try:
-        return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs, sweep,
-                      calibration)
-    except BaseException:
-        if created:  # leave no half-written (or empty) folder behind; everything in it is ours
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+    with lock_dir(out, command="stare-lab analyze"):  # one writer per report folder (created here if missing)
+        try:
+            return _write(cmp, out, fmt, metrics, paper, paper_rows, paper_setting, paper_model, dpi, title, inputs,
+                          sweep, calibration)
+        except BaseException:
+            if created:  # leave no half-written folder behind: everything in it but the lock is ours
+                for p in out.iterdir():
+                    if p.name != LOCK_FILE:
+                        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            raise
 
 
 def _css_width(png: bytes, dpi: int) -> int:

@@ -44,11 +44,14 @@ def comparison_verdict(cmp: Comparison, summaries: Mapping[int, dict[str, Any]],
     of a STARE group is compared with the baseline of the same experiment (:func:`reference_slices`); none is
     named when there is no such baseline, or several that cannot be told apart."""
     groups = []
+    left = getattr(cmp, "left_out", {})
     for g in cmp.groups:
         first = g.runs[0]
         stare = (first.config_value("loss.stare") or {}) if uses_stare(first) else None
+        counted = [r for r in g.runs if str(r.path) not in left]  # unfinished / not measurable: named, not counted
         groups.append({"label": g.label, "method": g.method, "stare": stare,
-                       **group_outcome([summaries[id(r)] for r in g.runs])})
+                       **group_outcome([summaries[id(r)] for r in counted]), "n_total": len(g.runs),
+                       "left_out": [(r.seed, left[str(r.path)]) for r in g.runs if str(r.path) in left]})
     for info, sl in zip(groups, reference_slices(cmp)):
         info["slice"] = sl
     return verdict(groups, per_setting=per_setting)

@@ -35,6 +35,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stare_lab.errors import ConfigError
+from stare_lab.runlock import lock_dir
 
 from simulators.presets import DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset, preset_names
 
@@ -180,17 +181,14 @@ def _figures(analyze, out: Path, run_dirs: list[Path], group_by: list[str]) -> s
 def handler(args: argparse.Namespace) -> int:
     """Run the sweep described by ``args``; returns 0. User errors raise StareLabError (the front door prints one
     line and exits 1)."""
-    # here, not at the top: the front door imports every wing's cli to build its parser, and these pull in torch
-    from simulators.keys import format_keys
-    from simulators.notes import critical_lines, plan_notes
-    from simulators.sweep import format_table, plan_sweep, run_sweep
-
     if args.list_presets:
         for name in preset_names():
             spec = get_preset(name)
             print(f"{name:<16} [{spec['kind']}] {spec['description']}")
         return 0
     if args.list_keys:
+        from simulators.keys import format_keys
+
         print(format_keys(args.preset))
         return 0
     t0 = time.perf_counter()
@@ -208,7 +206,23 @@ def handler(args: argparse.Namespace) -> int:
                           "replaces them")
     seeds = parse_seeds(args.seeds, args.seed)
     steps, workers = _int_option("steps", args.steps), _int_option("workers", args.workers)
+    get_preset(args.preset)  # an unknown preset or method: one line, before torch is imported
+    for m in methods or []:  # METHODS is the live table: built-ins and what the loaded plugins registered
+        if m not in METHODS:
+            raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}")
     out = Path(args.out) if args.out is not None else Path("runs") / args.preset
+    # one writer per sweep directory, taken before anything in it is read for the plan, written or deleted
+    with lock_dir(out, command=f"stare-lab simulate --preset {args.preset}"):
+        return _run(args, t0, methods, seeds, steps, workers, out)
+
+
+def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: int | list[int] | None,
+         steps: int | None, workers: int | None, out: Path) -> int:
+    """Plan and run the sweep into ``out`` (whose lock the caller holds); print the results."""
+    # here, not at the top: the front door imports every wing's cli to build its parser, and these pull in torch
+    from simulators.notes import critical_lines, plan_notes
+    from simulators.sweep import format_table, plan_sweep, run_sweep
+
     plan = plan_sweep(
         args.preset,
         methods,

@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SweepPlan", "plan_sweep", "run_sweep", "format_table", "check_writable_dir", "stale_runs", "method_set_keys",
-    "group_label", "seed_list", "uses_stare",
+    "group_label", "seed_list", "uses_stare", "check_grid_used",
 ]
 
 #: the simulator module and config class of each preset kind
@@ -100,6 +100,27 @@ def uses_stare(method: str) -> bool:
     only such methods see ``loss.stare.*`` grid keys."""
     loss = method_overrides(method)["loss"]
     return loss_needs(loss["loss_mode"]).stare
+
+
+def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> None:
+    """Every ``--sweep`` key must change the runs of at least one of ``methods``: ``loss.stare.*`` keys are seen by
+    STARE methods only (:func:`uses_stare`), ``loss.stare.reweight_m`` only by variant C2 (docs/theory.md §1).
+
+    Raises:
+        ConfigError: naming the key, the methods and which methods would use it.
+    """
+    for key, _ in grid:
+        if not key.startswith("loss.stare."):
+            continue
+        users = [m for m in methods if uses_stare(m)]
+        need = "STARE methods (e.g. o1, c2)"
+        if key == "loss.stare.reweight_m":
+            users = [m for m in users if str(method_overrides(m)["loss"]["stare"].get("variant", "")).upper() == "C2"]
+            need = "variant C2 (e.g. c2)"
+        if not users:
+            raise ConfigError(f"--sweep {key}: none of the methods {','.join(methods)} uses {key} (only {need} do), "
+                              "so every grid point would be the same run; add such a method to --methods or sweep "
+                              "another key")
 
 
 def seed_list(seeds: int | list[int] | tuple[int, ...] | None, default: list[int]) -> list[int]:
@@ -267,6 +288,7 @@ def plan_sweep(
                 f"{what}: {key} is set by method {setters[0]!r}; choose the method with --methods "
                 f"(one of {{{', '.join(METHODS)}}}) instead"
             )
+    check_grid_used(grid, methods)
     both = grid_keys & {o.split("=", 1)[0].strip() for o in overrides}
     if both:
         raise ConfigError(f"{sorted(both)[0]} is both overridden and swept: give it once")

@@ -21,6 +21,7 @@ from typing import Sequence
 
 from . import __version__
 from .errors import StareLabError
+from .threads import set_thread_defaults
 
 ENTRY_POINT_GROUP = "stare_lab.commands"
 
@@ -108,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    set_thread_defaults()  # before any command imports torch (stare_lab.threads)
     try:
         from .plugins import load_plugins
 

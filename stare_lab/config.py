@@ -38,6 +38,7 @@ __all__ = [
     "parse_overrides",
     "load_config",
     "load_yaml",
+    "expand_shorthand",
     "check_range",
     "check_choice",
     "check_positive",
@@ -490,25 +491,23 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     return data
 
 
+def expand_shorthand(overrides: Iterable[str]) -> list[str]:
+    """Dotted ``key=value`` overrides with the shorthand ``stare.KEY=V`` written out as ``loss.stare.KEY=V`` (the
+    STARE settings live under ``loss`` in every config; ``stare-lab simulate``, ``train`` and ``promote`` accept
+    both spellings)."""
+    return ["loss." + o if str(o).startswith("stare.") else str(o) for o in overrides]
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping from ``path``.
 
     Raises:
-        ConfigError: if the file is missing, unreadable, not valid YAML, or not a mapping at top level.
+        ConfigError: if the file is missing, unreadable, larger than 16 MiB, not UTF-8, not valid YAML, or not a
+            mapping at top level (one line naming the file and line: :func:`stare_lab.files.read_yaml`).
     """
-    yaml = _yaml()
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level, got {type(data).__name__}")
-    return data
+    from .files import read_yaml
+
+    return read_yaml(path, "config file", ConfigError)
 
 
 def load_config(

@@ -31,7 +31,7 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["available", "select_into", "load_error"]
+__all__ = ["available", "select_into", "select_by_advantage", "load_error"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -61,61 +61,130 @@ static int32_t threshold_bin(const uint32_t *hist, int32_t bins, int64_t k, int6
     return 0;
 }
 
+/* valid[i] != 0 for the mask's dtype: 0 uint8/bool, 1 float32, 2 int32, 3 int64 (a float 0/1 mask is read as it
+   is, never converted first) */
+static inline int is_valid(const void *valid, int kind, int64_t i)
+{
+    switch (kind) {
+    case 1: return ((const float *)valid)[i] != 0.0f;
+    case 2: return ((const int32_t *)valid)[i] != 0;
+    case 3: return ((const int64_t *)valid)[i] != 0;
+    default: return ((const uint8_t *)valid)[i] != 0;
+    }
+}
+
+/* The set of a token: sel_kind 0 reads set ids (uint8: 1 set 1, 2 set 2, else none); sel_kind 1 reads float32
+   advantages (set 1 if > 0; set 2 if < 0 and two_sets; none otherwise, NaN included). */
+static inline int set_of(const void *sel, int sel_kind, int two_sets, int64_t i)
+{
+    if (sel_kind == 1) {
+        const float a = ((const float *)sel)[i];
+        return a > 0.0f ? 1 : (two_sets && a < 0.0f ? 2 : 0);
+    }
+    const uint8_t s = ((const uint8_t *)sel)[i];
+    return (s == 1 || (s == 2 && two_sets)) ? s : 0;
+}
+
+/* Whether per-token advantages are constant along each row over its valid tokens (GRPO's advantages in verl's
+   [B, T] layout, zero on padding); if so, row_adv[r] gets that value (0 for a row without a valid token). Stops at
+   the first row that differs, which for per-token advantages comes within a few tokens. */
+static int rows_constant(const float *adv, const void *valid, int valid_kind, int64_t rows, int64_t cols,
+                         float *row_adv)
+{
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *a = adv + r * cols;
+        int64_t c = 0;
+        while (c < cols && !is_valid(valid, valid_kind, r * cols + c)) ++c;
+        const float a0 = c < cols ? a[c] : 0.0f;
+        if (a0 != a0) return 0; /* NaN: per token */
+        for (; c < cols; ++c)
+            if (a[c] != a0 && is_valid(valid, valid_kind, r * cols + c)) return 0;
+        row_adv[r] = a0;
+    }
+    return 1;
+}
+
 /* Two disjoint sets at once (set 1 = L+, set 2 = L-): for each set s, exactly k_s = num_selected(n_s) of its
    candidates with the largest key, key = bits of |log p| (a non-negative float32 orders like its bit pattern),
-   ties in row-major order. Candidates of set s: valid[i] && set_id == s (set_id per row, or per token when
-   set_per_token). out[i] = on1 / on2 on the selected tokens of set 1 / 2, off elsewhere.
+   ties in row-major order. Candidates of set s: valid tokens whose set (set_of, per row when !sel_per_token: one
+   value per row, advantages constant along it) is s. Pass 1 stores in `out` the key of a candidate and -1 for any
+   other token; with sets per token, a set-2 candidate's key is stored as -2 - key (<= -2), so that the later
+   passes never read the mask or the sets again (with sets per row they read the row's set).
+   out[i] = on1 / on2 on the selected tokens of set 1 / 2, off elsewhere.
    res = {k1, n1, k2, n2, number of valid tokens}. Returns 0, or 1 if out of memory. */
-int stare_select(const float *lp, const uint8_t *valid, const uint8_t *set_id, int set_per_token,
-                 int64_t rows, int64_t cols, double p_scaled, int32_t on1, int32_t on2, int32_t off,
-                 int32_t *out, int64_t *res)
+int stare_select(const float *lp, const void *valid, int valid_kind, const void *sel, int sel_kind,
+                 int sel_per_token, int two_sets, int64_t rows, int64_t cols, double p_scaled, int32_t on1,
+                 int32_t on2, int32_t off, int32_t *out, int64_t *res)
 {
     uint32_t *hist1 = (uint32_t *)calloc(2 * 65536, sizeof(uint32_t));
     uint32_t *hist2 = (uint32_t *)calloc(2 * 32768, sizeof(uint32_t));
-    if (!hist1 || !hist2) { free(hist1); free(hist2); return 1; }
+    float *row_adv = sel_kind == 1 && sel_per_token ? (float *)malloc((size_t)(rows > 0 ? rows : 1) * sizeof(float))
+                                                    : NULL;
+    if (!hist1 || !hist2 || (sel_kind == 1 && sel_per_token && !row_adv)) {
+        free(hist1); free(hist2); free(row_adv); return 1;
+    }
+    if (row_adv && rows_constant((const float *)sel, valid, valid_kind, rows, cols, row_adv)) {
+        sel = row_adv; /* advantages constant along each row: the per-row passes */
+        sel_per_token = 0;
+    }
     int64_t n[2] = {0, 0}, num_valid = 0;
-    /* pass 1: keys (-1 for non-candidates) and, per set, the histogram of their high 16 bits */
+    /* pass 1: keys and, per set, the histogram of their high 16 bits */
     for (int64_t r = 0; r < rows; ++r) {
         const float *lp_r = lp + r * cols;
-        const uint8_t *valid_r = valid + r * cols;
         int32_t *out_r = out + r * cols;
-        if (set_per_token) {
-            const uint8_t *set_r = set_id + r * cols;
+        const int row_set = sel_per_token ? -1 : set_of(sel, sel_kind, two_sets, r);
+        if (row_set == 0) {
             for (int64_t c = 0; c < cols; ++c) {
-                uint32_t bits;
-                memcpy(&bits, lp_r + c, sizeof bits);
-                const uint8_t v = valid_r[c] != 0, s = set_r[c];
-                num_valid += v;
-                if (v && (s == 1 || s == 2)) {
-                    bits &= 0x7FFFFFFFu;
-                    out_r[c] = (int32_t)bits;
-                    hist1[(s - 1) * 65536 + (bits >> 15)] += 1;
-                    n[s - 1] += 1;
-                } else {
-                    out_r[c] = -1;
-                }
+                num_valid += is_valid(valid, valid_kind, r * cols + c);
+                out_r[c] = -1;
             }
-        } else if (set_id[r] == 1 || set_id[r] == 2) {
-            const int s = set_id[r] - 1;
-            uint32_t *h = hist1 + s * 65536;
+            continue;
+        }
+        if (row_set > 0) {
+            uint32_t *h = hist1 + (row_set - 1) * 65536;
             int64_t count = 0;
-            for (int64_t c = 0; c < cols; ++c) {
-                uint32_t bits;
-                memcpy(&bits, lp_r + c, sizeof bits);
-                if (valid_r[c]) {
-                    bits &= 0x7FFFFFFFu;
-                    out_r[c] = (int32_t)bits;
-                    h[bits >> 15] += 1;
-                    count += 1;
-                } else {
-                    out_r[c] = -1;
-                }
+/* one loop per mask dtype, so that the inner loop has no dtype switch */
+#define ROW_KEYS(TYPE, ZERO)                                                   \
+            {                                                                  \
+                const TYPE *valid_r = (const TYPE *)valid + r * cols;          \
+                for (int64_t c = 0; c < cols; ++c) {                           \
+                    uint32_t bits;                                             \
+                    memcpy(&bits, lp_r + c, sizeof bits);                      \
+                    if (valid_r[c] != ZERO) {                                  \
+                        bits &= 0x7FFFFFFFu;                                   \
+                        out_r[c] = (int32_t)bits;                              \
+                        h[bits >> 15] += 1;                                    \
+                        count += 1;                                            \
+                    } else {                                                   \
+                        out_r[c] = -1;                                         \
+                    }                                                          \
+                }                                                              \
             }
-            n[s] += count;
+            switch (valid_kind) {
+            case 1: ROW_KEYS(float, 0.0f) break;
+            case 2: ROW_KEYS(int32_t, 0) break;
+            case 3: ROW_KEYS(int64_t, 0) break;
+            default: ROW_KEYS(uint8_t, 0) break;
+            }
+#undef ROW_KEYS
+            n[row_set - 1] += count;
             num_valid += count;
-        } else {
-            for (int64_t c = 0; c < cols; ++c) {
-                num_valid += valid_r[c] != 0;
+            continue;
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+            const int64_t i = r * cols + c;
+            const int v = is_valid(valid, valid_kind, i);
+            const int s = set_of(sel, sel_kind, two_sets, i);
+            uint32_t bits;
+            memcpy(&bits, lp_r + c, sizeof bits);
+            bits &= 0x7FFFFFFFu;
+            num_valid += v;
+            if (v && s) {
+                if (s == 2 && bits == 0x7FFFFFFFu) bits = 0x7FFFFFFEu; /* the one NaN pattern -2 - key cannot hold */
+                out_r[c] = s == 1 ? (int32_t)bits : -2 - (int32_t)bits;
+                hist1[(s - 1) * 65536 + (bits >> 15)] += 1;
+                n[s - 1] += 1;
+            } else {
                 out_r[c] = -1;
             }
         }
@@ -128,24 +197,28 @@ int stare_select(const float *lp, const uint8_t *valid, const uint8_t *set_id, i
         b1[s] = threshold_bin(hist1 + s * 65536, 65536, k[s], &above);
         k2[s] = k[s] - above;
     }
-    /* pass 2: per set, the low 15 bits of the keys inside its threshold bin (non-candidates have key -1) */
-    for (int64_t r = 0; r < rows; ++r) {
-        const int32_t *out_r = out + r * cols;
-        if (set_per_token) {
-            const uint8_t *set_r = set_id + r * cols;
-            for (int64_t c = 0; c < cols; ++c) {
-                const int32_t key = out_r[c];
-                if (key < 0) continue;
-                const int s = set_r[c] - 1;
-                if ((key >> 15) == b1[s]) hist2[s * 32768 + (key & 0x7FFF)] += 1;
+    /* pass 2: per set, the low 15 bits of the keys inside its threshold bin (key -1 >> 15 is -1: never a bin) */
+    const int64_t total = rows * cols;
+    if (sel_per_token) {
+        for (int64_t i = 0; i < total; ++i) {
+            const int32_t code = out[i];
+            if (code >= 0) {
+                if ((code >> 15) == b1[0]) hist2[code & 0x7FFF] += 1;
+            } else if (code <= -2) {
+                const int32_t key = -2 - code;
+                if ((key >> 15) == b1[1]) hist2[32768 + (key & 0x7FFF)] += 1;
             }
-        } else if (set_id[r] == 1 || set_id[r] == 2) {
-            const int s = set_id[r] - 1;
+        }
+    } else {
+        for (int64_t r = 0; r < rows; ++r) {
+            const int s = set_of(sel, sel_kind, two_sets, r) - 1;
+            if (s < 0) continue;
+            const int32_t *out_r = out + r * cols;
             const int32_t bin = b1[s];
             uint32_t *h = hist2 + s * 32768;
             for (int64_t c = 0; c < cols; ++c) {
                 const int32_t key = out_r[c];
-                if ((key >> 15) == bin) h[key & 0x7FFF] += 1;  /* key -1 >> 15 is -1: never a bin */
+                if ((key >> 15) == bin) h[key & 0x7FFF] += 1;
             }
         }
     }
@@ -156,23 +229,26 @@ int stare_select(const float *lp, const uint8_t *valid, const uint8_t *set_id, i
         need[s] = k2[s] - above;
     }
     /* pass 3: keys above t, and the first `need` keys equal to t in row-major order, per set */
-    for (int64_t r = 0; r < rows; ++r) {
-        int32_t *out_r = out + r * cols;
-        if (set_per_token) {
-            const uint8_t *set_r = set_id + r * cols;
-            for (int64_t c = 0; c < cols; ++c) {
-                const int32_t key = out_r[c];
-                int32_t value = off;
-                if (key >= 0) {
-                    const int s = set_r[c] - 1;
-                    int sel = key > t[s];
-                    if (key == t[s] && taken[s] < need[s]) { sel = 1; taken[s] += 1; }
-                    if (sel) value = s == 0 ? on1 : on2;
-                }
-                out_r[c] = value;
+    if (sel_per_token) {
+        for (int64_t i = 0; i < total; ++i) {
+            const int32_t code = out[i];
+            int32_t value = off;
+            if (code >= 0) {
+                if (code > t[0] || (code == t[0] && taken[0]++ < need[0])) value = on1;
+            } else if (code <= -2) {
+                const int32_t key = -2 - code;
+                if (key > t[1] || (key == t[1] && taken[1]++ < need[1])) value = on2;
             }
-        } else if (set_id[r] == 1 || set_id[r] == 2) {
-            const int s = set_id[r] - 1;
+            out[i] = value;
+        }
+    } else {
+        for (int64_t r = 0; r < rows; ++r) {
+            const int s = set_of(sel, sel_kind, two_sets, r) - 1;
+            int32_t *out_r = out + r * cols;
+            if (s < 0) {
+                for (int64_t c = 0; c < cols; ++c) out_r[c] = off;
+                continue;
+            }
             const int32_t ts = t[s], on = s == 0 ? on1 : on2;
             for (int64_t c = 0; c < cols; ++c) {
                 const int32_t key = out_r[c];
@@ -180,12 +256,11 @@ int stare_select(const float *lp, const uint8_t *valid, const uint8_t *set_id, i
                 if (key == ts && taken[s] < need[s]) { value = on; taken[s] += 1; }
                 out_r[c] = value;
             }
-        } else {
-            for (int64_t c = 0; c < cols; ++c) out_r[c] = off;
         }
     }
     free(hist1);
     free(hist2);
+    free(row_adv);
     res[0] = k[0]; res[1] = n[0]; res[2] = k[1]; res[3] = n[1]; res[4] = num_valid;
     return 0;
 }
@@ -237,8 +312,9 @@ def _build() -> ctypes.CDLL:
     fn = lib.stare_select
     fn.restype = ctypes.c_int
     fn.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_double, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+        ctypes.c_void_p, ctypes.c_void_p,
     ]
     return lib
 
@@ -266,15 +342,30 @@ def load_error() -> str | None:
     return _error
 
 
+#: the kernel's code of each mask dtype (``is_valid``); other dtypes are compared with 0 first
+_VALID_KINDS = {torch.bool: 0, torch.uint8: 0, torch.float32: 1, torch.int32: 2, torch.int64: 3}
+
+
+def _valid_arg(valid: Tensor, rows: int, cols: int) -> tuple[Tensor, int]:
+    """``valid`` as a contiguous ``[rows, cols]`` tensor the kernel reads as it is (bool/uint8, float32, int32,
+    int64: no conversion pass), and its kind code."""
+    kind = _VALID_KINDS.get(valid.dtype)
+    if kind is None:
+        valid, kind = valid != 0, 0
+    valid = valid.reshape(rows, cols).contiguous()
+    return (valid.view(torch.uint8) if valid.dtype == torch.bool else valid), kind
+
+
 def select_into(
     lp2: Tensor, valid: Tensor, set_id: Tensor, p_scaled: float, out: Tensor, on1: int, on2: int, off: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Run the kernel for up to two disjoint sets: ``out`` (int32 ``[rows, cols]``, contiguous CPU) gets ``on1`` /
-    ``on2`` on the selected tokens of set 1 / set 2 and ``off`` elsewhere.
+    """Run the kernel for up to two disjoint sets given as set ids: ``out`` (int32 ``[rows, cols]``, contiguous
+    CPU) gets ``on1`` / ``on2`` on the selected tokens of set 1 / set 2 and ``off`` elsewhere.
 
     Args:
         lp2: float32 ``[rows, cols]`` log-probabilities (CPU; made contiguous here).
-        valid: bool ``[rows, cols]``.
+        valid: ``[rows, cols]`` mask, bool or 0/1 of any dtype (bool, uint8, float32, int32, int64 are read as
+            they are).
         set_id: uint8 ``[rows, 1]`` (per row) or ``[rows, cols]``: 1 for set 1 (e.g. Â > 0), 2 for set 2 (Â < 0),
             0 for neither.
         p_scaled: P·(1 − 1e-12), the factor of n before the ceiling (see ``radix_select.num_selected``).
@@ -286,19 +377,48 @@ def select_into(
         RuntimeError: if the kernel is not available, ``out`` is not a contiguous int32 tensor of the right shape,
             or the kernel runs out of memory.
     """
+    rows = lp2.shape[0]
+    per_token = set_id.shape == lp2.shape
+    sel = set_id.reshape(rows, -1).to(torch.uint8).contiguous()
+    return _run(lp2, valid, sel, 0, per_token, True, p_scaled, out, on1, on2, off)
+
+
+def select_by_advantage(
+    lp2: Tensor, valid: Tensor, advantages: Tensor, two_sets: bool, p_scaled: float, out: Tensor, on1: int, on2: int,
+    off: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`select_into` with the sets read from the advantages inside the kernel: set 1 = Â > 0, set 2 = Â < 0
+    (only when ``two_sets``), so neither the sets nor a bool mask are built first.
+
+    Args:
+        advantages: ``[rows]`` / ``[rows, 1]`` (one per row) or ``[rows, cols]`` (per token, e.g. verl's layout); a
+            ``[rows, cols]`` view that is constant along each row by construction (stride 0, e.g. ``adv[:, None]
+            .expand(...)``) is read once per row. Read as float32 (converted only when of another dtype).
+
+    Returns / Raises: as :func:`select_into`.
+    """
+    rows, cols = lp2.shape
+    adv = advantages.detach()
+    if adv.dim() == 2 and adv.shape[1] != 1 and adv.stride(1) == 0:
+        adv = adv[:, 0]  # constant along each row: one value per row
+    per_token = adv.dim() == 2 and adv.shape[1] == cols and cols != 1
+    adv = adv.reshape(rows, cols if per_token else 1).to(torch.float32).contiguous()
+    return _run(lp2, valid, adv, 1, per_token, two_sets, p_scaled, out, on1, on2, off)
+
+
+def _run(lp2: Tensor, valid: Tensor, sel: Tensor, sel_kind: int, per_token: bool, two_sets: bool, p_scaled: float,
+         out: Tensor, on1: int, on2: int, off: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     if not available():
         raise RuntimeError(f"the fused CPU selection kernel is not available: {_error}")
     rows, cols = lp2.shape
     if not (out.is_contiguous() and out.dtype == torch.int32 and out.shape == lp2.shape):
         raise RuntimeError("out must be a contiguous int32 tensor of the shape of the log-probabilities")
     lp_c = lp2.contiguous()
-    valid_c = valid.contiguous().view(torch.uint8)
-    per_token = set_id.shape == lp2.shape
-    set_c = set_id.reshape(rows, -1).to(torch.uint8).contiguous()
+    valid_c, valid_kind = _valid_arg(valid, rows, cols)
     res = torch.zeros(5, dtype=torch.int64)
     status = _lib.stare_select(  # type: ignore[union-attr]
-        lp_c.data_ptr(), valid_c.data_ptr(), set_c.data_ptr(), int(per_token), rows, cols, float(p_scaled),
-        int(on1), int(on2), int(off), out.data_ptr(), res.data_ptr(),
+        lp_c.data_ptr(), valid_c.data_ptr(), valid_kind, sel.data_ptr(), sel_kind, int(per_token), int(two_sets),
+        rows, cols, float(p_scaled), int(on1), int(on2), int(off), out.data_ptr(), res.data_ptr(),
     )
     if status != 0:
         raise RuntimeError("the fused CPU selection kernel ran out of memory")

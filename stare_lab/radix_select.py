@@ -20,7 +20,7 @@ from torch import Tensor
 from . import native_select
 from .errors import DataError
 
-__all__ = ["select_top_surprisal", "select_into", "num_selected", "float32_bits", "as_rows", "as_bool_mask",
+__all__ = ["select_top_surprisal", "select_into", "num_selected", "p_scaled", "float32_bits", "as_rows", "as_bool_mask",
            "CHUNK_ELEMS"]
 
 # Radix select layout: a non-negative float32 surprisal has a bit pattern in [0, 2**31) that orders like the float.
@@ -48,6 +48,11 @@ def num_selected(n: Tensor, top_p_ratio: float) -> Tensor:
     k = torch.ceil(n.to(torch.float64) * (top_p_ratio * (1.0 - _K_RTOL))).to(torch.int64)
     k = torch.minimum(k.clamp_min(1), n)
     return k  # n = 0 → min(1, 0) = 0
+
+
+def p_scaled(top_p_ratio: float) -> float:
+    """P·(1 − 1e-12): the factor of n before the ceiling of :func:`num_selected`, as the fused kernel takes it."""
+    return top_p_ratio * (1.0 - _K_RTOL) if top_p_ratio > 0 else 0.0
 
 
 def _threshold(hist: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -148,9 +153,8 @@ def select_into(
         set_id = member.to(torch.uint8)
         if member2 is not None:
             set_id = set_id + member2.to(torch.uint8) * 2
-        p_scaled = top_p_ratio * (1.0 - _K_RTOL) if top_p_ratio > 0 else 0.0
         k, n, k2, n2, num_valid = native_select.select_into(
-            lp2, valid, set_id, p_scaled, out, on_value, on_value2, off_value
+            lp2, valid, set_id, p_scaled(top_p_ratio), out, on_value, on_value2, off_value
         )
         return out, k, n, k2, n2, (num_valid if count_valid else None)
     set_code = member.to(torch.int32).sub_(2)  # -1 where the flag is set, -2 where not

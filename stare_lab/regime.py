@@ -26,7 +26,6 @@ read by :func:`read_calibration`; :func:`calibrated_strengths` turns its ``criti
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from .critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, CriticalStrength
 from .errors import DataError, RunError
+from .files import read_json
 
 __all__ = [
     "REGIME_KEYS", "RATIO_FACTOR", "CALIBRATION_FILE", "run_regime", "regime_mismatches", "read_calibration",
@@ -162,10 +162,7 @@ def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
     if not p.is_file():
         raise RunError(f"calibration {str(path)!r} does not exist (give calibration.json or the folder "
                        "`stare-lab calibrate` wrote)")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DataError(f"calibration {str(p)!r} is not valid JSON ({err})") from None
+    data = read_json(p, "calibration", DataError)  # encoding, size, JSON: one line naming the file and line
     if not isinstance(data, dict) or data.get("kind") != "calibrated":
         kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
         raise DataError(f"{str(p)!r} has kind={kind!r}; a calibration has kind 'calibrated' (stare-lab calibrate)")

@@ -34,7 +34,8 @@ from torch import Tensor
 
 from .config import STAREConfig, check_range
 from .errors import DataError
-from .radix_select import as_bool_mask, as_rows, float32_bits, select_into, select_top_surprisal
+from . import native_select
+from .radix_select import as_bool_mask, as_rows, float32_bits, p_scaled, select_into, select_top_surprisal
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def select_stare_sets(
     mask = as_bool_mask(response_mask)
     adv = advantages.detach()
     if check_inputs:
-        _check_values(logprobs, adv, mask)
+        _check_values(logprobs, adv, as_bool_mask(response_mask))
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     lp2 = as_rows(logprobs)
     c2 = variant == "C2"
@@ -228,7 +229,6 @@ def stare_token_weights(
     w = float(config.reweight_w if reweight_w is None else reweight_w)
     m = float(config.reweight_m if reweight_m is None else reweight_m)
     _check_weights(w, m)
-    mask = as_bool_mask(response_mask)
     adv = advantages.detach()
     if check_inputs:
         _check_values(logprobs, adv, mask)
@@ -239,16 +239,24 @@ def stare_token_weights(
         stats.update(_zero_counts(device))
         return torch.ones(logprobs.shape, dtype=torch.float32, device=device), stats
 
-    adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     lp2 = as_rows(logprobs)
     # The weights are written as float32 bit patterns: the selection writes bits(W) on L+, bits(M) on L− (C2) and
     # bits(1.0) elsewhere straight into the memory of the weights, so ω is exactly fl(W), fl(M) or 1.0.
     weights = torch.empty(lp2.shape, dtype=torch.float32, device=device)
     c2 = config.variant == "C2"
-    _, k_pos, n_pos, k_neg, n_neg, num_valid = select_into(
-        lp2, mask, adv_bt > 0, config.top_p_ratio, weights.view(torch.int32), float32_bits(w), _ONE_BITS,
-        member2=adv_bt < 0 if c2 else None, on_value2=float32_bits(m), count_valid=True,
-    )
+    if lp2.numel() and device.type == "cpu" and native_select.available():
+        # the fused kernel reads the advantages ([B] or [B, T]: L± per token inside its first pass) and the mask
+        # (bool or 0/1 float/int) as they are: no [B, T] set or bool mask is built first
+        k_pos, n_pos, k_neg, n_neg, num_valid = native_select.select_by_advantage(
+            lp2, response_mask, adv, c2, p_scaled(config.top_p_ratio), weights.view(torch.int32),
+            float32_bits(w), float32_bits(m), _ONE_BITS)
+    else:
+        adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+        _, k_pos, n_pos, k_neg, n_neg, num_valid = select_into(
+            lp2, as_bool_mask(response_mask), adv_bt > 0, config.top_p_ratio, weights.view(torch.int32),
+            float32_bits(w), _ONE_BITS, member2=adv_bt < 0 if c2 else None, on_value2=float32_bits(m),
+            count_valid=True,
+        )
     stats.update(_counts(k_pos, n_pos, k_neg, n_neg, num_valid))
     return weights, stats
 

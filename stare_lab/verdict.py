@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from .completeness import status_clause
 from .summary import band_held
 
 __all__ = ["group_outcome", "verdict", "push_label", "near_cap", "cap_text", "NEAR_CAP", "CAP_SHARE"]
@@ -109,7 +110,9 @@ def verdict(groups: Sequence[Mapping[str, Any]], *, per_setting: bool = True) ->
     """One line that says what happened to ``groups`` (module docstring).
 
     Args:
-        groups: in display order, each ``{"label", "method", "stare"}`` — ``stare`` the group's ``loss.stare``
+        groups: in display order, each ``{"label", "method", "stare"}``, optionally ``n_total`` and ``left_out``
+            (``(seed, reason)`` of the runs not counted: :func:`stare_lab.completeness.status_clause` names them
+            first; a group with no counted run appears only there) — ``stare`` the group's ``loss.stare``
             settings when its loss uses the STARE gate and W/M, else None (a baseline) — plus
             :func:`group_outcome` of its runs and optionally ``slice`` (the values of non-STARE grid keys: the
             reward of a STARE group is compared with the baseline of the same slice).
@@ -119,7 +122,10 @@ def verdict(groups: Sequence[Mapping[str, Any]], *, per_setting: bool = True) ->
     Returns:
         The verdict, clauses joined by ``"; "``; ``"no runs"`` for no group.
     """
-    parts: list[str] = []
+    # runs left out (unfinished, not measurable: stare_lab.completeness) are named first and counted nowhere
+    parts: list[str] = [c for g in groups
+                        if (c := status_clause(g["label"], g.get("n_total", g["n"]), g.get("left_out") or ()))]
+    groups = [g for g in groups if g["n"]]
     for g in groups:
         if g.get("stare") is not None:
             continue

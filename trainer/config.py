@@ -384,8 +384,11 @@ class ScheduleConfig:
         eval_freq: evaluate every N steps and at the last step (needs ``eval_config``), with the rollout engine
             right after the sync (``trainer.evaluation.evaluate.evaluate_engine``); metrics ``eval/...`` in the same row.
         eval_config: YAML of :class:`trainer.evaluation.evaluate.EvalConfig` (``None`` = no periodic evaluation).
-        resume: ``auto`` (resume from ``out_dir/checkpoint`` if present), ``never`` (fail if the run exists)
-            or ``must`` (fail if there is nothing to resume).
+        resume: ``never`` (default: refuse an ``out_dir`` that holds a run — ``stare-lab train --resume`` /
+            ``--overwrite`` choose), ``auto`` (continue the run there if any, from its latest complete checkpoint or,
+            interrupted before the first one, from step 0; e.g. a job that is requeued) or ``must`` (as ``auto``,
+            but fail if there is no run to continue). A continued run's config must agree with its ``config.yaml``
+            on :data:`trainer.run.preflight.RESUME_KEYS`.
         tensorboard: also log scalars to ``out_dir/tensorboard``.
         wandb_project: log to Weights & Biases under this project (``None`` = off).
         progress_bar: tqdm progress bar on rank 0.
@@ -401,7 +404,7 @@ class ScheduleConfig:
     keep_checkpoints: int = 2
     eval_freq: int = 0
     eval_config: str | None = None
-    resume: str = "auto"
+    resume: str = "never"
     tensorboard: bool = False
     wandb_project: str | None = None
     progress_bar: bool = True

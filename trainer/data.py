@@ -17,7 +17,6 @@ itself contains the dots (a flattened table) is found first. A chat-list prompt 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,28 +39,26 @@ def _read_file(path: str) -> list[dict]:
             raise DataError(f"{path}: reading a datasets dataset needs the `datasets` package") from err
         _, name, split = (path.split(":", 2) + ["train"])[:3]
         return [dict(r) for r in datasets.load_dataset(name, split=split)]
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"data file {path!r} does not exist")
-    if p.suffix == ".parquet":
+    from stare_lab.files import check_file, iter_jsonl
+
+    if Path(path).suffix == ".parquet":
+        p = check_file(path, "data file", DataError)
+        with open(p, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"PAR1":
+            raise DataError(f"data file {path!r} is not a Parquet file (it does not start with PAR1)")
         try:
             import pyarrow.parquet as pq
         except ImportError as err:  # pragma: no cover
             raise DataError(f"{path}: reading Parquet needs pyarrow") from err
-        return pq.read_table(p).to_pylist()
+        try:
+            return pq.read_table(p).to_pylist()
+        except Exception as err:  # noqa: BLE001 - pyarrow's many error types: one line naming the file
+            raise DataError(f"data file {path!r} is not a readable Parquet file: {err}") from None
     records = []
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-            if not isinstance(rec, dict):
-                raise DataError(f"{path}:{lineno}: a record must be a JSON object, got {type(rec).__name__}")
-            rec["_where"] = f"{path}:{lineno}"
-            records.append(rec)
+    for lineno, rec in iter_jsonl(path, "data file", DataError):  # UTF-8, JSON objects, file:line errors
+        rec["_where"] = f"{path}:{lineno}"
+        records.append(rec)
     return records
 
 

@@ -4,11 +4,11 @@ run (:mod:`trainer.run`) and evaluation (:mod:`trainer.evaluation`).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from stare_lab.errors import ConfigError, RunError
+from stare_lab.files import read_json
 
 __all__ = ["check_out_dir", "make_out_dir", "model_max_positions"]
 
@@ -56,10 +56,9 @@ def model_max_positions(model_dir: str | Path, option: str = "model.path") -> in
     cfg_file = Path(model_dir) / "config.json"
     if not cfg_file.is_file():
         raise ConfigError(f"{option}={str(model_dir)!r} has no config.json (not a Hugging Face model directory)")
-    try:
-        data = json.loads(cfg_file.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{str(cfg_file)!r} is not readable JSON: {err}") from None
+    data = read_json(cfg_file, "model config", ConfigError)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{str(cfg_file)!r} must hold a JSON object")
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         if isinstance(data.get(key), int):
             return int(data[key])

@@ -39,8 +39,8 @@ def test_existing_results_are_refused_without_overwrite_and_left_untouched(tmp_p
     rc = cli_main(["evaluate", "--model", str(tmp_path / "no_model"), "--benchmarks", "aime24", "--out", str(out)])
     assert rc == 1
     assert _one_line_error(capsys) == (
-        f"stare-lab evaluate: error: --out {str(out)!r} already holds evaluation results (eval.json, samples.jsonl); "
-        "pass --overwrite to replace them, or choose another --out")
+        f"stare-lab evaluate: error: --out {str(out)!r} already holds a run (eval.json, samples.jsonl); pass --resume "
+        "to continue it or --overwrite to replace it, or choose another --out")
     after = {f: ((out / f).read_bytes(), os.stat(out / f).st_mtime_ns) for f in ("eval.json", "samples.jsonl")}
     assert after == before and sorted(p.name for p in out.iterdir()) == ["eval.json", "samples.jsonl"]
     # with --overwrite the check passes: the next error is the (missing) model, and the old results are still there

@@ -70,6 +70,12 @@ def _run(cfg: dict, tmp: Path, *, launcher: list[str] | None = None, env: dict |
     return proc
 
 
+def _resumed(cfg: dict) -> dict:
+    """``cfg`` continuing the run in its out_dir (``schedule.resume=auto``, what ``stare-lab train --resume`` sets;
+    the default ``never`` refuses an out_dir that holds a run)."""
+    return {**cfg, "schedule": {**cfg["schedule"], "resume": "auto"}}
+
+
 def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -132,7 +138,7 @@ def test_kill_and_resume_gives_identical_metrics(run_a, tiny_model, gsm8k_digits
     cfg = _config(tiny_model, gsm8k_digits, out)
     _run(cfg, tmp_path, env=_env(STARE_LAB_FAULT="3:logged"), expect_rc=137)
     assert len(_rows(out)) == 3 and not (out / "checkpoint" / "step_3").exists()
-    _run(cfg, tmp_path)
+    _run(_resumed(cfg), tmp_path)
     a, b = _rows(run_a), _rows(out)
     assert [r["step"] for r in b] == [1, 2, 3]
     for ra, rb in zip(a, b):
@@ -181,7 +187,7 @@ def test_evaluation_failure_never_loses_the_step(deps, tiny_model, gsm8k_digits,
     assert [r["step"] for r in _rows(out)] == [1]
     assert (out / "checkpoint" / "latest_complete").read_text() == "step_1"
     assert not (out / "summary.json").exists()
-    proc = _run(cfg, tmp_path)
+    proc = _run(_resumed(cfg), tmp_path)
     assert "nothing to do" in proc.stderr
     assert json.loads((out / "summary.json").read_text())["final_reward"] == _rows(out)[0]["reward"]
     assert (out / "final_model" / "config.json").is_file()

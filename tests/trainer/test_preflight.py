@@ -63,7 +63,8 @@ def test_train_out_errors_before_building_anything(tmp_path, capsys):
     ([GOOD, '{"problem": "2+2?", "ans'], r"d\.jsonl:2: not valid JSON"),       # truncated last line
     ([GOOD, json.dumps({"problem": "x"})], r"d\.jsonl:2: record has no field 'answer'"),
     ([json.dumps({"problem": "x", "answer": "12"})], r"none of the 1 records .* data\.answer_pattern='\[0-9\]'"),
-    ([], r"no records in"),
+    ([], r"d\.jsonl' is empty"),                                               # the one reader: empty file
+    (["", "  "], r"d\.jsonl' holds no record"),                                # blank lines only
 ])
 def test_train_data_errors_before_the_model_is_built(tmp_path, capsys, lines, message):
     """Review items 4 and 5: bad data is a one-line DataError (file:line), found before the tiny model is built, and

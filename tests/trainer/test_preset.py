@@ -60,15 +60,16 @@ def test_tiny_cpu_preset_learns_and_final_model_evaluates(require, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["final_reward"] == rows[-1]["reward"]
 
-    # item 8: re-running the finished run is a no-op that keeps the summary's final values
-    _cli("train", "--preset", "tiny-cpu", "--train-data", str(GSM8K), "--out", "runs/tiny", cwd=tmp_path)
+    # item 8: resuming the finished run is a no-op that keeps the summary's final values
+    _cli("train", "--preset", "tiny-cpu", "--train-data", str(GSM8K), "--out", "runs/tiny", "--resume", cwd=tmp_path)
     assert json.loads((out / "summary.json").read_text()) == {**summary, "resumed_from": summary["resumed_from"]}
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
 
     # item 15: resuming with another training file is a one-line error
     other = tmp_path / "other.jsonl"
     other.write_text(GSM8K.read_text().splitlines()[0] + "\n")
-    proc = _cli("train", "--preset", "tiny-cpu", "--train-data", str(other), "--out", "runs/tiny", cwd=tmp_path, rc=1)
+    proc = _cli("train", "--preset", "tiny-cpu", "--train-data", str(other), "--out", "runs/tiny", "--resume",
+                cwd=tmp_path, rc=1)
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "data.train_files" in err[0] and "resuming would mix two experiments" in err[0], err
 

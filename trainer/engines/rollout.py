@@ -42,7 +42,8 @@ class SamplingConfig:
         n: responses per prompt (≥ 1).
         max_tokens: max new tokens per response (≥ 1).
         seed: seed of this call's sampling (the trainer derives it from the run seed and the step).
-        temperature: > 0.
+        temperature: > 0, or 0 for greedy decoding (the most likely token at each position; then ``n`` must be 1
+            and the log-probs are those of the unscaled distribution).
         top_p: in (0, 1].
         top_k: -1 (off) or ≥ 1.
         stop: stop strings; generation ends after one is produced (the string is kept in the output text and
@@ -64,8 +65,11 @@ class SamplingConfig:
             raise ConfigError(f"sampling.n={self.n} must be >= 1")
         if self.max_tokens < 1:
             raise ConfigError(f"sampling.max_tokens={self.max_tokens} must be >= 1")
-        if not self.temperature > 0:
-            raise ConfigError(f"sampling.temperature={self.temperature} must be > 0")
+        if not self.temperature >= 0:
+            raise ConfigError(f"sampling.temperature={self.temperature} must be > 0 (or 0: greedy)")
+        if self.temperature == 0 and self.n != 1:
+            raise ConfigError(f"sampling.n={self.n} with temperature 0: greedy decoding gives one response per "
+                              "prompt; use n=1")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"sampling.top_p={self.top_p} is outside (0, 1]")
         if self.top_k != -1 and self.top_k < 1:
@@ -187,11 +191,11 @@ class HFEngine:
         for i, p in enumerate(prompt_token_ids):  # left padding: every prompt ends where generation starts
             inp[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
             attn[i, width - len(p):] = 1
+        greedy = sampling.temperature == 0
         kwargs: dict[str, Any] = dict(
-            do_sample=True,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            do_sample=not greedy,
+            **({} if greedy else dict(temperature=sampling.temperature, top_p=sampling.top_p,
+                                      top_k=sampling.top_k if sampling.top_k > 0 else 0)),
             max_new_tokens=sampling.max_tokens,
             num_return_sequences=n,
             eos_token_id=sorted(stop_ids),

@@ -2,11 +2,18 @@
 
 ``stare-lab evaluate --model DIR [--benchmarks aime24,...|all] [--n K] [--temperature T] [--top-p P]
 [--max-tokens N] [--config EVAL.yaml] [--limit N] [--data-dir DIR] [--file NAME=SOURCE ...] [--rel-tol R]
-[--engine vllm|hf] [--out DIR] [--overwrite]``. Settings: :class:`~trainer.evaluation.evaluate.EvalConfig` defaults <
-``--config`` < options. A config with a ``tool`` section evaluates with multi-turn tool rollouts in the sandbox
-(the engine of tool-use training). The problems come from the benchmark copies bundled with the package unless
-``--data-dir`` / ``--file`` say otherwise. ``--out`` that already holds results is refused without
-``--overwrite`` (and left untouched).
+[--engine vllm|hf] [--out DIR] [--resume | --overwrite] [--verbose]``. Settings:
+:class:`~trainer.evaluation.evaluate.EvalConfig` defaults < ``--config`` < options. ``--temperature 0`` decodes
+greedily (one response per problem). A config with a ``tool`` section evaluates with multi-turn tool rollouts in
+the sandbox (the engine of tool-use training). The problems come from the benchmark copies bundled with the
+package unless ``--data-dir`` / ``--file`` say otherwise.
+
+``--out`` follows the one policy of every command (:func:`stare_lab.outdir.claim_out`), under the directory's lock
+(:func:`stare_lab.runlock.lock_dir`): an ``--out`` that holds an evaluation is refused (and left untouched) unless
+``--overwrite`` (removes only an evaluation's files, :data:`EVAL_OUTPUTS`) or ``--resume`` (a finished evaluation
+with the same model and settings is reported again, nothing is recomputed; other settings are refused; an
+unfinished one — results are written at the end — is run again). Engine logs (vLLM, transformers) are hidden as
+in ``stare-lab train`` unless ``--verbose`` (:func:`trainer.output.configure_output`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from stare_lab.errors import ConfigError, RunError
 from trainer.evaluation.benchmarks import BENCHMARKS, canonical_name, resolve_benchmarks
 from trainer.evaluation.evaluate import EvalConfig, evaluate_engine, load_problems
 
-__all__ = ["add_arguments", "config_from_args", "check_results_out", "main"]
+__all__ = ["add_arguments", "config_from_args", "check_results_out", "EVAL_OUTPUTS", "main"]
 
 #: CLI option → EvalConfig field, for options that default to the config's value.
 _CLI_FIELDS = {
@@ -33,6 +40,8 @@ _CLI_FIELDS = {
 
 #: Files of a finished evaluation in ``--out``.
 RESULT_FILES = ("eval.json", "samples.jsonl")
+#: What an evaluation writes in ``--out`` (``--overwrite`` removes exactly these).
+EVAL_OUTPUTS = RESULT_FILES + ("eval.json.partial", "samples.jsonl.partial")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/eval", help="output directory (eval.json, samples.jsonl)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results already in --out (without it such an --out is refused)")
+    parser.add_argument("--resume", action="store_true",
+                        help="an --out with a finished evaluation of the same model and settings: report it again "
+                             "without recomputing (other settings are refused)")
+    parser.add_argument("--verbose", dest="eval_verbose", action="store_true",
+                        help="also show the engines' logs (vLLM, transformers), hidden by default as in train")
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -106,29 +120,63 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return from_dict(EvalConfig, to_dict(data), prefix="eval")
 
 
-def check_results_out(out: str | Path, overwrite: bool) -> None:
-    """Refuse an ``--out`` that already holds evaluation results unless ``overwrite`` (checked before anything is
-    written, so a refused directory is left untouched).
+def check_results_out(out: str | Path, overwrite: bool, resume: bool = False, model: str | None = None,
+                      cfg: EvalConfig | None = None) -> dict[str, Any] | None:
+    """The ``--out`` policy of an evaluation (module docstring; call it holding ``out``'s lock): refuse an ``--out``
+    with an evaluation's files unless ``overwrite`` (they are removed) or ``resume``. Returns the finished
+    ``eval.json`` to report again when ``resume`` finds one of the same ``model`` and ``cfg``, else None.
 
     Raises:
-        RunError: ``--out`` holds ``eval.json`` or ``samples.jsonl`` and ``overwrite`` is false.
+        RunError: ``--out`` holds an evaluation and neither option is given (nothing is touched); ``resume`` of an
+            evaluation with another model or other settings (naming the first differing setting).
+        ConfigError: both options.
     """
-    p = Path(out)
-    found = [f for f in RESULT_FILES if (p / f).exists()]
-    if found and not overwrite:
-        raise RunError(f"--out {str(out)!r} already holds evaluation results ({', '.join(found)}); pass --overwrite "
-                       f"to replace them, or choose another --out")
+    from stare_lab.files import read_json
+    from stare_lab.outdir import claim_out
+
+    mode = claim_out(out, EVAL_OUTPUTS, source=None, resume=resume, overwrite=overwrite)
+    done = Path(out) / "eval.json"
+    if mode != "resume" or not done.is_file():
+        return None
+    old = read_json(done, "evaluation results", RunError)
+    old_settings = {k: v for k, v in (old.get("settings") or {}).items() if k not in ("wall_s", "dp_size")}
+    new_settings = to_dict(cfg) if cfg is not None else {}
+    new_settings["k"] = {b: cfg.samples_for(b) for b in cfg.benchmarks} if cfg is not None else None
+    if model is not None and old.get("model") != model:
+        raise RunError(f"--out {str(out)!r} holds the evaluation of model {old.get('model')!r}, not {model!r}; "
+                       "pass --overwrite to replace it, or choose another --out")
+    for key in sorted(set(old_settings) | set(new_settings)):
+        if old_settings.get(key) != new_settings.get(key):
+            raise RunError(f"--out {str(out)!r} holds an evaluation with {key}={old_settings.get(key)!r}, this one "
+                           f"has {key}={new_settings.get(key)!r}; pass --overwrite to replace it, or choose another "
+                           "--out")
+    return old
+
+
+def _check_model(args: argparse.Namespace, cfg: EvalConfig) -> None:
+    """Cheap checks of ``--model`` before anything is written or removed.
+
+    Raises:
+        ConfigError: not a directory, no ``config.json``, or (vLLM) lengths beyond the model's positions.
+    """
+    from trainer.paths import model_max_positions
+
+    if not Path(args.model).is_dir():
+        raise ConfigError(f"--model {args.model!r} is not a directory")
+    model_max = model_max_positions(args.model, option="--model")
+    max_len = cfg.max_prompt_length + cfg.max_tokens
+    if args.engine != "hf" and model_max is not None and max_len > model_max:
+        raise ConfigError(
+            f"--max-prompt-length {cfg.max_prompt_length} + --max-tokens {cfg.max_tokens} = {max_len} exceeds the "
+            f"model's max_position_embeddings={model_max}; lower one of them"
+        )
 
 
 def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
     import torch
 
-    from trainer.paths import model_max_positions
     from trainer.engines.rollout import HFEngine, VLLMEngine
 
-    if not Path(args.model).is_dir():
-        raise ConfigError(f"--model {args.model!r} is not a directory")
-    model_max = model_max_positions(args.model, option="--model")
     tok = args.tokenizer or args.model
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     if args.engine == "hf":
@@ -136,11 +184,6 @@ def _make_engine(args: argparse.Namespace, cfg: EvalConfig) -> tuple[Any, Any]:
         engine = HFEngine(args.model, tok, device=device, dtype=dtype)
     else:
         max_len = cfg.max_prompt_length + cfg.max_tokens
-        if model_max is not None and max_len > model_max:
-            raise ConfigError(
-                f"--max-prompt-length {cfg.max_prompt_length} + --max-tokens {cfg.max_tokens} = {max_len} exceeds the "
-                f"model's max_position_embeddings={model_max}; lower one of them"
-            )
         engine = VLLMEngine(args.model, tok, dtype=dtype, seed=cfg.seed, tensor_parallel_size=args.tensor_parallel_size,
                             max_model_len=max_len)
     return engine, engine.tokenizer
@@ -156,21 +199,32 @@ def main(args: argparse.Namespace) -> int:
         RunError: ``--out`` exists as a file or cannot be created, or already holds results without
             ``--overwrite`` (checked before the model is loaded; nothing is written then).
     """
-    from trainer.paths import check_out_dir, make_out_dir
+    from stare_lab.runlock import lock_dir
 
+    from trainer.output import configure_output
+    from trainer.paths import check_out_dir
+
+    configure_output(bool(getattr(args, "eval_verbose", False) or getattr(args, "verbose", False)))
     cfg = config_from_args(args)
     check_out_dir(args.out, option="--out")  # a bad --out fails now, not after all the generation
-    check_results_out(args.out, getattr(args, "overwrite", False))
+    resume, overwrite = bool(getattr(args, "resume", False)), bool(getattr(args, "overwrite", False))
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other: --resume reports the finished evaluation "
+                          "again, --overwrite replaces it")
+    from stare_lab.outdir import claim_out
+
+    claim_out(args.out, EVAL_OUTPUTS, source=None, resume=resume, overwrite=overwrite, check_only=True)
     problems = {b: load_problems(cfg, b) for b in cfg.benchmarks}  # fail on bad data before loading the model
-    created = not Path(args.out).exists()
-    make_out_dir(args.out, option="--out")  # before the model loads; removed again if the engine cannot be built
-    try:
-        engine, tokenizer = _make_engine(args, cfg)
-    except BaseException:
-        if created:
-            Path(args.out).rmdir()
-        raise
-    result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model), problems=problems)
+    _check_model(args, cfg)
+    # one writer per --out; an --out created here is removed again if nothing was written (lock_dir)
+    with lock_dir(args.out, command=f"stare-lab evaluate --out {args.out}"):
+        result = check_results_out(args.out, overwrite, resume, model=str(args.model), cfg=cfg)
+        if result is None:
+            engine, tokenizer = _make_engine(args, cfg)
+            result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model),
+                                     problems=problems)
+        else:
+            print(f"{args.out} already holds this evaluation (same model and settings): not recomputed")
     for name, m in result["benchmarks"].items():
         k = m["k"]
         tools = f"  tool calls {m['tool_calls_per_response']:.2f}/response" if "tool_calls_per_response" in m else ""

@@ -273,7 +273,10 @@ class EvalConfig:
         self.benchmarks = resolve_benchmarks(self.benchmarks, custom=self.files)
         if self.n is not None:
             check_positive(f"{p}n", self.n, integer=True)
-        check_range(f"{p}temperature", self.temperature, 0, None, lo_open=True)
+        check_range(f"{p}temperature", self.temperature, 0, None)
+        if self.temperature == 0 and self.n not in (None, 1):
+            raise ConfigError(f"{p}n={self.n} with {p}temperature=0: greedy decoding gives one response per problem; "
+                              "use n=1 (or leave n unset) or a temperature > 0")
         check_range(f"{p}top_p", self.top_p, 0, 1, lo_open=True)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
             raise ConfigError(f"{p}top_k={self.top_k} must be -1 (off) or a positive integer")
@@ -300,8 +303,11 @@ class EvalConfig:
             raise ConfigError(f"{p}tool={self.tool!r} must be a mapping of ToolUseConfig fields or null")
 
     def samples_for(self, benchmark: str) -> int:
-        """k for ``benchmark``: ``n`` if set, else the paper's default (4 for benchmarks not in Table 2)."""
-        return self.n if self.n is not None else DEFAULT_SAMPLES.get(benchmark, 4)
+        """k for ``benchmark``: ``n`` if set, else 1 for greedy decoding (``temperature=0``), else the paper's
+        default (4 for benchmarks not in Table 2)."""
+        if self.n is not None:
+            return self.n
+        return 1 if self.temperature == 0 else DEFAULT_SAMPLES.get(benchmark, 4)
 
 
 def load_problems(cfg: EvalConfig, name: str) -> list[Problem]:

@@ -64,7 +64,8 @@ from trainer.engines.launch import effective_zero_stage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Arch", "Cluster", "load_arch", "plan", "plan_line", "format_plan", "check_fits", "add_arguments", "main"]
+__all__ = ["Arch", "Cluster", "load_arch", "plan", "plan_line", "format_plan", "check_fits", "smallest_fitting_nodes",
+           "fit_hint", "MAX_NODES", "add_arguments", "main"]
 
 GIB = 2**30
 #: Per-process GPU memory outside PyTorch's allocator: CUDA context, NCCL buffers, cuBLAS workspaces (GiB; ours).
@@ -391,11 +392,45 @@ def format_plan(p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The largest node count :func:`smallest_fitting_nodes` tries.
+MAX_NODES = 128
+
+
+def smallest_fitting_nodes(cfg: Any, cluster: Cluster, arch: Arch, **kw: Any) -> dict[str, Any] | None:
+    """The plan on the smallest number of nodes (``cluster``'s GPUs per node and memory, from ``cluster.nodes`` up
+    to :data:`MAX_NODES`) on which ``cfg`` fits, or None if none does. Node counts whose data-parallel groups do not
+    divide ``optim.train_batch_size`` cannot run the config and are skipped. More nodes shrink the ZeRO partitions
+    and the per-GPU share of the batch; the vLLM weights and a micro-batch's activations stay."""
+    for nodes in range(cluster.nodes, MAX_NODES + 1):
+        try:
+            p = plan(cfg, dataclasses.replace(cluster, nodes=nodes), arch, **kw)
+        except ConfigError:  # the batch does not split over this many data-parallel groups
+            continue
+        if p["fits"]:
+            return p
+    return None
+
+
+def fit_hint(cfg: Any, cluster: Cluster, arch: Arch, **kw: Any) -> str:
+    """One sentence: the smallest node count that fits (:func:`smallest_fitting_nodes`) or that none up to
+    :data:`MAX_NODES` does."""
+    best = smallest_fitting_nodes(cfg, cluster, arch, **kw)
+    per = f"{cluster.gpus_per_node} GPUs of {cluster.gpu_memory_gib:g} GiB"
+    if best is None:
+        return (f"it fits on no node count up to {MAX_NODES} (nodes of {per}): the limit does not shrink with more "
+                "GPUs (e.g. the vLLM weights or one micro-batch's activations)")
+    return (f"the smallest node count that fits: --nodes {best['cluster']['nodes']} (nodes of {per}; peak "
+            f"{best['peak_gib']:.1f} GiB/GPU in phase {best['limiting_phase']})")
+
+
 def check_fits(cfg: Any, cluster: Cluster, arch_file: str | None = None) -> dict[str, Any]:
-    """The plan of ``cfg`` on ``cluster``; raises :class:`ConfigError` with :func:`plan_line` if it does not fit."""
-    p = plan(cfg, cluster, load_arch(cfg.model.path, arch_file))
+    """The plan of ``cfg`` on ``cluster``; raises :class:`ConfigError` with :func:`plan_line` and :func:`fit_hint`
+    if it does not fit."""
+    arch = load_arch(cfg.model.path, arch_file)
+    p = plan(cfg, cluster, arch)
     if not p["fits"]:
-        raise ConfigError(f"stare-lab plan: {plan_line(p)}; lower optim.micro_batch_max_tokens, raise "
+        raise ConfigError(f"stare-lab plan: {plan_line(p)}; {fit_hint(cfg, cluster, arch)}; or lower "
+                          "optim.micro_batch_max_tokens, raise "
                           "rollout.tensor_parallel_size, set deepspeed.offload_during_rollout=true or use more GPUs "
                           "(STARE_LAB_SKIP_PLAN=1 launches anyway)")
     return p
@@ -435,9 +470,16 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.overrides or []) + list(getattr(args, "extra_overrides", None) or [])
     cfg = load_trainer_config(args.config, overrides)
     cluster = Cluster(args.nodes, args.gpus_per_node, args.gpu_memory_gib, args.gpu_tflops)
-    p = plan(cfg, cluster, load_arch(cfg.model.path, args.arch), mfu=args.mfu, rollout_mfu=args.rollout_mfu)
+    arch = load_arch(cfg.model.path, args.arch)
+    p = plan(cfg, cluster, arch, mfu=args.mfu, rollout_mfu=args.rollout_mfu)
     p["config"] = str(args.config)
-    print(json.dumps(p, indent=2) if args.json else format_plan(p))
+    if not p["fits"]:
+        best = smallest_fitting_nodes(cfg, cluster, arch, mfu=args.mfu, rollout_mfu=args.rollout_mfu)
+        p["smallest_fitting_nodes"] = None if best is None else best["cluster"]["nodes"]
+    text = json.dumps(p, indent=2) if args.json else format_plan(p)
+    if not p["fits"] and not args.json:
+        text += "\n" + fit_hint(cfg, cluster, arch, mfu=args.mfu, rollout_mfu=args.rollout_mfu)
+    print(text)
     return 0 if p["fits"] else 1
 
 

@@ -67,8 +67,9 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab import __version__
-from stare_lab.config import apply_overrides, load_yaml, parse_overrides, to_dict
+from stare_lab.config import apply_overrides, expand_shorthand, load_yaml, parse_overrides, to_dict
 from stare_lab.critical import CriticalStrength
+from stare_lab.files import read_json
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.regime import calibrated_w_max
 from stare_lab.runs import read_run
@@ -121,10 +122,7 @@ def _probe_value(probe: str | Path) -> float:
             raise RunError(f"probe run {str(p)!r} has no entropy in its metrics")
         return float(values[0])
     if p.is_file():
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise RunError(f"probe file {str(p)!r} is not valid JSON: {err}") from None
+        data = read_json(p, "probe file", RunError)  # UTF-8 JSON, or one line naming file and line
         for key in ("initial_entropy", "entropy"):
             if isinstance(data, dict) and isinstance(data.get(key), (int, float)):
                 return float(data[key])
@@ -167,8 +165,8 @@ def promote(
         raise ConfigError("give at most one of --target-entropy and --target-entropy-frac")
     if target_entropy_frac is not None and probe is None:
         raise ConfigError("--target-entropy-frac needs --probe (a run directory or JSON with the initial entropy)")
+    data = load_yaml(base)  # the base file is checked first (encoding, YAML): one line naming file and line
     found, strength, candidates, cal = evidence(sources, method, force, calibration)
-    data = load_yaml(base)
     base_stare = load_trainer_config(data).loss.stare  # the base itself must be valid
     base_w, base_m = float(base_stare.reweight_w), float(base_stare.reweight_m)
     notices = [f"refused without --force, promoted anyway: {msg}" for msg in found["refusals"]]
@@ -387,6 +385,7 @@ def main(args: argparse.Namespace) -> int:
     """
     # key=value words given positionally among the sources are overrides
     overrides = [s for s in args.sources if "=" in str(s)] + list(getattr(args, "extra_overrides", None) or [])
+    overrides = expand_shorthand(overrides)  # stare.* = loss.stare.*, as stare-lab simulate accepts
     sources = [s for s in args.sources if "=" not in str(s)]
     if not sources:
         raise RunError("no SWEEP_OR_RUN directory given")

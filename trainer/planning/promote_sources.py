@@ -12,13 +12,13 @@ promoted W comes from, and the regime check (docs/theory.md §7–8).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength
-from stare_lab.errors import ConfigError, RunError
+from stare_lab.errors import ConfigError, RunError, StareLabError
+from stare_lab.files import read_json
 from stare_lab.regime import (
     CALIBRATION_FILE, calibrated_strengths, read_calibration, regime_mismatches, run_regime,
 )
@@ -194,8 +194,8 @@ def _sweep_measured(sources: list[str | Path], method: str) -> tuple[CriticalStr
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data = read_json(path, "sweep summary", RunError)
+        except StareLabError:
             continue
         c = ((data.get("critical") or {}) if isinstance(data, dict) else {}).get(method)
         if not isinstance(c, dict) or not any(d.get("kind") == "measured" for d in c.get("strengths") or []):

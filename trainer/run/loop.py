@@ -42,6 +42,8 @@ from typing import Any
 import torch
 
 from stare_lab.errors import ConfigError, RunError
+from stare_lab.outdir import existing_outputs
+from stare_lab.runlock import lock_dir
 
 from trainer import paths
 from trainer.run import preflight
@@ -51,7 +53,7 @@ from trainer.config import TrainerConfig
 from trainer.faults import fault
 from trainer.engines.launch import cpu_env_defaults
 from trainer.engines.memory import WeightVersions
-from trainer.run.runlog import RunLogger, export_final_model, read_rows, summary_from_rows
+from trainer.run.runlog import RUN_OUTPUTS, RunLogger, export_final_model, read_rows, summary_from_rows
 from trainer.run.session import Session
 
 logger = logging.getLogger(__name__)
@@ -87,32 +89,56 @@ def train(cfg: TrainerConfig) -> Path:
     directory whose checkpoint is already at ``total_steps`` is not rebuilt: its summary is recomputed from
     metrics.jsonl and ``final_model`` published if missing.
 
+    The run directory (``OUT``) has one writer: rank 0 holds its lock (:func:`stare_lab.runlock.lock_dir`) for the
+    whole call, taken before anything in it is read for the resume decision, written or deleted. ``OUT`` holding
+    a run (:data:`trainer.run.runlog.RUN_OUTPUTS`) is refused with ``schedule.resume=never`` (the default;
+    ``stare-lab train --resume`` sets ``auto``, ``--overwrite`` removes the previous run first); with ``auto`` /
+    ``must`` it is continued from its latest complete checkpoint, or — interrupted before its first checkpoint —
+    restarted from step 0 (its rows are replaced), in both cases only if its config agrees on
+    :data:`trainer.run.preflight.RESUME_KEYS`.
+
     Raises:
         ConfigError: bad config (missing model / data, indivisible batch, nothing to resume with resume=must,
             prompt + response budgets beyond the model's positions or the engine, a resume with other data/method
             settings, see :data:`trainer.run.preflight.RESUME_KEYS`).
         DataError: bad data records, a prompt too long with ``data.truncation=error``, a failing reward function
             with ``reward.on_error=raise``, unreadable benchmark data of the periodic evaluation.
-        RunError: run directory not creatable, or already holds a finished or foreign run and resume is ``never``.
+        RunError: run directory not creatable, already holds a run and resume is ``never``, or is in use by
+            another writer (:class:`stare_lab.runlock.RunLockError`, naming it).
     """
     cpu_env_defaults()
     cfg.require_model_and_data()
     out = Path(cfg.out_dir)
     paths.check_out_dir(out)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return _train(cfg, out)
+    with lock_dir(out, command=f"stare-lab train (out_dir={out})"):
+        return _train(cfg, out)
+
+
+def _train(cfg: TrainerConfig, out: Path) -> Path:
+    """:func:`train` after the lock."""
     ecfg = preflight.load_eval_config(cfg)
     preflight.check_lengths(cfg, paths.model_max_positions(cfg.model.path), ecfg)
     preflight.check_training(cfg)
     ckpt_root = out / "checkpoint"
     latest = latest_checkpoint(ckpt_root)
     s = cfg.schedule
-    if s.resume == "must" and latest is None:
-        raise ConfigError(f"schedule.resume=must but {str(ckpt_root)!r} holds no complete checkpoint")
-    if s.resume == "never" and ((out / "metrics.jsonl").exists() or latest is not None):
-        raise RunError(f"{str(out)!r} already holds a run and schedule.resume=never")
-    if s.resume == "auto" and latest is None and (out / "metrics.jsonl").exists():
-        raise RunError(f"{str(out)!r} holds a run without a checkpoint to resume from; choose another out_dir")
-    if latest is not None:
+    found = existing_outputs(out, RUN_OUTPUTS)
+    if s.resume == "must" and not found:
+        raise ConfigError(f"schedule.resume=must but {str(out)!r} holds no run to resume")
+    if s.resume == "never" and found:
+        raise RunError(f"{str(out)!r} already holds a run ({', '.join(found)}); pass --resume to continue it or "
+                       "--overwrite to replace it (schedule.resume=never)")
+    if found:
         preflight.check_resume_compatible(out, cfg)
+    if found and latest is None and int(os.environ.get("RANK", "0")) == 0:
+        # interrupted before its first checkpoint: the run restarts from step 0 and its rows are replaced
+        logger.warning("%s holds a run without a complete checkpoint (interrupted before the first one): restarting "
+                       "it from step 0", out)
+        for name in ("metrics.jsonl", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+    if latest is not None:
 
         done = int(json.loads((latest / "trainer_state.json").read_text())["step"])
         if done >= s.total_steps:  # nothing to do: never rebuild engines for a finished run

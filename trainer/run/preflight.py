@@ -104,15 +104,12 @@ def check_resume_compatible(out: str | Path, cfg: Any) -> None:
     Raises:
         ConfigError: a key differs; the message names it, both values and what to do.
     """
-    import yaml
+    from stare_lab.files import read_yaml
 
     path = Path(out) / "config.yaml"
     if not path.is_file():
         return
-    try:
-        old = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise RunError(f"cannot read {str(path)!r} to check the resume: {err}") from None
+    old = read_yaml(path, "the run's config", RunError)
     new = cfg.to_dict()
     for key in RESUME_KEYS:
         diff = _first_diff(key, _norm(key, _get(old, key)), _norm(key, _get(new, key)))

@@ -20,11 +20,16 @@ from trainer.output import PROGRESS_LOGGER
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunLogger", "summary_from_rows", "read_rows", "export_final_model", "FINAL_MODEL", "step_line",
-           "PROGRESS_LOGGER"]
+__all__ = ["RunLogger", "summary_from_rows", "read_rows", "export_final_model", "FINAL_MODEL", "RUN_OUTPUTS",
+           "step_line", "PROGRESS_LOGGER"]
 
 #: ``OUT/final_model``: the trained model at the end of a run (HF format with the tokenizer).
 FINAL_MODEL = "final_model"
+#: What a training run writes in its directory: any of them there means "OUT holds a run"; ``stare-lab train
+#: --overwrite`` removes exactly these (:func:`stare_lab.outdir.claim_out`).
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "metrics.jsonl.tmp", "metrics.jsonl.amend", "summary.json",
+               "summary.json.tmp", "checkpoint", FINAL_MODEL, FINAL_MODEL + ".tmp", FINAL_MODEL + ".old", "eval",
+               "tensorboard", "wandb")
 #: The logger of the per-step lines (``stare-lab train`` prints its records as they are, without a prefix).
 progress = logging.getLogger(PROGRESS_LOGGER)
 

@@ -1,0 +1,43 @@
+"""A bad command line is one error line printed before the heavy libraries are imported (torch, vLLM,
+transformers, DeepSpeed, matplotlib), so it comes in about the interpreter's start-up time instead of 2-4 s
+(measured: tests/benchmarks/bench_cli_errors.py). Exceptions, by design: errors about config keys and values that
+only the simulator's or trainer's config classes know need those classes (and torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "vllm", "transformers", "deepspeed", "matplotlib")
+PROBE = ("import sys\nfrom stare_lab.cli import main\nrc = main(sys.argv[1:])\n"
+         f"print('HEAVY', *[m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)\nsys.exit(rc)\n")
+
+CASES = [
+    (["simulate", "--seeds", "0"], "--seeds=0 must be a count >= 1"),
+    (["simulate", "--preset", "nope"], "preset='nope' is not one of"),
+    (["simulate", "--methods", "grpo,xx"], "method 'xx' is not one of"),
+    (["simulate", "--resume", "--overwrite"], "--resume and --overwrite exclude each other"),
+    (["train"], "give a CONFIG file or --preset tiny-cpu"),
+    (["train", "nope.yaml"], "config file 'nope.yaml' does not exist"),
+    (["train", "--preset", "tiny-cpu", "--train-data", "d.jsonl", "--out", "o", "--resume", "--overwrite"],
+     "--resume and --overwrite exclude each other"),
+    (["evaluate", "--model", "m", "--benchmarks", "xx"], "unknown benchmark 'xx'"),
+    (["evaluate", "--model", "m", "--n", "0"], "eval.n=0 is outside"),
+    (["analyze", "nope", "--band", "-1"], "--band=-1 is not allowed"),
+    (["promote", "sw", "--method", "c2", "--base", "nope.yaml", "--out", "o.yaml"], "'nope.yaml' does not exist"),
+    (["plan", "nope.yaml"], "config file 'nope.yaml' does not exist"),
+]
+
+
+@pytest.mark.parametrize("argv, message", CASES, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_error_before_heavy_imports(tmp_path, argv, message):
+    (tmp_path / "d.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    heavy = [x for x in lines if x.startswith("HEAVY")]
+    err = [x for x in lines if not x.startswith("HEAVY")]
+    assert proc.returncode == 1 and len(err) == 1 and message in err[0], proc.stderr
+    assert heavy == ["HEAVY"], f"imported before the error: {heavy}"
