@@ -37,7 +37,8 @@ from tqdm import tqdm
 from stare_lab.errors import ConfigError
 from stare_lab.runlock import lock_dir
 
-from simulators.presets import DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset, preset_names
+from simulators.presets import (DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset,
+                                preset_names)
 
 __all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP", "register_calibrate", "calibrate_handler"]
 
@@ -212,7 +213,7 @@ def handler(args: argparse.Namespace) -> int:
             raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}")
     out = Path(args.out) if args.out is not None else Path("runs") / args.preset
     # one writer per sweep directory, taken before anything in it is read for the plan, written or deleted
-    with lock_dir(out, command=f"stare-lab simulate --preset {args.preset}"):
+    with lock_dir(out, command=f"stare-lab simulate --preset {args.preset}", option="--out"):
         return _run(args, t0, methods, seeds, steps, workers, out)
 
 

@@ -197,12 +197,12 @@ class RunLock:
 
 
 @contextlib.contextmanager
-def lock_dir(directory: str | os.PathLike, command: str | None = None) -> Iterator[RunLock]:
+def lock_dir(directory: str | os.PathLike, command: str | None = None, option: str | None = None) -> Iterator[RunLock]:
     """Hold ``directory``'s lock for the ``with`` block (re-entrant within a process).
 
     ``directory`` is created (with parents) if missing; on exit the folders this call created are removed again
     if they are empty (nothing else is ever removed), so a command refused or failed before writing leaves nothing
-    behind.
+    behind. ``option`` (e.g. ``--out``) names the directory in the errors.
 
     Raises:
         RunLockError: another live writer holds the directory (nothing was created or removed).
@@ -222,17 +222,17 @@ def lock_dir(directory: str | os.PathLike, command: str | None = None) -> Iterat
     while not probe.exists() and probe.parent != probe:
         created.append(probe)
         probe = probe.parent
+    name = f"{option}={str(d)!r}" if option else repr(str(d))
     if probe.exists() and not probe.is_dir():
-        raise RunError(f"{str(d)!r} cannot be created: {str(probe)!r} is not a directory")
+        raise RunError(f"{name} cannot be created: {str(probe)!r} is not a directory")
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         _remove_empty(created)
         reason = err.strerror or str(err)
         if created:  # name the existing folder that refused the new entry
-            raise RunError(f"cannot create output directory {str(d)!r}: {str(probe)!r} does not accept new entries "
-                           f"({reason})") from None
-        raise RunError(f"cannot create output directory {str(d)!r}: {reason}") from None
+            raise RunError(f"{name} cannot be created: {str(probe)!r} does not accept new entries ({reason})") from None
+        raise RunError(f"{name} cannot be created: {reason}") from None
     lock = RunLock(d, command)
     try:
         lock.acquire()

@@ -168,7 +168,7 @@ def select_stare_sets(
     mask = as_bool_mask(response_mask)
     adv = advantages.detach()
     if check_inputs:
-        _check_values(logprobs, adv, as_bool_mask(response_mask))
+        _check_values(logprobs, adv, mask)
     adv_bt = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     lp2 = as_rows(logprobs)
     c2 = variant == "C2"
@@ -231,7 +231,7 @@ def stare_token_weights(
     _check_weights(w, m)
     adv = advantages.detach()
     if check_inputs:
-        _check_values(logprobs, adv, mask)
+        _check_values(logprobs, adv, as_bool_mask(response_mask))
 
     device = logprobs.device
     stats: dict[str, Any] = {"stare/gate_on": float(bool(gate_on)), "stare/w": w, "stare/m": m}

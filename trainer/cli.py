@@ -151,13 +151,15 @@ def _run_train(args: argparse.Namespace) -> int:
         cpu_env_defaults()
         if args.preset:
             _wait_for(Path(cfg.model.path) / "config.json")
-        return _train_rank(cfg)
+        _train_rank(cfg)
+        return 0
     from stare_lab.runlock import lock_dir
 
     from trainer import paths
 
     paths.check_out_dir(cfg.out_dir, option="--out")
-    with lock_dir(cfg.out_dir, command=f"stare-lab train --out {cfg.out_dir}"):  # one writer, before any change
+    # one writer, before any change
+    with lock_dir(cfg.out_dir, command=f"stare-lab train --out {cfg.out_dir}", option="--out"):
         _claim_out(cfg, args)
         cpu_env_defaults()  # the engines' environment; torch is imported from here on
         if args.preset:

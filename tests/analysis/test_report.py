@@ -209,7 +209,7 @@ def test_clear_errors(tmp_path, capsys):
     assert "lacks column(s) setting, model, method" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # a failed analyze leaves no (empty) output folder
     assert main(["analyze", str(tmp_path / "r"), "--paper", str(tmp_path / "missing.csv")]) == 1
-    assert "is not readable" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "r" / "figures").exists()
     good = tmp_path / "good.csv"
     good.write_text("setting,model,method,aime24,aime25,amc23,math500,minerva,olympiadbench,avg,source\n"

@@ -58,5 +58,5 @@ def test_read_calibration_and_its_strengths(tmp_path):
     with pytest.raises(DataError, match="kind='measured'; a calibration has kind 'calibrated'"):
         read_calibration(tmp_path / "bad.json")
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(DataError, match="is not valid JSON"):
+    with pytest.raises(DataError, match="bad.json:1: not valid JSON"):
         read_calibration(tmp_path / "bad.json")

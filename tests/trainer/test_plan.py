@@ -153,7 +153,7 @@ def test_plan_cli_json_and_exit_code(capsys):
     assert set(p["phases"]) == {"rollout", "old_logprob", "update", "wake_sync"} and p["fits"] is True
     assert main(["plan", cfg, "--nodes", "1", "--gpus-per-node", "1", "--gpu-memory-gib", "40"]) == 1
     text = capsys.readouterr().out
-    assert "does NOT fit" in text.splitlines()[-1]
+    assert "does NOT fit" in text.splitlines()[-2] and "smallest node count that fits" in text.splitlines()[-1]
     assert main(["plan", cfg, "optim.micro_batch_max_tokens=4096", "--gpu-memory-gib", "80", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["layout"]["micro_batch_tokens"] == 9216  # one 1024 + 8192 sequence
     assert main(["plan", cfg, "--nodes", "0"]) == 1

@@ -217,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     problems = {b: load_problems(cfg, b) for b in cfg.benchmarks}  # fail on bad data before loading the model
     _check_model(args, cfg)
     # one writer per --out; an --out created here is removed again if nothing was written (lock_dir)
-    with lock_dir(args.out, command=f"stare-lab evaluate --out {args.out}"):
+    with lock_dir(args.out, command=f"stare-lab evaluate --out {args.out}", option="--out"):
         result = check_results_out(args.out, overwrite, resume, model=str(args.model), cfg=cfg)
         if result is None:
             engine, tokenizer = _make_engine(args, cfg)
