@@ -14,7 +14,7 @@ import torch
 from scipy.special import lambertw
 
 from stare_lab.errors import ConfigError, DataError, RunError
-from stare_lab.runs import RunWriter
+from stare_lab.runs import RunWriter, read_run
 from simulators import calibrate as C
 from simulators.tabular import config_from_overrides, init_state, run_batch
 from simulators.tabular_engine import batch_step
@@ -398,3 +398,31 @@ def test_residual_with_balance_by_hand():
     assert C.residual(1.0, 0.3, probe, 2.0 * math.e) == pytest.approx(1.0)
     assert C.residual(3.0, 0.1, probe, 2.0) == pytest.approx(math.hypot(0.25, 0.2))
     assert C.residual(1.0, 0.3, probe, None) == math.inf
+
+
+def test_held_calibration_recovers_known_knobs(tmp_path):
+    """A held probe of the llm toy (its preset knobs: coupling 0.6, 6 forks, 8 correct, noise 0; O1 at W 10, probe
+    seeds 9, 10) is calibrated on a grid with couplings 0.6, 0.8, 1.0 (fit seeds 0, 1): the fit runs the probe's
+    schedule and must return coupling 0.6. Measured at this size (300 steps, 32 prompts, seed 0): held balance W
+    3.8 at 0.6, 5.6 at 0.8 (ln-distance 0.38, against a seed spread of 0.05), and at 1.0 the toy does not hold the
+    band at W 10 (mean deviation 0.08): that setting is out (residual inf). Then calibration.json records the
+    probe's kind, balance and schedule and the fit's balance."""
+    truth = {"reward_coupling": 0.6, "forking_positions": 6, "num_correct": 8, "reward_noise": 0.0}
+    sched = {"loss.stare.reweight_w": 10.0, "loss.stare.target_entropy": 0.851}
+    data = C._base_overrides({**truth, **sched})
+    probes = []
+    for seed in (9, 10):
+        probes.append(tmp_path / "probe" / f"seed{seed}")
+        run_batch([config_from_overrides({**data, "method": "o1", "seed": seed})], [probes[-1]])
+    probe = C.read_probe(probes)
+    assert probe.kind == "held" and probe.schedule["reweight_w"] == 10.0 and probe.schedule["method"] == "o1"
+    grid = {**{k: [v] for k, v in truth.items()}, "reward_coupling": [0.6, 0.8, 1.0]}
+    best, table = C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0, 1), workers=1)
+    assert best["knobs"] == truth, table
+    assert [t["residual"] == math.inf for t in table] == [False, False, True], table
+    fit_cfg = read_run(tmp_path / "fit" / C._label(truth) / "seed0").config
+    assert fit_cfg["loss"]["loss_mode"] == "stare" and fit_cfg["loss"]["stare"]["reweight_w"] == 10.0
+    out = C.calibrate(probes, tmp_path / "cal", grid={k: [v] for k, v in truth.items()}, seeds=(0,), w_grid=[8.0],
+                      workers=1)
+    assert out["probe"]["kind"] == "held" and out["probe"]["balance_w"] == pytest.approx(probe.balance_w)
+    assert out["probe"]["schedule"] == probe.schedule and out["fit"]["balance_w"] > 1.0
