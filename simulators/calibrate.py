@@ -22,20 +22,28 @@ Steps (:func:`calibrate`):
    ``measure_decomposition=true`` or a tabular run. The probe's steps are the window of :func:`probe_window` —
    ``window`` steps (default 10 % of the run, :data:`WINDOW_FRAC`) centred on the first step whose entropy is
    below the target entropy (``--target``, else the run's ``loss.stare.target_entropy``), or every step when the run
-   never gets there (a probe of a checkpoint near its target). Over those steps, pooled over the runs: d_ratio = ΣD_L+ / |ΣD_GRPO| (a
-   ratio of sums, as :mod:`stare_lab.critical` windows W*), lplus_above_sstar = the mean of the per-step shares,
-   entropy = the mean entropy.
+   never gets there (a probe of a checkpoint near its target) — a *crossing* probe (GRPO or another baseline). A
+   *held* probe (a run of the gated STARE loss that holds the band, ``probe_kind`` ``auto`` picks it by the loss:
+   :func:`probe_kind`) is read over its second half instead, the span of the band criterion, and adds the
+   **balance W** (:func:`held_balance`): 1 + the mean of gate·(W − 1) there, the push that really held the entropy
+   (first-order drift, sampling, gradient clipping and the gap between a batch and fresh samples included). A held
+   probe run that did not hold the band is refused. Over the probe's steps, pooled over the runs: d_ratio =
+   ΣD_L+ / |ΣD_GRPO| (a ratio of sums, as :mod:`stare_lab.critical` windows W*), lplus_above_sstar = the mean of
+   the per-step shares, entropy = the mean entropy.
 2. **Matching entropy.** Entropies of a toy and of a language model are not on one scale, so they are matched
    relative to the start of RL: the probe sits at ρ = H_match / H_0 of its initial entropy H_0 (the first row's
    entropy, or ``--initial-entropy`` for a probe of a later checkpoint), with H_match the target when the probe
    crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
    set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
-3. **Fit** (:func:`fit_knobs`): GRPO runs of the ``llm`` preset (sampled, G responses per prompt, as in training)
-   over a grid of the four knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, the same window rule at
-   the matched target. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
-   lplus_above_sstar) between toy and probe with g(x) = x / (1 + |x|) (monotone, bounded: the ratio spans −1 … 60
-   between toys and models, and W* = 1 + 1/ratio changes little among large ratios); a knob setting whose GRPO run
-   never reaches the matched target cannot reproduce the probe (residual ∞). The smallest residual wins.
+3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
+   grid of the four knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, read like the probe at the
+   matched target: GRPO runs for a crossing probe, runs of the probe's STARE schedule (its method and
+   :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
+   lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
+   bounded: the ratio spans −1 … 60 between toys and models, and W* = 1 + 1/ratio changes little among large
+   ratios; ln W: a relative error, 0.2 ≈ the tolerance of a critical W near 7); a knob setting whose run never
+   reaches the matched target (crossing) or does not hold the band on every seed (held) cannot reproduce the probe
+   (residual ∞). The smallest residual wins.
 4. **Critical W** (:func:`critical_sweep`): ``stare-lab simulate --preset llm`` with the fitted knobs, the matched
    target, methods grpo, o1 and c2 (C2 at ``c2_m``) over a W grid, ``seeds`` seeds: the measured critical W of each
    method (the smallest grid W held on every seed, :func:`stare_lab.critical.measured_critical_w`) with its
@@ -47,11 +55,12 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
 ``summary.json``), ``fit.json`` (every knob setting with its observables and residual) and ``calibration.json``::
 
     {"kind": "calibrated",
-     "probe": {"run": str, "source": "trainer|simulator", "model": str|null, "steps": [int], "entropy": float,
-               "d_ratio": float, "lplus_above_sstar": float|null, "target_entropy": float|null},
+     "probe": {"run": str, "kind": "crossing|held", "source": "trainer|simulator", "model": str|null,
+               "steps": [int], "entropy": float, "d_ratio": float, "lplus_above_sstar": float|null,
+               "balance_w": float|null, "schedule": {str: value}|null, "target_entropy": float|null},
      "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float},
      "preset": {"name": "llm", "overrides": {dotted key: value}},
-     "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "residual": float},
+     "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "balance_w": float|null, "residual": float},
      "critical": {"o1": {"w": float|null, "low": float, "high": float|null},
                   "c2": {"w": float|null, "m": float, "low": float, "high": float|null},
                   "adaptive": {"w_max": float|null}},
@@ -59,7 +68,9 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
 
 ``probe.run``: the probe directories, comma-separated; ``probe.steps``: the step numbers of the window (of the first
 probe run); ``probe.entropy``: the window's mean entropy (nats); ``probe.target_entropy``: the target the window is
-centred on (null when the probe never crosses it). ``preset.overrides``: what ``stare-lab simulate --preset llm``
+centred on (null when the probe never crosses it), for a held probe its H_tgt; ``probe.kind``: step 1;
+``probe.balance_w`` / ``probe.schedule``: a held probe's balance W and STARE schedule (null for a crossing probe);
+``fit.balance_w``: the calibrated toy's balance W under that schedule. ``preset.overrides``: what ``stare-lab simulate --preset llm``
 takes to run the calibrated toy (the knobs and the matched target). ``fit``: the calibrated toy's own observables at
 its matched target. ``critical``: module docstring step 4 (W for O1 with M = 1; C2 at the recorded M).
 ``regime``: the calibrated toy's regime — its D_L+/|D_GRPO| at the target, its target over its reward-optimal
