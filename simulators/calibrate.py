@@ -70,9 +70,9 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
 probe run); ``probe.entropy``: the window's mean entropy (nats); ``probe.target_entropy``: the target the window is
 centred on (null when the probe never crosses it), for a held probe its H_tgt; ``probe.kind``: step 1;
 ``probe.balance_w`` / ``probe.schedule``: a held probe's balance W and STARE schedule (null for a crossing probe);
-``fit.balance_w``: the calibrated toy's balance W under that schedule. ``preset.overrides``: what ``stare-lab simulate --preset llm``
-takes to run the calibrated toy (the knobs and the matched target). ``fit``: the calibrated toy's own observables at
-its matched target. ``critical``: module docstring step 4 (W for O1 with M = 1; C2 at the recorded M).
+``fit.balance_w``: the calibrated toy's balance W under that schedule. ``preset.overrides``: what ``stare-lab
+simulate --preset llm`` takes to run the calibrated toy (the knobs and the matched target). ``fit``: the calibrated
+toy's own observables at its matched target. ``critical``: module docstring step 4 (W for O1 with M = 1; C2 at the recorded M).
 ``regime``: the calibrated toy's regime — its D_L+/|D_GRPO| at the target, its target over its reward-optimal
 entropy, its mode — for comparing the toy with a training target before acting on its W (``promote``).
 """

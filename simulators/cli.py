@@ -252,8 +252,9 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
         help="fit the tabular 'llm' toy to a probe run and read off its critical W (simulators)",
         description=(
             "Fit the knobs of the tabular 'llm' preset (reward coupling, fork width: forking positions and correct "
-            "tokens at a fork, verifier noise) so that its GRPO "
-            "run shows the probe's D_L+/|D_GRPO| and L+-above-s* share at the matching entropy, then sweep W on the "
+            "tokens at a fork, verifier noise) so that it shows the probe's D_L+/|D_GRPO| and L+-above-s* share at "
+            "the matching entropy — a GRPO probe around its target crossing, or a STARE probe that holds the band "
+            "over its second half, where the balance W that held it is matched too — then sweep W on the "
             "calibrated toy: critical W for O1, C2 (at --c2-m) and w_max for the adaptive schedule. Writes "
             "OUT/calibration.json, OUT/fit.json and the runs (OUT/fit, OUT/sweep). docs/calibration.md."
         ),
