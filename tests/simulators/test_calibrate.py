@@ -305,8 +305,8 @@ def test_transformer_observables_against_an_independent_computation(tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    """The front door's error contract for calibrate: a missing run, a bad grid knob and a taken output folder are
-    one line each (exit 1), nothing is written."""
+    """The front door's error contract for calibrate: a missing run, a bad grid knob, a held probe kind for a GRPO
+    run and a taken output folder are one line each (exit 1), nothing is written."""
     from stare_lab.cli import main
 
     _write_probe(tmp_path / "p", [1.0, 0.5], [-1, -1], [1, 1], [0.5, 0.5])
@@ -317,6 +317,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         ([str(tmp_path / "p"), "--grid", "bogus=1"], "--grid 'bogus=1' must look like KNOB=V1,V2,... with KNOB one of"),
         ([str(tmp_path / "p"), "--c2-m", "1.5"], "--c2-m=1.5 is outside (0, 1]"),
         ([str(tmp_path / "p"), "--w-grid", "0.5,2"], "must be numbers >= 1"),
+        ([str(tmp_path / "p"), "--probe-kind", "held"], "--probe-kind=held needs runs of the gated STARE loss"),
     ]
     for argv, msg in cases:
         assert main(["calibrate", *argv, "--out", str(tmp_path / "out")]) == 1
