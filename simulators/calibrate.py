@@ -316,7 +316,7 @@ def read_probe(
                 raise DataError(
                     f"probe run {str(path)!r} did not hold the band (mean |H - H_tgt| over the second half "
                     f"{summ['mean_abs_dev_second_half']:.3g} nats at H_tgt {tgt}): a held probe needs a STARE run "
-                    "that holds it (raise stare.reweight_w or w_max), or use a GRPO run (crossing probe)")
+                    "that holds it (raise stare.reweight_w or w_max), or read it as a crossing probe (--probe-kind crossing)")
             a, b, did = len(rows) // 2, len(rows), True
             schedules.append(_schedule(run.config))
         else:
