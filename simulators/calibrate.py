@@ -22,20 +22,28 @@ Steps (:func:`calibrate`):
    ``measure_decomposition=true`` or a tabular run. The probe's steps are the window of :func:`probe_window` —
    ``window`` steps (default 10 % of the run, :data:`WINDOW_FRAC`) centred on the first step whose entropy is
    below the target entropy (``--target``, else the run's ``loss.stare.target_entropy``), or every step when the run
-   never gets there (a probe of a checkpoint near its target). Over those steps, pooled over the runs: d_ratio = ΣD_L+ / |ΣD_GRPO| (a
-   ratio of sums, as :mod:`stare_lab.critical` windows W*), lplus_above_sstar = the mean of the per-step shares,
-   entropy = the mean entropy.
+   never gets there (a probe of a checkpoint near its target) — a *crossing* probe (GRPO or another baseline). A
+   *held* probe (a run of the gated STARE loss that holds the band, ``probe_kind`` ``auto`` picks it by the loss:
+   :func:`probe_kind`) is read over its second half instead, the span of the band criterion, and adds the
+   **balance W** (:func:`held_balance`): 1 + the mean of gate·(W − 1) there, the push that really held the entropy
+   (first-order drift, sampling, gradient clipping and the gap between a batch and fresh samples included). A held
+   probe run that did not hold the band is refused. Over the probe's steps, pooled over the runs: d_ratio =
+   ΣD_L+ / |ΣD_GRPO| (a ratio of sums, as :mod:`stare_lab.critical` windows W*), lplus_above_sstar = the mean of
+   the per-step shares, entropy = the mean entropy.
 2. **Matching entropy.** Entropies of a toy and of a language model are not on one scale, so they are matched
    relative to the start of RL: the probe sits at ρ = H_match / H_0 of its initial entropy H_0 (the first row's
    entropy, or ``--initial-entropy`` for a probe of a later checkpoint), with H_match the target when the probe
    crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
    set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
-3. **Fit** (:func:`fit_knobs`): GRPO runs of the ``llm`` preset (sampled, G responses per prompt, as in training)
-   over a grid of the four knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, the same window rule at
-   the matched target. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
-   lplus_above_sstar) between toy and probe with g(x) = x / (1 + |x|) (monotone, bounded: the ratio spans −1 … 60
-   between toys and models, and W* = 1 + 1/ratio changes little among large ratios); a knob setting whose GRPO run
-   never reaches the matched target cannot reproduce the probe (residual ∞). The smallest residual wins.
+3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
+   grid of the four knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, read like the probe at the
+   matched target: GRPO runs for a crossing probe, runs of the probe's STARE schedule (its method and
+   :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
+   lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
+   bounded: the ratio spans −1 … 60 between toys and models, and W* = 1 + 1/ratio changes little among large
+   ratios; ln W: a relative error, 0.2 ≈ the tolerance of a critical W near 7); a knob setting whose run never
+   reaches the matched target (crossing) or does not hold the band on every seed (held) cannot reproduce the probe
+   (residual ∞). The smallest residual wins.
 4. **Critical W** (:func:`critical_sweep`): ``stare-lab simulate --preset llm`` with the fitted knobs, the matched
    target, methods grpo, o1 and c2 (C2 at ``c2_m``) over a W grid, ``seeds`` seeds: the measured critical W of each
    method (the smallest grid W held on every seed, :func:`stare_lab.critical.measured_critical_w`) with its
@@ -47,11 +55,12 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
 ``summary.json``), ``fit.json`` (every knob setting with its observables and residual) and ``calibration.json``::
 
     {"kind": "calibrated",
-     "probe": {"run": str, "source": "trainer|simulator", "model": str|null, "steps": [int], "entropy": float,
-               "d_ratio": float, "lplus_above_sstar": float|null, "target_entropy": float|null},
+     "probe": {"run": str, "kind": "crossing|held", "source": "trainer|simulator", "model": str|null,
+               "steps": [int], "entropy": float, "d_ratio": float, "lplus_above_sstar": float|null,
+               "balance_w": float|null, "schedule": {str: value}|null, "target_entropy": float|null},
      "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float},
      "preset": {"name": "llm", "overrides": {dotted key: value}},
-     "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "residual": float},
+     "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "balance_w": float|null, "residual": float},
      "critical": {"o1": {"w": float|null, "low": float, "high": float|null},
                   "c2": {"w": float|null, "m": float, "low": float, "high": float|null},
                   "adaptive": {"w_max": float|null}},
@@ -59,9 +68,11 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
 
 ``probe.run``: the probe directories, comma-separated; ``probe.steps``: the step numbers of the window (of the first
 probe run); ``probe.entropy``: the window's mean entropy (nats); ``probe.target_entropy``: the target the window is
-centred on (null when the probe never crosses it). ``preset.overrides``: what ``stare-lab simulate --preset llm``
-takes to run the calibrated toy (the knobs and the matched target). ``fit``: the calibrated toy's own observables at
-its matched target. ``critical``: module docstring step 4 (W for O1 with M = 1; C2 at the recorded M).
+centred on (null when the probe never crosses it), for a held probe its H_tgt; ``probe.kind``: step 1;
+``probe.balance_w`` / ``probe.schedule``: a held probe's balance W and STARE schedule (null for a crossing probe);
+``fit.balance_w``: the calibrated toy's balance W under that schedule. ``preset.overrides``: what ``stare-lab
+simulate --preset llm`` takes to run the calibrated toy (the knobs and the matched target). ``fit``: the calibrated
+toy's own observables at its matched target. ``critical``: module docstring step 4 (W for O1 with M = 1; C2 at the recorded M).
 ``regime``: the calibrated toy's regime — its D_L+/|D_GRPO| at the target, its target over its reward-optimal
 entropy, its mode — for comparing the toy with a training target before acting on its W (``promote``).
 """
@@ -83,6 +94,7 @@ from typing import Any, Callable, Sequence
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.runs import read_run
+from stare_lab.summary import band_held, run_summary, summary_settings
 
 from simulators.parallel import check_memory, run_many
 from simulators.presets import get_preset
@@ -93,8 +105,9 @@ from simulators.tabular.tasks import reward_optimal_entropy
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "KNOBS", "DEFAULT_GRID", "DEFAULT_W_GRID", "Probe", "probe_window", "read_probe", "matched_target", "residual",
-    "toy_observables", "fit_knobs", "critical_sweep", "calibrate", "PRESET",
+    "KNOBS", "DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS", "Probe", "probe_window",
+    "probe_kind", "held_balance", "read_probe", "matched_target", "residual", "toy_observables", "fit_knobs",
+    "critical_sweep", "calibrate", "PRESET",
 ]
 
 #: the preset whose knobs are fitted
@@ -115,6 +128,11 @@ DEFAULT_W_GRID = [1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]
 WINDOW_FRAC = 0.1
 #: the C2 M of the sweep unless given (the paper's, docs/theory.md §4)
 DEFAULT_C2_M = 0.9
+#: where the probe is read (module docstring, step 1): ``crossing`` = around a GRPO run's first step below the
+#: target, ``held`` = the second half of a STARE run that holds the band
+PROBE_KINDS = ("crossing", "held")
+#: the ``loss.stare`` keys of a held probe's schedule that the toy's fit runs copy
+SCHEDULE_KEYS = ("variant", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "top_p_ratio")
 
 
 def _num(x: Any) -> float | None:
@@ -127,7 +145,9 @@ class Probe:
     ``simulator``), ``model`` (name or None), ``steps`` (step numbers of the window of the first run),
     ``entropy`` (window mean, nats), ``initial_entropy`` (H_0, nats), ``d_ratio``, ``lplus_above_sstar`` (None when
     the rows do not carry it), ``target_entropy`` (the target the window is centred on; None when not crossed),
-    ``rel_entropy`` (ρ = H_match / H_0)."""
+    ``rel_entropy`` (ρ = H_match / H_0); ``kind`` (:data:`PROBE_KINDS`), and for a held probe ``balance_w``
+    (:func:`held_balance` over the window, pooled) and ``schedule`` (``method`` and the :data:`SCHEDULE_KEYS` of
+    its ``loss.stare``: what the toy's fit runs copy)."""
 
     runs: list[str]
     source: str
@@ -139,6 +159,9 @@ class Probe:
     lplus_above_sstar: float | None
     target_entropy: float | None
     rel_entropy: float
+    kind: str = "crossing"
+    balance_w: float | None = None
+    schedule: dict[str, Any] | None = None
 
 
 def probe_window(rows: Sequence[dict[str, Any]], target: float | None, window: int) -> tuple[int, int, bool]:
@@ -162,7 +185,7 @@ def _window_sums(rows: Sequence[dict[str, Any]], start: int, stop: int) -> dict[
     """ΣD_GRPO, ΣD_L+, the per-step L+-above-s* shares and the entropies of ``rows[start:stop]`` (steps with a
     missing D term are left out of the sums)."""
     dg = dl = 0.0
-    shares, ents, used = [], [], 0
+    shares, ents, pushes, used = [], [], [], 0
     for r in rows[start:stop]:
         g, p = _num(r.get(KEY_D_GRPO)), _num(r.get(KEY_D_LPLUS))
         if g is not None and p is not None:
@@ -173,18 +196,24 @@ def _window_sums(rows: Sequence[dict[str, Any]], start: int, stop: int) -> dict[
         h = _num(r.get("entropy"))
         if h is not None:
             ents.append(h)
-    return {"d_grpo": dg, "d_lplus": dl, "shares": shares, "entropies": ents, "used": used}
+        g, w = _num(r.get("gate_on")), _num(r.get("stare_w"))
+        if g is not None and w is not None:
+            pushes.append(g * (w - 1.0))
+    return {"d_grpo": dg, "d_lplus": dl, "shares": shares, "entropies": ents, "pushes": pushes, "used": used}
 
 
-def _observables(parts: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None]:
-    """(d_ratio, lplus_above_sstar, entropy) pooled over the windows ``parts`` of :func:`_window_sums`."""
+def _observables(parts: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None, float | None]:
+    """(d_ratio, lplus_above_sstar, entropy, balance W) pooled over the windows ``parts`` of :func:`_window_sums`
+    (balance W: 1 + the mean of gate·(W − 1) over every step of the windows, :func:`held_balance`)."""
     dg = sum(p["d_grpo"] for p in parts)
     dl = sum(p["d_lplus"] for p in parts)
     used = sum(p["used"] for p in parts)
     shares = [s for p in parts for s in p["shares"]]
     ents = [h for p in parts for h in p["entropies"]]
+    pushes = [x for p in parts for x in p.get("pushes", [])]
     ratio = dl / abs(dg) if used and dg != 0 else None
-    return (ratio, statistics.fmean(shares) if shares else None, statistics.fmean(ents) if ents else None)
+    return (ratio, statistics.fmean(shares) if shares else None, statistics.fmean(ents) if ents else None,
+            1.0 + statistics.fmean(pushes) if pushes else None)
 
 
 def _model_name(config: dict[str, Any]) -> str | None:
@@ -199,9 +228,45 @@ def _model_name(config: dict[str, Any]) -> str | None:
     return f"tabular {config.get('task')}" if sim == "tabular" else None
 
 
+def probe_kind(config: dict[str, Any]) -> str:
+    """``held`` for a run of the gated STARE loss (``loss.loss_mode`` ``stare``, ``loss.stare.gate`` ``entropy``),
+    else ``crossing`` (GRPO or another baseline): where :func:`read_probe` reads it by default."""
+    loss = config.get("loss") if isinstance(config.get("loss"), dict) else {}
+    stare = loss.get("stare") if isinstance(loss.get("stare"), dict) else {}
+    return "held" if loss.get("loss_mode") == "stare" and stare.get("gate", "entropy") == "entropy" else "crossing"
+
+
+def held_balance(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The push that held the entropy, as a W: 1 + the mean over ``rows`` of gate·(W − 1) (``gate_on`` 0/1,
+    ``stare_w``; rows without both are left out), None without any. Along the held second half of a run the entropy
+    is stationary, so this mean extra weight on L+ cancels the drift the run really had — first order, second order
+    (sampling), gradient clipping and all (docs/calibration.md, the held probe). A gate always on at W gives W."""
+    parts = _window_sums(rows, 0, len(rows))
+    return 1.0 + statistics.fmean(parts["pushes"]) if parts["pushes"] else None
+
+
+def _schedule(config: dict[str, Any]) -> dict[str, Any]:
+    """``{"method": "o1" | "c2", **the SCHEDULE_KEYS of loss.stare}`` of a STARE run's config."""
+    stare = dict(((config.get("loss") or {}).get("stare") or {}))
+    out = {k: stare[k] for k in SCHEDULE_KEYS if k in stare}
+    return {"method": "c2" if str(stare.get("variant", "O1")).upper() == "C2" else "o1", **out}
+
+
+def _run_rows(path: str | os.PathLike) -> tuple[Any, list[dict[str, Any]]]:
+    run = read_run(path)
+    rows = [r for r in run.metrics if _num(r.get("entropy")) is not None]
+    if not rows or not any(_num(r.get(KEY_D_GRPO)) is not None and _num(r.get(KEY_D_LPLUS)) is not None
+                           for r in rows):
+        raise DataError(
+            f"probe run {str(path)!r} has no rows with entropy, {KEY_D_GRPO} and {KEY_D_LPLUS}: log the D terms "
+            "(small transformer: measure_decomposition=true; trainer: schedule.measure_entropy_change=true; "
+            "tabular runs always log them)")
+    return run, rows
+
+
 def read_probe(
     paths: Sequence[str | os.PathLike], target: float | None = None, initial_entropy: float | None = None,
-    window: int | None = None,
+    window: int | None = None, kind: str = "auto",
 ) -> Probe:
     """Read and pool the probe runs ``paths`` (module docstring, steps 1–2).
 
@@ -209,13 +274,16 @@ def read_probe(
         paths: run directories (``stare_lab.runs`` format).
         target: the target entropy (nats) the window is centred on; None → each run's ``loss.stare.target_entropy``.
         initial_entropy: H_0 (nats) for the matching entropy; None → the first run's first ``entropy``.
-        window: steps per window; None → :data:`WINDOW_FRAC` of each run (at least 1).
+        window: steps per window of a crossing probe; None → :data:`WINDOW_FRAC` of each run (at least 1).
+        kind: ``crossing``, ``held`` (:data:`PROBE_KINDS`) or ``auto``: :func:`probe_kind` of the runs.
 
     Raises:
         DataError: a path is not a run directory (``RunError``), a run has no rows with ``entropy``,
-            ``pred/d_grpo`` and ``pred/d_lplus`` (the message says how to log them), the pooled ΣD_GRPO is 0, or the
-            runs disagree on whether they cross the target.
-        ConfigError: ``target`` / ``initial_entropy`` / ``window`` out of range.
+            ``pred/d_grpo`` and ``pred/d_lplus`` (the message says how to log them), the pooled ΣD_GRPO is 0, the
+            runs disagree on whether they cross the target, on their kind (``auto``) or on their schedule (held), or
+            a held probe run did not hold the band.
+        ConfigError: ``target`` / ``initial_entropy`` / ``window`` / ``kind`` out of range, or ``held`` for a run
+            without the gated STARE loss.
     """
     if not paths:
         raise ConfigError("calibrate needs at least one PROBE_RUN directory")
@@ -225,19 +293,34 @@ def read_probe(
         raise ConfigError(f"--initial-entropy={initial_entropy!r} must be a number > 0 (nats)")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ConfigError(f"--window={window!r} must be an integer >= 1")
-    parts, crossed, first = [], [], None
-    for path in paths:
-        run = read_run(path)
-        rows = [r for r in run.metrics if _num(r.get("entropy")) is not None]
-        if not rows or not any(_num(r.get(KEY_D_GRPO)) is not None and _num(r.get(KEY_D_LPLUS)) is not None
-                               for r in rows):
-            raise DataError(
-                f"probe run {str(path)!r} has no rows with entropy, {KEY_D_GRPO} and {KEY_D_LPLUS}: log the D terms "
-                "(small transformer: measure_decomposition=true; trainer: schedule.measure_entropy_change=true; "
-                "tabular runs always log them)")
+    if kind not in ("auto", *PROBE_KINDS):
+        raise ConfigError(f"--probe-kind={kind!r} is not one of {{auto, {', '.join(PROBE_KINDS)}}}")
+    runs = [(path, *_run_rows(path)) for path in paths]
+    kinds = {probe_kind(run.config) for _, run, _ in runs}
+    if kind == "auto":
+        if len(kinds) > 1:
+            raise DataError("the probe runs mix GRPO (crossing) and STARE (held) runs; give one kind, or "
+                            "--probe-kind")
+        kind = kinds.pop()
+    elif kind == "held" and "crossing" in kinds:
+        bad = next(str(p) for p, run, _ in runs if probe_kind(run.config) == "crossing")
+        raise ConfigError(f"--probe-kind=held needs runs of the gated STARE loss; {bad!r} is not one")
+    parts, crossed, first, schedules = [], [], None, []
+    for path, run, rows in runs:
         tgt = target if target is not None else _num(((run.config.get("loss") or {}).get("stare") or {})
                                                      .get("target_entropy"))
-        a, b, did = probe_window(rows, tgt, window or max(1, round(WINDOW_FRAC * len(rows))))
+        if kind == "held":
+            settings = {**summary_settings(run.config), "target_entropy": tgt}
+            summ = run_summary(rows, **settings)
+            if not band_held(summ):
+                raise DataError(
+                    f"probe run {str(path)!r} did not hold the band (mean |H - H_tgt| over the second half "
+                    f"{summ['mean_abs_dev_second_half']:.3g} nats at H_tgt {tgt}): a held probe needs a STARE run "
+                    "that holds it (raise stare.reweight_w or w_max), or read it as a crossing probe (--probe-kind crossing)")
+            a, b, did = len(rows) // 2, len(rows), True
+            schedules.append(_schedule(run.config))
+        else:
+            a, b, did = probe_window(rows, tgt, window or max(1, round(WINDOW_FRAC * len(rows))))
         parts.append(_window_sums(rows, a, b))
         crossed.append(tgt if did else None)
         if first is None:
@@ -245,7 +328,10 @@ def read_probe(
     if len({c is None for c in crossed}) > 1:
         raise DataError(f"the probe runs disagree: {sum(c is not None for c in crossed)} of {len(crossed)} cross "
                         "their target entropy; give runs that all cross it (or none)")
-    ratio, share, entropy = _observables(parts)
+    if any(s != schedules[0] for s in schedules):
+        raise DataError(f"the held probe runs use different STARE schedules ({schedules[0]} and "
+                        f"{next(s for s in schedules if s != schedules[0])}); give runs of one schedule")
+    ratio, share, entropy, balance = _observables(parts)
     if ratio is None:
         raise DataError(f"the probe's window has ΣD_GRPO = 0 ({', '.join(map(str, paths))}): no drift to compare "
                         "with; choose other steps (--window, --target)")
@@ -255,23 +341,31 @@ def read_probe(
     h0 = initial_entropy if initial_entropy is not None else float(rows[0]["entropy"])
     tgt = crossed[0]
     h_match = tgt if tgt is not None else entropy
+    held = kind == "held"
     return Probe(
         runs=[str(p) for p in paths], source=str(run.config.get("source") or "simulator"),
         model=_model_name(run.config), steps=[int(r.get("step", i + 1)) for i, r in enumerate(rows[a:b], a)],
         entropy=float(entropy), initial_entropy=float(h0), d_ratio=float(ratio), lplus_above_sstar=share,
-        target_entropy=tgt, rel_entropy=float(h_match / h0),
+        target_entropy=tgt, rel_entropy=float(h_match / h0), kind=kind, balance_w=balance if held else None,
+        schedule=schedules[0] if held else None,
     )
 
 
-def residual(toy_ratio: float | None, toy_share: float | None, probe: Probe) -> float:
-    """The fit's distance (module docstring, step 3): √((g(r_toy) − g(r_probe))² + (share_toy − share_probe)²)
-    with g(x) = x/(1 + |x|); the share term only when the probe has it. ``inf`` when the toy has no value."""
+def residual(toy_ratio: float | None, toy_share: float | None, probe: Probe, toy_balance: float | None = None
+             ) -> float:
+    """The fit's distance (module docstring, step 3): √((g(r_toy) − g(r_probe))² + (share_toy − share_probe)²
+    + (ln b_toy − ln b_probe)²) with g(x) = x/(1 + |x|); the share term only when the probe has it, the balance
+    term (b: :func:`held_balance`, ≥ 1) only for a held probe. ``inf`` when the toy lacks a value the probe has."""
     g = lambda x: x / (1.0 + abs(x))  # noqa: E731
     if toy_ratio is None or (probe.lplus_above_sstar is not None and toy_share is None):
+        return math.inf
+    if probe.balance_w is not None and toy_balance is None:
         return math.inf
     d = (g(toy_ratio) - g(probe.d_ratio)) ** 2
     if probe.lplus_above_sstar is not None:
         d += (toy_share - probe.lplus_above_sstar) ** 2
+    if probe.balance_w is not None:
+        d += (math.log(toy_balance) - math.log(probe.balance_w)) ** 2
     return math.sqrt(d)
 
 
@@ -295,21 +389,28 @@ def matched_target(probe: Probe, seeds: Sequence[int], overrides: dict[str, Any]
     return probe.rel_entropy * h0, h0
 
 
-def toy_observables(run_dirs: Sequence[str | os.PathLike], target: float, window: int | None = None
-                    ) -> dict[str, Any]:
-    """The toy's d_ratio, lplus_above_sstar and crossing steps at ``target`` (nats), pooled over its seeds'
-    ``run_dirs`` (the window rule of :func:`probe_window`); ``d_ratio`` None when a seed never crosses ``target``."""
+def toy_observables(run_dirs: Sequence[str | os.PathLike], target: float, window: int | None = None,
+                    kind: str = "crossing") -> dict[str, Any]:
+    """The toy's d_ratio, lplus_above_sstar, balance W (:func:`held_balance`) and crossing steps at ``target``
+    (nats), pooled over its seeds' ``run_dirs``: ``crossing`` — the window rule of :func:`probe_window`,
+    ``d_ratio`` None when a seed never crosses ``target``; ``held`` — the second half of each run, ``d_ratio`` None
+    when a seed did not hold the band (:func:`stare_lab.summary.band_held`)."""
     parts, crossings = [], []
     for d in run_dirs:
-        rows = read_run(d).metrics
-        a, b, did = probe_window(rows, target, window or max(1, round(WINDOW_FRAC * len(rows))))
+        run = read_run(d)
+        rows = run.metrics
+        if kind == "held":
+            a, b = len(rows) // 2, len(rows)
+            did = bool(band_held(run_summary(rows, **{**summary_settings(run.config), "target_entropy": target})))
+        else:
+            a, b, did = probe_window(rows, target, window or max(1, round(WINDOW_FRAC * len(rows))))
         crossings.append(a + (b - a) // 2 if did else None)
         if did:
             parts.append(_window_sums(rows, a, b))
     if not parts or len(parts) < len(crossings):
-        return {"d_ratio": None, "lplus_above_sstar": None, "crossing": crossings}
-    ratio, share, _ = _observables(parts)
-    return {"d_ratio": ratio, "lplus_above_sstar": share, "crossing": crossings}
+        return {"d_ratio": None, "lplus_above_sstar": None, "balance_w": None, "crossing": crossings}
+    ratio, share, _, balance = _observables(parts)
+    return {"d_ratio": ratio, "lplus_above_sstar": share, "balance_w": balance, "crossing": crossings}
 
 
 def _label(knobs: dict[str, Any]) -> str:
@@ -339,9 +440,12 @@ def fit_knobs(
         seeds: seeds per knob setting. overrides: further ``llm`` preset overrides (dotted keys, e.g. ``lr``).
         workers: processes (None: all cores). progress: called with run-steps done.
 
+    A crossing probe's settings run GRPO; a held probe's run its STARE schedule (``probe.schedule``: method and
+    ``loss.stare`` keys) and are read over their held second half (:func:`toy_observables`).
+
     Returns:
         (the best setting, every setting in grid order); a setting is ``{"knobs", "target", "d_ratio",
-        "lplus_above_sstar", "crossing", "residual"}`` with ``target`` its matched target (nats).
+        "lplus_above_sstar", "balance_w", "crossing", "residual"}`` with ``target`` its matched target (nats).
 
     Raises:
         ConfigError: a bad grid or override (one line, the key named), or a grid whose runs would not fit in
@@ -349,14 +453,18 @@ def fit_knobs(
     """
     grid = _check_grid(grid or {})
     settings = [dict(zip(KNOBS, combo)) for combo in itertools.product(*(grid[k] for k in KNOBS))]
+    method, schedule = "grpo", {}
+    if probe.kind == "held":
+        method = probe.schedule["method"]
+        schedule = {f"loss.stare.{k}": v for k, v in probe.schedule.items() if k != "method"}
     configs, dirs, targets = [], [], []
     for knobs in settings:
         try:
             target, _ = matched_target(probe, seeds, {**(overrides or {}), **knobs})
-            data = _base_overrides({**(overrides or {}), **knobs, "loss.stare.target_entropy": target})
+            data = _base_overrides({**(overrides or {}), **schedule, **knobs, "loss.stare.target_entropy": target})
             data["target_entropy_rel"] = None
             for s in seeds:
-                configs.append(config_from_overrides({**data, "method": "grpo", "seed": int(s)}))
+                configs.append(config_from_overrides({**data, "method": method, "seed": int(s)}))
                 dirs.append(out / _label(knobs) / f"seed{s}")
         except ConfigError as err:
             raise ConfigError(f"fit grid point {_label(knobs)}: {err}") from None
@@ -365,14 +473,15 @@ def fit_knobs(
     run_many(configs, dirs, workers=workers, progress=progress)
     table = []
     for i, (knobs, target) in enumerate(zip(settings, targets)):
-        obs = toy_observables(dirs[i * len(seeds):(i + 1) * len(seeds)], target)
+        obs = toy_observables(dirs[i * len(seeds):(i + 1) * len(seeds)], target, kind=probe.kind)
         table.append({"knobs": knobs, "target": target, **obs,
-                      "residual": residual(obs["d_ratio"], obs["lplus_above_sstar"], probe)})
+                      "residual": residual(obs["d_ratio"], obs["lplus_above_sstar"], probe, obs["balance_w"])})
     finite = [t for t in table if math.isfinite(t["residual"])]
     if not finite:
-        raise DataError(f"no knob setting of the fit grid reaches its matched target (ρ = {probe.rel_entropy:.3g} of "
-                        f"its initial entropy) within {configs[0].steps} steps; give more steps (steps=...) or a "
-                        "grid with more coupling")
+        what = ("holds the band at its matched target with the probe's schedule" if probe.kind == "held"
+                else "reaches its matched target")
+        raise DataError(f"no knob setting of the fit grid {what} (ρ = {probe.rel_entropy:.3g} of its initial "
+                        f"entropy) within {configs[0].steps} steps; give more steps (steps=...) or another grid")
     return min(finite, key=lambda t: t["residual"]), table
 
 
@@ -415,7 +524,7 @@ def calibrate(
     initial_entropy: float | None = None, window: int | None = None, grid: dict[str, list] | None = None,
     fit_seeds: Sequence[int] = (0, 1), seeds: Sequence[int] = (0, 1, 2), w_grid: Sequence[float] = DEFAULT_W_GRID,
     c2_m: float = DEFAULT_C2_M, overrides: dict[str, Any] | None = None, workers: int | None = None,
-    overwrite: bool = False, progress: Callable[[int], None] | None = None,
+    overwrite: bool = False, progress: Callable[[int], None] | None = None, probe_kind: str = "auto",
 ) -> dict[str, Any]:
     """Calibrate the ``llm`` toy to the probe ``paths`` and sweep it (module docstring); writes ``out/fit/``,
     ``out/sweep/``, ``out/fit.json`` and ``out/calibration.json`` and returns the latter's dict. ``overwrite``
@@ -426,7 +535,7 @@ def calibrate(
             RunError also when ``out`` already holds a calibration and ``overwrite`` is False, or is not writable.
     """
     out = Path(out)
-    probe = read_probe(paths, target, initial_entropy, window)
+    probe = read_probe(paths, target, initial_entropy, window, probe_kind)
     if not (_num(c2_m) is not None and 0 < c2_m <= 1):
         raise ConfigError(f"--c2-m={c2_m!r} is outside (0, 1]")
     ws = [_num(w) for w in w_grid]
@@ -449,13 +558,14 @@ def calibrate(
     h_opt = reward_optimal_entropy(cfg, init_state(cfg).correct)
     result = {
         "kind": "calibrated",
-        "probe": {"run": ",".join(probe.runs), "source": probe.source, "model": probe.model, "steps": probe.steps,
-                  "entropy": probe.entropy, "d_ratio": probe.d_ratio, "lplus_above_sstar": probe.lplus_above_sstar,
-                  "target_entropy": probe.target_entropy},
+        "probe": {"run": ",".join(probe.runs), "kind": probe.kind, "source": probe.source, "model": probe.model,
+                  "steps": probe.steps, "entropy": probe.entropy, "d_ratio": probe.d_ratio,
+                  "lplus_above_sstar": probe.lplus_above_sstar, "balance_w": probe.balance_w,
+                  "schedule": probe.schedule, "target_entropy": probe.target_entropy},
         "knobs": dict(best["knobs"]),
         "preset": {"name": PRESET, "overrides": preset_overrides},
         "fit": {"d_ratio": best["d_ratio"], "lplus_above_sstar": best["lplus_above_sstar"],
-                "residual": best["residual"]},
+                "balance_w": best["balance_w"], "residual": best["residual"]},
         "critical": critical,
         "regime": {"d_ratio": best["d_ratio"], "target_over_optimal": toy_target / h_opt if h_opt > 0 else None,
                    "mode": cfg.mode},

@@ -267,8 +267,9 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
         help="fit the tabular 'llm' toy to a probe run and read off its critical W (simulators)",
         description=(
             "Fit the knobs of the tabular 'llm' preset (reward coupling, fork width: forking positions and correct "
-            "tokens at a fork, verifier noise) so that its GRPO "
-            "run shows the probe's D_L+/|D_GRPO| and L+-above-s* share at the matching entropy, then sweep W on the "
+            "tokens at a fork, verifier noise) so that it shows the probe's D_L+/|D_GRPO| and L+-above-s* share at "
+            "the matching entropy — a GRPO probe around its target crossing, or a STARE probe that holds the band "
+            "over its second half, where the balance W that held it is matched too — then sweep W on the "
             "calibrated toy: critical W for O1, C2 (at --c2-m) and w_max for the adaptive schedule. Writes "
             "OUT/calibration.json, OUT/fit.json and the runs (OUT/fit, OUT/sweep). docs/calibration.md."
         ),
@@ -282,6 +283,11 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
                    help="the entropy at the start of RL (nats), when the probe is a later checkpoint "
                         "(default: the probe's first step)")
     p.add_argument("--window", default=None, help="probe steps around the target crossing (default 10%% of the run)")
+    p.add_argument("--probe-kind", default="auto", choices=["auto", "crossing", "held"],
+                   help="where the probe is read: crossing = around a GRPO run's first step below the target, held = "
+                        "the second half of a STARE run that holds the band (then the fit also matches the push "
+                        "that held it, and the toy runs the probe's STARE schedule); auto (default): held for "
+                        "STARE runs, crossing otherwise")
     p.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2,...",
                    help="fit grid of one knob (repeatable): reward_coupling, forking_positions, num_correct, "
                         "reward_noise")
@@ -352,17 +358,21 @@ def calibrate_handler(args: argparse.Namespace) -> int:
             w_grid=_floats("w-grid", args.w_grid) if args.w_grid else DEFAULT_W_GRID,
             c2_m=DEFAULT_C2_M if c2_m is None else c2_m, overrides=dict(parse_overrides(overrides)),
             workers=_int_option("workers", args.workers), overwrite=args.overwrite, progress=bar.update,
+            probe_kind=args.probe_kind,
         )
     pr, fit, crit = result["probe"], result["fit"], result["critical"]
 
     def f(x, spec=".3g"):
         return "-" if x is None else format(x, spec)
 
-    print(f"probe: {pr['run']} ({pr['source']}, {pr['model'] or '-'}): steps {pr['steps'][0]}-{pr['steps'][-1]}, "
-          f"H {f(pr['entropy'])} nats, D_L+/|D_GRPO| {f(pr['d_ratio'])}, L+ above s* {f(pr['lplus_above_sstar'])}")
+    held = pr["kind"] == "held"
+    print(f"probe ({pr['kind']}): {pr['run']} ({pr['source']}, {pr['model'] or '-'}): steps {pr['steps'][0]}-"
+          f"{pr['steps'][-1]}, H {f(pr['entropy'])} nats, D_L+/|D_GRPO| {f(pr['d_ratio'])}, L+ above s* "
+          f"{f(pr['lplus_above_sstar'])}" + (f", held balance W {f(pr['balance_w'])}" if held else ""))
     knobs = ", ".join(f"{k}={v}" for k, v in result["knobs"].items())
     print(f"calibrated toy ({PRESET}): {knobs}; its D_L+/|D_GRPO| {f(fit['d_ratio'])}, L+ above s* "
-          f"{f(fit['lplus_above_sstar'])} (residual {f(fit['residual'])}) at H_tgt "
+          f"{f(fit['lplus_above_sstar'])}" + (f", held balance W {f(fit['balance_w'])}" if held else "")
+          + f" (residual {f(fit['residual'])}) at H_tgt "
           f"{f(result['preset']['overrides']['loss.stare.target_entropy'])} nats")
     for name in ("o1", "c2"):
         c = crit[name]

@@ -18,8 +18,10 @@ read by :func:`read_calibration`; :func:`calibrated_strengths` turns its ``criti
 :class:`stare_lab.critical.CriticalStrength` records. Its schema::
 
     {"kind": "calibrated",
-     "probe": {"run", "source", "model", "steps", "entropy", "d_ratio", "lplus_above_sstar", "target_entropy"},
-     "knobs": {...}, "preset": {"name", "overrides"}, "fit": {"d_ratio", "lplus_above_sstar", "residual"},
+     "probe": {"run", "kind", "source", "model", "steps", "entropy", "d_ratio", "lplus_above_sstar", "balance_w",
+               "schedule", "target_entropy"},
+     "knobs": {...}, "preset": {"name", "overrides"},
+     "fit": {"d_ratio", "lplus_above_sstar", "balance_w", "residual"},
      "critical": {"o1": {"w", "low", "high"}, "c2": {"w", "m", "low", "high"}, "adaptive": {"w_max"}},
      "regime": {"d_ratio", "target_over_optimal", "mode"}}
 """

@@ -14,7 +14,7 @@ import torch
 from scipy.special import lambertw
 
 from stare_lab.errors import ConfigError, DataError, RunError
-from stare_lab.runs import RunWriter
+from stare_lab.runs import RunWriter, read_run
 from simulators import calibrate as C
 from simulators.tabular.runner import config_from_overrides, init_state, run_batch
 from simulators.tabular.engine import batch_step
@@ -305,8 +305,8 @@ def test_transformer_observables_against_an_independent_computation(tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    """The front door's error contract for calibrate: a missing run, a bad grid knob and a taken output folder are
-    one line each (exit 1), nothing is written."""
+    """The front door's error contract for calibrate: a missing run, a bad grid knob, a held probe kind for a GRPO
+    run and a taken output folder are one line each (exit 1), nothing is written."""
     from stare_lab.cli import main
 
     _write_probe(tmp_path / "p", [1.0, 0.5], [-1, -1], [1, 1], [0.5, 0.5])
@@ -317,6 +317,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         ([str(tmp_path / "p"), "--grid", "bogus=1"], "--grid 'bogus=1' must look like KNOB=V1,V2,... with KNOB one of"),
         ([str(tmp_path / "p"), "--c2-m", "1.5"], "--c2-m=1.5 is outside (0, 1]"),
         ([str(tmp_path / "p"), "--w-grid", "0.5,2"], "must be numbers >= 1"),
+        ([str(tmp_path / "p"), "--probe-kind", "held"], "--probe-kind=held needs runs of the gated STARE loss"),
     ]
     for argv, msg in cases:
         assert main(["calibrate", *argv, "--out", str(tmp_path / "out")]) == 1
@@ -325,3 +326,104 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["calibrate", str(tmp_path / "p"), "--out", str(tmp_path / "taken")]) == 1
     assert "already holds a calibration" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------ held probe
+def _write_held(path, entropies, gates, ws, d_grpo, d_lplus, shares, target=0.6, variant="O1", adaptive=False,
+                loss_mode="stare"):
+    stare = {"variant": variant, "reweight_w": ws[0], "reweight_m": 0.2, "adaptive": adaptive, "alpha": 0.05,
+             "w_max": 8.0, "m_min": 0.1, "top_p_ratio": 0.1, "gate": "entropy", "target_entropy": target}
+    config = {"source": "simulator", "simulator": "transformer", "method": "o1", "seed": 0,
+              "loss": {"loss_mode": loss_mode, "stare": stare}}
+    with RunWriter(path, config) as w:
+        for i, row in enumerate(zip(entropies, gates, ws, d_grpo, d_lplus, shares)):
+            h, g, wt, dg, dl, sh = row
+            w.log({"step": i + 1, "entropy": h, "reward": 0.5, "gate_on": g, "stare_w": wt, "stare_m": 1.0,
+                   "pred_entropy_change": None, "entropy_change": None, "pred/d_grpo": dg, "pred/d_lplus": dl,
+                   "pred/lplus_above_sstar": sh})
+
+
+def test_held_probe_by_hand(tmp_path):
+    """A STARE run (O1, W 4, H_tgt 0.6) whose second half (rows 3–5 of 6, steps 4–6) sits at 0.58 / 0.61 / 0.59:
+    mean |H − H_tgt| = 0.04/3 < 0.05 and final 0.59 ≥ 0.3, so it held the band. Over that half: d_ratio =
+    (0.1 + 0.05 + 0.15)/|−0.2 − 0.3 − 0.1| = 0.5, share = (0.8 + 0.9 + 1.0)/3 = 0.9, balance W = 1 + (1·3 + 0·3 +
+    1·3)/3 = 3, ρ = 0.6/1.0; the schedule is the run's method and loss.stare keys. An adaptive run with W 2, 3, 5 and
+    gates 1, 1, 0 over its second half: balance 1 + (1 + 2 + 0)/3 = 2."""
+    ents = [1.0, 0.8, 0.62, 0.58, 0.61, 0.59]
+    _write_held(tmp_path / "a", ents, [0, 0, 0, 1, 0, 1], [4.0] * 6, [-1, -1, -1, -0.2, -0.3, -0.1],
+                [9, 9, 9, 0.1, 0.05, 0.15], [0, 0, 0, 0.8, 0.9, 1.0])
+    p = C.read_probe([tmp_path / "a"])
+    assert (p.kind, p.steps, p.target_entropy) == ("held", [4, 5, 6], 0.6)
+    assert (p.d_ratio, p.lplus_above_sstar, p.balance_w) == (
+        pytest.approx(0.5), pytest.approx(0.9), pytest.approx(3.0))
+    assert (p.rel_entropy, p.entropy) == (pytest.approx(0.6), pytest.approx((0.58 + 0.61 + 0.59) / 3))
+    assert p.schedule == {"method": "o1", "variant": "O1", "reweight_w": 4.0, "reweight_m": 0.2, "adaptive": False,
+                          "alpha": 0.05, "w_max": 8.0, "m_min": 0.1, "top_p_ratio": 0.1}
+    _write_held(tmp_path / "b", ents, [0, 0, 0, 1, 1, 0], [5.0, 4.0, 3.0, 2.0, 3.0, 5.0], [-1] * 6, [0.5] * 6,
+                [1.0] * 6, variant="C2", adaptive=True)
+    b = C.read_probe([tmp_path / "b"])
+    assert b.balance_w == pytest.approx(2.0) and b.schedule["method"] == "c2" and b.schedule["adaptive"] is True
+    assert C.held_balance([{"gate_on": 1, "stare_w": 7.0}, {"gate_on": 0, "stare_w": 7.0}]) == pytest.approx(4.0)
+    assert C.held_balance([{"entropy": 1.0}]) is None
+    # the same run read around its crossing instead (--probe-kind crossing): no balance; the first row below 0.6
+    # is index 3, a window of 2 starts one row before it (steps 3, 4)
+    c = C.read_probe([tmp_path / "a"], kind="crossing", window=2)
+    assert (c.kind, c.balance_w, c.schedule, c.steps) == ("crossing", None, None, [3, 4])
+
+
+def test_held_probe_errors(tmp_path):
+    ents = [1.0, 0.8, 0.62, 0.58, 0.61, 0.59]
+    row = dict(gates=[0, 0, 0, 1, 0, 1], d_grpo=[-1] * 6, d_lplus=[0.5] * 6, shares=[1.0] * 6)
+    _write_held(tmp_path / "held", ents, row["gates"], [4.0] * 6, row["d_grpo"], row["d_lplus"], row["shares"])
+    _write_held(tmp_path / "w5", ents, row["gates"], [5.0] * 6, row["d_grpo"], row["d_lplus"], row["shares"])
+    _write_held(tmp_path / "low", [1.0, 0.8, 0.5, 0.4, 0.4, 0.4], row["gates"], [4.0] * 6, row["d_grpo"],
+                row["d_lplus"], row["shares"])  # second half 0.2 nats below the target: not held
+    _write_probe(tmp_path / "grpo", ents, [-1] * 6, [0.5] * 6, [1.0] * 6)
+    with pytest.raises(DataError, match=r"'.*low' did not hold the band \(mean \|H - H_tgt\| over the second half "
+                                        r"0.2 nats at H_tgt 0.6\)"):
+        C.read_probe([tmp_path / "low"])
+    with pytest.raises(ConfigError, match=r"--probe-kind=held needs runs of the gated STARE loss; '.*grpo'"):
+        C.read_probe([tmp_path / "grpo"], kind="held")
+    with pytest.raises(DataError, match=r"mix GRPO \(crossing\) and STARE \(held\) runs"):
+        C.read_probe([tmp_path / "held", tmp_path / "grpo"])
+    with pytest.raises(DataError, match="different STARE schedules"):
+        C.read_probe([tmp_path / "held", tmp_path / "w5"])
+    with pytest.raises(ConfigError, match=r"--probe-kind='bogus' is not one of \{auto, crossing, held\}"):
+        C.read_probe([tmp_path / "held"], kind="bogus")
+
+
+def test_residual_with_balance_by_hand():
+    """A held probe adds (ln b_toy − ln b_probe)²: equal ratio and share, balance 2 against 2e → 1; a toy without a
+    balance (it did not hold) → inf."""
+    probe = C.Probe(["x"], "simulator", None, [1], 0.6, 1.0, 1.0, 0.3, 0.6, 0.6, kind="held", balance_w=2.0)
+    assert C.residual(1.0, 0.3, probe, 2.0 * math.e) == pytest.approx(1.0)
+    assert C.residual(3.0, 0.1, probe, 2.0) == pytest.approx(math.hypot(0.25, 0.2))
+    assert C.residual(1.0, 0.3, probe, None) == math.inf
+
+
+def test_held_calibration_recovers_known_knobs(tmp_path):
+    """A held probe of the llm toy (its preset knobs: coupling 0.6, 6 forks, 8 correct, noise 0; O1 at W 10, probe
+    seeds 9, 10) is calibrated on a grid with couplings 0.6, 0.8, 1.0 (fit seeds 0, 1): the fit runs the probe's
+    schedule and must return coupling 0.6. Measured at this size (300 steps, 32 prompts, seed 0): held balance W
+    3.8 at 0.6, 5.6 at 0.8 (ln-distance 0.38, against a seed spread of 0.05), and at 1.0 the toy does not hold the
+    band at W 10 (mean deviation 0.08): that setting is out (residual inf). Then calibration.json records the
+    probe's kind, balance and schedule and the fit's balance."""
+    truth = {"reward_coupling": 0.6, "forking_positions": 6, "num_correct": 8, "reward_noise": 0.0}
+    sched = {"loss.stare.reweight_w": 10.0, "loss.stare.target_entropy": 0.851}
+    data = C._base_overrides({**truth, **sched})
+    probes = []
+    for seed in (9, 10):
+        probes.append(tmp_path / "probe" / f"seed{seed}")
+        run_batch([config_from_overrides({**data, "method": "o1", "seed": seed})], [probes[-1]])
+    probe = C.read_probe(probes)
+    assert probe.kind == "held" and probe.schedule["reweight_w"] == 10.0 and probe.schedule["method"] == "o1"
+    grid = {**{k: [v] for k, v in truth.items()}, "reward_coupling": [0.6, 0.8, 1.0]}
+    best, table = C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0, 1), workers=1)
+    assert best["knobs"] == truth, table
+    assert [t["residual"] == math.inf for t in table] == [False, False, True], table
+    fit_cfg = read_run(tmp_path / "fit" / C._label(truth) / "seed0").config
+    assert fit_cfg["loss"]["loss_mode"] == "stare" and fit_cfg["loss"]["stare"]["reweight_w"] == 10.0
+    out = C.calibrate(probes, tmp_path / "cal", grid={k: [v] for k, v in truth.items()}, seeds=(0,), w_grid=[8.0],
+                      workers=1)
+    assert out["probe"]["kind"] == "held" and out["probe"]["balance_w"] == pytest.approx(probe.balance_w)
+    assert out["probe"]["schedule"] == probe.schedule and out["fit"]["balance_w"] > 1.0
