@@ -37,6 +37,7 @@ __all__ = [
     "apply_overrides",
     "parse_overrides",
     "load_config",
+    "config_data",
     "load_yaml",
     "expand_shorthand",
     "check_range",
@@ -523,11 +524,20 @@ def load_config(
     Raises:
         ConfigError: missing/invalid file, unknown key, wrong type, or a value outside its allowed range.
     """
+    return from_dict(cls, config_data(path, overrides))
+
+
+def config_data(path: str | Path | Mapping[str, Any] | None, overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """The raw config mapping of a YAML file (or a mapping, or ``None`` for empty) with dotted ``key=value``
+    overrides applied, before any dataclass sees it (:func:`load_config`, the trainer's config loader).
+
+    Raises:
+        ConfigError: missing/invalid file, or a malformed override.
+    """
     if path is None:
         data: dict[str, Any] = {}
     elif isinstance(path, Mapping):
         data = to_dict(dict(path))
     else:
         data = load_yaml(path)
-    data = apply_overrides(data, overrides)
-    return from_dict(cls, data)
+    return apply_overrides(data, overrides)

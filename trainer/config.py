@@ -35,13 +35,12 @@ from typing import Any, Iterable, Mapping
 
 from stare_lab.config import (
     LossConfig,
-    apply_overrides,
     check_choice,
     check_positive,
     check_range,
+    config_data,
     config_prefix,
     from_dict,
-    load_yaml,
     to_dict,
 )
 from stare_lab.errors import ConfigError
@@ -566,13 +565,7 @@ def load_trainer_config(
             method the loss settings contradict; :class:`~stare_lab.plugins.PluginError` for a plugin that fails to
             import.
     """
-    if path is None:
-        data: dict[str, Any] = {}
-    elif isinstance(path, Mapping):
-        data = to_dict(dict(path))
-    else:
-        data = load_yaml(path)
-    data = apply_overrides(data, overrides)
+    data = config_data(path, overrides)
     if "plugins" in data:
         _load_config_plugins(data["plugins"], "plugins")
     return from_dict(TrainerConfig, fill_method(data))

@@ -35,6 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _trl_run import SETUP  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"  # bundled GSM8K sample (trainer/assets/README.md)
 PROMPTS, N, MAX_NEW = 8, 4, 32
@@ -85,21 +88,7 @@ from trainer.config import DEFAULT_PROMPT_TEMPLATE
 
 model_dir, data, out, steps, prompts, n, max_new, engine = sys.argv[1:9]
 steps, prompts, n, max_new = int(steps), int(prompts), int(n), int(max_new)
-recs = [json.loads(l) for l in open(data)][: prompts * steps]
-ds = Dataset.from_list([{"prompt": [{"role": "user", "content": DEFAULT_PROMPT_TEMPLATE.format(problem=r["problem"])}],
-                         "answer": r["answer"]} for r in recs])
-tok = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-
-def reward(completions, answer, **kw):
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return gsm8k_lenient_reward(texts, answer)
-
-times = []
-class T(TrainerCallback):
-    def on_step_begin(self, args, state, control, **kw): self.t = time.perf_counter()
-    def on_step_end(self, args, state, control, **kw): times.append(time.perf_counter() - self.t)
-
+""" + SETUP + r"""
 vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512) if engine == "vllm" else {}
 cfg = GRPOConfig(output_dir=out, use_cpu=True, per_device_train_batch_size=prompts * n,
                  num_generations=n, max_completion_length=max_new, temperature=1.0, learning_rate=1e-6,

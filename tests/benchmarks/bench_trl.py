@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _trl_run import SETUP  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"  # bundled GSM8K sample (trainer/assets/README.md)
 PROMPTS, N, MAX_NEW, GOAL = 8, 4, 32, 1.10
@@ -46,21 +49,7 @@ from trainer.config import DEFAULT_PROMPT_TEMPLATE
 
 model_dir, data, out, steps, prompts, n, max_new, side, ga = sys.argv[1:10]
 steps, prompts, n, max_new, ga = int(steps), int(prompts), int(n), int(max_new), int(ga)
-recs = [json.loads(l) for l in open(data)][: prompts * steps]
-ds = Dataset.from_list([{"prompt": [{"role": "user", "content": DEFAULT_PROMPT_TEMPLATE.format(problem=r["problem"])}],
-                         "answer": r["answer"]} for r in recs])
-tok = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-
-def reward(completions, answer, **kw):
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return gsm8k_lenient_reward(texts, answer)
-
-times = []
-class T(TrainerCallback):
-    def on_step_begin(self, args, state, control, **kw): self.t = time.perf_counter()
-    def on_step_end(self, args, state, control, **kw): times.append(time.perf_counter() - self.t)
-
+""" + SETUP + r"""
 common = dict(output_dir=out, use_cpu=True, per_device_train_batch_size=prompts * n // ga,
               gradient_accumulation_steps=ga, num_generations=n,
               max_completion_length=max_new, temperature=1.0, learning_rate=1e-6, loss_type="dapo", beta=0.0,

@@ -1,0 +1,21 @@
+"""What the TRL benchmark scripts' child processes share (``bench_trl.py``, ``bench_trainer_vs_trl.py``): the
+dataset of the bundled GSM8K sample in the trainer's prompt template, the tiny model, the lenient reward, and a
+callback that records each step's wall time. Pasted into each child script after its argument parsing, which
+defines ``model_dir``, ``data``, ``steps`` and ``prompts``."""
+
+SETUP = r"""
+recs = [json.loads(l) for l in open(data)][: prompts * steps]
+ds = Dataset.from_list([{"prompt": [{"role": "user", "content": DEFAULT_PROMPT_TEMPLATE.format(problem=r["problem"])}],
+                         "answer": r["answer"]} for r in recs])
+tok = AutoTokenizer.from_pretrained(model_dir)
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+def reward(completions, answer, **kw):
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return gsm8k_lenient_reward(texts, answer)
+
+times = []
+class T(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kw): self.t = time.perf_counter()
+    def on_step_end(self, args, state, control, **kw): times.append(time.perf_counter() - self.t)
+"""
