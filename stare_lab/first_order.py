@@ -33,11 +33,17 @@ __all__ = [
     "entropy_sensitivity",
     "critical_surprisal",
     "share_above_critical",
+    "mass_above_critical",
     "predicted_entropy_change",
+    "logprob_change",
     "pred_single_token_pg",
     "pred_expected_pg",
     "pred_grpo_group",
     "pred_param_update",
+    "param_dot",
+    "adam_preconditioner",
+    "adam_exp_avg_sq",
+    "linearised_entropy_change",
 ]
 
 
@@ -153,6 +159,23 @@ def critical_surprisal(logits: Tensor, temperature: float = 1.0, chunk_size: int
     return out.reshape(logits.shape[:-1])
 
 
+def mass_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> tuple[float, float]:
+    """The two sums of :func:`share_above_critical`: ``(Σ_{mask, s > s*} π_a, Σ_mask π_a)`` with ``π_a = exp(−s_a)``
+    (float64), so that shares of several micro-batches or ranks can be combined (sum each, then divide).
+
+    Raises:
+        DataError: shapes differ.
+    """
+    if not (surprisal.shape == s_star.shape == mask.shape):
+        raise DataError(f"share_above_critical: shapes {tuple(surprisal.shape)}, {tuple(s_star.shape)} and "
+                        f"{tuple(mask.shape)} differ")
+    sel = mask.detach().bool()
+    s = surprisal.detach().double()
+    p = torch.where(sel, torch.exp(-s), torch.zeros((), dtype=torch.float64, device=s.device))
+    above = torch.where(s > s_star.detach().double().to(s.device), p, torch.zeros_like(p))
+    return float(above.sum()), float(p.sum())
+
+
 def share_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> float | None:
     """The share of the selected tokens' probability mass whose surprisal is above its position's ``s*``:
     ``Σ_{mask, s > s*} π_a / Σ_mask π_a`` with ``π_a = exp(−s_a)``. With ``mask`` = L+ these are the tokens whose
@@ -164,23 +187,15 @@ def share_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> flo
         mask: ``[...]`` bool / 0-1, the selected tokens (e.g. L+).
 
     Returns:
-        The share in [0, 1] (float64 sums), or ``None`` when the mask selects no token.
+        The share in [0, 1] (float64 sums, :func:`mass_above_critical`), or ``None`` when the mask selects no token.
 
     Raises:
         DataError: shapes differ.
 
     Source: docs/theory.md §8 (the L+-above-s* calibration target).
     """
-    if not (surprisal.shape == s_star.shape == mask.shape):
-        raise DataError(f"share_above_critical: shapes {tuple(surprisal.shape)}, {tuple(s_star.shape)} and "
-                        f"{tuple(mask.shape)} differ")
-    sel = mask.detach().bool()
-    s = surprisal.detach().double()
-    p = torch.where(sel, torch.exp(-s), torch.zeros((), dtype=torch.float64, device=s.device))
-    total = float(p.sum())
-    if not total > 0:
-        return None
-    return float(torch.where(s > s_star.detach().double(), p, torch.zeros_like(p)).sum()) / total
+    above, total = mass_above_critical(surprisal, s_star, mask)
+    return above / total if total > 0 else None
 
 
 def predicted_entropy_change(
@@ -220,6 +235,45 @@ def predicted_entropy_change(
         _check_finite_values(du, "delta_logits")
         out[start:stop] = _neg_cov_logp(p, logp, ent, du)
     return out.reshape(logits.shape[:-1])
+
+
+def logprob_change(
+    logits: Tensor, delta_logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> Tensor:
+    """Exact first-order change of the log-probability of ``tokens`` for a logit change ``delta_logits``:
+    ``Δ log π_a ≈ (Δz_a − Σ_k π_k Δz_k) / τ`` (``∂log π_a/∂z_k = (δ_ak − π_k)/τ``). With ``delta_logits`` the
+    directional derivative of the logits along a parameter direction v (a forward-mode pass), this is
+    ``∇θ log π_a · v``. Masked tokens (π = 0) contribute nothing to the mean.
+
+    Args:
+        logits: ``[..., V]`` float logits (``-inf`` allowed). delta_logits: ``[..., V]`` finite, the same shape.
+        tokens: ``[...]`` integer ids in ``[0, V)``. temperature: τ > 0. chunk_size: rows per chunk (None → default).
+
+    Returns:
+        ``[...]`` float32 (float64 for float64 logits), detached.
+
+    Raises:
+        DataError: shapes differ, ids out of range, non-finite ``delta_logits`` (plus the checks of
+            :func:`logprobs_from_logits`). ConfigError: bad ``temperature`` / ``chunk_size``.
+
+    Source: docs/theory.md §2 (the softmax Jacobian).
+    """
+    _check_logits(logits)
+    _check_logits(delta_logits, "delta_logits")
+    if delta_logits.shape != logits.shape:
+        raise DataError(
+            f"delta_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(delta_logits.shape)}"
+        )
+    _check_tokens(tokens, logits)
+    temperature = _check_temperature(temperature)
+    flat_delta = delta_logits.detach().reshape(-1, logits.shape[-1])
+    flat_tok = tokens.reshape(-1, 1).long()
+    out = torch.empty(flat_delta.shape[0], dtype=_compute_dtype(logits), device=logits.device)
+    for start, stop, p, _, _ in _distribution_chunks(logits, temperature, chunk_size):
+        dz = flat_delta[start:stop].to(p.dtype)
+        _check_finite_values(dz, "delta_logits")
+        out[start:stop] = (dz.gather(-1, flat_tok[start:stop])[:, 0] - (p * dz).sum(-1)) / temperature
+    return out.reshape(tokens.shape)
 
 
 def _check_scalar_or_shape(x: Tensor | float, shape: Sequence[int], name: str) -> Tensor | float:
@@ -457,6 +511,36 @@ def adam_preconditioner(
     scale = lr * (1 - beta1) / (1 - beta1 ** t) * clip
     bc2 = 1 - beta2 ** t
     return [scale / ((v.detach().double() / bc2).sqrt() + eps) for v in exp_avg_sq]
+
+
+def adam_exp_avg_sq(
+    exp_avg_sq: Sequence[Tensor | None], grad: Sequence[Tensor | None], *, beta2: float, clip: float = 1.0
+) -> list[Tensor]:
+    """Adam's second moment after one more step, formed before (or instead of) the step:
+    ``v_t = β₂·v_{t−1} + (1 − β₂)·(c·g)²`` (float64), with ``v_{t−1} = 0`` where ``exp_avg_sq`` has ``None`` (no
+    state yet: the first step). With it :func:`adam_preconditioner` gives the P of a step that is not applied.
+
+    Args:
+        exp_avg_sq: v_{t−1} per parameter tensor, or ``None`` entries (no state). grad: the step's gradient g
+            (``None``: no gradient, v_t = β₂·v_{t−1}). beta2: β₂ in [0, 1). clip: the clipping factor c applied to g.
+
+    Raises:
+        DataError: different lengths, β₂ outside [0, 1), or a non-finite clip.
+    """
+    prev, g = list(exp_avg_sq), list(grad)
+    if len(prev) != len(g):
+        raise DataError(f"adam_exp_avg_sq: {len(prev)} second moments and {len(g)} gradients")
+    if not 0 <= beta2 < 1 or not math.isfinite(clip):
+        raise DataError(f"adam_exp_avg_sq: need beta2 in [0, 1) and a finite clip, got beta2={beta2}, clip={clip}")
+    out = []
+    for v, x in zip(prev, g):
+        if x is None and v is None:
+            raise DataError("adam_exp_avg_sq: an entry has neither a second moment nor a gradient")
+        new = torch.zeros_like(x, dtype=torch.float64) if v is None else beta2 * v.detach().double()
+        if x is not None:
+            new = new + (1 - beta2) * (clip * x.detach().double()) ** 2
+        out.append(new)
+    return out
 
 
 def linearised_entropy_change(
