@@ -318,6 +318,44 @@ class PolicyEngine:
             grads = [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)]
         return grads
 
+    def snapshot(self) -> dict[str, Tensor]:
+        """Detached copies of the module's parameters by name, in their compute dtype: θ before an update, for the
+        probe's forward-mode pass (:meth:`tangent_logits`). ZeRO 0–2 only (every rank holds the full tensors).
+
+        Raises:
+            RuntimeError: under ZeRO-3 (partitioned parameters).
+        """
+        if self.zero3:
+            raise RuntimeError("snapshot: ZeRO-3 partitions the parameters; the probe falls back to gradients")
+        return {n: p.detach().clone() for n, p in self.engine.module.named_parameters()}
+
+    def tangent_logits(self, batch: Any, plan: Sequence[Tensor], primals: dict[str, Tensor] | None,
+                       tangents: dict[str, Tensor]) -> Iterator[tuple[Any, Tensor, Tensor]]:
+        """One forward-mode pass per micro-batch (:func:`stare_lab.probe.jvp_logits`): yields ``(micro-batch,
+        response logits [b, t, V], their directional derivative along tangents)`` at ``primals`` (``None``: the
+        current parameters), in the parameters' dtype, outside DeepSpeed (``torch.func.functional_call``; no
+        gradient hooks, no graph). ZeRO 0–2 only; empty micro-batches are skipped (no collective)."""
+        from stare_lab.probe import jvp_logits
+
+        if self.zero3:
+            raise RuntimeError("tangent_logits: ZeRO-3 partitions the parameters")
+        self.engine.train()
+        module = self.engine.module
+        if primals is None:
+            primals = {n: p.detach() for n, p in module.named_parameters()}
+        for rows in plan:
+            if not rows.numel():
+                continue
+            mb = batch.micro_batch(rows, self.device)
+
+            def forward(params: dict[str, Tensor], mb: Any = mb) -> Tensor:
+                logits = torch.func.functional_call(module, params, (mb.input_ids,),
+                                                    {"attention_mask": mb.attention_mask}).logits
+                return torch.gather(logits, 1, mb.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
+            logits, dot = jvp_logits(forward, primals, tangents)
+            yield mb, logits, dot
+
     def local_view(self, kind: str) -> list[Tensor]:
         """Per parameter, the part this rank holds of: ``"param"`` (fp32 master weights), ``"grad"`` (ZeRO-3 only:
         the accumulated, rank-averaged gradient partition, between a pass and the step) or ``"exp_avg_sq"``

@@ -8,7 +8,8 @@
 statistics — the one place for them) → ``update``
 (:meth:`trainer.policy.PolicyEngine.update`) → [``schedule.measure_entropy_change``: the first-order predictions
 of :mod:`trainer.prediction` and the measured change] → ``sync`` (:class:`trainer.memory.ColocatedSchedule`) →
-the metrics row.
+the metrics row. With ``schedule.probe_only`` the update and the sync are replaced by the probe of the step
+(:meth:`trainer.prediction.EntropyPrediction.probe`): the weights never change.
 
 A step without a valid token (every group filtered by dynamic sampling, or every response masked) skips the
 update: its row has ``skipped=1``, ``entropy`` null, the controller untouched (the key the simulators use too).
@@ -59,7 +60,8 @@ class StepRunner:
         self.fuse = cfg.optim.fuse_old_logprob
         self.entropy_grad = loss_needs(cfg.loss.loss_mode, cfg.loss).entropy_grad
         self.predictor = None
-        if cfg.schedule.measure_entropy_change:
+        self.probe_only = cfg.schedule.probe_only
+        if cfg.schedule.measure_entropy_change or self.probe_only:
             from .prediction import EntropyPrediction
 
             self.predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip)
@@ -103,6 +105,10 @@ class StepRunner:
             row["skipped"] = 1
             policy.release()
             sch.skipped_update()
+        elif self.probe_only:  # the probe of the step, no update: the weights (and the engine's copy) stay
+            row.update(self._timed("predict", self.predictor.probe, batch, plan, prep, step_batch))
+            sch.skipped_update()
+            row["skipped"] = 0
         else:
             fault(step, "update")
             probes = None
