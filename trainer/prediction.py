@@ -32,11 +32,14 @@ Per step, on the step's batch (the tokens, masks and temperature of the pre-upda
   which this step's own Adam-linearised update would leave H̄ unchanged (null when no W does).
 
 How the D terms are computed. ZeRO 0–2 (every rank holds the full parameters): ONE backward for ∇θH̄ and ONE
-forward-mode pass (:mod:`stare_lab.probe`): θ_before is kept (one parameter-sized copy), the update runs, P is read
-from the optimizer state after it, and a ``torch.func.jvp`` at θ_before along v = P ⊙ ∇θH̄ gives every token's
-∇θ log π_t·v and ∇θH_t·v; each D_X is then a weighted sum over the tokens with the elementwise derivatives of the
-core's objective X as weights (the three-backward values to float rounding, tested); the forward-mode pass also
-gives the logits for s*. Cost: one forward+backward and one forward-mode pass (≈ 3 forwards) per step.
+forward-mode pass (:mod:`stare_lab.probe`): ∇θH̄ is the backward of the old-log-prob forward (which then runs
+through detached leaves of the parameters, :meth:`trainer.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
+with dropout gets a forward+backward of its own), θ_before is kept (one parameter-sized copy), the update runs, P is
+read from the optimizer state after it, and a ``torch.func.jvp`` at θ_before along v = P ⊙ ∇θH̄ gives every
+token's ∇θ log π_t·v and ∇θH_t·v; each D_X is then a weighted sum over the tokens with the elementwise derivatives
+of the core's objective X as weights (the three-backward values to float rounding, tested); the forward-mode pass
+also gives the logits for s*. Both passes compute the output layer from the first response position on only.
+Cost: one backward and one forward-mode pass (≈ 3 forwards) per step.
 ZeRO-3 (partitioned parameters, no forward-mode pass through DeepSpeed's gathers): one backward for ∇θH̄ and one
 per D term, each kept as a gradient-sized float32 copy of this rank's partition, every dot product over the
 partition and all-reduced (one collective for all); ``pred/lplus_above_sstar`` is null there. Dot products
@@ -119,6 +122,8 @@ class EntropyPrediction:
             raise ValueError("method=jvp needs the full parameters on every rank (ZeRO 0-2); ZeRO-3 uses backward")
         self.policy, self.comm, self.loss, self.grad_clip = policy, comm, loss, float(grad_clip)
         self.jvp = method == "jvp" or (method == "auto" and not policy.partitioned)
+        #: ∇θH̄ comes from the old-log-prob pass (:meth:`trainer.policy.PolicyEngine.logprobs_and_entropy_grad`)
+        self.from_old_logprob = self.jvp and bool(getattr(policy, "fusable", False))
         c2 = loss.loss_mode == "stare" and loss.stare.variant == "C2"
         self.reweight_m = float(loss.stare.reweight_m) if c2 else 1.0
 
@@ -199,11 +204,20 @@ class EntropyPrediction:
         return 1.0
 
     # ------------------------------------------------------------------------------------------- per step
-    def before_update(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any) -> _Probes:
-        """∇θH̄, the L+/L− selection and θ_before (forward mode) or the D terms' gradients (ZeRO-3), each pass
-        followed by clearing the accumulated gradients (the update that follows is unchanged). Collective."""
+    def _grad_h(self, batch: Any, plan: Sequence[Tensor], prep: Any, entropy_grad_sum: list[Tensor] | None
+                ) -> list[Tensor]:
+        if entropy_grad_sum is None:
+            return self._grad_entropy(batch, plan, prep.num_tokens)
+        return [g / prep.num_tokens for g in entropy_grad_sum]
+
+    def before_update(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any,
+                      entropy_grad_sum: list[Tensor] | None = None) -> _Probes:
+        """∇θH̄ (one forward+backward, or ``entropy_grad_sum`` / N from the old-log-prob pass when
+        :attr:`from_old_logprob`), the L+/L− selection and θ_before (forward mode) or the D terms' gradients
+        (ZeRO-3), each pass followed by clearing the accumulated gradients (the update that follows is unchanged).
+        Collective."""
         policy = self.policy
-        grad_h = self._grad_entropy(batch, plan, prep.num_tokens)
+        grad_h = self._grad_h(batch, plan, prep, entropy_grad_sum)
         parts = selected_parts(step_batch, self.loss, collective=self.comm.collective)
         context = (batch, plan, prep, step_batch, parts)
         before = param_dot(grad_h, policy.local_view("param"))
@@ -225,12 +239,14 @@ class EntropyPrediction:
         probes.theta = None
         return {KEY_PRED: sums.pop(KEY_PRED), **self._row(sums)}
 
-    def probe(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any) -> dict[str, float | None]:
+    def probe(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any,
+              entropy_grad_sum: list[Tensor] | None = None) -> dict[str, float | None]:
         """The row entries of a step that is not taken (``schedule.probe_only``; the weights do not change): P of
         the Adam step the batch's gradient would make (module docstring) and the entries of :meth:`after_update`,
-        with ``pred_entropy_change`` = ∇θH̄·(−P ⊙ g). Collective."""
+        with ``pred_entropy_change`` = ∇θH̄·(−P ⊙ g). ``entropy_grad_sum``: as for :meth:`before_update`.
+        Collective."""
         policy = self.policy
-        grad_h = self._grad_entropy(batch, plan, prep.num_tokens)
+        grad_h = self._grad_h(batch, plan, prep, entropy_grad_sum)
         parts = selected_parts(step_batch, self.loss, collective=self.comm.collective)
         g = policy.gradient(batch, plan, self._update_loss(prep), need_entropy=prep.needs.entropy_grad,
                             entropy_grad=prep.needs.entropy_grad)

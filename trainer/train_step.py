@@ -93,8 +93,14 @@ class StepRunner:
         plan = policy.micro_plan(batch, self.comm)
         # one micro-batch per rank and no probes: the old-log-prob forward is also the update's (graph kept)
         fused = self.fuse and len(plan) == 1 and self.predictor is None and policy.fusable
-        old_lp, old_ent = self._timed("old_logprob", lambda: policy.compute_logprobs(
-            batch, plan, keep_graph=fused, entropy_grad=self.entropy_grad))
+        grad_sum = None
+        if self.predictor is not None and self.predictor.from_old_logprob:  # ∇θH̄ from this forward
+            old_lp, old_ent, grad_sum = self._timed("old_logprob", policy.logprobs_and_entropy_grad, batch, plan)
+            self.t["old_logprob"] -= policy.entropy_grad_s
+            self.t["predict"] = self.t.get("predict", 0.0) + policy.entropy_grad_s
+        else:
+            old_lp, old_ent = self._timed("old_logprob", lambda: policy.compute_logprobs(
+                batch, plan, keep_graph=fused, entropy_grad=self.entropy_grad))
         step_batch = batch.step_batch(old_lp, old_ent)
         prep = self._timed("prepare", lambda: prepare_step(step_batch, cfg.loss, controller=self.controller,
                                                            collective=self.comm.collective, step=step, seed=cfg.seed))
@@ -106,14 +112,15 @@ class StepRunner:
             policy.release()
             sch.skipped_update()
         elif self.probe_only:  # the probe of the step, no update: the weights (and the engine's copy) stay
-            row.update(self._timed("predict", self.predictor.probe, batch, plan, prep, step_batch))
+            row.update(self._timed("predict", self.predictor.probe, batch, plan, prep, step_batch, grad_sum))
             sch.skipped_update()
             row["skipped"] = 0
         else:
             fault(step, "update")
             probes = None
             if self.predictor is not None:
-                probes = self._timed("predict", self.predictor.before_update, batch, plan, prep, step_batch)
+                probes = self._timed("predict", self.predictor.before_update, batch, plan, prep, step_batch,
+                                     grad_sum)
             row.update(self._timed("update", policy.update, batch, plan, prep, self.comm))
             sch.after_update()
             if self.predictor is not None:

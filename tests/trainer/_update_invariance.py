@@ -56,16 +56,20 @@ def main() -> None:
     batch = _batch(list(range(dist.rank, 8, dist.world_size)))
     policy = PolicyEngine(cfg, model_dir, dist)
     plan = policy.micro_plan(batch, comm)
-    old_lp, old_ent = policy.compute_logprobs(batch, plan, keep_graph=probe == "fused")
+    method = {"1": "auto", "backward": "backward", "probe_only": "auto"}.get(probe)
+    predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method) if method else None
+    grad_sum = None
+    if predictor is not None and predictor.from_old_logprob:  # as the step runner: ∇θH̄ from this pass
+        old_lp, old_ent, grad_sum = policy.logprobs_and_entropy_grad(batch, plan)
+    else:
+        old_lp, old_ent = policy.compute_logprobs(batch, plan, keep_graph=probe == "fused")
     # old log-probs shifted by 0.05 so that ρ ≠ 1 and the clipping path is exercised
     step_batch = batch.step_batch(old_lp - 0.05 * batch.response_mask, old_ent)
     prep = prepare_step(step_batch, cfg.loss, collective=comm.collective, step=1, seed=0)
-    method = {"1": "auto", "backward": "backward", "probe_only": "auto"}.get(probe)
-    predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method) if method else None
     if probe == "probe_only":
-        preds = predictor.probe(batch, plan, prep, step_batch)
+        preds = predictor.probe(batch, plan, prep, step_batch, grad_sum)
     else:
-        probes = predictor.before_update(batch, plan, prep, step_batch) if predictor else None
+        probes = predictor.before_update(batch, plan, prep, step_batch, grad_sum) if predictor else None
         metrics = policy.update(batch, plan, prep, comm)
         preds = predictor.after_update(probes, metrics["grad_norm"]) if predictor else {}
     sd = policy.full_state_dict()
