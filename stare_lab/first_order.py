@@ -11,8 +11,9 @@ predictor's value divided by ``τ²``. At τ = 1 the two coincide.
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -36,6 +37,7 @@ __all__ = [
     "mass_above_critical",
     "predicted_entropy_change",
     "logprob_change",
+    "token_first_order",
     "pred_single_token_pg",
     "pred_expected_pg",
     "pred_grpo_group",
@@ -147,16 +149,59 @@ def critical_surprisal(logits: Tensor, temperature: float = 1.0, chunk_size: int
     n = logits.reshape(-1, logits.shape[-1]).shape[0]
     out = torch.empty(n, dtype=_compute_dtype(logits), device=logits.device)
     for start, stop, p, logp, ent in _distribution_chunks(logits, temperature, chunk_size):
-        h = ent.double().clamp(min=0.0)
-        c = torch.maximum(_sensitivity_offset(p, logp, ent).double().clamp(max=0.0), -h)
-        lo, hi = torch.zeros_like(h), h.clone()
-        for _ in range(64):
-            mid = 0.5 * (lo + hi)
-            below = torch.exp(-mid) * (mid - h) < c  # f(mid) < C → root is above mid
-            lo = torch.where(below, mid, lo)
-            hi = torch.where(below, hi, mid)
-        out[start:stop] = (0.5 * (lo + hi)).to(out.dtype)
+        out[start:stop] = _critical_from(p, logp, ent).to(out.dtype)
     return out.reshape(logits.shape[:-1])
+
+
+def _critical_from(p: Tensor, logp: Tensor, ent: Tensor) -> Tensor:
+    """s* per row of one chunk of :func:`_distribution_chunks` (float64; :func:`critical_surprisal`)."""
+    h = ent.double().clamp(min=0.0)
+    c = torch.maximum(_sensitivity_offset(p, logp, ent).double().clamp(max=0.0), -h)
+    lo, hi = torch.zeros_like(h), h.clone()
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        below = torch.exp(-mid) * (mid - h) < c  # f(mid) < C → root is above mid
+        lo = torch.where(below, mid, lo)
+        hi = torch.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def token_first_order(
+    logits: Tensor, delta_logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Per position, in one pass over the vocabulary (one softmax per chunk instead of four): log π of ``tokens``
+    (0 for a token with π = 0), H, :func:`logprob_change`, :func:`predicted_entropy_change` and
+    :func:`critical_surprisal` of ``logits`` / ``delta_logits`` (``[..., V]``; ``tokens`` ``[...]``).
+
+    Returns:
+        ``(logprobs, entropy, d_logprobs, d_entropy, s_star)``, each ``[...]`` float32 (float64 for float64
+        logits), detached, nats.
+
+    Raises:
+        DataError / ConfigError: as :func:`logprob_change`. Source: docs/theory.md §2.
+    """
+    _check_logits(logits)
+    _check_logits(delta_logits, "delta_logits")
+    if delta_logits.shape != logits.shape:
+        raise DataError(
+            f"delta_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(delta_logits.shape)}"
+        )
+    _check_tokens(tokens, logits)
+    temperature = _check_temperature(temperature)
+    flat_delta = delta_logits.detach().reshape(-1, logits.shape[-1])
+    flat_tok = tokens.reshape(-1, 1).long()
+    outs = [torch.empty(flat_delta.shape[0], dtype=_compute_dtype(logits), device=logits.device) for _ in range(5)]
+    for start, stop, p, logp, ent in _distribution_chunks(logits, temperature, chunk_size):
+        du = flat_delta[start:stop].to(p.dtype) / temperature
+        _check_finite_values(du, "delta_logits")
+        tok = flat_tok[start:stop]
+        outs[0][start:stop] = logp.gather(-1, tok)[:, 0]
+        outs[1][start:stop] = ent
+        outs[2][start:stop] = du.gather(-1, tok)[:, 0] - (p * du).sum(-1)
+        outs[3][start:stop] = _neg_cov_logp(p, logp, ent, du)
+        outs[4][start:stop] = _critical_from(p, logp, ent).to(outs[4].dtype)
+    lp, h, dlp, dh, s_star = (o.reshape(tokens.shape) for o in outs)
+    return lp, h, dlp, dh, s_star
 
 
 def mass_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> tuple[float, float]:
@@ -516,16 +561,12 @@ def adam_preconditioner(
 def adam_exp_avg_sq(
     exp_avg_sq: Sequence[Tensor | None], grad: Sequence[Tensor | None], *, beta2: float, clip: float = 1.0
 ) -> list[Tensor]:
-    """Adam's second moment after one more step, formed before (or instead of) the step:
-    ``v_t = β₂·v_{t−1} + (1 − β₂)·(c·g)²`` (float64), with ``v_{t−1} = 0`` where ``exp_avg_sq`` has ``None`` (no
-    state yet: the first step). With it :func:`adam_preconditioner` gives the P of a step that is not applied.
-
-    Args:
-        exp_avg_sq: v_{t−1} per parameter tensor, or ``None`` entries (no state). grad: the step's gradient g
-            (``None``: no gradient, v_t = β₂·v_{t−1}). beta2: β₂ in [0, 1). clip: the clipping factor c applied to g.
+    """Adam's second moment after one more step, formed without taking it: ``v_t = β₂·v_{t−1} + (1 − β₂)·(c·g)²``
+    (float64; ``v_{t−1} = 0`` for ``None`` entries: no state, the first step; ``None`` gradient: v_t = β₂·v_{t−1}),
+    c the clipping factor applied to g. With it :func:`adam_preconditioner` gives the P of a step not applied.
 
     Raises:
-        DataError: different lengths, β₂ outside [0, 1), or a non-finite clip.
+        DataError: different lengths, an entry with neither, β₂ outside [0, 1), or a non-finite clip.
     """
     prev, g = list(exp_avg_sq), list(grad)
     if len(prev) != len(g):
@@ -544,21 +585,21 @@ def adam_exp_avg_sq(
 
 
 def linearised_entropy_change(
-    grad_entropy: Sequence[Tensor | None], preconditioner: Sequence[Tensor], grad: Sequence[Tensor | None]
+    grad_entropy: Iterable[Tensor | None], preconditioner: Iterable[Tensor], grad: Iterable[Tensor | None]
 ) -> float:
     """First-order entropy change of the update a gradient carries under a diagonal preconditioner:
-    ``∇θH̄ · (−P ⊙ g) = −Σ_j Σ ∇θH̄_j · P_j · g_j`` (float64; ``None`` gradients contribute 0). With P from
-    :func:`adam_preconditioner` and g the gradient of the GRPO objective or of its L+ / L− part this is the
-    D_GRPO / D_L+ / D_L− of docs/theory.md §7 for a parameterised policy.
+    ``∇θH̄ · (−P ⊙ g) = −Σ_j Σ ∇θH̄_j · P_j · g_j`` (float64; ``None`` gradients contribute 0; the entries are
+    consumed one at a time, so P may be a generator). With P from :func:`adam_preconditioner` and g the gradient of
+    the GRPO objective or of its L+ / L− part this is the D_GRPO / D_L+ / D_L− of docs/theory.md §7 for a
+    parameterised policy.
 
     Raises:
         DataError: sequences of different lengths.
     """
-    gh, pc, g = list(grad_entropy), list(preconditioner), list(grad)
-    if not len(gh) == len(pc) == len(g):
-        raise DataError(f"linearised_entropy_change: lengths {len(gh)}, {len(pc)}, {len(g)} differ")
-    total = 0.0
-    for a, p, b in zip(gh, pc, g):
+    total, missing = 0.0, object()
+    for a, p, b in itertools.zip_longest(grad_entropy, preconditioner, grad, fillvalue=missing):
+        if a is missing or p is missing or b is missing:
+            raise DataError("linearised_entropy_change: ∇θH̄, P and g differ in length")
         if a is None or b is None:
             continue
         total -= float(torch.dot((a.detach().double() * p).reshape(-1), b.detach().reshape(-1).double()))

@@ -31,16 +31,16 @@ scaled back. Dot products and sums accumulate in float64.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from .critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR, w_star
-from .entropy import entropy_from_logits, logprobs_from_logits
 from .errors import DataError
-from .first_order import critical_surprisal, logprob_change, mass_above_critical, predicted_entropy_change
+from .first_order import mass_above_critical, token_first_order
 
 __all__ = ["TokenTangents", "preconditioned_direction", "jvp_logits", "token_tangents", "objective_derivatives",
            "directional_terms", "lplus_mass", "probe_row", "LPLUS_ABOVE_SUM", "LPLUS_MASS_SUM"]
@@ -73,10 +73,12 @@ class TokenTangents:
 
 
 def preconditioned_direction(
-    grad_entropy: Sequence[Tensor | None], preconditioner: Sequence[Tensor], like: Sequence[Tensor]
+    grad_entropy: Iterable[Tensor | None], preconditioner: Iterable[Tensor], like: Sequence[Tensor]
 ) -> tuple[list[Tensor], float]:
     """The probe's direction v = P ⊙ ∇θH̄, scaled to max |v| = 1 and cast to the dtype / device of ``like`` (the
-    parameters the forward-mode pass runs at).
+    parameters the forward-mode pass runs at). The entries are consumed one by one (``preconditioner`` may be a
+    generator: the float64 P of one tensor at a time); v of 16-bit parameters is kept in float32 until the scale is
+    known.
 
     Args:
         grad_entropy: ∇θH̄ per parameter tensor (``None``: H̄ does not depend on it, v = 0 there).
@@ -87,23 +89,29 @@ def preconditioned_direction(
         ``(tangents, scale)`` with v = scale · tangents (scale = max |v|, or 1 when v = 0).
 
     Raises:
-        DataError: sequences of different lengths or element counts.
+        DataError: sequences of different lengths or element counts, or a non-finite v.
     """
-    gh, pc, ps = list(grad_entropy), list(preconditioner), list(like)
-    if not len(gh) == len(pc) == len(ps):
-        raise DataError(f"preconditioned_direction: lengths {len(gh)}, {len(pc)}, {len(ps)} differ")
-    v = []
-    for j, (g, p, x) in enumerate(zip(gh, pc, ps)):
+    ps = list(like)
+    v, scale, missing = [], 0.0, object()
+    for j, (g, p) in enumerate(itertools.zip_longest(grad_entropy, preconditioner, fillvalue=missing)):
+        if j >= len(ps) or g is missing or p is missing:
+            raise DataError(f"preconditioned_direction: ∇θH̄, P and the {len(ps)} parameters differ in length")
+        x = ps[j]
         if p.numel() != x.numel() or (g is not None and g.numel() != x.numel()):
             raise DataError(f"preconditioned_direction: entry {j} has {None if g is None else g.numel()}, "
                             f"{p.numel()} and {x.numel()} elements")
-        v.append(torch.zeros(x.shape, dtype=torch.float64, device=p.device) if g is None
-                 else g.detach().double().reshape(x.shape).to(p.device) * p.reshape(x.shape))
-    scale = max((float(t.abs().max()) for t in v if t.numel()), default=0.0)
+        keep = torch.promote_types(x.dtype, torch.float32)  # 16-bit parameters: float32 until the scale is known
+        t = (torch.zeros(x.shape, dtype=keep, device=p.device) if g is None
+             else (g.detach().double().reshape(x.shape).to(p.device) * p.reshape(x.shape)).to(keep))
+        if t.numel():
+            scale = max(scale, float(t.abs().max()))
+        v.append(t)
+    if len(v) != len(ps):
+        raise DataError(f"preconditioned_direction: {len(v)} entries for {len(ps)} parameters")
     if not math.isfinite(scale):
         raise DataError("preconditioned_direction: P ⊙ ∇θH̄ is not finite")
     scale = scale if scale > 0 else 1.0
-    return [(t / scale).to(dtype=x.dtype, device=x.device) for t, x in zip(v, ps)], scale
+    return [(t.div_(scale)).to(dtype=x.dtype, device=x.device) for t, x in zip(v, ps)], scale
 
 
 def jvp_logits(
@@ -139,18 +147,12 @@ def token_tangents(logits: Tensor, logits_dot: Tensor, tokens: Tensor, temperatu
         scale: the ``scale`` of :func:`preconditioned_direction`.
 
     Raises:
-        DataError / ConfigError: as :func:`~stare_lab.first_order.logprob_change`.
+        DataError / ConfigError: as :func:`~stare_lab.first_order.token_first_order` (one pass over the vocabulary).
 
     Source: docs/theory.md §2 (∂log π_a/∂z = (e_a − π)/τ, ∂H/∂z_k = −π_k(log π_k + H)/τ).
     """
-    z, dz = logits.detach(), logits_dot.detach()
-    return TokenTangents(
-        logprobs=logprobs_from_logits(z, tokens, temperature).detach(),
-        entropy=entropy_from_logits(z, temperature).detach(),
-        d_logprobs=logprob_change(z, dz, tokens, temperature) * scale,
-        d_entropy=predicted_entropy_change(z, dz, temperature) * scale,
-        s_star=critical_surprisal(z, temperature),
-    )
+    lp, h, dlp, dh, s_star = token_first_order(logits.detach(), logits_dot.detach(), tokens, temperature)
+    return TokenTangents(logprobs=lp, entropy=h, d_logprobs=dlp * scale, d_entropy=dh * scale, s_star=s_star)
 
 
 def objective_derivatives(objective: Objective, logprobs: Tensor, entropy: Tensor) -> tuple[Tensor, Tensor | None]:

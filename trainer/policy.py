@@ -415,6 +415,7 @@ class PolicyEngine:
             mb = batch.micro_batch(rows, self.device)
             logits, dot = jvp_logits(lambda params, mb=mb: self._functional_logits(mb, params), primals, tangents)
             yield mb, logits, dot
+            del logits, dot  # before the next micro-batch's pass
 
     def local_view(self, kind: str) -> list[Tensor]:
         """Per parameter, the part this rank holds of: ``"param"`` (fp32 master weights), ``"grad"`` (ZeRO-3 only:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -163,7 +163,7 @@ class EntropyPrediction:
         return grads
 
     def _forward_mode(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any, parts: dict[str, Tensor],
-                      theta: dict[str, Tensor] | None, grad_h: list[Tensor], precond: list[Tensor]) -> dict:
+                      theta: dict[str, Tensor] | None, grad_h: list[Tensor], precond: Iterable[Tensor]) -> dict:
         """The D terms and L+ mass sums of this rank's rows from one forward-mode pass at ``theta`` along
         v = P ⊙ ∇θH̄ (not yet summed over ranks)."""
         policy = self.policy
@@ -186,17 +186,34 @@ class EntropyPrediction:
             sums.setdefault(key, 0.0)
         return sums
 
-    def _summed(self, probes: _Probes, precond: list[Tensor], pred: float) -> dict[str, float]:
+    def _summed(self, probes: _Probes, precond: Callable[[], Iterator[Tensor]], pred: float) -> dict[str, float]:
         """``pred`` (this rank's part under ZeRO-3, else the full value) and the D terms (and L+ masses) summed
-        over all ranks: one collective (none on ZeRO 0–2's backward path)."""
+        over all ranks: one collective (none on ZeRO 0–2's backward path). ``precond()`` yields P tensor by
+        tensor."""
         batch, plan, prep, step_batch, parts = probes.context
         if self.jvp:  # per-row sums over this rank's rows; pred is already the full value on every rank
             sums = self._forward_mode(batch, plan, prep, step_batch, parts, probes.theta, probes.grad_entropy,
-                                      precond)
+                                      precond())
             return {KEY_PRED: pred, **self.comm.sum(sums)}
-        sums = {key: linearised_entropy_change(probes.grad_entropy, precond, g) for key, g in probes.grads.items()}
+        pc = list(precond())
+        sums = {key: linearised_entropy_change(probes.grad_entropy, pc, g) for key, g in probes.grads.items()}
         sums[KEY_PRED] = pred
         return self.comm.sum(sums) if self.policy.partitioned else sums
+
+    @staticmethod
+    def _precond(exp_avg_sq: Sequence[Tensor | None], adam: dict[str, float], lr: float, step: float, clip: float,
+                 grad: Sequence[Tensor] | None = None) -> Callable[[], Iterator[Tensor]]:
+        """P (:func:`stare_lab.first_order.adam_preconditioner`) per parameter tensor, one float64 tensor at a time
+        (never all of them at once). ``exp_avg_sq``: v_t after the step; with ``grad``: v_{t−1} (``None``: no
+        state) of a step not taken, v_t formed with :func:`stare_lab.first_order.adam_exp_avg_sq`."""
+        def gen() -> Iterator[Tensor]:
+            for j, v in enumerate(exp_avg_sq):
+                if grad is not None:
+                    v = adam_exp_avg_sq([v], [grad[j]], beta2=adam["beta2"], clip=clip)[0]
+                yield adam_preconditioner([v], lr=lr, beta1=adam["beta1"], beta2=adam["beta2"], eps=adam["eps"],
+                                          step=step, clip=clip)[0]
+
+        return gen
 
     def _clip(self, grad_norm: float | None) -> float:
         if self.grad_clip > 0 and grad_norm is not None and math.isfinite(grad_norm):
@@ -231,9 +248,8 @@ class EntropyPrediction:
         ratio, L+ share above s* and W*(t). Collective."""
         policy = self.policy
         adam = policy.adam_settings()  # after the step: "step" = t, the number of this update
-        precond = adam_preconditioner(policy.local_view("exp_avg_sq"), lr=probes.lr, beta1=adam["beta1"],
-                                      beta2=adam["beta2"], eps=adam["eps"], step=max(adam["step"], 1.0),
-                                      clip=self._clip(grad_norm))
+        precond = self._precond(policy.local_view("exp_avg_sq"), adam, probes.lr, max(adam["step"], 1.0),
+                                self._clip(grad_norm))
         pred = param_dot(probes.grad_entropy, policy.local_view("param")) - probes.before
         sums = self._summed(probes, precond, pred)
         probes.theta = None
@@ -255,13 +271,11 @@ class EntropyPrediction:
         clip = self._clip(norm)
         adam = policy.adam_settings()
         prev = policy.local_view("exp_avg_sq") if adam["step"] > 0 else [None] * len(g)
-        v_t = adam_exp_avg_sq(prev, g, beta2=adam["beta2"], clip=clip)
-        precond = adam_preconditioner(v_t, lr=adam["lr"], beta1=adam["beta1"], beta2=adam["beta2"], eps=adam["eps"],
-                                      step=adam["step"] + 1, clip=clip)
+        precond = self._precond(prev, adam, adam["lr"], adam["step"] + 1, clip, grad=g)
         probes = _Probes(grad_h, 0.0, adam["lr"], (batch, plan, prep, step_batch, parts))
         if not self.jvp:
             probes.grads = self._gradients(batch, plan, prep, step_batch, parts)
-        sums = self._summed(probes, precond, linearised_entropy_change(grad_h, precond, g))
+        sums = self._summed(probes, precond, linearised_entropy_change(grad_h, precond(), g))
         return {KEY_PRED: sums.pop(KEY_PRED), **self._row(sums)}
 
     def _update_loss(self, prep: Any) -> Any:

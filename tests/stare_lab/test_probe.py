@@ -18,9 +18,13 @@ from stare_lab.first_order import (
     adam_exp_avg_sq,
     adam_preconditioner,
     linearised_entropy_change,
+    critical_surprisal,
     logprob_change,
+    predicted_entropy_change,
     share_above_critical,
+    token_first_order,
 )
+from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
 from stare_lab.probe import (
     LPLUS_ABOVE_SUM,
     LPLUS_MASS_SUM,
@@ -179,6 +183,21 @@ def test_logprob_change_is_the_softmax_jacobian():
     torch.testing.assert_close(logprob_change(z, dz, tok, temperature=1.7), fd, rtol=1e-7, atol=1e-9)
     with pytest.raises(DataError):
         logprob_change(z, dz[..., :5], tok)
+
+
+def test_token_first_order_is_the_separate_functions_in_one_pass():
+    """The fused pass gives, bit for bit up to float64 rounding, what logprobs_from_logits, entropy_from_logits,
+    logprob_change, predicted_entropy_change and critical_surprisal give one by one (τ = 0.7, a chunk of 5 rows so
+    that several chunks are exercised)."""
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(3, 7, 11, generator=g, dtype=F64) * 2
+    dz = torch.randn(3, 7, 11, generator=g, dtype=F64)
+    tok = torch.randint(0, 11, (3, 7), generator=g)
+    lp, h, dlp, dh, s_star = token_first_order(z, dz, tok, temperature=0.7, chunk_size=5)
+    for got, want in ((lp, logprobs_from_logits(z, tok, 0.7)), (h, entropy_from_logits(z, 0.7)),
+                      (dlp, logprob_change(z, dz, tok, 0.7)), (dh, predicted_entropy_change(z, dz, 0.7)),
+                      (s_star, critical_surprisal(z, 0.7))):
+        torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
 
 
 def test_probe_row_by_hand():

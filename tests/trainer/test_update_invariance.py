@@ -13,7 +13,7 @@ agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors — which
 ``method=backward``. The probe of a step that is not taken (``schedule.probe_only``) leaves the parameters as they
 were, bit for bit, and at this first step gives the same numbers as the step that is taken (P of a first Adam step on
 the same gradient is the step's own P; with weight decay 0, ∇θH̄·(−P⊙g) is ∇θH̄·Δθ). STARE with the gate off updates
-the parameters exactly as ``grpo`` does (bit for bit).
+the parameters exactly as ``grpo`` does (bit for bit). (The probe of a step not taken is checked on ZeRO 0 and 3.)
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ CASES = {  # name: (micro-batch token budget, processes, ZeRO stage, probes)
     "two_ranks_zero2_probe": (16, 2, 2, "1"),
 }
 OTHER_LOSSES = {"gate_never": (4096, 1, 0, "never"), "grpo": (4096, 1, 0, "grpo"),
-                "stage0_backward": (4096, 1, 0, "backward"), "stage0_probe_only": (4096, 1, 0, "probe_only")}
+                "stage0_backward": (4096, 1, 0, "backward"), "stage0_probe_only": (4096, 1, 0, "probe_only"),
+                "zero3_probe_only": (4096, 1, 3, "probe_only")}
 
 
 def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_model, tmp_path):
@@ -87,7 +88,7 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
     assert preds[0]["pred/lplus_above_sstar"] is None  # ZeRO-3: no logits at θ_before on the gradient path
     jvp, backward, probe_only = (outs[n]["preds"] for n in ("mb_large_stage0_probe", "stage0_backward",
                                                             "stage0_probe_only"))
-    for other in preds[1:] + [backward, probe_only]:
+    for other in preds[1:] + [backward, probe_only, outs["zero3_probe_only"]["preds"]]:
         for k in keys:
             assert other[k] == pytest.approx(preds[0][k], rel=1e-4, abs=1e-10), k
     assert 0 <= jvp["pred/lplus_above_sstar"] <= 1
@@ -102,5 +103,6 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
 
     init = load_file(str(tiny_model / "model.safetensors"))
     assert any((ref[k] - init[k]).abs().max() > 1e-4 for k in ref if k in init)  # the step did move the weights
-    unmoved = outs["stage0_probe_only"]["params"]
-    assert all(torch.equal(unmoved[k], init[k].to(unmoved[k].dtype)) for k in unmoved if k in init)  # the probe alone moves nothing
+    for name in ("stage0_probe_only", "zero3_probe_only"):
+        unmoved = outs[name]["params"]
+        assert all(torch.equal(unmoved[k], init[k].to(unmoved[k].dtype)) for k in unmoved if k in init), name  # the probe alone moves nothing
