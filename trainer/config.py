@@ -388,9 +388,10 @@ class ScheduleConfig:
             Off: all of them are null.
         probe_only: run the steps WITHOUT applying updates: each step samples a batch at the (unchanged) weights
             and logs the probe's entries (those of ``measure_entropy_change`` except the measured
-            ``entropy_change``), with P of the Adam step the batch's gradient would make (a first step unless the
-            optimizer has state; :mod:`trainer.prediction`) — to measure a checkpoint near a target entropy. No
-            checkpoint and no ``final_model`` are written; the run directory is read by ``stare-lab calibrate``.
+            ``entropy_change``), with P of the first Adam step the batch's gradient would make (the run starts from
+            ``model.path`` with a fresh optimizer; :mod:`trainer.prediction`) — to measure a checkpoint near a
+            target entropy. No checkpoint and no ``final_model`` are written; ``out_dir`` must not hold a run. The
+            run directory is read by ``stare-lab calibrate``.
     """
 
     total_steps: int = 100

@@ -105,6 +105,10 @@ def train(cfg: TrainerConfig) -> Path:
     ckpt_root = out / "checkpoint"
     latest = latest_checkpoint(ckpt_root)
     s = cfg.schedule
+    if s.probe_only and ((out / "metrics.jsonl").exists() or latest is not None):
+        raise ConfigError(f"schedule.probe_only=true writes a run directory of its own, but {str(out)!r} already "
+                          "holds a run; give another out_dir (to probe a checkpoint of that run, set model.path to "
+                          "its checkpoint/step_N/hf)")
     if s.resume == "must" and latest is None:
         raise ConfigError(f"schedule.resume=must but {str(ckpt_root)!r} holds no complete checkpoint")
     if s.resume == "never" and ((out / "metrics.jsonl").exists() or latest is not None):

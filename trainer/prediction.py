@@ -48,9 +48,11 @@ weights.
 
 Probe without updates (``schedule.probe_only``, :meth:`EntropyPrediction.probe`): the same entries at the current
 weights, with P of the Adam step the batch's own gradient g would make — from the optimizer's state when it has
-one (a resumed run: v_t = β₂v_{t−1} + (1 − β₂)(c·g)², t = its step + 1), else of a first Adam step (t = 1,
-v_1 = (1 − β₂)(c·g)², so P = lr·c/(|c·g| + ε) elementwise) — and ``pred_entropy_change`` = ∇θH̄·(−P ⊙ g), the
-first-order change of the step that is not taken (momentum and weight decay excluded).
+one (v_t = β₂v_{t−1} + (1 − β₂)(c·g)², t = its step + 1), else of a first Adam step (t = 1,
+v_1 = (1 − β₂)(c·g)², so P = lr·c/(|c·g| + ε) elementwise; a ``schedule.probe_only`` run always starts with a fresh
+optimizer) — and ``pred_entropy_change`` = ∇θH̄·(−P ⊙ g), the first-order change of the step that is not taken
+(momentum and weight decay excluded). Cost: the old-log-prob pass's backward, one forward+backward for g and one
+forward-mode pass.
 """
 
 from __future__ import annotations
