@@ -67,6 +67,7 @@ from torch import Tensor
 from stare_lab.config import LossConfig
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
+from stare_lab.errors import ConfigError
 from stare_lab.first_order import (
     adam_exp_avg_sq,
     adam_preconditioner,
@@ -114,14 +115,15 @@ class EntropyPrediction:
             gradient per D term; the reference the forward-mode values are tested against).
 
     Raises:
-        ValueError: ``method`` unknown, or ``jvp`` under ZeRO-3.
+        ConfigError: ``method`` unknown, or ``jvp`` under ZeRO-3.
     """
 
     def __init__(self, policy: Any, comm: Any, loss: LossConfig, grad_clip: float, method: str = "auto") -> None:
         if method not in ("auto", "jvp", "backward"):
-            raise ValueError(f"method={method!r} is not one of auto, jvp, backward")
+            raise ConfigError(f"method={method!r} is not one of auto, jvp, backward")
         if method == "jvp" and policy.partitioned:
-            raise ValueError("method=jvp needs the full parameters on every rank (ZeRO 0-2); ZeRO-3 uses backward")
+            raise ConfigError("method='jvp' needs the full parameters on every rank (ZeRO 0-2); under ZeRO-3 use "
+                              "'backward' or 'auto'")
         self.policy, self.comm, self.loss, self.grad_clip = policy, comm, loss, float(grad_clip)
         self.jvp = method == "jvp" or (method == "auto" and not policy.partitioned)
         #: ∇θH̄ comes from the old-log-prob pass (:meth:`trainer.policy.PolicyEngine.logprobs_and_entropy_grad`)
