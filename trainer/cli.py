@@ -86,11 +86,33 @@ def final_report(out: Path) -> str:
         evals = {k: v for k, v in last.items() if k.startswith("eval/") and isinstance(v, (int, float))}
         if evals:
             lines.append("  last evaluation: " + ", ".join(f"{k[5:]} {v:.4f}" for k, v in sorted(evals.items())))
+        probe = _probe_line(rows)
+        if probe:
+            lines.append(probe)
     lines.append(f"  metrics: {Path(out) / 'metrics.jsonl'}  summary: {summary_file}")
     final = Path(out) / "final_model"
     if (final / "config.json").is_file():
         lines.append(f"  final model: {final}  (e.g. stare-lab evaluate --model {final} ...)")
     return "\n".join(lines)
+
+
+def _probe_line(rows: list[dict[str, Any]]) -> str | None:
+    """The probe's medians over the steps that logged it (``pred/d_ratio``, ``pred/lplus_above_sstar``,
+    ``pred/w_star``) with the entropy range (nats); None when no row has them."""
+    import statistics
+
+    from stare_lab.critical import KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
+
+    def col(key: str) -> list[float]:
+        return [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+    ratio, share, w, ent = col(KEY_D_RATIO), col(KEY_LPLUS_ABOVE), col(KEY_W_STAR), col("entropy")
+    if not ratio:
+        return None
+    med = lambda xs: f"{statistics.median(xs):.3g}" if xs else "n/a"  # noqa: E731
+    span = f", entropy {min(ent):.3f}-{max(ent):.3f} nats" if ent else ""
+    return (f"  probe over {len(ratio)} steps (medians): D_L+/|D_GRPO| {med(ratio)}, L+ mass above s* {med(share)}, "
+            f"W*(t) {med(w)}{span}")
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
@@ -105,6 +127,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in --out: removes only what a training run writes there (metrics, summary, "
                         "config, checkpoints, final_model, eval, tensorboard; the preset's model)")
+    p.add_argument("--probe", action="store_true",
+                   help="measure, do not train: each step samples a batch at the unchanged weights and logs the "
+                        "near-criticality probe (schedule.probe_only=true; read by stare-lab calibrate)")
     p.add_argument("--verbose", dest="train_verbose", action="store_true",
                    help="also show the engines' logs (vLLM, DeepSpeed) and library warnings")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
@@ -143,6 +168,8 @@ def _run_train(args: argparse.Namespace) -> int:
         overrides.append("schedule.resume=auto")
     if args.overwrite:  # the previous run is removed first (under the lock): nothing is left to resume
         overrides.append("schedule.resume=never")
+    if getattr(args, "probe", False):
+        overrides.append("schedule.probe_only=true")
     from trainer.config import load_trainer_config
     from trainer.engines.launch import cpu_env_defaults
 

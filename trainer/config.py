@@ -395,7 +395,15 @@ class ScheduleConfig:
             after the update minus before (same tokens, masks and temperature; docs/design.md §4; one extra no-grad
             forward, ``time/entropy_after_s``), and the first-order predictions of :mod:`trainer.step.prediction`:
             ``pred_entropy_change`` (∇θH̄·Δθ) and ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2) —
-            one extra backward each (``time/predict_s``). Off: all of them are null.
+            one extra backward and one forward-mode pass per step on ZeRO 0–2, one backward per term on ZeRO-3
+            (``time/predict_s``), plus the probe's ``pred/d_ratio``, ``pred/lplus_above_sstar`` and ``pred/w_star``.
+            Off: all of them are null.
+        probe_only: run the steps WITHOUT applying updates: each step samples a batch at the (unchanged) weights
+            and logs the probe's entries (those of ``measure_entropy_change`` except the measured
+            ``entropy_change``), with P of the first Adam step the batch's gradient would make (the run starts from
+            ``model.path`` with a fresh optimizer; :mod:`trainer.prediction`) — to measure a checkpoint near a
+            target entropy. No checkpoint and no ``final_model`` are written; ``out_dir`` must not hold a run. The
+            run directory is read by ``stare-lab calibrate``.
     """
 
     total_steps: int = 100
@@ -408,6 +416,7 @@ class ScheduleConfig:
     wandb_project: str | None = None
     progress_bar: bool = True
     measure_entropy_change: bool = False
+    probe_only: bool = False
 
     def __post_init__(self) -> None:
         p = _p(config_prefix("schedule"))

@@ -3,9 +3,10 @@ batch of 8 sequences, split over the ranks of this launch and packed with a give
 the step prepared by the core (C2, gate forced on: ω selected over the whole batch across the ranks). Saves the
 gathered updated parameters and (with PROBE=1) the first-order predictions to ``OUT`` (rank 0). Usage:
 ``[torchrun --nproc_per_node K] python _update_invariance.py MODEL_DIR OUT MICRO_BATCH_MAX_TOKENS STAGE PROBE``
-(STAGE: the ZeRO stage, used even on one process; PROBE: ``1`` = with the prediction probes, ``fused`` = the
-old-log-prob forward kept for the update, ``never`` = STARE with the gate off, ``grpo`` = the ``grpo`` loss, ``0`` =
-none of these).
+(STAGE: the ZeRO stage, used even on one process; PROBE: ``1`` = with the prediction probes (forward mode on
+ZeRO 0–2, gradients on ZeRO-3), ``backward`` = the probes with one gradient per D term, ``probe_only`` = the probe
+of a step that is not taken (no update), ``fused`` = the old-log-prob forward kept for the update, ``never`` = STARE
+with the gate off, ``grpo`` = the ``grpo`` loss, ``0`` = none of these).
 """
 
 import sys
@@ -55,14 +56,22 @@ def main() -> None:
     batch = _batch(list(range(dist.rank, 8, dist.world_size)))
     policy = PolicyEngine(cfg, model_dir, dist)
     plan = policy.micro_plan(batch, comm)
-    old_lp, old_ent = policy.compute_logprobs(batch, plan, keep_graph=probe == "fused")
+    method = {"1": "auto", "backward": "backward", "probe_only": "auto"}.get(probe)
+    predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method) if method else None
+    grad_sum = None
+    if predictor is not None and predictor.from_old_logprob:  # as the step runner: ∇θH̄ from this pass
+        old_lp, old_ent, grad_sum = policy.logprobs_and_entropy_grad(batch, plan)
+    else:
+        old_lp, old_ent = policy.compute_logprobs(batch, plan, keep_graph=probe == "fused")
     # old log-probs shifted by 0.05 so that ρ ≠ 1 and the clipping path is exercised
     step_batch = batch.step_batch(old_lp - 0.05 * batch.response_mask, old_ent)
     prep = prepare_step(step_batch, cfg.loss, collective=comm.collective, step=1, seed=0)
-    predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip) if probe == "1" else None
-    probes = predictor.before_update(batch, plan, prep, step_batch) if predictor else None
-    metrics = policy.update(batch, plan, prep, comm)
-    preds = predictor.after_update(probes, metrics["grad_norm"]) if predictor else {}
+    if probe == "probe_only":
+        preds = predictor.probe(batch, plan, prep, step_batch, grad_sum)
+    else:
+        probes = predictor.before_update(batch, plan, prep, step_batch, grad_sum) if predictor else None
+        metrics = policy.update(batch, plan, prep, comm)
+        preds = predictor.after_update(probes, metrics["grad_norm"]) if predictor else {}
     sd = policy.full_state_dict()
     if dist.rank == 0:
         torch.save({"params": sd, "preds": preds, "selected": prep.metrics().get("stare/num_pos_selected")}, out)

@@ -59,3 +59,23 @@ def test_custom_labels_are_explicit():
     assert load_trainer_config(None, ["method=custom:my-ablation"]).method == "custom:my-ablation"
     with pytest.raises(ConfigError, match="not a known method"):
         load_trainer_config(None, ["method=my-ablation"])
+
+
+def test_a_probe_into_a_run_directory_that_holds_a_run_is_refused(tmp_path, capsys, tiny_model):
+    """``train --probe`` (schedule.probe_only) writes a run directory of its own: into one that already holds a run
+    it stops before building anything, with one line naming the directory and what to do instead."""
+    from trainer.benchmarks import GSM8K_TRAIN_SAMPLE
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {tiny_model}}}\n"
+                   f"data: {{train_files: [{GSM8K_TRAIN_SAMPLE}], max_prompt_length: 256}}\n"
+                   f"rollout: {{max_response_length: 32}}\nout_dir: {out}\n")
+    assert main(["train", str(cfg), "--probe"]) == 1
+    assert _one_line(capsys) == (
+        f"stare-lab train: error: schedule.probe_only=true writes a run directory of its own, but {str(out)!r} "
+        "already holds a run; give another out_dir (to probe a checkpoint of that run, set model.path to its "
+        "checkpoint/step_N/hf)")
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched

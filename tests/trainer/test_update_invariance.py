@@ -8,8 +8,12 @@ ZeRO-3. Every other case must give the same parameters after one AdamW step (to 
 process packing everything into one or two micro-batches (ZeRO stage 0, the one-process default), two ranks under
 ZeRO-3 and under ZeRO-2; with the probes on, or with the old-log-prob forward kept for the update
 (``optim.fuse_old_logprob``), the parameters are bit-identical to the same case without them, and the predictions
-agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors. STARE with the gate off updates the
-parameters exactly as ``grpo`` does (bit for bit).
+agree between ZeRO-3's partition-wise sums and ZeRO 0/2's full tensors — which also checks the forward-mode D terms
+(ZeRO 0/2: one backward and one jvp) against the one-gradient-per-term ones (ZeRO-3), and directly at ZeRO 0 with
+``method=backward``. The probe of a step that is not taken (``schedule.probe_only``) leaves the parameters as they
+were, bit for bit, and at this first step gives the same numbers as the step that is taken (P of a first Adam step on
+the same gradient is the step's own P; with weight decay 0, ∇θH̄·(−P⊙g) is ∇θH̄·Δθ). STARE with the gate off updates
+the parameters exactly as ``grpo`` does (bit for bit). (The probe of a step not taken is checked on ZeRO 0 and 3.)
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ CASES = {  # name: (micro-batch token budget, processes, ZeRO stage, probes)
     "two_ranks_zero3_probe": (16, 2, 3, "1"),
     "two_ranks_zero2_probe": (16, 2, 2, "1"),
 }
-OTHER_LOSSES = {"gate_never": (4096, 1, 0, "never"), "grpo": (4096, 1, 0, "grpo")}
+OTHER_LOSSES = {"gate_never": (4096, 1, 0, "never"), "grpo": (4096, 1, 0, "grpo"),
+                "stage0_backward": (4096, 1, 0, "backward"), "stage0_probe_only": (4096, 1, 0, "probe_only"),
+                "zero3_probe_only": (4096, 1, 3, "probe_only")}
 
 
 def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_model, tmp_path):
@@ -77,10 +83,18 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
         assert all(torch.equal(other[k], outs[name]["params"][k]) for k in other), (name, variant)
     preds = [outs[n]["preds"] for n in ("mb_small_probe", "mb_large_stage0_probe", "two_ranks_zero2_probe",
                                         "two_ranks_zero3_probe")]  # partitions all-reduced = full tensors
-    assert set(preds[0]) == {"pred_entropy_change", "pred/d_grpo", "pred/d_lplus", "pred/d_lminus"}
-    for other in preds[1:]:
-        for k, v in preds[0].items():
-            assert other[k] == pytest.approx(v, rel=1e-4, abs=1e-10), k
+    keys = {"pred_entropy_change", "pred/d_grpo", "pred/d_lplus", "pred/d_lminus", "pred/d_ratio", "pred/w_star"}
+    assert set(preds[0]) == keys | {"pred/lplus_above_sstar"}
+    assert preds[0]["pred/lplus_above_sstar"] is None  # ZeRO-3: no logits at θ_before on the gradient path
+    jvp, backward, probe_only = (outs[n]["preds"] for n in ("mb_large_stage0_probe", "stage0_backward",
+                                                            "stage0_probe_only"))
+    for other in preds[1:] + [backward, probe_only, outs["zero3_probe_only"]["preds"]]:
+        for k in keys:
+            assert other[k] == pytest.approx(preds[0][k], rel=1e-4, abs=1e-10), k
+    assert 0 <= jvp["pred/lplus_above_sstar"] <= 1
+    assert probe_only["pred/lplus_above_sstar"] == pytest.approx(jvp["pred/lplus_above_sstar"], rel=1e-6)
+    assert preds[2]["pred/lplus_above_sstar"] == pytest.approx(jvp["pred/lplus_above_sstar"], rel=1e-6)  # 2 ranks
+    assert preds[3]["pred/lplus_above_sstar"] is None
     # gate off ⇒ stare is grpo, bit for bit, through the trainer's update; and the gate-on step differs (ω acted)
     never, grpo = outs["gate_never"]["params"], outs["grpo"]["params"]
     assert all(torch.equal(never[k], grpo[k]) for k in never)
@@ -89,3 +103,6 @@ def test_update_independent_of_micro_batch_world_size_and_stage(require, tiny_mo
 
     init = load_file(str(tiny_model / "model.safetensors"))
     assert any((ref[k] - init[k]).abs().max() > 1e-4 for k in ref if k in init)  # the step did move the weights
+    for name in ("stage0_probe_only", "zero3_probe_only"):
+        unmoved = outs[name]["params"]
+        assert all(torch.equal(unmoved[k], init[k].to(unmoved[k].dtype)) for k in unmoved if k in init), name  # the probe alone moves nothing

@@ -110,6 +110,9 @@ class PolicyEngine:
         )
         self.device = self.engine.device
         self._kept: tuple | None = None
+        self._trims: bool | None = None  # the module's forward takes logits_to_keep (checked on first use)
+        # seconds (wall clock, process CPU) of the last logprobs_and_entropy_grad's backward passes
+        self.entropy_grad_s = self.entropy_grad_cpu_s = 0.0
         self._fusable = not _has_dropout(model)
         self.temperature = cfg.rollout.temperature
         self.max_tokens = o.micro_batch_max_tokens
@@ -137,15 +140,32 @@ class PolicyEngine:
         module with these tensors in place of its parameters (``torch.func.functional_call``), outside DeepSpeed."""
         if params is None:
             logits = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [b, L, V]
+            resp_logits = torch.gather(logits, 1, mb.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         else:
-            logits = torch.func.functional_call(self.engine.module, params, (mb.input_ids,),
-                                                {"attention_mask": mb.attention_mask}).logits
-        resp_logits = torch.gather(logits, 1, mb.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+            resp_logits = self._functional_logits(mb, params)
         logprobs = logprobs_from_logits(resp_logits, mb.tokens, self.temperature)
         entropy = None
         if need_entropy:
             entropy = entropy_from_logits(resp_logits if entropy_grad else resp_logits.detach(), self.temperature)
         return logprobs, entropy
+
+    def _functional_logits(self, mb: Any, params: dict[str, Tensor]) -> Tensor:
+        """The response logits ``[b, t, V]`` of the module run with ``params`` (``torch.func.functional_call``,
+        outside DeepSpeed). The output layer is applied only from the first response position of the micro-batch on
+        (the model's ``logits_to_keep``, when its forward takes it): the probes need no prompt logits."""
+        module = self.engine.module
+        kwargs: dict[str, Any] = {"attention_mask": mb.attention_mask}
+        start = 0
+        if self._trims is None:
+            import inspect
+
+            self._trims = "logits_to_keep" in inspect.signature(module.forward).parameters
+        if self._trims:
+            start = int(mb.positions.min())
+            kwargs["logits_to_keep"] = mb.input_ids.shape[1] - start
+        logits = torch.func.functional_call(module, params, (mb.input_ids,), kwargs).logits
+        index = (mb.positions - start).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        return torch.gather(logits, 1, index)
 
     def compute_logprobs(self, batch: Any, plan: Sequence[Tensor], *, keep_graph: bool = False,
                          entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
@@ -178,6 +198,52 @@ class PolicyEngine:
                 lps[rows, :t] = torch.where(mb.valid, lp.detach().float(), zero).cpu()
                 ents[rows, :t] = torch.where(mb.valid, ent.detach().float(), zero).cpu()
         return lps, ents
+
+    def logprobs_and_entropy_grad(self, batch: Any, plan: Sequence[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """:meth:`compute_logprobs` through detached leaves of the parameters with autograd on (train mode,
+        ``torch.func.functional_call``, outside DeepSpeed; the logits from the first response position on), which
+        also returns the gradient of Σ H_t over the response mask (nats; divided by the step's token count it is
+        the probe's ∇θH̄), summed over the micro-batches and the ranks: ∇θH̄ from the forward the step needs anyway,
+        one backward more (its wall-clock and process CPU seconds in :attr:`entropy_grad_s`,
+        :attr:`entropy_grad_cpu_s`). The log-probs and entropies are those of
+        :meth:`compute_logprobs` (bit for bit on CPU, tested). ZeRO 0–2 and :attr:`fusable` models only.
+        Collective."""
+        import time
+
+        if self.zero3 or not self.fusable:
+            raise RuntimeError("logprobs_and_entropy_grad needs ZeRO 0-2 and a model without dropout")
+        self.release()
+        self.engine.train()
+        leaves = {n: p.detach().requires_grad_(True) for n, p in self.engine.module.named_parameters()}
+        grads = [torch.zeros_like(p, dtype=torch.float32) for p in leaves.values()]
+        shape = batch.response_ids.shape
+        lps, ents = torch.zeros(shape), torch.zeros(shape)
+        self.entropy_grad_s = self.entropy_grad_cpu_s = 0.0
+        for rows in plan:
+            if not rows.numel():
+                continue
+            mb = batch.micro_batch(rows, self.device)
+            lp, ent = self._forward(mb, need_entropy=True, entropy_grad=True, params=leaves)
+            t = lp.shape[1]
+            zero = torch.zeros((), device=lp.device)
+            lps[rows, :t] = torch.where(mb.valid, lp.detach().float(), zero).cpu()
+            ents[rows, :t] = torch.where(mb.valid, ent.detach().float(), zero).cpu()
+            mask = batch.response_mask.index_select(0, rows)[:, :t].to(ent.device) & mb.valid
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = torch.autograd.grad(torch.where(mask, ent.float(), zero).sum(), list(leaves.values()),
+                                      allow_unused=True)
+            for acc, g in zip(grads, got):
+                if g is not None:
+                    acc += g.float()
+            self.entropy_grad_s += time.perf_counter() - t0
+            self.entropy_grad_cpu_s += time.process_time() - c0
+        if self.dist.world_size > 1:
+            import torch.distributed as tdist
+
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            tdist.all_reduce(flat)
+            grads = [x.view_as(g) for x, g in zip(flat.split([g.numel() for g in grads]), grads)]
+        return lps, ents, grads
 
     def release(self) -> None:
         """Drop the graph kept by :meth:`compute_logprobs` (``keep_graph``), if any."""
@@ -315,6 +381,39 @@ class PolicyEngine:
             tdist.all_reduce(flat)
             grads = [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)]
         return grads
+
+    def snapshot(self) -> dict[str, Tensor]:
+        """Detached copies of the module's parameters by name, in their compute dtype: θ before an update, for the
+        probe's forward-mode pass (:meth:`tangent_logits`). ZeRO 0–2 only (every rank holds the full tensors).
+
+        Raises:
+            RuntimeError: under ZeRO-3 (partitioned parameters).
+        """
+        if self.zero3:
+            raise RuntimeError("snapshot: ZeRO-3 partitions the parameters; the probe falls back to gradients")
+        return {n: p.detach().clone() for n, p in self.engine.module.named_parameters()}
+
+    def tangent_logits(self, batch: Any, plan: Sequence[Tensor], primals: dict[str, Tensor] | None,
+                       tangents: dict[str, Tensor]) -> Iterator[tuple[Any, Tensor, Tensor]]:
+        """One forward-mode pass per micro-batch (:func:`stare_lab.probe.jvp_logits`): yields ``(micro-batch,
+        response logits [b, t, V], their directional derivative along tangents)`` at ``primals`` (``None``: the
+        current parameters), in the parameters' dtype, outside DeepSpeed (``torch.func.functional_call``; no
+        gradient hooks, no graph). ZeRO 0–2 only; empty micro-batches are skipped (no collective)."""
+        from stare_lab.probe import jvp_logits
+
+        if self.zero3:
+            raise RuntimeError("tangent_logits: ZeRO-3 partitions the parameters")
+        self.engine.train()
+        module = self.engine.module
+        if primals is None:
+            primals = {n: p.detach() for n, p in module.named_parameters()}
+        for rows in plan:
+            if not rows.numel():
+                continue
+            mb = batch.micro_batch(rows, self.device)
+            logits, dot = jvp_logits(lambda params, mb=mb: self._functional_logits(mb, params), primals, tangents)
+            yield mb, logits, dot
+            del logits, dot  # before the next micro-batch's pass
 
     def local_view(self, kind: str) -> list[Tensor]:
         """Per parameter, the part this rank holds of: ``"param"`` (fp32 master weights), ``"grad"`` (ZeRO-3 only:

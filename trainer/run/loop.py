@@ -28,7 +28,8 @@ controller untouched); a reward function that raises gives reward 0 for that bat
 ``schedule.measure_entropy_change=true`` every row also has the measured ``entropy_change`` (token-mean entropy on
 the step's batch after the update minus before, nats) and the first-order predictions ``pred_entropy_change``
 (∇θH̄·Δθ) and ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2) of :mod:`trainer.step.prediction`; they are
-null otherwise. Test hooks: :mod:`trainer.faults`.
+null otherwise. With ``schedule.probe_only=true`` no update is applied: each row carries the probe of its batch at
+the unchanged weights, and no checkpoint or ``final_model`` is written. Test hooks: :mod:`trainer.faults`.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ def _train(cfg: TrainerConfig, out: Path) -> Path:
     latest = latest_checkpoint(ckpt_root)
     s = cfg.schedule
     found = existing_outputs(out, RUN_OUTPUTS)
+    if s.probe_only and found:
+        raise ConfigError(f"schedule.probe_only=true writes a run directory of its own, but {str(out)!r} already "
+                          "holds a run; give another out_dir, or --overwrite (to probe a checkpoint of that run, set "
+                          "model.path to its checkpoint/step_N/hf)")
     if s.resume == "must" and not found:
         raise ConfigError(f"schedule.resume=must but {str(out)!r} holds no run to resume")
     if s.resume == "never" and found:
@@ -171,7 +176,7 @@ def _train(cfg: TrainerConfig, out: Path) -> Path:
         row = tr.step(step)
         log.log(row)
         fault(step, "logged")
-        if (s.save_freq and step % s.save_freq == 0) or step == s.total_steps:
+        if not s.probe_only and ((s.save_freq and step % s.save_freq == 0) or step == s.total_steps):
             ckpt = save_checkpoint(ckpt_root, step, tr.policy, tr.state(step), tr.tokenizer, s.keep_checkpoints)
         if ecfg is not None and (step % s.eval_freq == 0 or step == s.total_steps):
             log.amend(step, _safe_evaluate(tr, step, out, ecfg))
@@ -181,6 +186,7 @@ def _train(cfg: TrainerConfig, out: Path) -> Path:
     if tr.dist.is_main:
         summary = summary_from_rows(read_rows(out), s.total_steps, start, config=cfg.to_dict())
         log.close(summary)
-        path = export_final_model(ckpt, out)
-        logger.info("final model: %s", path)
+        if not s.probe_only:  # a probe changes no weight: nothing to export
+            path = export_final_model(ckpt, out)
+            logger.info("final model: %s", path)
     return out

@@ -1,5 +1,6 @@
-"""First-order predictions of a trainer step's entropy change (``schedule.measure_entropy_change``; docs/theory.md
-§2 "Beyond one softmax" and §7; docs/trainer.md "Predicted vs measured entropy change").
+"""First-order predictions of a trainer step's entropy change and the probe of its near-criticality
+(``schedule.measure_entropy_change``, ``schedule.probe_only``; docs/theory.md §2 "Beyond one softmax", §7, §8;
+docs/trainer.md "Predicted vs measured entropy change").
 
 Per step, on the step's batch (the tokens, masks and temperature of the pre-update H̄):
 
@@ -24,29 +25,64 @@ Per step, on the step's batch (the tokens, masks and temperature of the pre-upda
   ``pred_entropy_change`` also carries the momentum of earlier steps, the split does not.
   L+/L− are selected as STARE would (the run's ``stare.top_p_ratio``, scope global, exact over ranks) whatever the
   loss and the gate, so a GRPO run gives the conservative W* estimate and a STARE run the held-trajectory one
-  (docs/theory.md §7). The W*(t) these give (:mod:`stare_lab.critical`, read by ``stare-lab analyze`` and in the
-  run's ``summary.json``) is therefore the W at which this step's own Adam-linearised update would leave H̄
-  unchanged.
+  (docs/theory.md §7).
+* the probe's row entries (:func:`stare_lab.probe.probe_row`): ``pred/d_ratio`` = D_L+/|D_GRPO|,
+  ``pred/lplus_above_sstar`` (the share of the L+ probability mass above each token's critical surprisal s*) and
+  ``pred/w_star`` = W*(t) = 1 − (D_GRPO + (M − 1)·D_L−)/D_L+ (M = ``stare.reweight_m`` for C2, else 1), the W at
+  which this step's own Adam-linearised update would leave H̄ unchanged (null when no W does).
 
-Cost: one backward for ∇θH̄, one per D term, one gradient-sized float32 copy of each (this rank's part). Under
-ZeRO-3 every dot product is over this rank's partition of the parameters and all-reduced (one collective for all);
-under ZeRO 0–2 each rank holds the full tensors and computes the same sums. Dot products accumulate in float64;
-``Σ g_H·θ_after − Σ g_H·θ_before`` gives ∇θH̄·Δθ without keeping a copy of θ.
+How the D terms are computed. ZeRO 0–2 (every rank holds the full parameters): ONE backward for ∇θH̄ and ONE
+forward-mode pass (:mod:`stare_lab.probe`): ∇θH̄ is the backward of the old-log-prob forward (which then runs
+through detached leaves of the parameters, :meth:`trainer.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
+with dropout gets a forward+backward of its own), θ_before is kept (one parameter-sized copy), the update runs, P is
+read from the optimizer state after it, and a ``torch.func.jvp`` at θ_before along v = P ⊙ ∇θH̄ gives every
+token's ∇θ log π_t·v and ∇θH_t·v; each D_X is then a weighted sum over the tokens with the elementwise derivatives
+of the core's objective X as weights (the three-backward values to float rounding, tested); the forward-mode pass
+also gives the logits for s*. Both passes compute the output layer from the first response position on only.
+Cost: one backward and one forward-mode pass (≈ 3 forwards) per step.
+ZeRO-3 (partitioned parameters, no forward-mode pass through DeepSpeed's gathers): one backward for ∇θH̄ and one
+per D term, each kept as a gradient-sized float32 copy of this rank's partition, every dot product over the
+partition and all-reduced (one collective for all); ``pred/lplus_above_sstar`` is null there. Dot products
+accumulate in float64; ``Σ g_H·θ_after − Σ g_H·θ_before`` gives ∇θH̄·Δθ without keeping a copy of the master
+weights.
+
+Probe without updates (``schedule.probe_only``, :meth:`EntropyPrediction.probe`): the same entries at the current
+weights, with P of the Adam step the batch's own gradient g would make — from the optimizer's state when it has
+one (v_t = β₂v_{t−1} + (1 − β₂)(c·g)², t = its step + 1), else of a first Adam step (t = 1,
+v_1 = (1 − β₂)(c·g)², so P = lr·c/(|c·g| + ε) elementwise; a ``schedule.probe_only`` run always starts with a fresh
+optimizer) — and ``pred_entropy_change`` = ∇θH̄·(−P ⊙ g), the first-order change of the step that is not taken
+(momentum and weight decay excluded). Cost: the old-log-prob pass's backward, one forward+backward for g and one
+forward-mode pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from stare_lab.config import LossConfig
-from stare_lab.critical import KEY_D_GRPO
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
-from stare_lab.first_order import adam_preconditioner, linearised_entropy_change, param_dot
+from stare_lab.errors import ConfigError
+from stare_lab.first_order import (
+    adam_exp_avg_sq,
+    adam_preconditioner,
+    linearised_entropy_change,
+    param_dot,
+)
+from stare_lab.probe import (
+    LPLUS_ABOVE_SUM,
+    LPLUS_MASS_SUM,
+    directional_terms,
+    lplus_mass,
+    preconditioned_direction,
+    probe_row,
+    token_tangents,
+)
 
 __all__ = ["EntropyPrediction", "KEY_PRED"]
 
@@ -57,66 +93,209 @@ KEY_PRED = "pred_entropy_change"
 @dataclasses.dataclass
 class _Probes:
     grad_entropy: list[Tensor]
-    grads: dict[str, list[Tensor]]
     before: float
     lr: float
+    context: tuple  # (batch, plan, prep, step_batch, parts)
+    theta: dict[str, Tensor] | None = None  # θ_before (forward-mode path)
+    grads: dict[str, list[Tensor]] | None = None  # the D terms' gradients (ZeRO-3 path)
 
 
 class EntropyPrediction:
-    """The probes of one step: :meth:`before_update` (gradients, collective), then the update, then
-    :meth:`after_update` (the dot products; one collective under ZeRO-3). The objectives and the selection of
-    L+/L− are the core's (:mod:`stare_lab.decomposition`), shared with the transformer simulator.
+    """The probes of one step: :meth:`before_update` (∇θH̄, θ_before or the gradients, collective), then the
+    update, then :meth:`after_update` (P, the D terms and the row entries; collective); or :meth:`probe` alone
+    (``schedule.probe_only``). The objectives and the selection of L+/L− are the core's
+    (:mod:`stare_lab.decomposition`), shared with the transformer simulator.
 
     Args:
         policy: the :class:`trainer.engines.policy.PolicyEngine`.
         comm: the :class:`trainer.engines.comm.Comm`.
         loss: the run's :class:`~stare_lab.config.LossConfig`.
         grad_clip: ``optim.grad_clip`` (0 = off).
+        method: ``auto`` (forward mode unless the parameters are partitioned), ``jvp`` or ``backward`` (one
+            gradient per D term; the reference the forward-mode values are tested against).
+
+    Raises:
+        ConfigError: ``method`` unknown, or ``jvp`` under ZeRO-3.
     """
 
-    def __init__(self, policy: Any, comm: Any, loss: LossConfig, grad_clip: float) -> None:
+    def __init__(self, policy: Any, comm: Any, loss: LossConfig, grad_clip: float, method: str = "auto") -> None:
+        if method not in ("auto", "jvp", "backward"):
+            raise ConfigError(f"method={method!r} is not one of auto, jvp, backward")
+        if method == "jvp" and policy.partitioned:
+            raise ConfigError("method='jvp' needs the full parameters on every rank (ZeRO 0-2); under ZeRO-3 use "
+                              "'backward' or 'auto'")
         self.policy, self.comm, self.loss, self.grad_clip = policy, comm, loss, float(grad_clip)
+        self.jvp = method == "jvp" or (method == "auto" and not policy.partitioned)
+        #: ∇θH̄ comes from the old-log-prob pass (:meth:`trainer.policy.PolicyEngine.logprobs_and_entropy_grad`)
+        self.from_old_logprob = self.jvp and bool(getattr(policy, "fusable", False))
+        c2 = loss.loss_mode == "stare" and loss.stare.variant == "C2"
+        self.reweight_m = float(loss.stare.reweight_m) if c2 else 1.0
 
-    def before_update(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any) -> _Probes:
-        """∇θH̄ and the gradients of the GRPO, L+ (and L−) objectives, each followed by clearing the accumulated
-        gradients (so the update that follows is unchanged). Collective."""
-        policy, n_tok, loss = self.policy, prep.num_tokens, self.loss
-
+    # ------------------------------------------------------------------------------------------------ passes
+    def _grad_entropy(self, batch: Any, plan: Sequence[Tensor], n_tok: float) -> list[Tensor]:
+        """∇θH̄ (one forward+backward): H̄ = the token-mean entropy over the response mask, N = ``n_tok``."""
         def entropy_mean(mb: Any, lp: Tensor, ent: Tensor | None) -> Tensor:
             mask = batch.response_mask.index_select(0, mb.rows)[:, : ent.shape[1]].to(ent.device)
             return torch.where(mask, ent.float(), torch.zeros((), device=ent.device)).sum() / n_tok
 
-        grad_h = policy.gradient(batch, plan, entropy_mean, need_entropy=True, entropy_grad=True)
-        parts = selected_parts(step_batch, loss, collective=self.comm.collective)
-        bonus = prep.needs.entropy_grad
+        return self.policy.gradient(batch, plan, entropy_mean, need_entropy=True, entropy_grad=True)
 
-        def grpo(mb: Any, lp: Tensor, ent: Tensor | None) -> Tensor:
-            return grpo_objective(prep.inputs(lp, mb.rows, entropy=ent if bonus else None), loss)
-
-        grads = {KEY_D_GRPO: policy.gradient(batch, plan, grpo, need_entropy=bonus, entropy_grad=bonus)}
+    def _objectives(self, mb: Any, prep: Any, step_batch: Any, parts: dict[str, Tensor], width: int) -> dict:
+        """The micro-batch's objectives ``(log-probs, entropies) -> loss`` of GRPO, L+ (and L−)."""
+        loss, bonus = self.loss, prep.needs.entropy_grad
+        cut = lambda x: x.index_select(0, mb.rows)[:, :width].to(mb.tokens.device)  # noqa: E731
+        out = {KEY_D_GRPO: lambda lp, ent: grpo_objective(
+            prep.inputs(lp, mb.rows, entropy=ent if bonus else None), loss)}
         for key, ind in parts.items():
-            def part(mb: Any, lp: Tensor, ent: Tensor | None, ind: Tensor = ind) -> Tensor:
-                cut = lambda x: x.index_select(0, mb.rows)[:, : lp.shape[1]].to(lp.device)  # noqa: E731
-                # the part objectives have no bonus: the old entropies only stand in for the input the run's
-                # preparation requires with entropy_coeff > 0
-                inputs = prep.inputs(lp, mb.rows, entropy=cut(step_batch.entropy) if bonus else None)
-                return part_objective(inputs, cut(ind), loss)
+            # the part objectives have no bonus: the old entropies only stand in for the input the run's
+            # preparation requires with entropy_coeff > 0
+            out[key] = lambda lp, ent, ind=ind: part_objective(
+                prep.inputs(lp, mb.rows, entropy=cut(step_batch.entropy) if bonus else None), cut(ind), loss)
+        return out
 
-            grads[key] = policy.gradient(batch, plan, part)
+    def _gradients(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any,
+                   parts: dict[str, Tensor]) -> dict[str, list[Tensor]]:
+        """The gradients of the GRPO, L+ (and L−) objectives (one backward each; the ZeRO-3 path)."""
+        bonus = prep.needs.entropy_grad
+        grads = {}
+        for key in (KEY_D_GRPO, *parts):
+            def fn(mb: Any, lp: Tensor, ent: Tensor | None, key: str = key) -> Tensor:
+                return self._objectives(mb, prep, step_batch, parts, lp.shape[1])[key](lp, ent)
+
+            use_ent = bonus and key == KEY_D_GRPO
+            grads[key] = self.policy.gradient(batch, plan, fn, need_entropy=use_ent, entropy_grad=use_ent)
+        return grads
+
+    def _forward_mode(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any, parts: dict[str, Tensor],
+                      theta: dict[str, Tensor] | None, grad_h: list[Tensor], precond: Iterable[Tensor]) -> dict:
+        """The D terms and L+ mass sums of this rank's rows from one forward-mode pass at ``theta`` along
+        v = P ⊙ ∇θH̄ (not yet summed over ranks)."""
+        policy = self.policy
+        like = list(theta.values()) if theta is not None else [p for _, p in policy.engine.module.named_parameters()]
+        names = list(theta) if theta is not None else [n for n, _ in policy.engine.module.named_parameters()]
+        tangent, scale = preconditioned_direction(grad_h, precond, like)
+        sums: dict[str, float] = {}
+        lplus = parts.get(KEY_D_LPLUS)
+        for mb, logits, dot in policy.tangent_logits(batch, plan, theta, dict(zip(names, tangent))):
+            tt = token_tangents(logits, dot, mb.tokens, policy.temperature, scale)
+            del logits, dot
+            width = tt.logprobs.shape[1]
+            for key, v in directional_terms(tt, self._objectives(mb, prep, step_batch, parts, width)).items():
+                sums[key] = sums.get(key, 0.0) + v
+            if lplus is not None:
+                ind = lplus.index_select(0, mb.rows)[:, :width] * mb.valid.cpu()
+                for key, v in lplus_mass(tt, ind).items():
+                    sums[key] = sums.get(key, 0.0) + v
+        for key in (KEY_D_GRPO, *parts, LPLUS_ABOVE_SUM, LPLUS_MASS_SUM):
+            sums.setdefault(key, 0.0)
+        return sums
+
+    def _summed(self, probes: _Probes, precond: Callable[[], Iterator[Tensor]], pred: float) -> dict[str, float]:
+        """``pred`` (this rank's part under ZeRO-3, else the full value) and the D terms (and L+ masses) summed
+        over all ranks: one collective (none on ZeRO 0–2's backward path). ``precond()`` yields P tensor by
+        tensor."""
+        batch, plan, prep, step_batch, parts = probes.context
+        if self.jvp:  # per-row sums over this rank's rows; pred is already the full value on every rank
+            sums = self._forward_mode(batch, plan, prep, step_batch, parts, probes.theta, probes.grad_entropy,
+                                      precond())
+            return {KEY_PRED: pred, **self.comm.sum(sums)}
+        pc = list(precond())
+        sums = {key: linearised_entropy_change(probes.grad_entropy, pc, g) for key, g in probes.grads.items()}
+        sums[KEY_PRED] = pred
+        return self.comm.sum(sums) if self.policy.partitioned else sums
+
+    @staticmethod
+    def _precond(exp_avg_sq: Sequence[Tensor | None], adam: dict[str, float], lr: float, step: float, clip: float,
+                 grad: Sequence[Tensor] | None = None) -> Callable[[], Iterator[Tensor]]:
+        """P (:func:`stare_lab.first_order.adam_preconditioner`) per parameter tensor, one float64 tensor at a time
+        (never all of them at once). ``exp_avg_sq``: v_t after the step; with ``grad``: v_{t−1} (``None``: no
+        state) of a step not taken, v_t formed with :func:`stare_lab.first_order.adam_exp_avg_sq`."""
+        def gen() -> Iterator[Tensor]:
+            for j, v in enumerate(exp_avg_sq):
+                if grad is not None:
+                    v = adam_exp_avg_sq([v], [grad[j]], beta2=adam["beta2"], clip=clip)[0]
+                yield adam_preconditioner([v], lr=lr, beta1=adam["beta1"], beta2=adam["beta2"], eps=adam["eps"],
+                                          step=step, clip=clip)[0]
+
+        return gen
+
+    def _clip(self, grad_norm: float | None) -> float:
+        if self.grad_clip > 0 and grad_norm is not None and math.isfinite(grad_norm):
+            return min(1.0, self.grad_clip / (grad_norm + 1e-6))
+        return 1.0
+
+    # ------------------------------------------------------------------------------------------- per step
+    def _grad_h(self, batch: Any, plan: Sequence[Tensor], prep: Any, entropy_grad_sum: list[Tensor] | None
+                ) -> list[Tensor]:
+        if entropy_grad_sum is None:
+            return self._grad_entropy(batch, plan, prep.num_tokens)
+        return [g / prep.num_tokens for g in entropy_grad_sum]
+
+    def before_update(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any,
+                      entropy_grad_sum: list[Tensor] | None = None) -> _Probes:
+        """∇θH̄ (one forward+backward, or ``entropy_grad_sum`` / N from the old-log-prob pass when
+        :attr:`from_old_logprob`), the L+/L− selection and θ_before (forward mode) or the D terms' gradients
+        (ZeRO-3), each pass followed by clearing the accumulated gradients (the update that follows is unchanged).
+        Collective."""
+        policy = self.policy
+        grad_h = self._grad_h(batch, plan, prep, entropy_grad_sum)
+        parts = selected_parts(step_batch, self.loss, collective=self.comm.collective)
+        context = (batch, plan, prep, step_batch, parts)
         before = param_dot(grad_h, policy.local_view("param"))
-        return _Probes(grad_h, grads, before, policy.adam_settings()["lr"])
+        lr = policy.adam_settings()["lr"]
+        if self.jvp:
+            return _Probes(grad_h, before, lr, context, theta=policy.snapshot())
+        return _Probes(grad_h, before, lr, context, grads=self._gradients(batch, plan, prep, step_batch, parts))
 
-    def after_update(self, probes: _Probes, grad_norm: float | None) -> dict[str, float]:
-        """The row entries (nats): ``pred_entropy_change`` and the D terms of the step just taken."""
+    def after_update(self, probes: _Probes, grad_norm: float | None) -> dict[str, float | None]:
+        """The row entries (nats): ``pred_entropy_change``, the D terms of the step just taken and the probe's
+        ratio, L+ share above s* and W*(t). Collective."""
         policy = self.policy
         adam = policy.adam_settings()  # after the step: "step" = t, the number of this update
-        clip = 1.0
-        if self.grad_clip > 0 and grad_norm is not None and math.isfinite(grad_norm):
-            clip = min(1.0, self.grad_clip / (grad_norm + 1e-6))
-        precond = adam_preconditioner(policy.local_view("exp_avg_sq"), lr=probes.lr, beta1=adam["beta1"],
-                                      beta2=adam["beta2"], eps=adam["eps"], step=max(adam["step"], 1.0), clip=clip)
-        gh = probes.grad_entropy
-        sums = {KEY_PRED: param_dot(gh, policy.local_view("param")) - probes.before}
-        for key, g in probes.grads.items():
-            sums[key] = linearised_entropy_change(gh, precond, g)
-        return self.comm.sum(sums) if policy.partitioned else sums
+        precond = self._precond(policy.local_view("exp_avg_sq"), adam, probes.lr, max(adam["step"], 1.0),
+                                self._clip(grad_norm))
+        pred = param_dot(probes.grad_entropy, policy.local_view("param")) - probes.before
+        sums = self._summed(probes, precond, pred)
+        probes.theta = None
+        return {KEY_PRED: sums.pop(KEY_PRED), **self._row(sums)}
+
+    def probe(self, batch: Any, plan: Sequence[Tensor], prep: Any, step_batch: Any,
+              entropy_grad_sum: list[Tensor] | None = None) -> dict[str, float | None]:
+        """The row entries of a step that is not taken (``schedule.probe_only``; the weights do not change): P of
+        the Adam step the batch's gradient would make (module docstring) and the entries of :meth:`after_update`,
+        with ``pred_entropy_change`` = ∇θH̄·(−P ⊙ g). ``entropy_grad_sum``: as for :meth:`before_update`.
+        Collective."""
+        policy = self.policy
+        grad_h = self._grad_h(batch, plan, prep, entropy_grad_sum)
+        parts = selected_parts(step_batch, self.loss, collective=self.comm.collective)
+        g = policy.gradient(batch, plan, self._update_loss(prep), need_entropy=prep.needs.entropy_grad,
+                            entropy_grad=prep.needs.entropy_grad)
+        sq = sum(float(x.double().pow(2).sum()) for x in g)
+        norm = math.sqrt(self.comm.sum({"g2": sq})["g2"] if policy.partitioned else sq)
+        clip = self._clip(norm)
+        adam = policy.adam_settings()
+        prev = policy.local_view("exp_avg_sq") if adam["step"] > 0 else [None] * len(g)
+        precond = self._precond(prev, adam, adam["lr"], adam["step"] + 1, clip, grad=g)
+        probes = _Probes(grad_h, 0.0, adam["lr"], (batch, plan, prep, step_batch, parts))
+        if not self.jvp:
+            probes.grads = self._gradients(batch, plan, prep, step_batch, parts)
+        sums = self._summed(probes, precond, linearised_entropy_change(grad_h, precond(), g))
+        return {KEY_PRED: sums.pop(KEY_PRED), **self._row(sums)}
+
+    def _update_loss(self, prep: Any) -> Any:
+        """The run's loss of one micro-batch (the objective of the update the probe does not apply)."""
+        from stare_lab.losses import compute_policy_loss
+
+        cfg = prep.config
+
+        def loss_fn(mb: Any, lp: Tensor, ent: Tensor | None) -> Tensor:
+            inputs = prep.inputs(lp, mb.rows, entropy=ent if prep.needs.entropy_grad else None)
+            return compute_policy_loss(cfg.loss_mode, inputs, cfg)[0]
+
+        return loss_fn
+
+    def _row(self, sums: dict[str, float]) -> dict[str, float | None]:
+        row = probe_row(sums, self.reweight_m)
+        if not self.jvp:
+            row[KEY_LPLUS_ABOVE] = None  # no logits at θ_before on this path
+        return row

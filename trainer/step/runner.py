@@ -8,7 +8,8 @@
 statistics — the one place for them) → ``update``
 (:meth:`trainer.engines.policy.PolicyEngine.update`) → [``schedule.measure_entropy_change``: the first-order predictions
 of :mod:`trainer.step.prediction` and the measured change] → ``sync`` (:class:`trainer.engines.memory.ColocatedSchedule`) →
-the metrics row.
+the metrics row. With ``schedule.probe_only`` the update and the sync are replaced by the probe of the step
+(:meth:`trainer.step.prediction.EntropyPrediction.probe`): the weights never change.
 
 A step without a valid token (every group filtered by dynamic sampling, or every response masked) skips the
 update: its row has ``skipped=1``, ``entropy`` null, the controller untouched (the key the simulators use too).
@@ -59,7 +60,8 @@ class StepRunner:
         self.fuse = cfg.optim.fuse_old_logprob
         self.entropy_grad = loss_needs(cfg.loss.loss_mode, cfg.loss).entropy_grad
         self.predictor = None
-        if cfg.schedule.measure_entropy_change:
+        self.probe_only = cfg.schedule.probe_only
+        if cfg.schedule.measure_entropy_change or self.probe_only:
             from trainer.step.prediction import EntropyPrediction
 
             self.predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip)
@@ -91,8 +93,14 @@ class StepRunner:
         plan = policy.micro_plan(batch, self.comm)
         # one micro-batch per rank and no probes: the old-log-prob forward is also the update's (graph kept)
         fused = self.fuse and len(plan) == 1 and self.predictor is None and policy.fusable
-        old_lp, old_ent = self._timed("old_logprob", lambda: policy.compute_logprobs(
-            batch, plan, keep_graph=fused, entropy_grad=self.entropy_grad))
+        grad_sum = None
+        if self.predictor is not None and self.predictor.from_old_logprob:  # ∇θH̄ from this forward
+            old_lp, old_ent, grad_sum = self._timed("old_logprob", policy.logprobs_and_entropy_grad, batch, plan)
+            self.t["old_logprob"] -= policy.entropy_grad_s
+            self.t["predict"] = self.t.get("predict", 0.0) + policy.entropy_grad_s
+        else:
+            old_lp, old_ent = self._timed("old_logprob", lambda: policy.compute_logprobs(
+                batch, plan, keep_graph=fused, entropy_grad=self.entropy_grad))
         step_batch = batch.step_batch(old_lp, old_ent)
         prep = self._timed("prepare", lambda: prepare_step(step_batch, cfg.loss, controller=self.controller,
                                                            collective=self.comm.collective, step=step, seed=cfg.seed))
@@ -103,11 +111,16 @@ class StepRunner:
             row["skipped"] = 1
             policy.release()
             sch.skipped_update()
+        elif self.probe_only:  # the probe of the step, no update: the weights (and the engine's copy) stay
+            row.update(self._timed("predict", self.predictor.probe, batch, plan, prep, step_batch, grad_sum))
+            sch.skipped_update()
+            row["skipped"] = 0
         else:
             fault(step, "update")
             probes = None
             if self.predictor is not None:
-                probes = self._timed("predict", self.predictor.before_update, batch, plan, prep, step_batch)
+                probes = self._timed("predict", self.predictor.before_update, batch, plan, prep, step_batch,
+                                     grad_sum)
             row.update(self._timed("update", policy.update, batch, plan, prep, self.comm))
             sch.after_update()
             if self.predictor is not None:
