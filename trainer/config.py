@@ -401,7 +401,7 @@ class ScheduleConfig:
         probe_only: run the steps WITHOUT applying updates: each step samples a batch at the (unchanged) weights
             and logs the probe's entries (those of ``measure_entropy_change`` except the measured
             ``entropy_change``), with P of the first Adam step the batch's gradient would make (the run starts from
-            ``model.path`` with a fresh optimizer; :mod:`trainer.prediction`) — to measure a checkpoint near a
+            ``model.path`` with a fresh optimizer; :mod:`trainer.step.prediction`) — to measure a checkpoint near a
             target entropy. No checkpoint and no ``final_model`` are written; ``out_dir`` must not hold a run. The
             run directory is read by ``stare-lab calibrate``.
     """

@@ -1,4 +1,4 @@
-"""Benchmark: the cost of the near-criticality probe (trainer.prediction, stare_lab.probe) paired against the
+"""Benchmark: the cost of the near-criticality probe (trainer.step.prediction, stare_lab.probe) paired against the
 update's own time, on the tiny model and on SmolLM2-135M (issue 20, item 2).
 
     OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu python tests/benchmarks/bench_probe.py [--reps 3]
@@ -50,8 +50,8 @@ D_KEYS = ("pred/d_grpo", "pred/d_lplus")
 
 
 def synthetic_batch(vocab: int, prompts: int, samples: int, prompt_len: int, response_len: int, seed: int):
-    """A :class:`trainer.batch.RolloutBatch` of random ids with group-normalised 0/1 rewards."""
-    from trainer.batch import RolloutBatch
+    """A :class:`trainer.step.batch.RolloutBatch` of random ids with group-normalised 0/1 rewards."""
+    from trainer.step.batch import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
     pad = torch.nn.utils.rnn.pad_sequence
@@ -81,11 +81,11 @@ def synthetic_batch(vocab: int, prompts: int, samples: int, prompt_len: int, res
 def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backward: bool) -> float | None:
     """Time ``reps`` paired repetitions of update and probe; returns the median ratio probe / update."""
     from stare_lab.step import prepare_step
-    from trainer.comm import Comm
+    from trainer.engines.comm import Comm
     from trainer.config import load_trainer_config
-    from trainer.launch import init_distributed
-    from trainer.policy import PolicyEngine
-    from trainer.prediction import EntropyPrediction
+    from trainer.engines.launch import init_distributed
+    from trainer.engines.policy import PolicyEngine
+    from trainer.step.prediction import EntropyPrediction
 
     cfg = load_trainer_config(None, [f"model.path={model_dir}", "deepspeed.zero_stage=0",
                                      "deepspeed.precision=fp32", "method=grpo", "loss.loss_mode=grpo",
@@ -143,11 +143,11 @@ def check_same_step(model_dir: Path, batch_args: tuple) -> bool:
     import copy
 
     from stare_lab.step import prepare_step
-    from trainer.comm import Comm
+    from trainer.engines.comm import Comm
     from trainer.config import load_trainer_config
-    from trainer.launch import init_distributed
-    from trainer.policy import PolicyEngine
-    from trainer.prediction import EntropyPrediction
+    from trainer.engines.launch import init_distributed
+    from trainer.engines.policy import PolicyEngine
+    from trainer.step.prediction import EntropyPrediction
 
     cfg = load_trainer_config(None, [f"model.path={model_dir}", "deepspeed.zero_stage=0", "deepspeed.precision=fp32",
                                      "method=grpo", "loss.loss_mode=grpo", "optim.lr=1e-6",
@@ -189,8 +189,8 @@ def main() -> int:
     ap.add_argument("--response", type=int, default=64, help="SmolLM2 longest response (tokens)")
     ap.add_argument("--backward", action="store_true", help="also time the one-backward-per-term probe")
     args = ap.parse_args()
-    from trainer.benchmarks import GSM8K_TRAIN_SAMPLE
-    from trainer.launch import cpu_env_defaults
+    from trainer.evaluation.benchmarks import GSM8K_TRAIN_SAMPLE
+    from trainer.engines.launch import cpu_env_defaults
     from trainer.tiny import build_tiny_model
 
     cpu_env_defaults()

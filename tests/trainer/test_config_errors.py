@@ -64,7 +64,7 @@ def test_custom_labels_are_explicit():
 def test_a_probe_into_a_run_directory_that_holds_a_run_is_refused(tmp_path, capsys, tiny_model):
     """``train --probe`` (schedule.probe_only) writes a run directory of its own: into one that already holds a run
     it stops before building anything, with one line naming the directory and what to do instead."""
-    from trainer.benchmarks import GSM8K_TRAIN_SAMPLE
+    from trainer.evaluation.benchmarks import GSM8K_TRAIN_SAMPLE
 
     out = tmp_path / "run"
     out.mkdir()

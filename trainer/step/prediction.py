@@ -33,7 +33,7 @@ Per step, on the step's batch (the tokens, masks and temperature of the pre-upda
 
 How the D terms are computed. ZeRO 0–2 (every rank holds the full parameters): ONE backward for ∇θH̄ and ONE
 forward-mode pass (:mod:`stare_lab.probe`): ∇θH̄ is the backward of the old-log-prob forward (which then runs
-through detached leaves of the parameters, :meth:`trainer.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
+through detached leaves of the parameters, :meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
 with dropout gets a forward+backward of its own), θ_before is kept (one parameter-sized copy), the update runs, P is
 read from the optimizer state after it, and a ``torch.func.jvp`` at θ_before along v = P ⊙ ∇θH̄ gives every
 token's ∇θ log π_t·v and ∇θH_t·v; each D_X is then a weighted sum over the tokens with the elementwise derivatives
@@ -126,7 +126,7 @@ class EntropyPrediction:
                               "'backward' or 'auto'")
         self.policy, self.comm, self.loss, self.grad_clip = policy, comm, loss, float(grad_clip)
         self.jvp = method == "jvp" or (method == "auto" and not policy.partitioned)
-        #: ∇θH̄ comes from the old-log-prob pass (:meth:`trainer.policy.PolicyEngine.logprobs_and_entropy_grad`)
+        #: ∇θH̄ comes from the old-log-prob pass (:meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`)
         self.from_old_logprob = self.jvp and bool(getattr(policy, "fusable", False))
         c2 = loss.loss_mode == "stare" and loss.stare.variant == "C2"
         self.reweight_m = float(loss.stare.reweight_m) if c2 else 1.0
