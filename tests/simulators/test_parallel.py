@@ -28,11 +28,12 @@ TINY = {"num_prompts": 4, "group_size": 4, "seq_len": 3, "vocab_size": 5, "num_c
 
 def test_estimate_is_above_the_measured_peak_but_not_far(tmp_path):
     """The estimate is conservative: at least the peak memory that a process running the batch really adds
-    (measured: ru_maxrss after two steps minus the resident size before, in a fresh interpreter), and at most 2.5x
-    it, so it does not refuse requests that fit. Two runs (grpo, c2) of 64 prompts x 2000 responses x 4 positions,
+    (measured: the peak resident size VmHWM after two steps minus the resident size before, in a fresh interpreter;
+    not ru_maxrss, which Linux carries over from the forking parent across exec, so a large pytest process would
+    inflate it), and at most 2.5x it, so it does not refuse requests that fit. Two runs (grpo, c2) of 64 prompts x 2000 responses x 4 positions,
     and two of 64 prompts x 4 positions x 4096 tokens in expected mode."""
     script = textwrap.dedent("""
-        import json, os, resource, sys, tempfile
+        import json, os, sys, tempfile
         import torch
         torch.set_num_threads(1)
         from simulators.parallel import peak_memory
@@ -42,7 +43,7 @@ def test_estimate_is_above_the_measured_peak_but_not_far(tmp_path):
                 for i, m in enumerate(["grpo", "c2"])]
         before = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         run_batch(cfgs, [os.path.join(sys.argv[2], str(i)) for i in range(len(cfgs))])
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
         print(json.dumps({"measured": peak - before, "estimate": peak_memory(cfgs, 1)}))
     """)
     for i, over in enumerate([{"num_prompts": 64, "group_size": 2000, "seq_len": 4, "vocab_size": 8},
