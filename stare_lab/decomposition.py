@@ -3,8 +3,8 @@
 
     D_X = ∇θH̄ · Δθ_X,   Δθ_X = −P ⊙ ∇θ loss_X      (X = GRPO, L+, L−)
 
-with P the optimizer's preconditioner of the step (:func:`stare_lab.first_order.adam_preconditioner`) and the
-products summed by :func:`stare_lab.first_order.linearised_entropy_change`. The trainer (``trainer/step/prediction.py``)
+with P the optimizer's preconditioner of the step (:func:`stare_lab.adam_linear.adam_preconditioner`) and the
+products summed by :func:`stare_lab.adam_linear.linearised_entropy_change`. The trainer (``trainer/step/prediction.py``)
 and the transformer simulator use these, so both split a step the same way; the tabular simulator computes the same
 split in closed form on logits and selects its sets with :func:`stare_lab.stare.select_stare_sets`.
 

@@ -1,7 +1,7 @@
 """The cheap probe of a step's near-criticality (docs/theory.md §7, §8): the D terms of a parameterised policy from
 ONE backward pass (∇θH̄) and ONE forward-mode pass, and the two calibration targets.
 
-With P the AdamW preconditioner of the step (:func:`stare_lab.first_order.adam_preconditioner`) and
+With P the AdamW preconditioner of the step (:func:`stare_lab.adam_linear.adam_preconditioner`) and
 v = P ⊙ ∇θH̄, the D term of an objective ℓ_X (X = GRPO, L+, L−; :mod:`stare_lab.decomposition`) is
 
     D_X = ∇θH̄ · (−P ⊙ ∇θℓ_X) = −v · ∇θℓ_X
@@ -14,7 +14,7 @@ per-token entropies). One forward-mode pass (``torch.func.jvp``) along v gives t
 (:func:`~stare_lab.first_order.predicted_entropy_change`). The ∂ℓ_X/∂log π_t, ∂ℓ_X/∂H_t are elementwise
 derivatives of the core's objectives at the step's tokens (autograd on ``[b, t]`` tensors, no model pass). So
 D_GRPO, D_L+ and D_L− are weighted sums over the same per-token numbers, and equal the three-backward values
-(one gradient per objective, :func:`~stare_lab.first_order.linearised_entropy_change`) to float rounding.
+(one gradient per objective, :func:`~stare_lab.adam_linear.linearised_entropy_change`) to float rounding.
 
 Per step the probe also gives (:func:`probe_row`): D_L+/|D_GRPO| (:data:`~stare_lab.critical.KEY_D_RATIO`), the
 share of the L+ probability mass above each token's critical surprisal s*
@@ -82,7 +82,7 @@ def preconditioned_direction(
 
     Args:
         grad_entropy: ∇θH̄ per parameter tensor (``None``: H̄ does not depend on it, v = 0 there).
-        preconditioner: P per parameter tensor (:func:`~stare_lab.first_order.adam_preconditioner`).
+        preconditioner: P per parameter tensor (:func:`~stare_lab.adam_linear.adam_preconditioner`).
         like: the parameters, same order and element counts.
 
     Returns:

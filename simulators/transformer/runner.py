@@ -79,12 +79,10 @@ from stare_lab.config import to_dict
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
 from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
+from stare_lab.adam_linear import adam_preconditioner, linearised_entropy_change, param_dot
 from stare_lab.first_order import (
-    adam_preconditioner,
     critical_surprisal,
     entropy_sensitivity,
-    linearised_entropy_change,
-    param_dot,
     predicted_entropy_change,
     share_above_critical,
 )

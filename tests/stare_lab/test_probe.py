@@ -1,7 +1,7 @@
 """The cheap probe (stare_lab.probe): D terms from one backward and one forward-mode pass, checked in float64 on a
 tiny autoregressive model with shared parameters, against (a) central finite differences of the objective along v
 and of H̄ along −P⊙g_X, and (b) the three-backward values (one gradient per objective,
-first_order.linearised_entropy_change); the row entries by hand; Adam's second moment against torch's AdamW."""
+adam_linear.linearised_entropy_change); the row entries by hand; Adam's second moment against torch's AdamW."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from stare_lab.config import LossConfig, STAREConfig
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
 from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
 from stare_lab.errors import DataError
+from stare_lab.adam_linear import adam_exp_avg_sq, adam_preconditioner, linearised_entropy_change
 from stare_lab.first_order import (
-    adam_exp_avg_sq,
-    adam_preconditioner,
-    linearised_entropy_change,
     critical_surprisal,
     logprob_change,
     predicted_entropy_change,
@@ -122,7 +120,7 @@ def _objective_at(s, key, p):
 @pytest.mark.parametrize("entropy_coeff", [0.0, 0.05])
 def test_jvp_d_terms_equal_three_backward_and_finite_differences(entropy_coeff):
     """D_X = −v·∇θℓ_X with v = P⊙∇θH̄ (module docstring). Independent values: (a) the three-backward way — autograd's
-    gradient of each objective at θ, dotted by first_order.linearised_entropy_change (float64, agreement to 1e-10
+    gradient of each objective at θ, dotted by adam_linear.linearised_entropy_change (float64, agreement to 1e-10
     relative); (b) finite differences of the objective along v, D_X = −dℓ_X(θ + εv)/dε (the core's losses are
     float32, so a 4th-order central stencil with ε = 1e-2 of max|v|: agreement 1e-4), and of the float64 H̄ along
     the update, D_X = dH̄(θ − εP⊙g_X)/dε (central, ε = 1e-5 of max|P⊙g_X|: 1e-6). With an entropy bonus the GRPO

@@ -68,12 +68,7 @@ from stare_lab.config import LossConfig
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
 from stare_lab.errors import ConfigError
-from stare_lab.first_order import (
-    adam_exp_avg_sq,
-    adam_preconditioner,
-    linearised_entropy_change,
-    param_dot,
-)
+from stare_lab.adam_linear import adam_exp_avg_sq, adam_preconditioner, linearised_entropy_change, param_dot
 from stare_lab.probe import (
     LPLUS_ABOVE_SUM,
     LPLUS_MASS_SUM,
@@ -207,9 +202,9 @@ class EntropyPrediction:
     @staticmethod
     def _precond(exp_avg_sq: Sequence[Tensor | None], adam: dict[str, float], lr: float, step: float, clip: float,
                  grad: Sequence[Tensor] | None = None) -> Callable[[], Iterator[Tensor]]:
-        """P (:func:`stare_lab.first_order.adam_preconditioner`) per parameter tensor, one float64 tensor at a time
+        """P (:func:`stare_lab.adam_linear.adam_preconditioner`) per parameter tensor, one float64 tensor at a time
         (never all of them at once). ``exp_avg_sq``: v_t after the step; with ``grad``: v_{t−1} (``None``: no
-        state) of a step not taken, v_t formed with :func:`stare_lab.first_order.adam_exp_avg_sq`."""
+        state) of a step not taken, v_t formed with :func:`stare_lab.adam_linear.adam_exp_avg_sq`."""
         def gen() -> Iterator[Tensor]:
             for j, v in enumerate(exp_avg_sq):
                 if grad is not None:
