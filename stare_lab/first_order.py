@@ -161,6 +161,22 @@ def _critical_from(p: Tensor, logp: Tensor, ent: Tensor) -> Tensor:
     return 0.5 * (lo + hi)
 
 
+def _check_token_step(
+    logits: Tensor, delta_logits: Tensor, tokens: Tensor, temperature: float
+) -> tuple[Tensor, Tensor, float]:
+    """The shared checks of a logit step at sampled tokens: ``(delta_logits [N, V] detached, tokens [N, 1] int64,
+    temperature)``. Raises DataError / ConfigError as :func:`logprob_change`."""
+    _check_logits(logits)
+    _check_logits(delta_logits, "delta_logits")
+    if delta_logits.shape != logits.shape:
+        raise DataError(
+            f"delta_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(delta_logits.shape)}"
+        )
+    _check_tokens(tokens, logits)
+    return (delta_logits.detach().reshape(-1, logits.shape[-1]), tokens.reshape(-1, 1).long(),
+            _check_temperature(temperature))
+
+
 def token_first_order(
     logits: Tensor, delta_logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -175,16 +191,7 @@ def token_first_order(
     Raises:
         DataError / ConfigError: as :func:`logprob_change`. Source: docs/theory.md §2.
     """
-    _check_logits(logits)
-    _check_logits(delta_logits, "delta_logits")
-    if delta_logits.shape != logits.shape:
-        raise DataError(
-            f"delta_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(delta_logits.shape)}"
-        )
-    _check_tokens(tokens, logits)
-    temperature = _check_temperature(temperature)
-    flat_delta = delta_logits.detach().reshape(-1, logits.shape[-1])
-    flat_tok = tokens.reshape(-1, 1).long()
+    flat_delta, flat_tok, temperature = _check_token_step(logits, delta_logits, tokens, temperature)
     outs = [torch.empty(flat_delta.shape[0], dtype=_compute_dtype(logits), device=logits.device) for _ in range(5)]
     for start, stop, p, logp, ent in _distribution_chunks(logits, temperature, chunk_size):
         du = flat_delta[start:stop].to(p.dtype) / temperature
@@ -305,16 +312,7 @@ def logprob_change(
 
     Source: docs/theory.md §2 (the softmax Jacobian).
     """
-    _check_logits(logits)
-    _check_logits(delta_logits, "delta_logits")
-    if delta_logits.shape != logits.shape:
-        raise DataError(
-            f"delta_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(delta_logits.shape)}"
-        )
-    _check_tokens(tokens, logits)
-    temperature = _check_temperature(temperature)
-    flat_delta = delta_logits.detach().reshape(-1, logits.shape[-1])
-    flat_tok = tokens.reshape(-1, 1).long()
+    flat_delta, flat_tok, temperature = _check_token_step(logits, delta_logits, tokens, temperature)
     out = torch.empty(flat_delta.shape[0], dtype=_compute_dtype(logits), device=logits.device)
     for start, stop, p, _, _ in _distribution_chunks(logits, temperature, chunk_size):
         dz = flat_delta[start:stop].to(p.dtype)
