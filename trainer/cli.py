@@ -199,9 +199,12 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _train_rank(cfg: Any) -> Path:
+    from trainer.engines.launch import close_distributed
     from trainer.run.loop import train
 
-    return train(cfg)
+    out = train(cfg)
+    close_distributed()  # every rank, after its last collective
+    return out
 
 
 def _claim_out(cfg: Any, args: argparse.Namespace) -> None:

@@ -17,7 +17,7 @@ from stare_lab.step import prepare_step
 from trainer.step.batch import RolloutBatch
 from trainer.engines.comm import Comm
 from trainer.config import load_trainer_config
-from trainer.engines.launch import cpu_env_defaults, init_distributed
+from trainer.engines.launch import close_distributed, cpu_env_defaults, init_distributed
 from trainer.engines.policy import PolicyEngine
 from trainer.step.prediction import EntropyPrediction
 
@@ -75,6 +75,7 @@ def main() -> None:
     sd = policy.full_state_dict()
     if dist.rank == 0:
         torch.save({"params": sd, "preds": preds, "selected": prep.metrics().get("stare/num_pos_selected")}, out)
+    close_distributed()
 
 
 if __name__ == "__main__":

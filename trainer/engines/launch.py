@@ -21,7 +21,8 @@ from stare_lab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DistInfo", "cpu_env_defaults", "extensions_dir", "init_distributed", "deepspeed_json", "effective_zero_stage"]
+__all__ = ["DistInfo", "close_distributed", "cpu_env_defaults", "extensions_dir", "init_distributed", "deepspeed_json",
+           "effective_zero_stage"]
 
 
 @dataclasses.dataclass
@@ -128,6 +129,16 @@ def init_distributed(tp: int = 1) -> DistInfo:
 
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return DistInfo(rank=rank, world_size=world, local_rank=local, tp=tp)
+
+
+def close_distributed() -> None:
+    """Destroy the default process group if one is up (a no-op otherwise). Called once a rank's work is done: a gloo
+    group left to the interpreter's exit can abort the process (``terminate called without an active exception``,
+    exit -6) after every result is written."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _merge(base: dict, over: dict) -> dict:
