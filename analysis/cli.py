@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from pathlib import Path
 
 from stare_lab.errors import ConfigError
 

@@ -91,7 +91,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_ABOVE
+from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.runs import read_run
 from stare_lab.summary import band_held, run_summary, summary_settings

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from stare_lab.errors import ConfigError
 from stare_lab.runlock import lock_dir
 
-from simulators.presets import (DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, PRESETS, SEED_MAX, get_preset,
+from simulators.presets import (DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, SEED_MAX, get_preset,
                                 preset_names)
 
 __all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP", "register_calibrate", "calibrate_handler"]

@@ -36,21 +36,9 @@ from .aggregation import _safe_div, aggregate_loss, masked_mean
 from .config import LossConfig, from_dict
 from .errors import ConfigError, DataError
 
-__all__ = [
-    "PolicyLossInputs",
-    "LossContext",
-    "LossNeeds",
-    "register_policy_loss",
-    "unregister_policy_loss",
-    "get_policy_loss",
-    "available_policy_losses",
-    "compute_policy_loss",
-    "loss_needs",
-    "loss_metric_names",
-    "kl_penalty",
-    "LOG_RATIO_CLAMP",
-    "BUILTIN_LOSSES",
-]
+__all__ = ["PolicyLossInputs", "LossContext", "LossNeeds", "register_policy_loss", "unregister_policy_loss",
+           "get_policy_loss", "available_policy_losses", "compute_policy_loss", "loss_needs", "loss_metric_names",
+           "kl_penalty", "LOG_RATIO_CLAMP", "BUILTIN_LOSSES"]
 
 #: |log ρ| is clamped to this before exponentiating (as in verl), so ρ stays finite.
 LOG_RATIO_CLAMP = 20.0
@@ -366,10 +354,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     raise ConfigError(f"kl_estimator={estimator!r} is not one of {{'k1', 'k2', 'k3'}}")
 
 
-
-# ------------------------------------------------------------------------------------------------------------
-# validation and the shared wrapper
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------- validation and the shared wrapper
 
 
 def _as_config(config: LossConfig | Mapping[str, Any] | None) -> LossConfig:

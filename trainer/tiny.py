@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from stare_lab.errors import DataError
-
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_tiny_model", "TINY_CHAT_TEMPLATE"]

@@ -57,7 +57,8 @@ Reads top to bottom:
 
 Public API: :data:`PRESETS`, :data:`PRESET_DESCRIPTIONS`, :data:`PRESET_SWEEPS`, :class:`ModelConfig`,
 :class:`WarmStartConfig`, :class:`TransformerSimConfig`, :func:`config_from_preset` (all from
-:mod:`simulators.transformer.config`), :func:`build_model`, :func:`sample_responses`, :func:`response_logits`,
+:mod:`simulators.transformer.config`), :func:`build_model`, :func:`sample_responses`, :func:`response_logits` (from
+:mod:`simulators.transformer.model`),
 :func:`summarize`, :func:`run`.
 """
 
@@ -93,7 +94,8 @@ from stare_lab.step import StepBatch, prepare_step, step_gate
 from simulators.driver import drive
 from simulators.dynamic_sampling import select_groups
 from simulators.run_stats import fit_line, run_stats, step_observables
-from simulators.transformer.tasks import EOS, PAD, VOCAB_SIZE, Task, make_splits, make_task
+from simulators.transformer.model import build_model, response_logits, sample_responses
+from simulators.transformer.tasks import Task, make_splits, make_task
 from simulators.transformer.config import (
     PRESET_DESCRIPTIONS,
     PRESET_SWEEPS,
@@ -118,85 +120,6 @@ __all__ = [
     "sample_responses",
     "run",
 ]
-
-# ----------------------------------------------------------------------------------------------------- model
-def build_model(config: ModelConfig, seed: int) -> torch.nn.Module:
-    """A random-init causal LM (fp32, eval mode: no dropout) for the task vocabulary; deterministic in ``seed``
-    (the global torch RNG is forked, not disturbed)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    cfg_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if config.arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    hf_config = cfg_cls(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        max_position_embeddings=64,
-        initializer_range=config.init_std,
-        tie_word_embeddings=True,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_cls(hf_config).float()
-    return model.eval()
-
-
-@torch.no_grad()
-def sample_responses(
-    model: torch.nn.Module, prompts: torch.Tensor, max_len: int, temperature: float, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample responses with a KV cache: ``(responses [B, max_len] long, response_mask [B, max_len] bool)``.
-
-    Prompts ``[B, P]`` have equal lengths (no padding). Tokens are drawn from softmax(logits / temperature) with
-    ``generator`` (deterministic); a sequence stops after its first ``EOS``; later slots hold ``PAD`` with mask 0.
-    """
-    b = prompts.shape[0]
-    responses = torch.full((b, max_len), PAD, dtype=torch.long)
-    mask = torch.zeros(b, max_len, dtype=torch.bool)
-    done = torch.zeros(b, dtype=torch.bool)
-    out, last = _prompt_forward(model, prompts)
-    for t in range(max_len):
-        probs = torch.softmax((last if t == 0 else out.logits[:, -1]).float() / temperature, dim=-1)
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        tok = torch.where(done, torch.full_like(tok, PAD), tok)
-        responses[:, t] = tok
-        mask[:, t] = ~done
-        done = done | (tok == EOS)
-        if bool(done.all()) or t == max_len - 1:
-            break
-        out = model(input_ids=tok[:, None], past_key_values=out.past_key_values, use_cache=True)
-    return responses, mask
-
-
-def _prompt_forward(model: torch.nn.Module, prompts: torch.Tensor, params=None):
-    """Forward of the prompts with a KV cache, each *distinct run* of equal consecutive prompts computed once (a
-    rollout batch repeats every prompt G times) and the cache then indexed out to the whole batch:
-    ``(output with .past_key_values for all B rows, logits [B, V] at the last prompt position)``. Differentiable;
-    ``params`` as in :func:`response_logits`."""
-    uniq, inverse = torch.unique_consecutive(prompts, dim=0, return_inverse=True)
-    kwargs = {"input_ids": uniq, "use_cache": True}
-    out = model(**kwargs) if params is None else torch.func.functional_call(model, params, (), kwargs)
-    if len(uniq) < len(prompts):
-        out.past_key_values.batch_select_indices(inverse)
-    return out, out.logits[:, -1][inverse]
-
-
-def response_logits(model: torch.nn.Module, prompts: torch.Tensor, responses: torch.Tensor, params=None):
-    """Logits ``[B, L, V]`` (float32) that predicted each response token (differentiable): a forward of the
-    distinct prompts (:func:`_prompt_forward`, shared by a group's G responses) and one of the responses on its KV
-    cache — the same numbers as a full forward of prompt + response, up to float rounding, at ~half the cost.
-    ``params`` (name → tensor) evaluates the model at other parameters (``torch.func.functional_call``)."""
-    out, first = _prompt_forward(model, prompts, params)
-    if responses.shape[1] == 1:
-        return first[:, None].float()
-    kwargs = {"input_ids": responses[:, :-1], "past_key_values": out.past_key_values, "use_cache": True}
-    rest = (model(**kwargs) if params is None else torch.func.functional_call(model, params, (), kwargs)).logits
-    return torch.cat([first[:, None], rest], dim=1).float()
-
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.to(x.dtype)

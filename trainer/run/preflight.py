@@ -6,7 +6,6 @@ allowed, so ``stare-lab train`` fails in a second instead of after minutes or wi
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
