@@ -221,7 +221,6 @@ def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: 
          steps: int | None, workers: int | None, out: Path) -> int:
     """Plan and run the sweep into ``out`` (whose lock the caller holds); print the results."""
     # here, not at the top: the front door imports every wing's cli to build its parser, and these pull in torch
-    from simulators.notes import critical_lines, plan_notes
     from simulators.sweep import format_table, plan_sweep, run_sweep
 
     plan = plan_sweep(
@@ -236,6 +235,8 @@ def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: 
         sweep=list(args.sweep),
         workers=workers,
     )
+    from simulators.notes import critical_lines, plan_notes  # after the plan: they import torch
+
     notes = plan_notes(plan)
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
     report = []  # the report function, loaded while the runs compute (it imports the plotting library)

@@ -20,7 +20,7 @@ from typing import Any
 from stare_lab.config import from_dict
 
 from simulators.presets import get_preset
-from simulators.sweep import SIMULATORS, method_set_keys
+from simulators.sweep import CONFIGS, method_set_keys
 
 __all__ = ["KeyInfo", "field_docs", "preset_keys", "format_keys"]
 
@@ -88,7 +88,7 @@ def preset_keys(preset: str) -> list[KeyInfo]:
         ConfigError: unknown preset.
     """
     spec = get_preset(preset)
-    _, cls = SIMULATORS[spec["kind"]]
+    cls = CONFIGS[spec["kind"]]
     methods = spec.get("methods") or ["grpo"]
     data = copy.deepcopy(spec["overrides"])
     data["method"] = methods[0]

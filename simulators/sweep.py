@@ -44,18 +44,13 @@ import yaml
 
 from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
-from stare_lab.losses import loss_needs
 from stare_lab.verdict import group_outcome
 
-from simulators.tabular import runner as tabular
-from simulators.transformer import runner as transformer
-from simulators.driver import check_resume
 from simulators.grid import critical_summary, method_points, parse_grid, point_label
-from simulators.notes import headline, strength_block, sweep_notes
-from simulators.parallel import check_memory, run_many
 from simulators.presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
 from simulators.run_stats import STAT_KEYS
-from simulators.tabular.config import resolve_target_entropy
+from simulators.tabular.config import TabularSimConfig, resolve_target_entropy
+from simulators.transformer.config import TransformerSimConfig
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +59,19 @@ __all__ = [
     "group_label", "seed_list", "uses_stare", "check_grid_used",
 ]
 
-#: the simulator module and config class of each preset kind
-SIMULATORS = {"tabular": (tabular, tabular.TabularSimConfig), "transformer": (transformer, transformer.TransformerSimConfig)}
+#: the config class of each preset kind (torch-free: a request is validated before the simulators are imported)
+CONFIGS = {"tabular": TabularSimConfig, "transformer": TransformerSimConfig}
+
+
+def simulator_module(kind: str) -> Any:
+    """The simulator module of a preset kind (``run(config, run_dir, resume)``), imported on first use (it pulls in
+    torch)."""
+    if kind == "tabular":
+        from simulators.tabular import runner
+    else:
+        from simulators.transformer import runner
+    return runner
+
 
 @dataclasses.dataclass
 class SweepPlan:
@@ -98,6 +104,8 @@ def group_label(method: str, point: dict[str, Any]) -> str:
 def uses_stare(method: str) -> bool:
     """Whether ``method``'s loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.losses.loss_needs`):
     only such methods see ``loss.stare.*`` grid keys."""
+    from stare_lab.losses import loss_needs
+
     loss = method_overrides(method)["loss"]
     return loss_needs(loss["loss_mode"]).stare
 
@@ -169,6 +177,21 @@ def _method_config(cls: Any, data: dict[str, Any], method: str) -> Any:
             implied.append("dynamic_sampling=true")
         raise ConfigError(f"method {method!r} (which sets {', '.join(implied)}): {err}; change the override or "
                           f"leave {method} out of --methods") from None
+
+
+def _run_data(spec: dict[str, Any], kind: str, items: list[str], method: str, seed: int, steps: int | None,
+              user_keys: set[str]) -> dict[str, Any]:
+    """The config dict of one run: the preset's overrides, then ``items`` (the user's overrides and a grid point's),
+    ``method``, ``seed`` and ``steps``. ``user_keys``: the keys the user set (an explicit
+    ``loss.stare.target_entropy`` switches a tabular preset's relative target off)."""
+    data = apply_overrides(copy.deepcopy(spec["overrides"]), items)
+    if kind == "tabular":
+        resolve_target_entropy(data, "loss.stare.target_entropy" in user_keys, "target_entropy_rel" in user_keys)
+    data["method"] = method
+    data["seed"] = seed
+    if steps is not None:
+        data["steps"] = steps
+    return data
 
 
 def _normalise_override(item: str) -> str:
@@ -288,13 +311,19 @@ def plan_sweep(
                 f"{what}: {key} is set by method {setters[0]!r}; choose the method with --methods "
                 f"(one of {{{', '.join(METHODS)}}}) instead"
             )
+    cls = CONFIGS[kind]
+    user_keys = {item.split("=", 1)[0].strip() for item in overrides}
+    for method in methods:  # the overrides' keys and values before the losses and simulators (torch) are imported
+        _method_config(cls, _run_data(spec, kind, overrides, method, seeds[0], steps, user_keys), method)
+    from simulators.driver import check_resume
+    from simulators.parallel import check_memory
+
     check_grid_used(grid, methods)
     both = grid_keys & {o.split("=", 1)[0].strip() for o in overrides}
     if both:
         raise ConfigError(f"{sorted(both)[0]} is both overridden and swept: give it once")
-    module, cls = SIMULATORS[kind]
-    user_keys = {item.split("=", 1)[0].strip() for item in overrides} | grid_keys
-    explicit = ("loss.stare.target_entropy" in user_keys, "target_entropy_rel" in user_keys)
+    module = simulator_module(kind)
+    user_keys |= grid_keys
     configs, run_dirs, groups = {}, {}, {}
     out = Path(out)
     for method in methods:
@@ -304,14 +333,7 @@ def plan_sweep(
             groups[label] = {"method": method, "point": point, "stare": stare}
             point_items = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in point.items()]
             for seed in seeds:
-                data = copy.deepcopy(spec["overrides"])
-                data = apply_overrides(data, overrides + point_items)
-                if kind == "tabular":  # an explicit target switches the preset's relative one off
-                    resolve_target_entropy(data, *explicit)
-                data["method"] = method
-                data["seed"] = seed
-                if steps is not None:
-                    data["steps"] = steps
+                data = _run_data(spec, kind, overrides + point_items, method, seed, steps, user_keys)
                 configs[(label, seed)] = _method_config(cls, data, method)
                 sub = point_label(point)
                 run_dirs[(label, seed)] = out / method / sub / f"seed{seed}" if sub else out / method / f"seed{seed}"
@@ -450,6 +472,9 @@ def run_sweep(
         for run_dir in dirs:
             if (run_dir / "metrics.jsonl").exists():
                 _clear_run(run_dir)
+    from simulators.notes import headline, strength_block, sweep_notes
+    from simulators.parallel import run_many
+
     keys = list(plan.configs)
     try:
         if plan.kind == "tabular":
@@ -510,6 +535,8 @@ def run_sweep(
 
 def _push_of(config: Any) -> dict[str, Any]:
     """``{"m": C2's M or None, "adaptive": bool}`` of a run config (the push a critical strength is for)."""
+    from stare_lab.losses import loss_needs
+
     st = config.loss.stare
     stare = loss_needs(config.loss.loss_mode, config.loss).stare
     c2 = stare and str(st.variant).upper() == "C2" and float(st.reweight_m) != 1.0
@@ -520,8 +547,7 @@ def _base_point(plan: SweepPlan) -> dict[str, Any]:
     """The preset's own value (with the user's overrides) of each grid key: the dotted key in the preset's
     overrides, else the config dataclass default."""
     data = apply_overrides(copy.deepcopy(get_preset(plan.preset)["overrides"]), plan.overrides)
-    _, cls = SIMULATORS[plan.kind]
-    default = to_dict(cls())
+    default = to_dict(CONFIGS[plan.kind]())
     out = {}
     for key, _ in plan.grid:
         node, ref = data, default

@@ -6,7 +6,6 @@ import dataclasses
 
 from stare_lab.config import LossConfig, STAREConfig, check_choice, check_positive, check_range, config_prefix, join_key
 from stare_lab.errors import ConfigError
-from stare_lab.losses import loss_needs
 
 from simulators.presets import METHODS, SEED_MAX, method_overrides
 
@@ -222,6 +221,8 @@ class TabularSimConfig:
     def is_stare(self) -> bool:
         """True when the loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.losses.loss_needs`):
         the run has a STARE controller."""
+        from stare_lab.losses import loss_needs  # here: the losses import torch, a config is validated without it
+
         return loss_needs(self.loss.loss_mode, self.loss).stare
 
     @property

@@ -34,11 +34,13 @@ ones for ``pick``) with each answer digit replaced by a uniformly random digit w
 from __future__ import annotations
 
 import dataclasses
-
-import torch
+from typing import TYPE_CHECKING
 
 from stare_lab.config import check_choice, check_positive, check_range, config_prefix, join_key
 from stare_lab.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # torch is imported where a task computes: its config is validated without torch
+    import torch
 
 __all__ = [
     "BOS",
@@ -134,6 +136,8 @@ class Task:
     # ------------------------------------------------------------------------------------------------ prompts
     def random_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """``n`` random prompts ``[n, prompt_len]`` long (digits uniform in 0–9; duplicates possible)."""
+        import torch
+
         digits = torch.randint(0, 10, (n, self.config.num_digits), generator=generator)
         bos = torch.full((n, 1), BOS, dtype=torch.long)
         sep = torch.full((n, 1), SEP, dtype=torch.long)
@@ -159,6 +163,8 @@ class Task:
         Raises:
             DataError: if the shapes do not match the task.
         """
+        import torch
+
         digits = self._digits(prompts)
         if responses.dim() != 2 or responses.shape[0] != prompts.shape[0]:
             raise DataError(
@@ -186,6 +192,8 @@ class Task:
         ``pick``: a uniformly random ordered choice of ``answer_len`` prompt positions; ``sort``: the sorted
         digits. Then each answer digit is replaced by a uniform random digit with probability ``demo_noise``.
         """
+        import torch
+
         digits = self._digits(prompts)
         b, n = digits.shape
         k = self.config.answer_len
@@ -249,6 +257,8 @@ def make_splits(task: Task, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     Deterministic in ``seed``; the two sets share no prompt (drawn as one pool of distinct prompts, then split).
     """
+    import torch
+
     cfg = task.config
     need = cfg.train_size + cfg.eval_size
     g = torch.Generator().manual_seed(int(seed) * 7919 + 17)

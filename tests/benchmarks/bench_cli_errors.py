@@ -4,7 +4,7 @@ Run:  python tests/benchmarks/bench_cli_errors.py [--repeats 5]
 
 Each command is run with this environment's `stare-lab` from an empty temporary folder; the time includes the
 interpreter's start and the front door's parser (every wing's cli). The last case, an unknown simulator config key,
-needs the simulator's config classes (torch) by design and is shown for comparison.
+is checked by the simulator's config classes, which import no torch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A bad command line is one error line printed before the heavy libraries are imported (torch, vLLM,
 transformers, DeepSpeed, matplotlib), so it comes in about the interpreter's start-up time instead of 2-4 s
-(measured: tests/benchmarks/bench_cli_errors.py). Exceptions, by design: errors about config keys and values that
-only the simulator's or trainer's config classes know need those classes (and torch)."""
+(measured: tests/benchmarks/bench_cli_errors.py). The simulator's config keys and values are checked before the losses
+and the simulators are imported (simulators.sweep.plan_sweep), as are the trainer's (trainer.config)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,13 @@ CASES = [
     (["simulate", "--preset", "nope"], "preset='nope' is not one of"),
     (["simulate", "--methods", "grpo,xx"], "method 'xx' is not one of"),
     (["simulate", "--resume", "--overwrite"], "--resume and --overwrite exclude each other"),
+    (["simulate", "bogus=1"], "unknown config key bogus"),
+    (["simulate", "--preset", "transformer", "task.num_digits=20"], "task.num_digits=20 is outside [2, 9]"),
+    (["simulate", "--methods", "o1-adaptive", "stare.reweight_w=2"], "method 'o1-adaptive' (which sets"),
+    (["simulate", "lr=-1"], "lr=-1"),
     (["train"], "give a CONFIG file or --preset tiny-cpu"),
     (["train", "nope.yaml"], "config file 'nope.yaml' does not exist"),
+    (["train", "--preset", "tiny-cpu", "--train-data", "d.jsonl", "--out", "o", "bogus.key=1"], "bogus"),
     (["train", "--preset", "tiny-cpu", "--train-data", "d.jsonl", "--out", "o", "--resume", "--overwrite"],
      "--resume and --overwrite exclude each other"),
     (["evaluate", "--model", "m", "--benchmarks", "xx"], "unknown benchmark 'xx'"),
