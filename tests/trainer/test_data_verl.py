@@ -114,5 +114,6 @@ def test_tiny_cpu_preset_trains_on_verl_data_without_extra_flags(require, verl_f
                for ln in step_lines), step_lines
     assert "run finished: 3 steps in" in proc.stdout and "final reward" in proc.stdout
     assert str(out / "final_model") in proc.stdout
-    for noise in ("FutureWarning", "RotaryEmbedding", "INFO vllm", "DeepSpeed info", "Loading safetensors"):
+    for noise in ("FutureWarning", "RotaryEmbedding", "INFO vllm", "DeepSpeed info", "Loading safetensors",
+                  "Traceback"):  # no traceback at exit either (vLLM's exit hook after our process-group teardown)
         assert noise not in proc.stderr, noise

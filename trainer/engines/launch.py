@@ -132,11 +132,18 @@ def init_distributed(tp: int = 1) -> DistInfo:
 
 
 def close_distributed() -> None:
-    """Destroy the default process group if one is up (a no-op otherwise). Called once a rank's work is done: a gloo
+    """Destroy the process groups if any are up (a no-op otherwise). Called once a rank's work is done: a gloo
     group left to the interpreter's exit can abort the process (``terminate called without an active exception``,
-    exit -6) after every result is written."""
+    exit -6) after every result is written. vLLM's groups go first, through vLLM's own teardown (its exit hook then
+    finds nothing left to destroy; destroying the default group under it would make that hook raise)."""
+    import sys
+
     import torch.distributed as dist
 
+    vllm_state = sys.modules.get("vllm.distributed.parallel_state")
+    if vllm_state is not None:
+        vllm_state.destroy_model_parallel()
+        vllm_state.destroy_distributed_environment()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
