@@ -340,6 +340,7 @@ def plan_sweep(
     if kind == "tabular":  # before anything is created: a request the machine cannot hold is refused here
         check_memory(list(configs.values()), workers)
     check_writable_dir(out)
+    _check_previous_sweep(out, run_dirs, resume, overwrite)
     if not resume and not overwrite:
         taken = [d for d in run_dirs.values() if (d / "metrics.jsonl").exists()]
         if taken:
@@ -356,6 +357,44 @@ def plan_sweep(
         preset, kind, out, methods, seeds, configs, run_dirs, module, resume, overwrite,
         list(overrides), grid, groups, workers,
     )
+
+
+def _check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, overwrite: bool) -> None:
+    """The one ``--out`` policy at the sweep's level (:mod:`stare_lab.outdir`): ``out`` holding another kind of
+    output (a trainer or single run, an evaluation) is refused whatever the options; a previous sweep
+    (``summary.json``) is refused without ``--resume`` / ``--overwrite``, and ``--resume`` must cover every run it
+    lists (its summary would otherwise lose them); a directory inside a sweep that another process is writing is
+    refused.
+
+    Raises:
+        RunError: one line naming what ``out`` holds and what to do.
+    """
+    from stare_lab.outdir import SWEEP, check_kind
+    from stare_lab.runlock import live_holder_above
+
+    check_kind(out, SWEEP)
+    holder = live_holder_above(out)
+    if holder is not None:
+        raise RunError(f"--out {str(out)!r} is inside {str(holder[0])!r}, which {holder[1]} is writing; choose an "
+                       "--out outside it")
+    summary = out / "summary.json"
+    if not summary.is_file():
+        return
+    try:
+        previous = json.loads(summary.read_text(encoding="utf-8"))
+        listed = _previous_run_dirs(previous) if isinstance(previous, dict) else []
+    except (OSError, ValueError, AttributeError):
+        listed = []
+    if not resume and not overwrite:
+        raise RunError(f"--out {str(out)!r} already holds a sweep (summary.json, {len(listed)} run(s)); pass --resume "
+                       "to continue it or --overwrite to replace it, or choose another --out")
+    if resume:
+        planned = {d.resolve() for d in run_dirs.values()}
+        missing = [rel for rel in listed if (out / rel).resolve() not in planned and (out / rel).is_dir()]
+        if missing:
+            raise RunError(f"--resume: {str(out)!r} holds a sweep with {len(missing)} run(s) this request leaves out "
+                           f"(e.g. {missing[0]}), which its summary would lose: give the sweep's --methods, --seeds "
+                           "and --sweep again, or --overwrite to replace it")
 
 
 def _check_resumable(run_dir: Path, config: Any) -> None:

@@ -4,7 +4,9 @@
 * ``--resume`` continues it, and only when its config matches (each command checks its own keys);
 * ``--overwrite`` removes only what a run of this kind writes (the command's list of outputs), never other files,
   and refuses a directory whose ``config.yaml`` says another kind of run (``source``) wrote it;
-* ``--resume`` and ``--overwrite`` exclude each other.
+* ``--resume`` and ``--overwrite`` exclude each other;
+* a directory that holds another kind of output (:func:`held_kind`: a trainer run, a simulate sweep, an
+  evaluation) is refused whatever the options: no command writes over, resumes or removes another's output.
 
 The caller holds the directory's lock (:func:`stare_lab.runlock.lock_dir`) while it applies the policy and runs.
 ``simulate`` applies the same rules per run directory of its sweep (:mod:`simulators.sweep`).
@@ -22,7 +24,55 @@ from .errors import ConfigError, RunError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["existing_outputs", "claim_out"]
+__all__ = ["existing_outputs", "claim_out", "held_kind", "check_kind"]
+
+#: What marks each kind of output at the top of its directory (besides ``config.yaml``'s ``source``).
+SWEEP, EVALUATION = "simulate sweep", "evaluation"
+
+
+def held_kind(out: str | os.PathLike) -> tuple[str, str] | None:
+    """``(kind, what marks it)`` of the output ``out`` holds, or None (nothing recognised; also for a missing
+    directory): a run's ``source`` from its ``config.yaml`` (``trainer``, ``simulator``, ``trl``, …), a simulate
+    sweep (a ``summary.json`` with ``preset`` and ``methods``), an evaluation (``eval.json``). Unreadable files count
+    as nothing recognised (the command's own reader reports them when it reads them)."""
+    from .files import read_json, read_yaml
+
+    out = Path(out)
+    cfg = out / "config.yaml"
+    if cfg.is_file():
+        try:
+            source = read_yaml(cfg, "config", RunError).get("source")
+        except (RunError, AttributeError):
+            source = None
+        if isinstance(source, str):
+            return f"{source} run", "config.yaml"
+    summary = out / "summary.json"
+    if summary.is_file():
+        try:
+            data = read_json(summary, "summary", RunError)
+        except RunError:
+            data = None
+        if isinstance(data, dict) and "preset" in data and "methods" in data:
+            return SWEEP, "summary.json"
+    if (out / "eval.json").is_file():
+        return EVALUATION, "eval.json"
+    return None
+
+
+def check_kind(out: str | os.PathLike, own: str, option: str = "--out") -> None:
+    """Refuse ``out`` when it holds another kind of output than ``own`` (:func:`held_kind`; ``own`` as it names
+    it, e.g. ``"trainer run"``, :data:`SWEEP`, :data:`EVALUATION`).
+
+    Raises:
+        RunError: one line naming the kind found, its marker and what to do.
+    """
+    found = held_kind(out)
+    if found is not None and found[0] != own:
+        def a(noun: str) -> str:
+            return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+        raise RunError(f"{option} {str(out)!r} holds {a(found[0])} ({found[1]}), not {a(own)}: it is not written "
+                       f"over, resumed or removed; choose another {option}")
 
 
 def existing_outputs(out: str | os.PathLike, outputs: Sequence[str]) -> list[str]:
@@ -38,7 +88,7 @@ def claim_out(out: str | os.PathLike, outputs: Sequence[str], *, source: str | N
     Args:
         out: the run directory.
         outputs: the names a run of this kind writes in ``out``; any of them present means "a run is there".
-        source: the ``source`` a run of this kind records in ``config.yaml`` (``trainer``, …); None: not checked.
+        source: the ``source`` a run of this kind records in ``config.yaml`` (``trainer``, …); None: an evaluation.
         resume, overwrite: the command's ``--resume`` / ``--overwrite``.
         option: the option's name in messages.
         remove: further names ``--overwrite`` removes that do not by themselves mean "a run is there" (e.g. a model
@@ -47,12 +97,13 @@ def claim_out(out: str | os.PathLike, outputs: Sequence[str], *, source: str | N
 
     Raises:
         ConfigError: both ``resume`` and ``overwrite``.
-        RunError: a run is there and neither is given (naming what is there and both options); ``overwrite`` of a
-            directory whose ``config.yaml`` has another ``source``.
+        RunError: a run is there and neither is given (naming what is there and both options); ``out`` holds
+            another kind of output (:func:`check_kind`), whatever the options.
     """
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: --resume continues the run, --overwrite "
                           "replaces it")
+    check_kind(out, f"{source} run" if source is not None else EVALUATION, option)
     found = existing_outputs(out, outputs)
     if not found:
         return "new"
@@ -61,14 +112,6 @@ def claim_out(out: str | os.PathLike, outputs: Sequence[str], *, source: str | N
     if not overwrite:
         raise RunError(f"{option} {str(out)!r} already holds a run ({', '.join(found)}); pass --resume to continue "
                        "it or --overwrite to replace it, or choose another " + option)
-    cfg = Path(out) / "config.yaml"
-    if source is not None and cfg.is_file():
-        from .files import read_yaml
-
-        other = read_yaml(cfg, "the run's config", RunError).get("source")
-        if other is not None and other != source:
-            raise RunError(f"{option} {str(out)!r} holds a run of source {other!r} (its config.yaml), not a "
-                           f"{source} run: --overwrite does not remove it; choose another {option}")
     if check_only:
         return "overwrite"
     for name in [*found, *existing_outputs(out, remove)]:

@@ -37,7 +37,7 @@ from .errors import RunError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOCK_FILE", "Holder", "RunLockError", "RunLock", "lock_dir", "read_holder"]
+__all__ = ["LOCK_FILE", "Holder", "RunLockError", "RunLock", "lock_dir", "read_holder", "live_holder_above"]
 
 #: The lock file in a locked directory.
 LOCK_FILE = ".stare_lab.lock"
@@ -106,6 +106,20 @@ def read_holder(directory: str | os.PathLike) -> Holder | None:
         return _parse_holder((Path(directory) / LOCK_FILE).read_text(encoding="utf-8", errors="replace"))
     except OSError:
         return None
+
+
+def live_holder_above(directory: str | os.PathLike) -> tuple[Path, str] | None:
+    """``(ancestor, holder description)`` of the nearest ancestor of ``directory`` (not itself) whose lock is held
+    by a live process of this host or by this process's own lock (:meth:`Holder.alive`), else None: a run must not be
+    written inside a directory another writer is filling (e.g. a sweep's method folder). Read only: no lock taken."""
+    here = Path(directory).resolve()
+    for parent in here.parents:
+        if str(parent) in _HELD:
+            continue  # this process's own lock (e.g. the calibration's sweep of a fit inside its --out)
+        holder = read_holder(parent)
+        if holder is not None and holder.alive() and holder.pid != os.getpid():
+            return parent, holder.describe()
+    return None
 
 
 def _default_command() -> str:

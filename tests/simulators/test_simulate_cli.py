@@ -192,7 +192,7 @@ def test_existing_runs_are_not_overwritten_silently(tmp_path, capsys):
     assert simulate(*base) == 0
     before = (out / "grpo" / "seed0" / "metrics.jsonl").read_text()
     assert simulate(*base) == 1
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds a sweep" in capsys.readouterr().err
     assert (out / "grpo" / "seed0" / "metrics.jsonl").read_text() == before
     assert simulate(*base, "--overwrite") == 0
 
@@ -317,25 +317,31 @@ def test_overwrite_with_fewer_runs_covers_exactly_the_new_runs(tmp_path, capsys)
         assert lines and "| o1 |" not in report.read_text()
 
 
-def test_resume_with_fewer_runs_reports_only_the_planned_runs(tmp_path, monkeypatch):
-    """Review item 2 (--resume): stale runs stay on disk (resume removes nothing) but the analysis call gets exactly
-    the planned run directories."""
-    import simulators.cli as cli
-
+def test_resume_must_cover_the_sweep_and_out_must_be_a_sweep(tmp_path, capsys):
+    """The one --out policy at the sweep's level (stare_lab.outdir): --resume with fewer runs than the sweep in
+    --out would drop the others from its summary, so it is refused and touches nothing; the same request with every
+    run resumes. A simulate sweep never goes into a trainer run's directory, whatever the options."""
     out = tmp_path / "rs"
     assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--no-plots",
                     *SMALL) == 0
-    calls = []
-
-    def spy(paths, out_dir, **kw):
-        calls.append(list(paths))
-        raise RuntimeError("stop")
-
-    monkeypatch.setattr(cli, "_report_function", lambda: spy)
-    with pytest.raises(RuntimeError, match="stop"):
-        simulate("--methods", "grpo", "--seeds", "1", "--steps", "4", "--out", str(out), "--resume", *SMALL)
-    assert calls == [[str(out / "grpo" / "seed0")]]
-    assert (out / "o1" / "seed1" / "metrics.jsonl").is_file()
+    before = (out / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "3", "--out", str(out), "--resume",
+                    "--no-plots", *SMALL) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a sweep with 3 run(s) this request leaves out (e.g. grpo/seed1)" in err[0], err
+    assert (out / "summary.json").read_bytes() == before
+    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--resume",
+                    "--no-plots", *SMALL) == 0
+    run = tmp_path / "trainer_run"
+    run.mkdir()
+    (run / "config.yaml").write_text("source: trainer\n")
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(run), "--no-plots",
+                        *SMALL, *extra) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "holds a trainer run (config.yaml), not a simulate sweep" in err[0], err
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
 
 
 def test_chosen_seeds(tmp_path, capsys):

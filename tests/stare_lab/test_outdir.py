@@ -48,6 +48,6 @@ def test_overwrite_removes_only_this_kinds_outputs(tmp_path):
 
 def test_overwrite_refuses_another_source(tmp_path):
     d = _run_dir(tmp_path, source="simulator")
-    with pytest.raises(RunError, match="holds a run of source 'simulator'"):
+    with pytest.raises(RunError, match="holds a simulator run \\(config.yaml\\), not a trainer run"):
         claim_out(d, OUTPUTS, source="trainer", resume=False, overwrite=True)
     assert (d / "metrics.jsonl").is_file() and (d / "checkpoint" / "step_1" / "w.bin").is_file()

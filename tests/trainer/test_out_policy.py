@@ -55,10 +55,43 @@ def test_overwrite_never_removes_another_kind_of_run(tmp_path, capsys):
     before = _fake_run(out, source="simulator")
     assert cli_main(_train(out, "--overwrite")) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds a run of source 'simulator'" in err[0], err
+    assert len(err) == 1 and "holds a simulator run (config.yaml), not a trainer run" in err[0], err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert cli_main(_train(out, "--overwrite", "--resume")) == 1
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_no_command_writes_over_a_sweep_or_a_trainer_run(tmp_path, capsys):
+    """train --overwrite into a simulate sweep's --out (a summary.json with preset and methods, no config.yaml) is
+    refused and removes nothing; evaluate into a trainer run's directory likewise; simulate inside a directory that
+    another live process is writing is refused (stare_lab.outdir.check_kind, stare_lab.runlock.live_holder_above)."""
+    sweep = tmp_path / "sweep"
+    (sweep / "grpo" / "seed0").mkdir(parents=True)
+    (sweep / "summary.json").write_text(json.dumps({"preset": "demo", "methods": {"grpo": {}}}))
+    before = sorted(str(p.relative_to(sweep)) for p in sweep.rglob("*"))
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        assert cli_main(_train(sweep, *extra)) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "holds a simulate sweep (summary.json), not a trainer run" in err[0], err
+    assert sorted(str(p.relative_to(sweep)) for p in sweep.rglob("*")) == before
+    run = tmp_path / "run"
+    before = _fake_run(run)
+    assert cli_main(["evaluate", "--model", str(run), "--benchmarks", "math500", "--out", str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a trainer run (config.yaml), not an evaluation" in err[0], err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    busy = tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(busy)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert cli_main(["simulate", "--methods", "grpo", "--seeds", "1", "--steps", "2", "--no-plots",
+                         "--out", str(busy / "grpo")]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is inside {str(busy)!r}, which pid {holder.pid}" in err[0], err
+        assert sorted(p.name for p in busy.iterdir()) == [".stare_lab.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_second_writer_refused_naming_the_holder(tmp_path, capsys):
