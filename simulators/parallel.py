@@ -152,7 +152,22 @@ def _oom_error(err: BaseException) -> RunError | None:
     return None
 
 
-def _worker(q, chunk_id: int, configs, run_dirs, resume: bool) -> None:  # pragma: no cover - runs in a child
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a child
+    """A worker ends when its parent does (``kill -9`` of the parent included): Linux's parent-death signal. SIGTERM
+    gets its default action back (the parent's handler, inherited by the fork, would turn it into an exception)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the workers finish their chunk on their own
+        return
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _worker(q, chunk_id: int, configs, run_dirs, resume: bool, parent: int) -> None:  # pragma: no cover - child
+    _die_with_parent(parent)
     # one core per worker; and a forked child must not enter the parent's OpenMP thread pool (it would hang when the
     # parent had run multi-threaded torch ops before the fork, e.g. without OMP_NUM_THREADS=1)
     torch.set_num_threads(1)
@@ -205,7 +220,7 @@ def run_many(
     procs = []
     for cid, idx in enumerate(parts):
         p = ctx.Process(target=_worker, args=(q, cid, [configs[i] for i in idx], [Path(run_dirs[i]) for i in idx],
-                                                resume), daemon=True)
+                                                resume, os.getpid()), daemon=True)
         p.start()
         procs.append(p)
     if meanwhile is not None:

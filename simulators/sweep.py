@@ -352,7 +352,11 @@ def plan_sweep(
         for key, run_dir in run_dirs.items():
             if kind == "tabular":
                 _check_resumable(run_dir, configs[key])
-            check_resume(run_dir)  # the rows up to its checkpoint are all there (the driver checks it again)
+            saved = check_resume(run_dir)  # the rows up to its checkpoint are all there (the driver checks it again)
+            done, want = (int(saved["step"]) if saved else 0), int(getattr(configs[key], "steps", 0))
+            if done > want:
+                raise RunError(f"--resume: {str(run_dir)!r} has {done} steps done, more than steps={want}; a resume "
+                               f"continues a run, it does not shorten it: give steps >= {done}, or --overwrite")
     return SweepPlan(
         preset, kind, out, methods, seeds, configs, run_dirs, module, resume, overwrite,
         list(overrides), grid, groups, workers,

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from importlib import metadata
 from typing import Sequence
 
@@ -110,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     set_thread_defaults()  # before any command imports torch (stare_lab.threads)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None  # cleans up as Ctrl-C does
     try:
         from .plugins import load_plugins
 
@@ -118,9 +122,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StareLabError as err:
         print(f"stare-lab {args.command}: error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"stare-lab {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        term = isinstance(err, Terminated)
+        print(f"stare-lab {args.command}: {'terminated' if term else 'interrupted'}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if term else signal.SIGINT)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a scheduler), raised in the main thread like Ctrl-C's KeyboardInterrupt so
+    that the same clean-up runs: worker processes stopped, locks released; the command exits 143."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 if __name__ == "__main__":  # pragma: no cover

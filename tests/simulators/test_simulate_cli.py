@@ -317,33 +317,6 @@ def test_overwrite_with_fewer_runs_covers_exactly_the_new_runs(tmp_path, capsys)
         assert lines and "| o1 |" not in report.read_text()
 
 
-def test_resume_must_cover_the_sweep_and_out_must_be_a_sweep(tmp_path, capsys):
-    """The one --out policy at the sweep's level (stare_lab.outdir): --resume with fewer runs than the sweep in
-    --out would drop the others from its summary, so it is refused and touches nothing; the same request with every
-    run resumes. A simulate sweep never goes into a trainer run's directory, whatever the options."""
-    out = tmp_path / "rs"
-    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--no-plots",
-                    *SMALL) == 0
-    before = (out / "summary.json").read_bytes()
-    capsys.readouterr()
-    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "3", "--out", str(out), "--resume",
-                    "--no-plots", *SMALL) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds a sweep with 3 run(s) this request leaves out (e.g. grpo/seed1)" in err[0], err
-    assert (out / "summary.json").read_bytes() == before
-    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--resume",
-                    "--no-plots", *SMALL) == 0
-    run = tmp_path / "trainer_run"
-    run.mkdir()
-    (run / "config.yaml").write_text("source: trainer\n")
-    for extra in ([], ["--overwrite"], ["--resume"]):
-        assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(run), "--no-plots",
-                        *SMALL, *extra) == 1
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "holds a trainer run (config.yaml), not a simulate sweep" in err[0], err
-    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
-
-
 def test_chosen_seeds(tmp_path, capsys):
     """--seeds A,B runs exactly those seeds (directories seed3, seed7; summary seeds [3, 7]); --seed S the one seed
     S; --seeds N is the count N (seeds 0..N-1). A chosen seed gives the same numbers as in any other sweep."""

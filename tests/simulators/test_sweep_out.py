@@ -1,0 +1,53 @@
+"""simulate's --out at the sweep's level (stare_lab.outdir, simulators.sweep): what --resume may continue and what
+a sweep never writes over."""
+
+from __future__ import annotations
+
+from stare_lab.cli import main
+
+SMALL = ["num_prompts=8", "seq_len=2", "vocab_size=4", "threshold=2"]
+
+
+def simulate(*args: str) -> int:
+    return main(["simulate", *args])
+
+
+def test_resume_must_cover_the_sweep_and_out_must_be_a_sweep(tmp_path, capsys):
+    """The one --out policy at the sweep's level (stare_lab.outdir): --resume with fewer runs than the sweep in
+    --out would drop the others from its summary, so it is refused and touches nothing; the same request with every
+    run resumes. A simulate sweep never goes into a trainer run's directory, whatever the options."""
+    out = tmp_path / "rs"
+    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--no-plots",
+                    *SMALL) == 0
+    before = (out / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "3", "--out", str(out), "--resume",
+                    "--no-plots", *SMALL) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a sweep with 3 run(s) this request leaves out (e.g. grpo/seed1)" in err[0], err
+    assert (out / "summary.json").read_bytes() == before
+    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "3", "--out", str(out), "--resume",
+                    "--no-plots", *SMALL) == 0
+    run = tmp_path / "trainer_run"
+    run.mkdir()
+    (run / "config.yaml").write_text("source: trainer\n")
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(run), "--no-plots",
+                        *SMALL, *extra) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "holds a trainer run (config.yaml), not a simulate sweep" in err[0], err
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+
+
+def test_resume_does_not_shorten_a_run(tmp_path, capsys):
+    """--resume with fewer steps than a run has done would leave config.yaml (the new steps) disagreeing with its
+    rows (the old ones): refused, naming both numbers; nothing changes."""
+    out = tmp_path / "short"
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "6", "--out", str(out), "--no-plots", *SMALL) == 0
+    before = {p.name: p.read_bytes() for p in (out / "grpo" / "seed0").iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "4", "--out", str(out), "--resume",
+                    "--no-plots", *SMALL) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 6 steps done, more than steps=4" in err[0], err
+    assert {p.name: p.read_bytes() for p in (out / "grpo" / "seed0").iterdir() if p.is_file()} == before
