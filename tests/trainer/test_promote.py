@@ -393,7 +393,7 @@ def test_command_line_w_wins_over_the_evidence_and_is_warned(tmp_path, capsys):
     text, captured = out.read_text(), capsys.readouterr()
     assert load_trainer_config(yaml.safe_load(text)).loss.stare.reweight_w == 7.0
     note = ("override: W=7 from the command line (loss.stare.reweight_w) wins over the evidence, which recommends "
-            "W=1.3 (the critical W (measured)); the written config has W=7")
+            "W=1.3 (the measured critical W); the written config has W=7")
     assert f"# note: {note}\n" in text and f"notice: {note}" in captured.out
     (warn,) = [w for w in captured.err.splitlines() if "W-1" in w]
     assert warn.startswith("warning: command-line W=7 (W-1=6) is 60x the base config's W-1=0.1 (W=1.1;")

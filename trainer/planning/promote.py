@@ -298,7 +298,7 @@ def _push_warnings(stare: Any, base_w: float, base_m: float, calibrated: set[str
         limit = PUSH_WARN_FACTOR * base_push
         if push > limit + 1e-9 * max(1.0, abs(limit)):  # tolerance: 1.3 vs 1.1 is exactly 3x, not more
             factor = f"{push / base_push:.3g}x" if base_push > 0 else "infinitely"
-            origin, why = (("command-line", "a push this strong may be far too strong at full scale")
+            origin, why = (("command-line", "it may be far too strong at full scale")
                            if key in user else ("promoted", "a push tuned on a toy simulation may be far too strong "
                                                 "at full scale"))
             out.append(
@@ -329,11 +329,11 @@ def _overridden(stare: Any, evidence_values: dict[str, Any], user_keys: set[str]
             continue
         name, value, ev = _NAMES[key], getattr(stare, key), evidence_values[key]
         if key == "reweight_w" and strength is not None:
-            src = f"the critical W ({strength.kind})"
+            src = f"the {strength.kind} critical W"
         elif key in calibrated:
             src = "the calibration"
         else:
-            src = "the source runs"
+            src = "the source runs' own setting"
         out[key] = {"value": value, "evidence": ev, "note": (
             f"override: {name}={value:g} from the command line (loss.stare.{key}) wins over the evidence, which "
             f"recommends {name}={ev:g} ({src}); the written config has {name}={value:g}")}

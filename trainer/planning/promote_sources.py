@@ -218,7 +218,8 @@ def own_w_text(found: dict[str, Any], method: str, sources: list[str | Path]) ->
     head = (f"{w}, the source runs' own setting, not a critical W (no W sweep and no calibration under "
             f"{', '.join(map(str, sources))}")
     if held and all(h is True for h in held):
-        return f"{head}; {method} held the band on {len(held)}/{len(held)} runs at it: an upper bound of the critical W)"
+        return (f"{head}; {method} held the band on {len(held)}/{len(held)} runs at it: an upper bound of the "
+                "critical W)")
     return f"{head}; not every run held the band: promoted with --force)"
 
 
