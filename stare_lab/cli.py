@@ -31,7 +31,7 @@ ENTRY_POINT_GROUP = "stare_lab.commands"
 KNOWN_COMMANDS = {
     "simulate": "run tabular / small-transformer policy simulations (simulators)",
     "analyze": "plots and a report from run directories (analysis)",
-    "promote": "turn simulated STARE settings into a trainer config (trainer)",
+    "promote": "turn simulated STARE settings into a trainer or verl config (trainer)",
     "train": "full-scale GRPO / STARE training with vLLM + DeepSpeed (trainer)",
     "evaluate": "score a checkpoint on the math benchmarks (trainer)",
 }

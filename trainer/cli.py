@@ -284,7 +284,7 @@ def register_train(subparsers: Any) -> None:
 def _delegate(module: str, name: str):
     def register(subparsers: Any) -> None:
         help_text = {"evaluate": "score a checkpoint on the math benchmarks (trainer)",
-                     "promote": "turn simulated STARE settings into a trainer config (trainer)"}[name]
+                     "promote": "turn simulated STARE settings into a trainer or verl config (trainer)"}[name]
         description = {
             "evaluate": "Sample k responses per problem of the math benchmarks (AIME24/25, AMC23, MATH-500, Minerva, "
                         "OlympiadBench; bundled with the package) with a local Hugging Face model, grade them by "
@@ -292,11 +292,13 @@ def _delegate(module: str, name: str):
                         "Table 2). A --config with a `tool` section runs multi-turn tool rollouts in the sandbox. "
                         "Writes OUT/eval.json and OUT/samples.jsonl (an OUT with results needs --overwrite).",
             "promote": "Carry the STARE settings (variant, P, W, M, adaptive schedule, scope) of simulator runs of "
-                       "one method into a trainer base config, as a stare-lab YAML or verl (hp-luo/STARE) "
-                       "overrides, with provenance. W (and M) come from evidence, named by kind: a calibration to "
+                       "one method into a trainer base config, as a stare-lab YAML (--out c2_7b.yaml) or Hydra "
+                       "overrides for mainline verl with stare_lab's plugin (--format verl --out c2_7b.overrides), "
+                       "with OUT.provenance.json. W (and M) come from evidence, named by kind: a calibration to "
                        "the target model (--calibration, or a calibration.json in a source folder) or a W sweep's "
-                       "measured critical W; the source's regime is checked against the target's (a --probe run). "
-                       "The target entropy is never copied from a simulation: it comes "
+                       "measured critical W, else the runs' own W; a W given as KEY=VALUE wins. The source's "
+                       "regime is checked against the target's (a --probe run). The target entropy is never copied "
+                       "from a simulation: it comes "
                        "from --base, --target-entropy, or --target-entropy-frac x a --probe run's initial entropy.",
         }[name]
         p = subparsers.add_parser(name, help=help_text, description=description)

@@ -368,3 +368,90 @@ def test_measured_w_comes_from_a_w_sweep(tmp_path, base):
         "measured_w": None, "slice": {}, "strengths": [{**measured, "w": None, "low": 1.3, "high": None}]}}}))
     with pytest.raises(ConfigError, match=r"found no grid W that held .* largest tried: 1.3"):
         promote([sw], "o1", base)
+
+
+def _w_sweep(tmp_path: Path) -> Path:
+    """An O1 W sweep whose measured critical W is 1.3 (the runs at 1.3 held on seeds 0 and 1)."""
+    sw = tmp_path / "sw"
+    for seed in (0, 1):
+        sim_run(sw / "o1" / "W=1.3" / f"seed{seed}", "o1", {"reweight_w": 1.3}, seed=seed)
+    (sw / "summary.json").write_text(json.dumps({"methods": {}, "critical": {"o1": {"measured_w": 1.3, "slice": {},
+        "strengths": [{"kind": "measured", "w": 1.3, "m": None, "low": 1.1, "high": 1.3, "source": "o1 W sweep"}]}}}))
+    return sw
+
+
+def test_command_line_w_wins_over_the_evidence_and_is_warned(tmp_path, capsys):
+    """Fresh-user promote item 1: `stare.reweight_w=7` over a W sweep measuring 1.3, base W 1.1 / M 0.9. The written
+    W is 7; the header says the override wins over the evidence's W 1.3 (measured); W-1 = 6 is 60x the base's 0.1
+    (> 3x): warned as a command-line value; the provenance keeps the override and names both values."""
+    b7 = tmp_path / "b7.yaml"
+    b7.write_text(yaml.safe_dump({"model": {"path": "models/Qwen2.5-Math-7B"},
+                                  "loss": {"stare": {"reweight_w": 1.1, "reweight_m": 0.9, "target_entropy": 0.3}}}))
+    out, sw = tmp_path / "o1.yaml", _w_sweep(tmp_path)
+    assert cli_main(["promote", str(sw), "--method", "o1", "--base", str(b7), "--out", str(out),
+                     "stare.reweight_w=7"]) == 0
+    text, captured = out.read_text(), capsys.readouterr()
+    assert load_trainer_config(yaml.safe_load(text)).loss.stare.reweight_w == 7.0
+    note = ("override: W=7 from the command line (loss.stare.reweight_w) wins over the evidence, which recommends "
+            "W=1.3 (the measured critical W); the written config has W=7")
+    assert f"# note: {note}\n" in text and f"notice: {note}" in captured.out
+    (warn,) = [w for w in captured.err.splitlines() if "W-1" in w]
+    assert warn.startswith("warning: command-line W=7 (W-1=6) is 60x the base config's W-1=0.1 (W=1.1;")
+    assert f"# WARNING: {warn[len('warning: '):]}" in text
+    prov = json.loads((tmp_path / "o1.yaml.provenance.json").read_text())
+    assert prov["overrides"] == ["loss.stare.reweight_w=7"]
+    assert prov["overridden"] == {"reweight_w": {"value": 7.0, "evidence": 1.3}}
+    # a mild command-line W (1.2: W-1 = 2x the base's) is named as an override but not warned about
+    _, prov, notices = promote([sw], "o1", b7, overrides=["loss.stare.reweight_w=1.2"])
+    assert not [w for w in prov["warnings"] if "W-1" in w] and notices[0].startswith("override: W=1.2 ")
+
+
+def test_empty_base_is_refused(sweep, tmp_path):
+    """Fresh-user promote item 2: an empty base YAML (or comments only) is a one-line ConfigError, not the
+    defaults."""
+    for i, content in enumerate(["", "# nothing here\n"]):
+        empty = tmp_path / f"empty{i}.yaml"
+        empty.write_text(content)
+        with pytest.raises(ConfigError, match=r"^--base .*empty\d\.yaml.*: the base config file is empty"):
+            promote([sweep], "c2", empty)
+
+
+def test_out_with_a_trailing_slash_is_refused(sweep, base, tmp_path, monkeypatch, capsys):
+    """Fresh-user promote item 3: `--out dir/` (not existing) names a directory: one line, exit 1, nothing
+    written."""
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", "dir/"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["stare-lab promote: error: --out='dir/' ends with a slash: --out names the output file "
+                   "(e.g. c2_7b.yaml), not a directory"]
+    assert not (tmp_path / "dir").exists()
+
+
+def test_verl_format_writes_its_provenance(sweep, base, tmp_path, capsys):
+    """Fresh-user promote item 4: --format verl writes Hydra override lines (not YAML) and the provenance JSON
+    beside them, as the YAML format does; a .yaml name for them gets a notice proposing .overrides."""
+    out = tmp_path / "c2_7b.overrides"
+    assert cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(out),
+                     "--format", "verl"]) == 0
+    lines = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert "trainer.v1.trainer_mode=stare" in lines and all("=" in ln and ": " not in ln for ln in lines)
+    prov = json.loads((tmp_path / "c2_7b.overrides.provenance.json").read_text())
+    assert prov["format"] == "verl" and prov["method"] == "c2" and len(prov["source_runs"]) == 2
+    assert "holds Hydra override" not in capsys.readouterr().out
+    assert cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out",
+                     str(tmp_path / "v.yaml"), "--format", "verl"]) == 0
+    assert "notice: v.yaml holds Hydra override lines for verl, not YAML: a name such as v.overrides says so" in \
+        capsys.readouterr().out
+
+
+def test_runs_without_a_w_sweep_are_not_labelled_measured(sweep, base):
+    """Fresh-user promote item 5: runs of one setting (W 1.3, M 0.8; both seeds held) with no W sweep and no
+    calibration: W is the runs' own setting, no critical strength of any kind (not 'measured': that needs a W
+    sweep), an upper bound of the critical W; with a W sweep the header keeps its measured line."""
+    text, prov, _ = promote([sweep], "c2", base)
+    assert prov["strength"] is None and prov["evidence"] == []
+    header = [ln for ln in text.splitlines() if ln.startswith("# W: ") or ln.startswith("# critical W")]
+    assert header == [f"# W: 1.3 at M=0.8, the source runs' own setting, not a critical W (no W sweep and no "
+                      f"calibration under {sweep}; c2 held the band on 2/2 runs at it: an upper bound of the critical "
+                      "W)"]
+    assert "measured" not in text and prov["w_from"] == header[0][len("# W: "):]

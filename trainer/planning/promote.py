@@ -9,8 +9,9 @@ directories (``config.yaml`` → ``loss.stare``), merges them into a trainer bas
 * ``--format verl``: Hydra ``key=value`` overrides for mainline verl 0.9 with stare_lab's plugin
   (docs/integrations-verl.md: ``trainer.v1.trainer_mode=stare``, the policy loss ``stare`` with
   ``STAREPolicyLossConfig`` and its ``+actor_rollout_ref.actor.policy_loss.*`` keys), one per line, with the
-  provenance as ``#`` comment lines. Only the STARE and loss keys have lines (:data:`VERL_CARRIED_KEYS`); any other
-  command-line override (``optim.lr=…``) is named in a warning.
+  provenance as ``#`` comment lines (not YAML: name it e.g. ``c2_7b.overrides``), plus ``OUT.provenance.json``. Only
+  the STARE and loss keys have lines (:data:`VERL_CARRIED_KEYS`); any other command-line override (``optim.lr=…``)
+  is named in a warning.
 
 What is deliberately NOT copied from a toy run: the target entropy (entropy scales differ between a simulator and an
 LLM). It comes from the base config (default), ``--target-entropy X``, or ``--target-entropy-frac F`` × the initial
@@ -21,16 +22,17 @@ Model-size guidance (STARE paper, docs/theory.md §4): 14B/32B models use a mild
 1.1 / 0.9). When the base config's model path names a size ≥ 14B and the user did not override ``reweight_w`` /
 ``reweight_m``, the promoted push |W − 1| and |1 − M| is halved (1.1 → 1.05, 0.9 → 0.95) and a notice is printed.
 
-Warnings (stderr, the provenance's ``warnings`` and ``WARNING:`` header lines; nothing is refused): the promoted
-push is far stronger than the base config's (W − 1 more than 3 × the base's W − 1, or 1 − M more than 3 × the
-base's 1 − M: a toy run's W 5 / M 0.2 against the paper's 1.1 / 0.9 at 7B), unless the user set that key; and the
-source runs all share one seed.
+Warnings (stderr, the provenance's ``warnings`` and ``WARNING:`` header lines; nothing is refused): the written
+push — promoted or set on the command line — is far stronger than the base config's (W − 1 more than 3 × the base's
+W − 1, or 1 − M more than 3 × the base's 1 − M: a toy run's W 5 / M 0.2 against the paper's 1.1 / 0.9 at 7B); and the
+source runs all share one seed. A command-line W, M or ``w_max`` wins over the evidence: the header, the notices and
+the provenance's ``overridden`` name both values.
 
 Refusals (override with ``--force``, recorded in the provenance): a run whose config is incomplete (no
 ``loss.stare`` or missing keys), a method without STARE settings (``loss.loss_mode`` is not ``stare``), or a run
 whose summary shows it failed its own band criterion (:func:`stare_lab.summary.band_held`: mean |H − H_tgt| over the
 second half below min(band, H_tgt/4), final entropy ≥ H_tgt/2). An existing ``--out`` file is never replaced without
-``--overwrite``.
+``--overwrite``; an empty base config, and an ``--out`` that ends in a slash or is a directory, are refused.
 
 **W and M from evidence** (docs/theory.md §7). The promoted W (and M for C2, ``w_max`` for the adaptive schedule) is
 a critical strength of a named kind (:class:`stare_lab.critical.CriticalStrength`), recorded in the provenance
@@ -42,8 +44,10 @@ a critical strength of a named kind (:class:`stare_lab.critical.CriticalStrength
   source runs then give only the other STARE settings (variant, P, scope, …), and neither the size guidance nor the
   push warning applies to the calibrated values.
 * *measured* — a W sweep (a source folder whose ``summary.json`` has ``critical.<method>``): its measured critical
-  W, the smallest grid W held on every seed (the top-level slice); the runs at that W give the settings. Runs of one
-  setting that all held the band: that W, an upper bound of the critical W.
+  W, the smallest grid W held on every seed (the top-level slice); the runs at that W give the settings.
+
+Without either, W is the source runs' own setting — no critical strength of any kind (``strength`` null; the
+header's ``W:`` line and ``w_from`` say so), an upper bound of the critical W when they all held the band.
 
 **Regime check.** The source's regime (D_L+/|D_GRPO| where its entropy crosses H_tgt, H_tgt over the reward-optimal
 entropy, sampled vs mean field; :func:`stare_lab.regime.run_regime`, or the calibration's ``regime``) is compared with
@@ -61,6 +65,7 @@ import datetime as _dt
 import json
 import logging
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -74,7 +79,7 @@ from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.regime import calibrated_w_max
 from stare_lab.runs import read_run
 
-from trainer.planning.promote_sources import PROMOTED_KEYS, collect_settings, evidence, regime_check
+from trainer.planning.promote_sources import PROMOTED_KEYS, collect_settings, evidence, own_w_text, regime_check
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +171,9 @@ def promote(
     if target_entropy_frac is not None and probe is None:
         raise ConfigError("--target-entropy-frac needs --probe (a run directory or JSON with the initial entropy)")
     data = load_yaml(base)  # the base file is checked first (encoding, YAML): one line naming file and line
+    if not data:
+        raise ConfigError(f"--base {str(base)!r}: the base config file is empty (no keys); give a trainer config "
+                          "YAML, e.g. papers/stare_2606.19236/configs/<setting>.yaml")
     found, strength, candidates, cal = evidence(sources, method, force, calibration)
     base_stare = load_trainer_config(data).loss.stare  # the base itself must be valid
     base_w, base_m = float(base_stare.reweight_w), float(base_stare.reweight_m)
@@ -216,14 +224,18 @@ def promote(
         tgt_source = f"base config {base}"
         if "target_entropy" not in stare:
             tgt_source += " (not set there: the STAREConfig default)"
+    evidence_values = {k: stare.get(k, getattr(base_stare, k)) for k in _EVIDENCE_KEYS}
     apply_overrides(data, overrides)
     cfg = load_trainer_config(data)
     tgt = cfg.loss.stare.target_entropy
     if "loss.stare.target_entropy" in user_keys:
         tgt_source = "the command line override loss.stare.target_entropy"
     notices.insert(0, f"target entropy {tgt:g} nats from {tgt_source} (never copied from a simulation)")
-    pushed_keys = user_keys | {f"loss.stare.{k}" for k in calibrated}  # evidence about the target: not warned
-    warnings = _push_warnings(cfg.loss.stare, base_w, base_m, pushed_keys) + _seed_warnings(found["runs"])
+    w_from = strength.describe() if strength is not None else own_w_text(found, method, sources)
+    overridden = _overridden(cfg.loss.stare, evidence_values, user_keys, strength, calibrated)
+    notices[:0] = [v["note"] for v in overridden.values()]
+    warnings = (_push_warnings(cfg.loss.stare, base_w, base_m, calibrated - _keys(user_keys), _keys(user_keys))
+                + _seed_warnings(found["runs"]))
     regime = regime_check(found, cal, probe, notices)
     warnings += [f"regime: {w}" for w in regime["warnings"]]
     if fmt == "verl" and _verl_dropped(user_keys):
@@ -239,6 +251,8 @@ def promote(
         "source_runs": found["runs"],
         "promoted": {k: getattr(cfg.loss.stare, k) for k in PROMOTED_KEYS},
         "strength": None if strength is None else strength.to_dict(),
+        "w_from": w_from,
+        "overridden": {k: {"value": v["value"], "evidence": v["evidence"]} for k, v in overridden.items()},
         "evidence": [x.to_dict() for x in candidates],
         "calibration": None if cal is None else cal.get("path"),
         "regime": regime,
@@ -269,27 +283,60 @@ def _verl_dropped(user_keys: set[str]) -> list[str]:
 PUSH_WARN_FACTOR = 3.0
 
 
-def _push_warnings(stare: Any, base_w: float, base_m: float, user_keys: set[str]) -> list[str]:
-    """Warnings when the promoted push is far stronger than the base config's: W − 1 > 3 × (base W − 1) or
-    1 − M > 3 × (1 − base M) (:data:`PUSH_WARN_FACTOR`). A value the user set on the command line is not warned
-    about (it was chosen for the target, not copied from a toy run)."""
+def _push_warnings(stare: Any, base_w: float, base_m: float, calibrated: set[str], user: set[str]) -> list[str]:
+    """Warnings when the written push is far stronger than the base config's: W − 1 > 3 × (base W − 1) or
+    1 − M > 3 × (1 − base M) (:data:`PUSH_WARN_FACTOR`), for a promoted value and a command-line one (``user``,
+    bare keys) alike; a calibrated value (evidence about the target model) is not warned about."""
     out = []
     for key, name, push, base_value, base_push in (
         ("reweight_w", "W", float(stare.reweight_w) - 1.0, base_w, base_w - 1.0),
         ("reweight_m", "M", 1.0 - float(stare.reweight_m), base_m, 1.0 - base_m),
     ):
-        if f"loss.stare.{key}" in user_keys:
+        if key in calibrated:
             continue
         label = "W-1" if name == "W" else "1-M"
         limit = PUSH_WARN_FACTOR * base_push
         if push > limit + 1e-9 * max(1.0, abs(limit)):  # tolerance: 1.3 vs 1.1 is exactly 3x, not more
             factor = f"{push / base_push:.3g}x" if base_push > 0 else "infinitely"
+            origin, why = (("command-line", "it may be far too strong at full scale")
+                           if key in user else ("promoted", "a push tuned on a toy simulation may be far too strong "
+                                                "at full scale"))
             out.append(
-                f"promoted {name}={getattr(stare, key):g} ({label}={push:.3g}) is {factor} the base config's "
-                f"{label}={base_push:.3g} ({name}={base_value:g}; warned above {PUSH_WARN_FACTOR:g}x): a push tuned on "
-                "a toy simulation may be far too strong at full scale (paper: W 1.1 / M 0.9 at 7B, 1.05 / 0.95 at "
-                f"14B/32B); check it, or set loss.stare.{key}=…"
+                f"{origin} {name}={getattr(stare, key):g} ({label}={push:.3g}) is {factor} the base config's "
+                f"{label}={base_push:.3g} ({name}={base_value:g}; warned above {PUSH_WARN_FACTOR:g}x): {why} "
+                f"(paper: W 1.1 / M 0.9 at 7B, 1.05 / 0.95 at 14B/32B); check it, or set loss.stare.{key}=…"
             )
+    return out
+
+
+#: the STARE keys whose promoted value comes from the evidence (W, M, the adaptive cap)
+_EVIDENCE_KEYS = ("reweight_w", "reweight_m", "w_max")
+_NAMES = {"reweight_w": "W", "reweight_m": "M", "w_max": "w_max"}
+
+
+def _keys(user_keys: set[str]) -> set[str]:
+    """The bare STARE keys (``reweight_w``) among dotted ``loss.stare.*`` override keys."""
+    return {k.rsplit(".", 1)[1] for k in user_keys if k.startswith("loss.stare.")}
+
+
+def _overridden(stare: Any, evidence_values: dict[str, Any], user_keys: set[str], strength: CriticalStrength | None,
+                calibrated: set[str]) -> dict[str, dict[str, Any]]:
+    """``{key: {"value", "evidence", "note"}}`` for each evidence key (W, M, ``w_max``) set on the command line: the
+    override wins; the note names both values and where the evidence's came from."""
+    out = {}
+    for key in _EVIDENCE_KEYS:
+        if key not in _keys(user_keys):
+            continue
+        name, value, ev = _NAMES[key], getattr(stare, key), evidence_values[key]
+        if key == "reweight_w" and strength is not None:
+            src = f"the {strength.kind} critical W"
+        elif key in calibrated:
+            src = "the calibration"
+        else:
+            src = "the source runs' own setting"
+        out[key] = {"value": value, "evidence": ev, "note": (
+            f"override: {name}={value:g} from the command line (loss.stare.{key}) wins over the evidence, which "
+            f"recommends {name}={ev:g} ({src}); the written config has {name}={value:g}")}
     return out
 
 
@@ -318,9 +365,10 @@ def _comment_block(provenance: dict[str, Any], notices: list[str]) -> str:
             if k in s
         )
         lines.append(f"  {run['path']} (seed {run.get('seed')}): {facts}")
-    strength = provenance.get("strength")
-    if strength:
-        lines.append(f"critical W: {CriticalStrength.from_dict(strength).describe()}")
+    if provenance.get("strength"):
+        lines.append(f"critical W: {provenance['w_from']}")
+    else:
+        lines.append(f"W: {provenance['w_from']}")
     lines += [f"note: {n}" for n in notices]
     lines += [f"WARNING: {w}" for w in provenance.get("warnings") or []]
     if provenance["forced"]:
@@ -360,8 +408,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. optim.lr=2e-6)")
     parser.add_argument("--method", required=True, help="method whose STARE settings to promote (e.g. c2)")
     parser.add_argument("--base", required=True, help="trainer base config YAML (e.g. papers/stare_2606.19236/…)")
-    parser.add_argument("--out", required=True, help="output file")
-    parser.add_argument("--format", default="stare-lab", dest="fmt", help="stare-lab (YAML) or verl (overrides)")
+    parser.add_argument("--out", required=True,
+                        help="output file (not a directory), with OUT.provenance.json written beside it: a trainer "
+                        "YAML for --format stare-lab (e.g. c2_7b.yaml), Hydra override lines for --format verl "
+                        "(e.g. c2_7b.overrides)")
+    parser.add_argument("--format", default="stare-lab", dest="fmt",
+                        help="stare-lab (a trainer YAML) or verl (key=value Hydra overrides, one a line, for mainline "
+                        "verl with stare_lab's plugin: not YAML)")
     parser.add_argument("--target-entropy", type=float, default=None, help="H_tgt in nats (else from --base)")
     parser.add_argument("--target-entropy-frac", type=float, default=None,
                         help="H_tgt = FRAC x the model's initial entropy measured by --probe")
@@ -377,11 +430,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``stare-lab promote``; print notices; write the output (and its provenance JSON for stare-lab).
+    """Run ``stare-lab promote``; print notices; write the output and ``OUT.provenance.json`` (both formats).
 
     Raises:
-        ConfigError / RunError / DataError: see :func:`promote`; also ``--out`` in a missing directory, a
-            directory, or an existing file without ``--overwrite`` (checked before any work).
+        ConfigError / RunError / DataError: see :func:`promote`; also ``--out`` ending in a slash, in a missing
+            directory, a directory, or an existing file without ``--overwrite`` (checked before any work).
     """
     # key=value words given positionally among the sources are overrides
     overrides = [s for s in args.sources if "=" in str(s)] + list(getattr(args, "extra_overrides", None) or [])
@@ -389,6 +442,9 @@ def main(args: argparse.Namespace) -> int:
     sources = [s for s in args.sources if "=" not in str(s)]
     if not sources:
         raise RunError("no SWEEP_OR_RUN directory given")
+    if str(args.out).endswith(("/", os.sep)):
+        raise ConfigError(f"--out={str(args.out)!r} ends with a slash: --out names the output file (e.g. c2_7b.yaml), "
+                          "not a directory")
     out = Path(args.out)
     if not out.parent.is_dir():
         raise ConfigError(f"--out={str(out)!r}: directory {str(out.parent)!r} does not exist")
@@ -402,8 +458,10 @@ def main(args: argparse.Namespace) -> int:
         force=args.force, calibration=getattr(args, "calibration", None),
     )
     out.write_text(text)
-    if args.fmt == "stare-lab":
-        out.with_name(out.name + ".provenance.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+    out.with_name(out.name + ".provenance.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+    if args.fmt == "verl" and out.suffix.lower() in (".yaml", ".yml"):
+        notices.append(f"{out.name} holds Hydra override lines for verl, not YAML: a name such as "
+                       f"{out.stem}.overrides says so")
     for n in notices:
         print(f"notice: {n}")
     for w in provenance.get("warnings") or []:

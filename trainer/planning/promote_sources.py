@@ -4,8 +4,8 @@ promoted W comes from, and the regime check (docs/theory.md §7–8).
 * :func:`collect_settings`: the common STARE settings of a method's runs under the sources, with the band refusals.
 * :func:`evidence`: the critical strength the promoted W (and M, ``w_max``) comes from — *calibrated* (a
   ``calibration.json``: evidence about the target model) > *measured* (a W sweep's smallest W held on every seed)
-  > the runs' own W when they all held (*measured*, an upper bound) — and every candidate seen
-  (:class:`stare_lab.critical.CriticalStrength`).
+  — and every candidate seen (:class:`stare_lab.critical.CriticalStrength`); without either, the runs' own W
+  (:func:`own_w_text`: no critical strength, an upper bound when they all held).
 * :func:`regime_check`: the source's regime against the target's (:mod:`stare_lab.regime`), and the proposal to
   calibrate when a probe run of the target is given without a calibration.
 """
@@ -25,7 +25,7 @@ from stare_lab.regime import (
 from stare_lab.runs import find_runs, read_run
 from stare_lab.summary import band_held
 
-__all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "regime_check"]
+__all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "own_w_text", "regime_check"]
 
 #: The STARE keys carried from a simulation into the trainer config (``loss.stare.*``); target_entropy is not.
 PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope")
@@ -210,17 +210,17 @@ def _sweep_measured(sources: list[str | Path], method: str) -> tuple[CriticalStr
     return None
 
 
-def _own_strength(found: dict[str, Any], method: str, sources: list[str | Path]) -> CriticalStrength | None:
-    """Runs of one setting that all held the band: their W as a *measured* strength, an upper bound of the critical
-    W (no sweep: the smallest W that holds is not known); None when a run did not hold (promoted with --force)."""
-    held = found["held"]
-    if not held or not all(h is True for h in held):
-        return None
-    st = found["stare"]
-    m = st["reweight_m"] if str(st["variant"]).upper() == "C2" else None
-    return CriticalStrength("measured", st["reweight_w"], m, None, st["reweight_w"],
-                            f"{method} at W={st['reweight_w']:g} held the band on {len(held)}/{len(held)} runs under "
-                            f"{', '.join(map(str, sources))} (no W sweep: an upper bound of the critical W)")
+def own_w_text(found: dict[str, Any], method: str, sources: list[str | Path]) -> str:
+    """Where the promoted W comes from without a W sweep or calibration: the source runs' own W, which is no critical
+    strength of any kind (not *measured*: that needs a W sweep); all runs held → an upper bound of the critical W."""
+    held, st = found["held"], found["stare"]
+    w = f"{st['reweight_w']:g}" + (f" at M={st['reweight_m']:g}" if str(st["variant"]).upper() == "C2" else "")
+    head = (f"{w}, the source runs' own setting, not a critical W (no W sweep and no calibration under "
+            f"{', '.join(map(str, sources))}")
+    if held and all(h is True for h in held):
+        return (f"{head}; {method} held the band on {len(held)}/{len(held)} runs at it: an upper bound of the "
+                "critical W)")
+    return f"{head}; not every run held the band: promoted with --force)"
 
 
 def _calibrated_choice(cal: dict[str, Any], stare: dict[str, Any]) -> CriticalStrength:
@@ -265,8 +265,8 @@ def _calibrate_available() -> bool:
 def evidence(sources: list[str | Path], method: str, force: bool, calibration: str | Path | None
               ) -> tuple[dict[str, Any], CriticalStrength | None, list[CriticalStrength], dict[str, Any] | None]:
     """``(found, strength, evidence, calibration)``: the source runs' settings (:func:`collect_settings`), the
-    critical strength the promoted W comes from (calibrated > a W sweep's measured W > the runs' own held W; None
-    when forced past a failed band), every candidate seen, and the calibration dict (or None)."""
+    critical strength the promoted W comes from (calibrated > a W sweep's measured W; None without either: the runs'
+    own W, :func:`own_w_text`), every candidate seen, and the calibration dict (or None)."""
     cal = _find_calibration(sources, calibration)
     measured = _sweep_measured(sources, method)
     if cal is not None:
@@ -278,8 +278,7 @@ def evidence(sources: list[str | Path], method: str, force: bool, calibration: s
         found = collect_settings(sources, method, force=force, point=measured[1])
         return found, measured[0], [measured[0]], None
     found = collect_settings(sources, method, force=force)
-    own = _own_strength(found, method, sources)
-    return found, own, [own] if own else [], None
+    return found, None, [], None  # the runs' own W: no critical strength (own_w_text)
 
 
 def regime_check(found: dict[str, Any], cal: dict[str, Any] | None, probe: str | Path | None,
