@@ -1,6 +1,7 @@
 """stare_lab.plugins: a plugin by file path or module name is imported once per process; entry points of group
 ``stare_lab.plugins`` are loaded (a function is called once); every failure is one PluginError line naming the plugin;
-a plugin loss that raises or returns NaN is one CLI line naming the loss. The plugins here only append their name to a list of a helper module, to count their imports."""
+a plugin loss that raises or returns NaN is one CLI line naming the loss. The plugins here only append their name to
+a list of a helper module, to count their imports."""
 
 from __future__ import annotations
 
