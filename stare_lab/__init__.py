@@ -11,6 +11,6 @@ preparation: gate, ω, counts, each loss's global statistics; over ranks with :m
 
 __version__ = "0.1.0"
 
-from .errors import ConfigError, DataError, RunError, StareLabError  # noqa: E402
+from .errors import ConfigError, DataError, LossError, RunError, StareLabError  # noqa: E402
 
-__all__ = ["__version__", "StareLabError", "ConfigError", "DataError", "RunError"]
+__all__ = ["__version__", "StareLabError", "ConfigError", "DataError", "RunError", "LossError"]

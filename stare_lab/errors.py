@@ -25,3 +25,7 @@ class DataError(StareLabError, ValueError):
 
 class RunError(StareLabError):
     """A run directory is missing, unreadable, or would be overwritten."""
+
+
+class LossError(StareLabError):
+    """A policy loss registered outside the package raised: the message names the loss and its exception."""

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .aggregation import _safe_div, aggregate_loss, masked_mean
 from .config import LossConfig, from_dict
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, LossError, StareLabError
 
 __all__ = ["PolicyLossInputs", "LossContext", "LossNeeds", "register_policy_loss", "unregister_policy_loss",
            "get_policy_loss", "available_policy_losses", "compute_policy_loss", "loss_needs", "loss_metric_names",
@@ -456,7 +456,7 @@ def _prepare(inputs: PolicyLossInputs) -> LossContext:
     return LossContext(inputs, lp32, old, adv, mask, log_ratio, ratio, checks)
 
 
-def _raise_non_finite(ctx: LossContext, sums: list[float]) -> None:
+def _raise_non_finite(ctx: LossContext, sums: list[float], loss_name: str) -> None:
     """Called when a finiteness sum is not finite: pinpoint the field (the sum of finite values may overflow)."""
     for (name, _), total in zip(ctx.finite_checks, sums):
         if math.isfinite(total):
@@ -472,10 +472,11 @@ def _raise_non_finite(ctx: LossContext, sums: list[float]) -> None:
                 raise DataError(
                     f"token_weights{idx} = {weights[tuple(idx)].item()} on a valid token is not finite"
                 )
-            raise DataError(
-                f"the policy loss is {total} although every input is finite: advantages or token weights too large "
-                "(float32 overflow)"
-            )
+            if loss_name not in BUILTIN_LOSSES:
+                raise DataError(f"policy loss {loss_name!r} returned a non-finite value ({total}) although every "
+                                "input is finite: the loss function is the likely source")
+            raise DataError(f"the policy loss is {total} although every input is finite: advantages or token "
+                            "weights too large (float32 overflow)")
         value = getattr(ctx.inputs, name).detach()
         bad = ~torch.isfinite(value)
         if bad.any():
@@ -510,7 +511,14 @@ def _tis_weights(ctx: LossContext, rollout_logprobs: Tensor, cfg: LossConfig) ->
 
 def _run(name: str, core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, float]]:
     ctx = _prepare(inputs)
-    pg_mat, core_metrics = core(ctx, cfg)
+    try:
+        pg_mat, core_metrics = core(ctx, cfg)
+    except StareLabError:
+        raise
+    except Exception as err:  # a plugin's bug is one line naming it; a built-in loss's keeps its traceback
+        if name in BUILTIN_LOSSES:
+            raise
+        raise LossError(f"policy loss {name!r} raised {type(err).__name__}: {err}") from err
     if not isinstance(pg_mat, Tensor) or pg_mat.shape != ctx.mask.shape or not isinstance(core_metrics, Mapping):
         raise DataError(f"policy loss {name!r} must return (a [B, T]={tuple(ctx.mask.shape)} loss tensor, a dict of "
                         f"metrics), got ({type(pg_mat).__name__} of shape {tuple(getattr(pg_mat, 'shape', ()))}, "
@@ -539,11 +547,11 @@ def _run(name: str, core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -
         loss_scale_factor=cfg.loss_scale_factor,
     )
     pg_loss = aggregate_loss(pg_mat, **agg, token_weights=ctx.token_weights)
-    for name in ("global_num_tokens", "global_num_sequences"):  # a tensor must be finite and >= 0 (checked below)
-        value = getattr(inputs, name)
+    for key in ("global_num_tokens", "global_num_sequences"):  # a tensor must be finite and >= 0 (checked below)
+        value = getattr(inputs, key)
         if isinstance(value, Tensor) and value.numel() == 1:
             v = value.detach().reshape(()).to(device=pg_loss.device, dtype=torch.float32)
-            ctx.finite_checks.append((name, torch.where(v >= 0, v, torch.full_like(v, math.nan))))
+            ctx.finite_checks.append((key, torch.where(v >= 0, v, torch.full_like(v, math.nan))))
     ctx.finite_checks.append(("pg_loss", pg_loss.detach()))
     loss = pg_loss
     metrics: dict[str, Any] = {"loss/pg_loss": pg_loss.detach()}
@@ -571,11 +579,10 @@ def _run(name: str, core: CoreLoss, inputs: PolicyLossInputs, cfg: LossConfig) -
             metrics["loss/entropy"] = _safe_div((inputs.entropy.detach().float() * maskf).sum(), n_valid)
     metrics.update(core_metrics)
     metrics["loss/total"] = loss.detach()
-    floats = _to_floats(ctx, metrics)
-    return loss, floats
+    return loss, _to_floats(ctx, metrics, name)
 
 
-def _to_floats(ctx: LossContext, metrics: dict[str, Any]) -> dict[str, float]:
+def _to_floats(ctx: LossContext, metrics: dict[str, Any], loss_name: str) -> dict[str, float]:
     """One host transfer for every tensor metric and the finiteness sums; raise DataError on non-finite inputs."""
     tensor_keys = [k for k, v in metrics.items() if isinstance(v, Tensor)]
     n_checks = len(ctx.finite_checks)
@@ -584,7 +591,7 @@ def _to_floats(ctx: LossContext, metrics: dict[str, Any]) -> dict[str, float]:
         + [metrics[k].detach().reshape(()).to(torch.float64) for k in tensor_keys]
     ).tolist()
     if not all(math.isfinite(x) for x in stacked[:n_checks]):
-        _raise_non_finite(ctx, stacked[:n_checks])
+        _raise_non_finite(ctx, stacked[:n_checks], loss_name)
     out = {k: float(v) for k, v in metrics.items() if not isinstance(v, Tensor)}
     out.update(zip(tensor_keys, stacked[n_checks:]))
     return out

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 
 from stare_lab.config import (
     LossConfig,
+    apply_overrides,
     check_choice,
     check_positive,
     check_range,
@@ -567,14 +568,19 @@ def load_trainer_config(
 ) -> TrainerConfig:
     """Load a :class:`TrainerConfig` from YAML (or a mapping / ``None`` for defaults) plus dotted overrides: the
     ``plugins`` are imported first, then what ``method`` implies is filled in (:func:`fill_method`), then the whole
-    config is built and validated.
+    config is built and validated. A ``versions`` block in the file (what a run's ``config.yaml`` records) is
+    ignored, so a run's config is reusable as is.
 
     Raises:
         ConfigError: missing/invalid file, unknown key, wrong type or out-of-range value (naming the dotted key), a
             method the loss settings contradict; :class:`~stare_lab.plugins.PluginError` for a plugin that fails to
             import.
     """
-    data = config_data(path, overrides)
+    data = config_data(path)
+    # a run's config.yaml carries the provenance block RunWriter adds (stare_lab.runs.versions); it is no setting,
+    # so the file loads back as the run's config (an override of it is still an unknown key)
+    data.pop("versions", None)
+    data = apply_overrides(data, overrides)
     if "plugins" in data:
         _load_config_plugins(data["plugins"], "plugins")
     return from_dict(TrainerConfig, fill_method(data))

@@ -478,3 +478,48 @@ def test_clipped_surrogate_from_a_registered_loss():
         register_policy_loss("test_only_bad_adv")(lambda ctx, cfg: clipped_surrogate(ctx, cfg, torch.ones(7)))
         compute_policy_loss("test_only_bad_adv", make_inputs([[1.0]], [1.0]), {})
     unregister_policy_loss("test_only_bad_adv")
+
+
+def test_a_registered_loss_that_raises_is_one_error_naming_it(monkeypatch):
+    """A plugin's exception becomes a LossError naming the loss and the exception (chained); a StareLabError it
+    raises passes unchanged; a built-in loss's bug is not wrapped (its traceback is the useful part)."""
+    import stare_lab.loss_registry as registry
+    from stare_lab.errors import LossError, StareLabError
+
+    boom = ValueError("bad shape 3")
+
+    def raiser(ctx, cfg):
+        raise boom
+
+    register_policy_loss("test_only_raiser")(raiser)
+    try:
+        with pytest.raises(LossError) as info:
+            compute_policy_loss("test_only_raiser", make_inputs([[1.0]], [1.0]), {})
+        assert str(info.value) == "policy loss 'test_only_raiser' raised ValueError: bad shape 3"
+        assert isinstance(info.value, StareLabError) and info.value.__cause__ is boom
+        with monkeypatch.context() as m:
+            m.setattr(registry, "BUILTIN_LOSSES", registry.BUILTIN_LOSSES + ("test_only_raiser",))
+            with pytest.raises(ValueError, match="bad shape 3") as info:
+                compute_policy_loss("test_only_raiser", make_inputs([[1.0]], [1.0]), {})
+            assert info.value is boom
+    finally:
+        unregister_policy_loss("test_only_raiser")
+    register_policy_loss("test_only_data_error")(lambda ctx, cfg: (_ for _ in ()).throw(DataError("own message")))
+    with pytest.raises(DataError) as info:
+        compute_policy_loss("test_only_data_error", make_inputs([[1.0]], [1.0]), {})
+    assert str(info.value) == "own message"
+    unregister_policy_loss("test_only_data_error")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_registered_loss_returning_non_finite_is_blamed_by_name(bad):
+    """Finite inputs, a plugin core whose matrix has NaN/inf on a valid token: the message names the loss, not an
+    overflow of the inputs (the built-in overflow message is test_stare_loss_rejects_non_finite_weights...)."""
+    register_policy_loss("test_only_nan")(lambda ctx, cfg: (torch.full_like(ctx.ratio, bad), {}))
+    try:
+        with pytest.raises(DataError) as info:
+            compute_policy_loss("test_only_nan", make_inputs([[1.0, 1.0]], [1.0]), {})
+    finally:
+        unregister_policy_loss("test_only_nan")
+    msg = str(info.value)
+    assert msg.startswith("policy loss 'test_only_nan' returned a non-finite value (") and "overflow" not in msg

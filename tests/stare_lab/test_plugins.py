@@ -1,6 +1,7 @@
 """stare_lab.plugins: a plugin by file path or module name is imported once per process; entry points of group
-``stare_lab.plugins`` are loaded (a function is called once); every failure is one PluginError line naming the plugin.
-The plugins here only append their name to a list of a helper module, to count their imports."""
+``stare_lab.plugins`` are loaded (a function is called once); every failure is one PluginError line naming the plugin;
+a plugin loss that raises or returns NaN is one CLI line naming the loss. The plugins here only append their name to
+a list of a helper module, to count their imports."""
 
 from __future__ import annotations
 
@@ -83,3 +84,26 @@ def test_entry_points_are_loaded_once(tmp_path, counter, monkeypatch):
     with pytest.raises(PluginError, match=r"plugin 'bad = tests_plugin_missing' \(entry point of group "
                                           r"stare_lab.plugins\) failed to load: ModuleNotFoundError"):
         load_plugins()
+
+
+LOSS_PLUGIN = ("import torch\nfrom stare_lab.losses import register_policy_loss\n"
+               "from stare_lab.methods import register_method\n\n"
+               "@register_policy_loss('bad')\ndef bad(ctx, cfg):\n    {body}\n\nregister_method('bad', 'bad')\n")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("raise ValueError('plugin bug')", "policy loss 'bad' raised ValueError: plugin bug"),
+    ("return torch.full_like(ctx.ratio, float('nan')), {}", "policy loss 'bad' returned a non-finite value (nan)"),
+])
+def test_a_plugin_loss_that_fails_is_one_cli_line(tmp_path, body, message):
+    """``simulate`` with a plugin loss that raises or returns NaN: exit 1 and one stderr line naming the loss."""
+    import subprocess
+
+    (tmp_path / "bad.py").write_text(LOSS_PLUGIN.format(body=body))
+    argv = ["--plugin", str(tmp_path / "bad.py"), "simulate", "--preset", "collapse", "--seeds", "1", "--steps", "2",
+            "--no-plots", "--out", str(tmp_path / "run"), "--methods", "bad"]
+    proc = subprocess.run([sys.executable, "-m", "stare_lab.cli", *argv], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"stare-lab simulate: error: {message}"), proc.stderr

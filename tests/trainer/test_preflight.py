@@ -249,3 +249,26 @@ def test_evaluate_bad_out_and_model_fail_first(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         f"stare-lab evaluate: error: --model={str(empty)!r} has no config.json (not a Hugging Face model "
         "directory)"]
+
+
+def test_a_runs_written_config_loads_back_as_its_config(tmp_path):
+    """A run's config.yaml (written by RunLogger, with the ``versions`` provenance block) loads back as the same
+    config, and the resume check against it still compares the settings; ``versions`` is no override key."""
+    from trainer.cli import tiny_cpu_config
+
+    data = _data(tmp_path, [GOOD])
+    out = tmp_path / "run"
+    cfg = load_trainer_config(tiny_cpu_config(str(data), str(out)), ["method=o1", "schedule.progress_bar=false",
+                                                                      "schedule.tensorboard=false", "seed=7"])
+    RunLogger(cfg, out, 0, True).close({"steps": 0})
+    written = out / "config.yaml"
+    assert "versions" in yaml.safe_load(written.read_text())  # the case a user meets
+    loaded = load_trainer_config(written)
+    assert loaded == cfg and loaded.to_dict() == cfg.to_dict()
+    other = load_trainer_config(written, [f"out_dir={tmp_path / 'run2'}"])
+    assert other.out_dir == str(tmp_path / "run2") and other.seed == 7
+    preflight.check_resume_compatible(out, loaded)
+    with pytest.raises(ConfigError, match=r"holds a run with seed=7, this config has seed=8"):
+        preflight.check_resume_compatible(out, load_trainer_config(written, ["seed=8"]))
+    with pytest.raises(ConfigError, match="unknown config key versions"):
+        load_trainer_config(written, ["versions.torch=1"])
