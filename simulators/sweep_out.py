@@ -1,0 +1,178 @@
+"""A sweep's output directory (the one ``--out`` policy of :mod:`stare_lab.outdir` at a sweep's level): what
+``--out`` may hold, what ``--resume`` may continue, the runs of a previous sweep that ``--overwrite`` removes, and
+their removal (only what a simulator run wrote)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stare_lab.config import to_dict
+from stare_lab.errors import RunError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_writable_dir", "check_previous_sweep", "check_resumable", "stale_runs", "remove_run", "clear_run"]
+
+
+def check_writable_dir(out: Path) -> None:
+    """Raise :class:`RunError` unless ``out`` is (or can be created as) a writable directory.
+
+    The message names ``out`` and, when ``out`` does not exist yet, the existing ancestor that refused the new
+    entry, e.g. ``cannot create output directory '/proc/x': '/proc' does not accept new entries (...)``.
+    """
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise RunError(f"output path {str(out)!r} is not a directory ({str(probe)!r} is a file)")
+    try:  # a real probe: os.access says yes to root even on read-only or virtual file systems
+        fd, name = tempfile.mkstemp(prefix=".stare_lab_probe_", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if probe != out:
+            raise RunError(
+                f"cannot create output directory {str(out)!r}: {str(probe)!r} does not accept new entries ({reason})"
+            ) from None
+        raise RunError(f"output directory {str(out)!r} is not writable ({reason})") from None
+
+
+def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, overwrite: bool) -> None:
+    """The one ``--out`` policy at the sweep's level (:mod:`stare_lab.outdir`): ``out`` holding another kind of
+    output (a trainer or single run, an evaluation) is refused whatever the options; a previous sweep
+    (``summary.json``) is refused without ``--resume`` / ``--overwrite``, and ``--resume`` must cover every run it
+    lists (its summary would otherwise lose them); a directory inside a sweep that another process is writing is
+    refused.
+
+    Raises:
+        RunError: one line naming what ``out`` holds and what to do.
+    """
+    from stare_lab.outdir import SWEEP, check_kind
+    from stare_lab.runlock import live_holder_above
+
+    check_kind(out, SWEEP)
+    holder = live_holder_above(out)
+    if holder is not None:
+        raise RunError(f"--out {str(out)!r} is inside {str(holder[0])!r}, which {holder[1]} is writing; choose an "
+                       "--out outside it")
+    summary = out / "summary.json"
+    if not summary.is_file():
+        return
+    try:
+        previous = json.loads(summary.read_text(encoding="utf-8"))
+        listed = _previous_run_dirs(previous) if isinstance(previous, dict) else []
+    except (OSError, ValueError, AttributeError):
+        listed = []
+    if not resume and not overwrite:
+        raise RunError(f"--out {str(out)!r} already holds a sweep (summary.json, {len(listed)} run(s)); pass --resume "
+                       "to continue it or --overwrite to replace it, or choose another --out")
+    if resume:
+        planned = {d.resolve() for d in run_dirs.values()}
+        missing = [rel for rel in listed if (out / rel).resolve() not in planned and (out / rel).is_dir()]
+        if missing:
+            raise RunError(f"--resume: {str(out)!r} holds a sweep with {len(missing)} run(s) this request leaves out "
+                           f"(e.g. {missing[0]}), which its summary would lose: give the sweep's --methods, --seeds "
+                           "and --sweep again, or --overwrite to replace it")
+
+
+def check_resumable(run_dir: Path, config: Any) -> None:
+    """Before anything runs: a tabular run to resume must have been written with the same config (except
+    ``steps`` / ``checkpoint_every``, and a target entropy resolved from ``target_entropy_rel``).
+
+    Raises:
+        RunError: naming the first differing key.
+    """
+    cfg_path = run_dir / "config.yaml"
+    if not (run_dir / "checkpoint").is_dir() or not cfg_path.is_file():
+        return
+    try:
+        saved = yaml.safe_load(cfg_path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise RunError(f"cannot resume {str(run_dir)!r}: config.yaml is not valid YAML ({err})") from None
+    current = to_dict(config)
+    if current.get("target_entropy_rel") is not None:
+        current["loss"]["stare"].pop("target_entropy", None)
+        saved.get("loss", {}).get("stare", {}).pop("target_entropy", None)
+
+    def diff(a: Any, b: Any, prefix: str = "") -> str | None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in a:
+                if prefix == "" and k in ("steps", "checkpoint_every"):
+                    continue
+                found = diff(a[k], b.get(k), f"{prefix}{k}.") if k in b else f"{prefix}{k}"
+                if found:
+                    return found
+            return None
+        return None if a == b else prefix.rstrip(".")
+
+    key = diff(current, saved)
+    if key is not None:
+        raise RunError(f"cannot resume {str(run_dir)!r}: {key} differs from the run's config.yaml")
+
+
+def _previous_run_dirs(previous: dict[str, Any]) -> list[str]:
+    """Relative run directories a previous ``summary.json`` lists (``run_dirs`` of each group; older summaries:
+    the ``method/seed<k>`` names of ``config``)."""
+    rels = [rel for entry in (previous.get("methods") or {}).values() if isinstance(entry, dict)
+            for rel in (entry.get("run_dirs") or {}).values()]
+    return rels or list((previous.get("config") or {}).keys())
+
+
+def stale_runs(plan: Any) -> list[Path]:
+    """Run directories under ``plan.out`` that the previous sweep there wrote (listed in its ``summary.json``, with
+    a ``config.yaml`` whose ``source`` is ``simulator``) and that ``plan`` does not include. :func:`run_sweep`
+    removes them when ``plan.overwrite`` is set; other runs under ``out`` are never touched."""
+    path = plan.out / "summary.json"
+    if not path.is_file():
+        return []
+    try:
+        names = _previous_run_dirs(json.loads(path.read_text()))
+    except (OSError, ValueError, AttributeError):
+        return []
+    planned = {d.resolve() for d in plan.run_dirs.values()}
+    stale = []
+    for name in names:
+        parts = str(name).split("/")
+        if len(parts) not in (2, 3) or not parts[-1].startswith("seed") or any(x in ("", ".", "..") for x in parts):
+            continue
+        run_dir = plan.out.joinpath(*parts)
+        if run_dir.resolve() in planned or not (run_dir / "config.yaml").is_file():
+            continue
+        try:
+            source = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("source")
+        except (OSError, AttributeError, yaml.YAMLError):  # an unreadable config is not ours to delete
+            continue
+        if source == "simulator":
+            stale.append(run_dir)
+    return stale
+
+
+def remove_run(run_dir: Path) -> None:
+    """Remove the files a simulator run wrote in ``run_dir``, then ``run_dir`` and its empty parents up to the
+    method folder."""
+    clear_run(run_dir)
+    for d in (run_dir, run_dir.parent, run_dir.parent.parent):
+        try:
+            d.rmdir()
+        except OSError:  # not empty (foreign files, other runs) or already gone: stop
+            break
+
+
+def clear_run(run_dir: Path) -> None:
+    """Remove the files a previous run wrote in ``run_dir`` (metrics, summary, config, checkpoint)."""
+    for name in ("metrics.jsonl", "summary.json", "config.yaml"):
+        (run_dir / name).unlink(missing_ok=True)
+    ckpt = run_dir / "checkpoint"
+    if ckpt.is_dir():
+        shutil.rmtree(ckpt)
