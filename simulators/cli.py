@@ -212,6 +212,8 @@ def handler(args: argparse.Namespace) -> int:
         if m not in METHODS:
             raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}")
     out = Path(args.out) if args.out is not None else Path("runs") / args.preset
+    if args.resume and not out.exists():  # a typo in the path would otherwise start afresh without a word
+        print(f"note: --resume: {str(out)!r} does not exist yet; starting the sweep there", file=sys.stderr)
     # one writer per sweep directory, taken before anything in it is read for the plan, written or deleted
     with lock_dir(out, command=f"stare-lab simulate --preset {args.preset}", option="--out"):
         return _run(args, t0, methods, seeds, steps, workers, out)

@@ -51,3 +51,12 @@ def test_resume_does_not_shorten_a_run(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has 6 steps done, more than steps=4" in err[0], err
     assert {p.name: p.read_bytes() for p in (out / "grpo" / "seed0").iterdir() if p.is_file()} == before
+
+
+def test_resume_of_a_missing_out_says_so(tmp_path, capsys):
+    """--resume on a path that does not exist starts the sweep there, and says so (a typo is visible)."""
+    out = tmp_path / "typo"
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(out), "--resume",
+                    "--no-plots", *SMALL) == 0
+    assert f"note: --resume: {str(out)!r} does not exist yet; starting the sweep there" in capsys.readouterr().err
+    assert (out / "grpo" / "seed0" / "metrics.jsonl").is_file()
