@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-import yaml
 
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
 from stare_lab.errors import RunError
@@ -93,24 +92,6 @@ def _to_float_column(values: list[Any]) -> np.ndarray | None:
 
 def _is_finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _yaml_warning(run_dir: Path, warning: str) -> str:
-    """A YAML parse error of ``config.yaml`` as one line naming the file, line and column (PyYAML's own message
-    names ``"<unicode string>"`` and spans several lines); other warnings unchanged."""
-    cfg = run_dir / "config.yaml"
-    if not warning.startswith(f"{cfg}: unreadable") or "<unicode string>" not in warning:
-        return warning
-    try:
-        yaml.safe_load(cfg.read_text(encoding="utf-8", errors="replace"))
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = " ".join(x for x in (err.context, err.problem) if x)
-        return f"{cfg}: not valid YAML{where} ({what}); config ignored"
-    except Exception:  # noqa: BLE001 - keep the original warning
-        return warning
-    return warning
 
 
 @dataclasses.dataclass
@@ -217,7 +198,7 @@ def load_run(path: str | os.PathLike) -> RunData:
         if Path(path).is_file():
             raise RunError(f"{str(path)!r} is not a log any reader recognises (analysis.foreign: {', '.join(READERS)})")
         run = read_run(path)  # raises RunError for a non-run directory
-    warnings = [_yaml_warning(run.path, w) for w in run.warnings]
+    warnings = list(run.warnings)
     config = run.config if isinstance(run.config, dict) else {}
     return _run_data(run.path, config, run.metrics, run.summary, warnings, len(run.warnings))
 

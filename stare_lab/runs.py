@@ -279,11 +279,16 @@ def read_run(path: str | os.PathLike) -> Run:
         try:
             import yaml
 
-            loaded = yaml.safe_load(cfg_path.read_text())
+            loaded = yaml.safe_load(cfg_path.read_text(encoding="utf-8", errors="replace"))
             config = loaded if isinstance(loaded, dict) else {}
             if not isinstance(loaded, dict):
                 warnings.append(f"{cfg_path}: not a mapping; ignored")
-        except Exception as err:  # noqa: BLE001 - any parse failure is reported, not raised
+        except yaml.MarkedYAMLError as err:  # one line naming line and column (PyYAML's own message spans several)
+            mark = err.problem_mark or err.context_mark
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = " ".join(x for x in (err.context, err.problem) if x)
+            warnings.append(f"{cfg_path}: not valid YAML{where} ({what}); config ignored")
+        except Exception as err:  # noqa: BLE001 - any other failure is reported, not raised
             warnings.append(f"{cfg_path}: unreadable ({err}); ignored")
     else:
         warnings.append(f"{cfg_path}: missing")
