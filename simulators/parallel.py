@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from stare_lab.errors import ConfigError, RunError
+from stare_lab.errors import ConfigError, RunError, StareLabError
 
 from simulators.tabular.runner import batch_key, run_batch
 from simulators.tabular.memory import PROCESS_BYTES, available_memory, batch_peak_bytes, rows_bytes
@@ -174,11 +175,15 @@ def _worker(q, chunk_id: int, configs, run_dirs, resume: bool, parent: int) -> N
     try:
         summaries = run_batch(configs, run_dirs, resume=resume, progress=lambda n: q.put(("progress", n)))
         q.put(("done", chunk_id, summaries))
-    except RunError as err:
-        q.put(("error", chunk_id, str(err)))
+    except StareLabError as err:  # e.g. a plugin loss's LossError: the parent raises it as it is (one line)
+        try:
+            pickle.dumps(err)
+        except Exception:  # noqa: BLE001 - a plugin's own error class that does not pickle: its message
+            err = RunError(str(err))
+        q.put(("error", chunk_id, err))
     except BaseException as err:  # noqa: BLE001 - report anything else to the parent, which raises it
         oom = _oom_error(err)
-        q.put(("error", chunk_id, str(oom)) if oom else ("crash", chunk_id, f"{type(err).__name__}: {err}"))
+        q.put(("error", chunk_id, oom) if oom else ("crash", chunk_id, f"{type(err).__name__}: {err}"))
 
 
 def run_many(
@@ -226,7 +231,7 @@ def run_many(
     if meanwhile is not None:
         meanwhile()  # the workers' messages wait in the queue
     results: dict[int, list[dict[str, Any]]] = {}
-    errors: list[str] = []
+    errors: list[StareLabError] = []
     crashes: list[str] = []
     reported: set[int] = set()
     try:
@@ -259,7 +264,7 @@ def run_many(
     if crashes:
         raise RuntimeError(f"a simulation worker failed: {crashes[0]}")
     if errors:
-        raise RunError(errors[0])
+        raise errors[0]
     out: list[dict[str, Any] | None] = [None] * len(configs)
     for cid, idx in enumerate(parts):
         for i, s in zip(idx, results[cid]):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_thread_defaults()  # before any command imports torch (stare_lab.threads)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None  # cleans up as Ctrl-C does
+    _HANDLER_PID.append(os.getpid())
     try:
         from .plugins import load_plugins
 
@@ -127,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stare-lab {args.command}: {'terminated' if term else 'interrupted'}", file=sys.stderr)
         return 128 + (signal.SIGTERM if term else signal.SIGINT)
     finally:
+        _HANDLER_PID.pop()
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
 
@@ -136,7 +139,15 @@ class Terminated(KeyboardInterrupt):
     that the same clean-up runs: worker processes stopped, locks released; the command exits 143."""
 
 
+#: The process that installed the SIGTERM handler (a forked child inherits the handler, not the role).
+_HANDLER_PID: list[int] = []
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    if _HANDLER_PID and os.getpid() != _HANDLER_PID[-1]:  # a forked worker (a Pool's, a simulator's): the default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated()
 
 

@@ -91,3 +91,27 @@ def test_workers_end_with_a_killed_parent(tmp_path):
     proc.kill()
     proc.communicate(timeout=60)
     assert _gone(workers), "workers outlived their killed parent"
+
+
+def test_a_forked_child_keeps_the_default_sigterm():
+    """The CLI's SIGTERM handler raises only in the process that installed it: a forked child (a figure Pool's
+    worker, terminated by Pool.__exit__) dies of the signal instead of raising Terminated and printing a traceback
+    on a run that succeeded. Before: the child raised, ran its clean-up and exited 0."""
+    from stare_lab import cli
+
+    previous = signal.signal(signal.SIGTERM, cli._raise_terminated)
+    cli._HANDLER_PID.append(os.getpid())
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    finally:
+        cli._HANDLER_PID.pop()
+        signal.signal(signal.SIGTERM, previous)

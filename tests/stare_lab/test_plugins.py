@@ -95,13 +95,16 @@ LOSS_PLUGIN = ("import torch\nfrom stare_lab.losses import register_policy_loss\
     ("raise ValueError('plugin bug')", "policy loss 'bad' raised ValueError: plugin bug"),
     ("return torch.full_like(ctx.ratio, float('nan')), {}", "policy loss 'bad' returned a non-finite value (nan)"),
 ])
-def test_a_plugin_loss_that_fails_is_one_cli_line(tmp_path, body, message):
-    """``simulate`` with a plugin loss that raises or returns NaN: exit 1 and one stderr line naming the loss."""
+@pytest.mark.parametrize("methods", ["bad", "grpo,bad"])
+def test_a_plugin_loss_that_fails_is_one_cli_line(tmp_path, body, message, methods):
+    """``simulate`` with a plugin loss that raises or returns NaN: exit 1 and one stderr line naming the loss, in
+    one process and with the runs spread over two worker processes (the worker's error crosses to the parent as
+    it is)."""
     import subprocess
 
     (tmp_path / "bad.py").write_text(LOSS_PLUGIN.format(body=body))
-    argv = ["--plugin", str(tmp_path / "bad.py"), "simulate", "--preset", "collapse", "--seeds", "1", "--steps", "2",
-            "--no-plots", "--out", str(tmp_path / "run"), "--methods", "bad"]
+    argv = ["--plugin", str(tmp_path / "bad.py"), "simulate", "--preset", "collapse", "--seeds", "2", "--steps", "2",
+            "--no-plots", "--out", str(tmp_path / "run"), "--methods", methods, "--workers", "2"]
     proc = subprocess.run([sys.executable, "-m", "stare_lab.cli", *argv], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
