@@ -427,6 +427,28 @@ def test_out_with_a_trailing_slash_is_refused(sweep, base, tmp_path, monkeypatch
     assert not (tmp_path / "dir").exists()
 
 
+def test_out_inside_a_run_or_sweep_is_refused_even_with_overwrite(sweep, base, tmp_path, capsys):
+    """Fresh-user item: `promote ... --out runs/tiny/config.yaml --overwrite` replaced a trainer run's own config
+    (and `--out SWEEP/summary.json` a sweep's summary). A file inside a folder that holds a run, a sweep or an
+    evaluation is refused whatever the options, and left as it was."""
+    run = tmp_path / "tiny"
+    run.mkdir()
+    (run / "config.yaml").write_text("source: trainer\nmethod: c2\n")
+    before = (run / "config.yaml").read_bytes()
+    other = tmp_path / "other_sweep"
+    other.mkdir()
+    (other / "summary.json").write_text(json.dumps({"preset": "demo", "methods": {}}))
+    for target, kind in ((run / "config.yaml", "trainer run (config.yaml)"),
+                         (other / "summary.json", "simulate sweep (summary.json)")):
+        snapshot = target.read_bytes()
+        assert cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(target),
+                         "--overwrite"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"which holds a {kind}" in err[0], err
+        assert target.read_bytes() == snapshot
+    assert (run / "config.yaml").read_bytes() == before
+
+
 def test_verl_format_writes_its_provenance(sweep, base, tmp_path, capsys):
     """Fresh-user promote item 4: --format verl writes Hydra override lines (not YAML) and the provenance JSON
     beside them, as the YAML format does; a .yaml name for them gets a notice proposing .overrides."""

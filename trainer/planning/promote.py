@@ -450,6 +450,12 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out={str(out)!r}: directory {str(out.parent)!r} does not exist")
     if out.is_dir():
         raise ConfigError(f"--out={str(out)!r} is a directory; give a file name")
+    from stare_lab.outdir import held_kind
+
+    held = held_kind(out.parent)  # a run's, a sweep's or an evaluation's own folder: its files are not promote's
+    if held is not None:
+        raise RunError(f"--out={str(out)!r} is inside {str(out.parent)!r}, which holds a {held[0]} ({held[1]}): "
+                       "promote does not write there, --overwrite or not; give a path outside it")
     if out.exists() and not getattr(args, "overwrite", False):
         raise RunError(f"--out={str(out)!r} already exists; pass --overwrite to replace it")
     text, provenance, notices = promote(
