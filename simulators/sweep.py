@@ -295,6 +295,13 @@ def plan_sweep(
     both = grid_keys & {o.split("=", 1)[0].strip() for o in overrides}
     if both:
         raise ConfigError(f"{sorted(both)[0]} is both overridden and swept: give it once")
+    if kind == "transformer":
+        import importlib.util
+
+        if importlib.util.find_spec("transformers") is None:
+            raise ConfigError(f"preset {preset!r} runs a transformers model, and transformers is not installed (the "
+                              "demo's install holds the tabular simulators only): `make install`, or pip install "
+                              "-e '.[trainer]'")
     module = simulator_module(kind)
     user_keys |= grid_keys
     configs, run_dirs, groups = {}, {}, {}

@@ -577,3 +577,16 @@ def test_resume_with_a_lost_final_row_is_one_line_up_front(tmp_path, capsys):
                 "does not hold exactly the rows of steps 1..4 (last good row: step 3;") in err
         assert err.endswith("rerun with --overwrite to start the run afresh")
         assert {p.name: p.read_bytes() for p in (out / "grpo" / "seed0").iterdir() if p.is_file()} == other
+
+
+def test_transformer_preset_without_transformers_is_one_line(tmp_path, monkeypatch, capsys):
+    """With the demo's install only (no transformers), the transformer presets say what to install instead of a
+    ModuleNotFoundError traceback (find_spec is made to miss transformers)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    assert simulate("--preset", "transformer", "--out", str(tmp_path / "tf")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "transformers is not installed" in err[0] and "make install" in err[0], err
+    assert not (tmp_path / "tf").exists()

@@ -136,7 +136,12 @@ def load_arch(model_path: str, arch_file: str | None = None) -> Arch:
         ConfigError: no ``config.json`` found, or transformers cannot build the architecture.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as err:
+        raise ConfigError(f"stare-lab plan builds the model's architecture with transformers, which cannot be "
+                          f"imported ({err}): `make install`, or pip install -e '.[trainer]'") from None
 
     path = Path(arch_file) if arch_file else _find_config(model_path)
     if not path.is_file():
