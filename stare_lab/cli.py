@@ -124,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StareLabError as err:
         print(f"stare-lab {args.command}: error: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`stare-lab ... | head`): not an error of the command
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 141
     except KeyboardInterrupt as err:
         term = isinstance(err, Terminated)
         print(f"stare-lab {args.command}: {'terminated' if term else 'interrupted'}", file=sys.stderr)
