@@ -130,7 +130,9 @@ def critical_summary(
             where = f"{method} W sweep" + (f" at {label}" if label else "")
             measured = None if adaptive else measured_strength(
                 held_by_w, m, f"{where}: grid {', '.join(f'{w:g}' for w in sorted(by_w))}; {n_seeds} seeds")
-            held = [r for w, g in by_w.items() if _holds(held_by_w[w]) for r in g["runs"].values()]
+            # the runs that held the band, each on its own (stare_lab.critical.run_strengths' definition: the
+            # predicted W here and in the strengths is one number)
+            held = [r for g in by_w.values() for r in g["runs"].values() if band_held(r)]
             grpo = [g for g in groups.values() if not g["is_stare"] and g["method"] in ("grpo", "grpo-ds")
                     and all(g["point"].get(k) == v for k, v in sl["point"].items())]
             run_groups = [{"label": _group_label(g, method), "stare": True, "m": m, "runs": list(g["runs"].values())}

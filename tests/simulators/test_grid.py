@@ -28,8 +28,9 @@ def test_method_points_drop_stare_keys_for_non_stare_methods():
 
 
 def test_critical_summary_on_constructed_groups():
-    """W grid 1.1/1.2/1.3/1.5, band 0.05: 1.2 misses on one seed (0.063) → measured 1.3; the held runs (1.3, 1.5)
-    have second-half maxima of W* 1.26, 1.28, 1.27, 1.25 → predicted (median) 1.265; GRPO's W* at the crossing
+    """W grid 1.1/1.2/1.3/1.5, band 0.05: 1.2 misses on one seed (0.063) → measured 1.3; the runs that held are
+    five (seed 0 at 1.2, 0.04 < 0.05, without a W*; the four at 1.3 and 1.5), the four with W* have second-half maxima
+    1.26, 1.28, 1.27, 1.25 → predicted (median) 1.265, the same number the labelled strength gives; GRPO's W* at the crossing
     1.5, 1.4 → 1.45. Tolerance max(0.35 × 0.3, 0.1) = 0.105 → the prediction (|1.265 − 1.3| = 0.035) is inside."""
     def runs(devs, crit=None):
         return {f"seed{i}": {"mean_abs_dev_second_half": d, "critical_w": (crit or [None] * len(devs))[i],
@@ -46,7 +47,7 @@ def test_critical_summary_on_constructed_groups():
         "o1 [W=1.5]": {"method": "o1", "point": {W: 1.5}, "is_stare": True, "runs": runs([0.0, 0.001], [1.27, 1.25])},
     }
     c = critical_summary(groups, [(W, [1.1, 1.2, 1.3, 1.5])], 0.05)["o1"]
-    assert c["measured_w"] == 1.3 and c["held_runs"] == 4
+    assert c["measured_w"] == 1.3 and c["held_runs"] == 5
     assert c["predicted_w"] == pytest.approx(1.265) and c["predicted_w_grpo"] == pytest.approx(1.45)
     assert c["grid_step"] == pytest.approx(0.1) and c["tolerance"] == pytest.approx(0.105)
     assert c["predicted_w_within_tolerance"] is True
