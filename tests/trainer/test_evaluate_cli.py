@@ -126,3 +126,51 @@ def test_gsm8k_and_all_resolve_to_bundled_data():
 def test_rel_tol_is_validated(value, capsys):
     rc = cli_main(["evaluate", "--model", "m", "--benchmarks", "aime24", "--rel-tol", value])
     assert rc == 1 and "eval.rel_tol=" in _one_line_error(capsys)
+
+
+def test_resume_refuses_a_model_whose_files_changed(tmp_path, capsys):
+    """eval.json records the model's fingerprint; ``--resume`` reports a finished evaluation again only while the
+    model's files are unchanged (e.g. not after ``train --overwrite``); an eval.json without one is accepted."""
+    from trainer.engines.rollout import RolloutOutput
+    from trainer.evaluation.cli import model_fingerprint
+
+    model, out, src = tmp_path / "model", tmp_path / "eval", tmp_path / "mine.jsonl"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}\n')
+    (model / "model.safetensors").write_bytes(b"old weights")
+    src.write_text(json.dumps({"id": "0", "problem": "1+1?", "answer": "2"}) + "\n")
+    argv = ["--model", str(model), "--benchmarks", "mine", "--file", f"mine={src}", "--n", "2", "--engine", "hf",
+            "--out", str(out)]
+
+    class Tok:  # characters as token ids
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
+    class Engine:
+        def generate(self, prompts, sampling):
+            return [[RolloutOutput(pi, ids, [1], [0.0], "\\boxed{2}", "stop") for _ in range(sampling.n)]
+                    for pi, ids in enumerate(prompts)]
+
+    fp = model_fingerprint(model)
+    evaluate_engine(Engine(), Tok(), config_from_args(_parser().parse_args(argv)), out_dir=out,
+                    model_name=str(model), model_fingerprint=fp)
+    assert json.loads((out / "eval.json").read_text())["model_fingerprint"] == fp
+    assert cli_main(["evaluate", *argv, "--resume"]) == 0
+    assert "already holds this evaluation (same model and settings): not recomputed" in capsys.readouterr().out
+    before = (out / "eval.json").read_bytes()
+
+    (model / "model.safetensors").write_bytes(b"new weights, another checkpoint")
+    assert model_fingerprint(model) != fp
+    assert cli_main(["evaluate", *argv, "--resume"]) == 1
+    assert _one_line_error(capsys) == (
+        f"stare-lab evaluate: error: --resume: the model at {str(model)!r} changed since the evaluation in "
+        f"{str(out)!r} (its files differ): pass --overwrite to re-evaluate")
+    assert (out / "eval.json").read_bytes() == before
+
+    old = json.loads(before)  # written before fingerprints were recorded: accepted on path and settings
+    del old["model_fingerprint"]
+    (out / "eval.json").write_text(json.dumps(old))
+    assert cli_main(["evaluate", *argv, "--resume"]) == 0
+    assert "not recomputed" in capsys.readouterr().out

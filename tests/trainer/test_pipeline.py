@@ -167,7 +167,8 @@ def test_evaluation_failure_never_loses_the_step(deps, tiny_model, gsm8k_digits,
     (1) the evaluation of step 1 raises (STARE_LAB_FAULT=1:eval_error): the run goes on; row 1 has eval/failed=1,
     eval/errors.jsonl names step 1; step 2 evaluates normally (eval/failed=0, its eval/accuracy in its row).
     (2) a kill during the evaluation of the last step (1:eval, exit 137): row 1 and the complete checkpoint of step 1
-    are on disk; re-running sees a finished run, builds nothing, and publishes summary.json and final_model."""
+    are on disk; re-running sees a finished run, builds nothing, and publishes summary.json and final_model.
+    A resume with total_steps below the steps done is refused (a resume does not shorten a run)."""
     ev = tmp_path / "eval.yaml"
     ev.write_text(yaml.safe_dump({"benchmarks": ["math500"], "limit": 1, "n": 1, "max_tokens": 4,
                                   "max_prompt_length": 200}))
@@ -180,6 +181,13 @@ def test_evaluation_failure_never_loses_the_step(deps, tiny_model, gsm8k_digits,
     assert r2["eval/failed"] == 0 and r2["eval/accuracy"] == 0.0
     (err,) = [json.loads(line) for line in (out / "eval" / "errors.jsonl").read_text().splitlines()]
     assert err["step"] == 1 and err["error"] == "RuntimeError"
+    # a resume never shortens a finished run: total_steps=1 < its 2 steps is refused in one line, nothing touched
+    rows = (out / "metrics.jsonl").read_text()
+    proc = _run(_resumed(_config(tiny_model, gsm8k_digits, out, **over, **{"schedule.total_steps": 1})), tmp_path,
+                expect_rc=1)
+    assert (f"--resume: {str(out)!r} has 2 steps done, more than schedule.total_steps=1; a resume continues a run, "
+            "it does not shorten it: give total_steps >= 2, or --overwrite") in proc.stderr
+    assert "Traceback" not in proc.stderr and (out / "metrics.jsonl").read_text() == rows
 
     out = tmp_path / "b"
     cfg = _config(tiny_model, gsm8k_digits, out, **over, **{"schedule.total_steps": 1})

@@ -11,8 +11,9 @@ package unless ``--data-dir`` / ``--file`` say otherwise.
 ``--out`` follows the one policy of every command (:func:`stare_lab.outdir.claim_out`), under the directory's lock
 (:func:`stare_lab.runlock.lock_dir`): an ``--out`` that holds an evaluation is refused (and left untouched) unless
 ``--overwrite`` (removes only an evaluation's files, :data:`EVAL_OUTPUTS`) or ``--resume`` (a finished evaluation
-with the same model and settings is reported again, nothing is recomputed; other settings are refused; an
-unfinished one — results are written at the end — is run again). Engine logs (vLLM, transformers) are hidden as
+with the same model and settings is reported again, nothing is recomputed; other settings, or a model whose files
+changed since (:func:`model_fingerprint`, recorded as ``model_fingerprint``), are refused; an unfinished one —
+results are written at the end — is run again). Engine logs (vLLM, transformers) are hidden as
 in ``stare-lab train`` unless ``--verbose`` (:func:`trainer.output.configure_output`).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from stare_lab.errors import ConfigError, RunError
 from trainer.evaluation.benchmarks import BENCHMARKS, canonical_name, resolve_benchmarks
 from trainer.evaluation.evaluate import EvalConfig, evaluate_engine, load_problems
 
-__all__ = ["add_arguments", "config_from_args", "check_results_out", "EVAL_OUTPUTS", "main"]
+__all__ = ["add_arguments", "config_from_args", "check_results_out", "model_fingerprint", "EVAL_OUTPUTS", "main"]
 
 #: CLI option → EvalConfig field, for options that default to the config's value.
 _CLI_FIELDS = {
@@ -120,15 +122,32 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return from_dict(EvalConfig, to_dict(data), prefix="eval")
 
 
+def model_fingerprint(model: str | Path) -> str:
+    """sha256 over the sorted (name, size, mtime_ns) of the regular files at the top of the model directory
+    (weights, config, tokenizer; an evaluation's own files and hidden files are left out). Cheap: nothing is read."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for entry in sorted(os.scandir(model), key=lambda e: e.name):
+        if entry.name.startswith(".") or entry.name in EVAL_OUTPUTS or not entry.is_file():
+            continue
+        st = entry.stat()
+        h.update(f"{entry.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def check_results_out(out: str | Path, overwrite: bool, resume: bool = False, model: str | None = None,
-                      cfg: EvalConfig | None = None) -> dict[str, Any] | None:
+                      cfg: EvalConfig | None = None, fingerprint: str | None = None) -> dict[str, Any] | None:
     """The ``--out`` policy of an evaluation (module docstring; call it holding ``out``'s lock): refuse an ``--out``
     with an evaluation's files unless ``overwrite`` (they are removed) or ``resume``. Returns the finished
-    ``eval.json`` to report again when ``resume`` finds one of the same ``model`` and ``cfg``, else None.
+    ``eval.json`` to report again when ``resume`` finds one of the same ``model``, ``cfg`` and model
+    ``fingerprint`` (:func:`model_fingerprint`), else None. An ``eval.json`` without ``model_fingerprint`` (written
+    before it was recorded) is accepted on its path and settings alone.
 
     Raises:
         RunError: ``--out`` holds an evaluation and neither option is given (nothing is touched); ``resume`` of an
-            evaluation with another model or other settings (naming the first differing setting).
+            evaluation with another model, other settings (naming the first differing setting) or a model whose
+            files changed since.
         ConfigError: both options.
     """
     from stare_lab.files import read_json
@@ -145,6 +164,10 @@ def check_results_out(out: str | Path, overwrite: bool, resume: bool = False, mo
     if model is not None and old.get("model") != model:
         raise RunError(f"--out {str(out)!r} holds the evaluation of model {old.get('model')!r}, not {model!r}; "
                        "pass --overwrite to replace it, or choose another --out")
+    old_fp = old.get("model_fingerprint")
+    if fingerprint is not None and old_fp is not None and old_fp != fingerprint:
+        raise RunError(f"--resume: the model at {model!r} changed since the evaluation in {str(out)!r} (its files "
+                       "differ): pass --overwrite to re-evaluate")
     for key in sorted(set(old_settings) | set(new_settings)):
         if old_settings.get(key) != new_settings.get(key):
             raise RunError(f"--out {str(out)!r} holds an evaluation with {key}={old_settings.get(key)!r}, this one "
@@ -218,11 +241,13 @@ def main(args: argparse.Namespace) -> int:
     _check_model(args, cfg)
     # one writer per --out; an --out created here is removed again if nothing was written (lock_dir)
     with lock_dir(args.out, command=f"stare-lab evaluate --out {args.out}", option="--out"):
-        result = check_results_out(args.out, overwrite, resume, model=str(args.model), cfg=cfg)
+        fingerprint = model_fingerprint(args.model)  # before loading: the files the evaluation reads
+        result = check_results_out(args.out, overwrite, resume, model=str(args.model), cfg=cfg,
+                                   fingerprint=fingerprint)
         if result is None:
             engine, tokenizer = _make_engine(args, cfg)
             result = evaluate_engine(engine, tokenizer, cfg, out_dir=args.out, model_name=str(args.model),
-                                     problems=problems)
+                                     problems=problems, model_fingerprint=fingerprint)
         else:
             print(f"{args.out} already holds this evaluation (same model and settings): not recomputed")
     for name, m in result["benchmarks"].items():

@@ -7,7 +7,7 @@ package (:data:`trainer.evaluation.benchmarks.BUNDLED_DIR`); ``EvalConfig.files`
 
 Outputs in ``DIR``:
 
-* ``eval.json`` — ``{"model", "settings", "benchmarks": {name: {"n_problems", "k", "avg@k", "pass@k", "maj@k",
+* ``eval.json`` — ``{"model", ["model_fingerprint",] "settings", "benchmarks": {name: {"n_problems", "k", "avg@k", "pass@k", "maj@k",
   "mean_response_tokens", "frac_no_boxed", "pass_at": {"1": …, "2": …, …}, "status": {…}}}, "average"}``
   (with tools also ``tool_calls_per_response``, ``tool_error_frac``). Accuracies are fractions in [0, 1] (Table 2
   shows percent). ``average`` is the unweighted mean of the benchmarks' avg@k, as Table 2's "avg" column.
@@ -374,6 +374,7 @@ def evaluate_engine(
     model_name: str = "",
     problems: dict[str, list[Problem]] | None = None,
     dist: Any = None,
+    model_fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate with an existing rollout engine (:class:`trainer.engines.rollout.RolloutEngine`).
 
@@ -396,6 +397,7 @@ def evaluate_engine(
         dist: the rank layout (:class:`trainer.engines.launch.DistInfo`: ``rank``, ``world_size``, ``dp_rank``,
             ``dp_size``, ``tp_rank``) of an initialised ``torch.distributed`` job; ``None`` = one process.
             Collective: every rank must call with the same ``cfg``.
+        model_fingerprint: recorded as ``model_fingerprint`` when given (``stare-lab evaluate --resume`` checks it).
 
     Returns:
         the ``eval.json`` content (see the module docstring).
@@ -420,6 +422,8 @@ def evaluate_engine(
         sample_fh = open(out / "samples.jsonl.partial", "w", encoding="utf-8")
     result: dict[str, Any] = {"model": model_name, "settings": _settings(cfg, dp_size), "benchmarks": {},
                               "average": None}
+    if model_fingerprint is not None:
+        result["model_fingerprint"] = model_fingerprint
     t0 = time.perf_counter()
     try:
         for name in cfg.benchmarks:

@@ -88,7 +88,8 @@ def train(cfg: TrainerConfig) -> Path:
     numbers count optimizer updates from 1 (row N = the N-th update; its ``entropy`` is measured before it). At the
     end the last checkpoint's HF export is published as ``OUT/final_model`` (weights, config, tokenizer). A run
     directory whose checkpoint is already at ``total_steps`` is not rebuilt: its summary is recomputed from
-    metrics.jsonl and ``final_model`` published if missing.
+    metrics.jsonl and ``final_model`` published if missing; one beyond ``total_steps`` is refused (a resume does
+    not shorten a run).
 
     The run directory (``OUT``) has one writer: rank 0 holds its lock (:func:`stare_lab.runlock.lock_dir`) for the
     whole call, taken before anything in it is read for the resume decision, written or deleted. ``OUT`` holding
@@ -104,8 +105,8 @@ def train(cfg: TrainerConfig) -> Path:
             settings, see :data:`trainer.run.preflight.RESUME_KEYS`).
         DataError: bad data records, a prompt too long with ``data.truncation=error``, a failing reward function
             with ``reward.on_error=raise``, unreadable benchmark data of the periodic evaluation.
-        RunError: run directory not creatable, already holds a run and resume is ``never``, or is in use by
-            another writer (:class:`stare_lab.runlock.RunLockError`, naming it).
+        RunError: run directory not creatable, already holds a run and resume is ``never``, holds more steps than
+            ``total_steps``, or is in use by another writer (:class:`stare_lab.runlock.RunLockError`, naming it).
     """
     cpu_env_defaults()
     cfg.require_model_and_data()
@@ -146,7 +147,11 @@ def _train(cfg: TrainerConfig, out: Path) -> Path:
     if latest is not None:
 
         done = int(json.loads((latest / "trainer_state.json").read_text())["step"])
-        if done >= s.total_steps:  # nothing to do: never rebuild engines for a finished run
+        if done > s.total_steps:
+            raise RunError(f"--resume: {str(out)!r} has {done} steps done, more than schedule.total_steps="
+                           f"{s.total_steps}; a resume continues a run, it does not shorten it: give total_steps >= "
+                           f"{done}, or --overwrite")
+        if done == s.total_steps:  # nothing to do: never rebuild engines for a finished run
             if int(os.environ.get("RANK", "0")) == 0:
                 rows = read_rows(out)
                 old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
