@@ -6,7 +6,8 @@
   and refuses a directory whose ``config.yaml`` says another kind of run (``source``) wrote it;
 * ``--resume`` and ``--overwrite`` exclude each other;
 * a directory that holds another kind of output (:func:`held_kind`: a trainer run, a simulate sweep, an
-  evaluation, a calibration) is refused whatever the options: no command writes over, resumes or removes another's output.
+  evaluation, a calibration) is refused whatever the options: no command writes over, resumes or removes another's
+  output.
 
 The caller holds the directory's lock (:func:`stare_lab.runlock.lock_dir`) while it applies the policy and runs.
 ``simulate`` applies the same rules per run directory of its sweep (:mod:`simulators.sweep`).
