@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stare_lab.critical import STRENGTH_KINDS
-from stare_lab.errors import ConfigError
+from stare_lab.errors import ConfigError, RunError
 from stare_lab.runlock import LOCK_FILE, lock_dir
 
 from . import phase, plots, stats
@@ -33,9 +33,11 @@ from .verdict import comparison_verdict
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Doc", "ReportFiles", "write_report", "report_data", "FORMATS"]
+__all__ = ["Doc", "ReportFiles", "write_report", "report_data", "report_outputs", "FORMATS", "FIGURES"]
 
 FORMATS = ("png", "svg", "pdf")
+#: the report's figures (file names without the format); a report folder is rewritten whole (:func:`report_outputs`)
+FIGURES = ("dynamics", "prediction", "quadrants", "phase", "cross_source", "metrics")
 _MIME = {"png": "image/png", "svg": "image/svg+xml"}
 _MAX_WARNINGS = 60
 
@@ -281,7 +283,8 @@ def write_report(
 
     Args:
         cmp: the grouped runs (:func:`analysis.compare`).
-        out_dir: created if missing; files are overwritten.
+        out_dir: created if missing; the files a previous report wrote there (:func:`report_outputs`: every
+            figure, in any format, and ``report.*``) are removed first, so it holds only this report.
         fmt: figure format: ``png``, ``svg`` or ``pdf`` (for pdf the HTML embeds PNG renders of the figures).
         metrics: extra metric keys to plot over steps and list in the summary table.
         paper: a Table-2 CSV (see :mod:`analysis.paper`) to put reported numbers next to measured ones.
@@ -324,6 +327,22 @@ def write_report(
             raise
 
 
+def report_outputs() -> list[str]:
+    """The names a report writes in its folder (every figure in every format, ``report.md/.html/.json``)."""
+    return [f"{name}.{fmt}" for name in FIGURES for fmt in FORMATS] + ["report.md", "report.html", "report.json"]
+
+
+def _remove_previous(out: Path) -> None:
+    """Remove the files a previous report wrote in ``out`` (:func:`report_outputs`; nothing else)."""
+    for name in report_outputs():
+        p = out / name
+        if p.is_file() or p.is_symlink():
+            try:
+                p.unlink()
+            except OSError as err:
+                raise RunError(f"cannot remove the previous report's {str(p)!r}: {err.strerror or err}") from None
+
+
 def _css_width(png: bytes, dpi: int) -> int:
     """The CSS width (pixels, 96 per inch) of a PNG rendered at ``dpi``: its figure's width in inches (the PNG's
     width is bytes 16–19 of its header, big-endian)."""
@@ -341,6 +360,7 @@ def _write(
     def add_figure(doc: Doc, name: str, fig: Any, alt: str) -> None:
         if fig is None:
             return
+        assert name in FIGURES, name  # a new figure is listed there, so a later report removes it
         path = out / f"{name}.{fmt}"
         figures[name] = path
         built.append((fig, path))
@@ -439,6 +459,7 @@ def _write(
     else:
         doc.p("None.")
 
+    _remove_previous(out)  # the folder holds only this report: no stale figure of a previous one survives
     pngs = plots.save_figures(built, dpi, png_copies=fmt == "pdf")
     images = {}
     for (_, path), png in zip(built, pngs):

@@ -93,6 +93,8 @@ from typing import Any, Callable, Sequence
 
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.errors import ConfigError, DataError, RunError
+from stare_lab.outdir import CALIBRATION, check_kind
+from stare_lab.runlock import live_holder_above, lock_dir
 from stare_lab.runs import read_run
 from stare_lab.summary import band_held, run_summary, summary_settings
 
@@ -107,7 +109,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "KNOBS", "DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS", "Probe", "probe_window",
     "probe_kind", "held_balance", "read_probe", "matched_target", "residual", "toy_observables", "fit_knobs",
-    "critical_sweep", "calibrate", "PRESET",
+    "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
 ]
 
 #: the preset whose knobs are fitted
@@ -126,6 +128,8 @@ DEFAULT_GRID: dict[str, list] = {
 DEFAULT_W_GRID = [1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]
 #: the probe / toy window as a share of the run's steps (unless ``window`` is given)
 WINDOW_FRAC = 0.1
+#: what a calibration writes in its ``OUT`` (all that ``--overwrite`` removes)
+OUTPUTS = ("calibration.json", "fit.json", "fit", "sweep", "calibration.json.tmp")
 #: the C2 M of the sweep unless given (the paper's, docs/theory.md §4)
 DEFAULT_C2_M = 0.9
 #: where the probe is read (module docstring, step 1): ``crossing`` = around a GRPO run's first step below the
@@ -528,11 +532,14 @@ def calibrate(
 ) -> dict[str, Any]:
     """Calibrate the ``llm`` toy to the probe ``paths`` and sweep it (module docstring); writes ``out/fit/``,
     ``out/sweep/``, ``out/fit.json`` and ``out/calibration.json`` and returns the latter's dict. ``overwrite``
-    replaces a previous calibration in ``out`` (those four entries; nothing else is touched).
+    replaces a previous calibration in ``out`` (those four entries; nothing else is touched). ``out``'s lock
+    (:func:`stare_lab.runlock.lock_dir`) is held for the whole calibration.
 
     Raises:
         ConfigError / DataError / RunError: as :func:`read_probe`, :func:`fit_knobs` and :func:`critical_sweep`;
-            RunError also when ``out`` already holds a calibration and ``overwrite`` is False, or is not writable.
+            RunError also when ``out`` already holds a calibration and ``overwrite`` is False, is not writable,
+            holds another kind of output (:func:`stare_lab.outdir.check_kind`), is inside a directory another live
+            process writes, or is locked by another writer (:class:`stare_lab.runlock.RunLockError`).
     """
     out = Path(out)
     probe = read_probe(paths, target, initial_entropy, window, probe_kind)
@@ -541,13 +548,37 @@ def calibrate(
     ws = [_num(w) for w in w_grid]
     if not ws or any(w is None or w < 1 for w in ws):
         raise ConfigError(f"--w-grid={','.join(map(str, w_grid))} must be numbers >= 1")
-    taken = [out / name for name in ("calibration.json", "fit.json", "fit", "sweep") if (out / name).exists()]
-    if taken and not overwrite:
-        raise RunError(f"{str(out)!r} already holds a calibration ({taken[0].name}); pass --overwrite to replace it")
     check_writable_dir(out)
+    with lock_dir(out, command=f"stare-lab calibrate --out {out}", option="--out"):
+        _claim(out, overwrite)
+        return _run(probe, out, grid, fit_seeds, seeds, w_grid, c2_m, overrides, workers, progress)
+
+
+def _claim(out: Path, overwrite: bool) -> None:
+    """The ``--out`` policy (:mod:`stare_lab.outdir`) for a calibration, under ``out``'s lock: another kind of output
+    or a directory inside another live writer's is refused; a previous calibration without ``overwrite`` too, with
+    it only what a calibration writes (:data:`OUTPUTS`) is removed."""
+    check_kind(out, CALIBRATION)
+    holder = live_holder_above(out)
+    if holder is not None:
+        raise RunError(f"--out {str(out)!r} is inside {str(holder[0])!r}, which {holder[1]} is writing; choose an "
+                       "--out outside it")
+    taken = [out / name for name in OUTPUTS if (out / name).exists() or (out / name).is_symlink()]
+    if taken and not overwrite:
+        raise RunError(f"--out {str(out)!r} already holds a calibration ({taken[0].name}); pass --overwrite to "
+                       "replace it, or choose another --out")
     for path in taken:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+        logger.info("--overwrite: removing %s", path)
+        try:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        except OSError as err:
+            raise RunError(f"--overwrite: cannot remove {str(path)!r}: {err.strerror or err}") from None
+
+
+def _run(probe: Probe, out: Path, grid: dict[str, list] | None, fit_seeds: Sequence[int], seeds: Sequence[int],
+         w_grid: Sequence[float], c2_m: float, overrides: dict[str, Any] | None, workers: int | None,
+         progress: Callable[[int], None] | None) -> dict[str, Any]:
+    """Fit, sweep and write ``calibration.json`` (:func:`calibrate`, which holds ``out``'s lock)."""
     best, table = fit_knobs(probe, out / "fit", grid, fit_seeds, overrides, workers, progress)
     toy_target = best["target"]
     (out / "fit.json").write_text(json.dumps({"probe": dataclasses.asdict(probe), "settings": table}, indent=2,

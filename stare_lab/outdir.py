@@ -6,7 +6,8 @@
   and refuses a directory whose ``config.yaml`` says another kind of run (``source``) wrote it;
 * ``--resume`` and ``--overwrite`` exclude each other;
 * a directory that holds another kind of output (:func:`held_kind`: a trainer run, a simulate sweep, an
-  evaluation) is refused whatever the options: no command writes over, resumes or removes another's output.
+  evaluation, a calibration) is refused whatever the options: no command writes over, resumes or removes another's
+  output.
 
 The caller holds the directory's lock (:func:`stare_lab.runlock.lock_dir`) while it applies the policy and runs.
 ``simulate`` applies the same rules per run directory of its sweep (:mod:`simulators.sweep`).
@@ -27,13 +28,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["existing_outputs", "claim_out", "held_kind", "check_kind"]
 
 #: What marks each kind of output at the top of its directory (besides ``config.yaml``'s ``source``).
-SWEEP, EVALUATION = "simulate sweep", "evaluation"
+SWEEP, EVALUATION, CALIBRATION = "simulate sweep", "evaluation", "calibration"
 
 
 def held_kind(out: str | os.PathLike) -> tuple[str, str] | None:
     """``(kind, what marks it)`` of the output ``out`` holds, or None (nothing recognised; also for a missing
     directory): a run's ``source`` from its ``config.yaml`` (``trainer``, ``simulator``, ``trl``, …), a simulate
-    sweep (a ``summary.json`` with ``preset`` and ``methods``), an evaluation (``eval.json``). Unreadable files count
+    sweep (a ``summary.json`` with ``preset`` and ``methods``), an evaluation (``eval.json``), a calibration
+    (``calibration.json``, ``stare-lab calibrate``). Unreadable files count
     as nothing recognised (the command's own reader reports them when it reads them)."""
     from .files import read_json, read_yaml
 
@@ -56,12 +58,14 @@ def held_kind(out: str | os.PathLike) -> tuple[str, str] | None:
             return SWEEP, "summary.json"
     if (out / "eval.json").is_file():
         return EVALUATION, "eval.json"
+    if (out / "calibration.json").is_file():
+        return CALIBRATION, "calibration.json"
     return None
 
 
 def check_kind(out: str | os.PathLike, own: str, option: str = "--out") -> None:
     """Refuse ``out`` when it holds another kind of output than ``own`` (:func:`held_kind`; ``own`` as it names
-    it, e.g. ``"trainer run"``, :data:`SWEEP`, :data:`EVALUATION`).
+    it, e.g. ``"trainer run"``, :data:`SWEEP`, :data:`EVALUATION`, :data:`CALIBRATION`).
 
     Raises:
         RunError: one line naming the kind found, its marker and what to do.

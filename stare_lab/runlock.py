@@ -1,9 +1,9 @@
 """One writer per run directory: an exclusive OS file lock held for the life of a run (docs/design.md §4).
 
 Every command that writes or deletes in a run (or sweep, or report) directory — ``simulate``, ``train``,
-``evaluate``, ``analyze`` — takes :func:`lock_dir` on it BEFORE it writes or deletes anything there, and keeps it
-until it ends. A second writer gets :class:`RunLockError` at once, one line naming the holder (pid, host, start
-time, command), and has touched nothing.
+``evaluate``, ``calibrate``, ``analyze`` — takes :func:`lock_dir` on it BEFORE it writes or deletes anything there,
+and keeps it until it ends. A second writer gets :class:`RunLockError` at once, one line naming the holder (pid,
+host, start time, command), and has touched nothing.
 
 Mechanism: ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``DIR/.stare_lab.lock``. The kernel drops a flock when its holder
 dies (``kill -9`` included), so a lock left by a killed process is free: the next writer takes it and the holder
