@@ -86,21 +86,20 @@ import json
 import logging
 import math
 import os
-import shutil
 import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
-from stare_lab.errors import ConfigError, DataError, RunError
-from stare_lab.outdir import CALIBRATION, check_kind
-from stare_lab.runlock import live_holder_above, lock_dir
+from stare_lab.errors import ConfigError, DataError
+from stare_lab.runlock import lock_dir
 from stare_lab.runs import read_run
 from stare_lab.summary import band_held, run_summary, summary_settings
 
 from simulators.parallel import check_memory, run_many
 from simulators.presets import get_preset
 from simulators.sweep import check_writable_dir, plan_sweep, run_sweep
+from simulators.sweep_out import claim_calibration_out
 from simulators.tabular.runner import config_from_overrides, init_state, mean_entropy
 from simulators.tabular.tasks import reward_optimal_entropy
 
@@ -550,29 +549,8 @@ def calibrate(
         raise ConfigError(f"--w-grid={','.join(map(str, w_grid))} must be numbers >= 1")
     check_writable_dir(out)
     with lock_dir(out, command=f"stare-lab calibrate --out {out}", option="--out"):
-        _claim(out, overwrite)
+        claim_calibration_out(out, overwrite, OUTPUTS)
         return _run(probe, out, grid, fit_seeds, seeds, w_grid, c2_m, overrides, workers, progress)
-
-
-def _claim(out: Path, overwrite: bool) -> None:
-    """The ``--out`` policy (:mod:`stare_lab.outdir`) for a calibration, under ``out``'s lock: another kind of output
-    or a directory inside another live writer's is refused; a previous calibration without ``overwrite`` too, with
-    it only what a calibration writes (:data:`OUTPUTS`) is removed."""
-    check_kind(out, CALIBRATION)
-    holder = live_holder_above(out)
-    if holder is not None:
-        raise RunError(f"--out {str(out)!r} is inside {str(holder[0])!r}, which {holder[1]} is writing; choose an "
-                       "--out outside it")
-    taken = [out / name for name in OUTPUTS if (out / name).exists() or (out / name).is_symlink()]
-    if taken and not overwrite:
-        raise RunError(f"--out {str(out)!r} already holds a calibration ({taken[0].name}); pass --overwrite to "
-                       "replace it, or choose another --out")
-    for path in taken:
-        logger.info("--overwrite: removing %s", path)
-        try:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        except OSError as err:
-            raise RunError(f"--overwrite: cannot remove {str(path)!r}: {err.strerror or err}") from None
 
 
 def _run(probe: Probe, out: Path, grid: dict[str, list] | None, fit_seeds: Sequence[int], seeds: Sequence[int],

@@ -1,6 +1,6 @@
-"""A sweep's output directory (the one ``--out`` policy of :mod:`stare_lab.outdir` at a sweep's level): what
+"""The simulators' output directories (the one ``--out`` policy of :mod:`stare_lab.outdir`): for a sweep, what
 ``--out`` may hold, what ``--resume`` may continue, the runs of a previous sweep that ``--overwrite`` removes, and
-their removal (only what a simulator run wrote)."""
+their removal (only what a simulator run wrote); for a calibration, the same rules over what it writes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -19,7 +19,8 @@ from stare_lab.errors import RunError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_writable_dir", "check_previous_sweep", "check_resumable", "stale_runs", "remove_run", "clear_run"]
+__all__ = ["check_writable_dir", "check_previous_sweep", "check_resumable", "stale_runs", "remove_run", "clear_run",
+           "claim_calibration_out"]
 
 
 def check_writable_dir(out: Path) -> None:
@@ -58,14 +59,10 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
     Raises:
         RunError: one line naming what ``out`` holds and what to do.
     """
-    from stare_lab.outdir import SWEEP, check_kind
-    from stare_lab.runlock import live_holder_above
+    from stare_lab.outdir import SWEEP, check_kind, check_outside_writers
 
     check_kind(out, SWEEP)
-    holder = live_holder_above(out)
-    if holder is not None:
-        raise RunError(f"--out {str(out)!r} is inside {str(holder[0])!r}, which {holder[1]} is writing; choose an "
-                       "--out outside it")
+    check_outside_writers(out)
     summary = out / "summary.json"
     if not summary.is_file():
         return
@@ -176,3 +173,27 @@ def clear_run(run_dir: Path) -> None:
     ckpt = run_dir / "checkpoint"
     if ckpt.is_dir():
         shutil.rmtree(ckpt)
+
+
+def claim_calibration_out(out: Path, overwrite: bool, outputs: Sequence[str]) -> None:
+    """The ``--out`` policy (:mod:`stare_lab.outdir`) for a calibration, under ``out``'s lock: another kind of output
+    or a directory inside another live writer's is refused; a previous calibration without ``overwrite`` too, with
+    it only what a calibration writes (``outputs``) is removed.
+
+    Raises:
+        RunError: one line naming what ``out`` holds and what to do.
+    """
+    from stare_lab.outdir import CALIBRATION, check_kind, check_outside_writers
+
+    check_kind(out, CALIBRATION)
+    check_outside_writers(out)
+    taken = [out / name for name in outputs if (out / name).exists() or (out / name).is_symlink()]
+    if taken and not overwrite:
+        raise RunError(f"--out {str(out)!r} already holds a calibration ({taken[0].name}); pass --overwrite to "
+                       "replace it, or choose another --out")
+    for path in taken:
+        logger.info("--overwrite: removing %s", path)
+        try:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        except OSError as err:
+            raise RunError(f"--overwrite: cannot remove {str(path)!r}: {err.strerror or err}") from None

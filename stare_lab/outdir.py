@@ -25,7 +25,7 @@ from .errors import ConfigError, RunError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["existing_outputs", "claim_out", "held_kind", "check_kind"]
+__all__ = ["existing_outputs", "claim_out", "held_kind", "check_kind", "check_outside_writers"]
 
 #: What marks each kind of output at the top of its directory (besides ``config.yaml``'s ``source``).
 SWEEP, EVALUATION, CALIBRATION = "simulate sweep", "evaluation", "calibration"
@@ -129,3 +129,18 @@ def claim_out(out: str | os.PathLike, outputs: Sequence[str], *, source: str | N
         except OSError as err:
             raise RunError(f"--overwrite: cannot remove {str(p)!r}: {err.strerror or err}") from None
     return "overwrite"
+
+
+def check_outside_writers(out: str | os.PathLike, option: str = "--out") -> None:
+    """Refuse ``out`` inside a directory that another live process is writing (a sweep's method folder, a
+    calibration's ``fit/``): :func:`stare_lab.runlock.live_holder_above`.
+
+    Raises:
+        RunError: one line naming the directory and its holder.
+    """
+    from .runlock import live_holder_above
+
+    holder = live_holder_above(out)
+    if holder is not None:
+        raise RunError(f"{option} {str(out)!r} is inside {str(holder[0])!r}, which {holder[1]} is writing; choose "
+                       f"{option} outside it")
