@@ -18,6 +18,16 @@ from trainer.evaluation.evaluate import EvalConfig, evaluate_engine, load_proble
 from trainer.evaluation.cli import add_arguments, config_from_args
 
 
+
+
+class _CharTokenizer:
+    """Characters as token ids (the scripted evaluations' tokenizer)."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) for c in text]}
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -84,12 +94,6 @@ def test_custom_benchmark_evaluates_end_to_end(tmp_path):
     src.write_text("".join(json.dumps({"id": str(i), "problem": f"{i}+{i}?", "answer": str(2 * i)}) + "\n"
                            for i in range(4)))
 
-    class Tok:  # characters as token ids
-        chat_template = None
-
-        def __call__(self, text, add_special_tokens=True):
-            return {"input_ids": [ord(c) for c in text]}
-
     class Engine:
         def generate(self, prompts, sampling):
             outs = []
@@ -101,7 +105,7 @@ def test_custom_benchmark_evaluates_end_to_end(tmp_path):
 
     cfg = EvalConfig(benchmarks=["mine"], files={"mine": str(src)}, n=2, use_chat_template=False,
                      prompt_template="{problem}")
-    res = evaluate_engine(Engine(), Tok(), cfg, out_dir=tmp_path / "o")
+    res = evaluate_engine(Engine(), _CharTokenizer(), cfg, out_dir=tmp_path / "o")
     assert res["benchmarks"]["mine"]["avg@k"] == 0.5 and res["average"] == 0.5  # i = 0, 2 right; 1, 3 wrong
     assert json.loads((tmp_path / "o" / "eval.json").read_text())["benchmarks"]["mine"]["n_problems"] == 4
     assert not list((tmp_path / "o").glob("*.partial"))
@@ -142,19 +146,13 @@ def test_resume_refuses_a_model_whose_files_changed(tmp_path, capsys):
     argv = ["--model", str(model), "--benchmarks", "mine", "--file", f"mine={src}", "--n", "2", "--engine", "hf",
             "--out", str(out)]
 
-    class Tok:  # characters as token ids
-        chat_template = None
-
-        def __call__(self, text, add_special_tokens=True):
-            return {"input_ids": [ord(c) for c in text]}
-
     class Engine:
         def generate(self, prompts, sampling):
             return [[RolloutOutput(pi, ids, [1], [0.0], "\\boxed{2}", "stop") for _ in range(sampling.n)]
                     for pi, ids in enumerate(prompts)]
 
     fp = model_fingerprint(model)
-    evaluate_engine(Engine(), Tok(), config_from_args(_parser().parse_args(argv)), out_dir=out,
+    evaluate_engine(Engine(), _CharTokenizer(), config_from_args(_parser().parse_args(argv)), out_dir=out,
                     model_name=str(model), model_fingerprint=fp)
     assert json.loads((out / "eval.json").read_text())["model_fingerprint"] == fp
     assert cli_main(["evaluate", *argv, "--resume"]) == 0
