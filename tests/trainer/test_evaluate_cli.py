@@ -18,8 +18,6 @@ from trainer.evaluation.evaluate import EvalConfig, evaluate_engine, load_proble
 from trainer.evaluation.cli import add_arguments, config_from_args
 
 
-
-
 class _CharTokenizer:
     """Characters as token ids (the scripted evaluations' tokenizer)."""
 
@@ -27,6 +25,7 @@ class _CharTokenizer:
 
     def __call__(self, text, add_special_tokens=True):
         return {"input_ids": [ord(c) for c in text]}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
