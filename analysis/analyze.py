@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import matplotlib.figure  # noqa: F401 - the report's figures (imported here, with the function that draws them)
 
-from stare_lab.errors import ConfigError, RunError
-from stare_lab.outdir import held_kind
+from stare_lab.errors import ConfigError
+from stare_lab.outdir import check_kind
 
 from .compare import Comparison, compare
 from .figstyle import DPI
@@ -26,6 +26,9 @@ from .progress import sweep_steps
 from .report import ReportFiles, write_report
 
 __all__ = ["Analysis", "analyze", "sweep_group_by"]
+
+#: what analyze writes in its --out, as stare_lab.outdir names kinds of output
+REPORT = "analysis report"
 
 
 @dataclasses.dataclass
@@ -80,16 +83,13 @@ def analyze(
     Raises:
         ConfigError: several paths without ``out``, a ``--metric`` no run logs, a ``summary`` that is not a sweep
             summary, bad report options. RunError / DataError: unreadable runs or output folder; RunError
-            also for an ``out`` that holds another command's output (:func:`stare_lab.outdir.held_kind`).
+            also for an ``out`` that holds another command's output (:func:`stare_lab.outdir.check_kind`).
     """
     if out is None and len(paths) > 1:
         raise ConfigError(f"{len(paths)} input paths given: pass --out DIR to say where the report goes")
     log_file = Path(paths[0]).is_file()  # a framework's log file (analysis.foreign): the report goes beside it
     out = Path(out) if out is not None else (Path(paths[0]).parent if log_file else Path(paths[0])) / "figures"
-    held = held_kind(out)  # a report folder is analyze's own: never another command's output
-    if held is not None:
-        raise RunError(f"--out {str(out)!r} holds {_a(held[0])} ({held[1]}); a report goes in a folder of its own: "
-                       "choose another --out")
+    check_kind(out, REPORT)  # a report folder is analyze's own: never another command's output
     read_warnings: list[str] = []
     if summary is not None:
         sweep = read_sweep_summary(summary)
@@ -112,10 +112,6 @@ def analyze(
                          paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep,
                          calibration=calibration)
     return Analysis(cmp, files, sweep, files.verdict, files.critical)
-
-
-def _a(noun: str) -> str:
-    return ("an " if noun[:1] in "aeiou" else "a ") + noun
 
 
 def _calibration(paths: Sequence[str | os.PathLike], warnings: list[str]) -> dict[str, Any] | None:
