@@ -24,7 +24,8 @@ from typing import Any, Iterator
 
 from .errors import ConfigError, DataError, StareLabError
 
-__all__ = ["MAX_CONFIG_BYTES", "check_file", "read_text", "iter_lines", "iter_jsonl", "read_json", "read_yaml"]
+__all__ = ["MAX_CONFIG_BYTES", "check_file", "read_text", "iter_lines", "iter_jsonl", "read_json", "read_yaml",
+           "yaml_error_where"]
 
 #: Largest config / JSON file read whole (bytes).
 MAX_CONFIG_BYTES = 16 * 2**20
@@ -156,11 +157,9 @@ def read_yaml(path: str | os.PathLike, what: str = "config file", error: type[St
     try:
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        line = f"{mark.line + 1}" if mark is not None else "?"
-        col = f" at column {mark.column + 1}" if mark is not None else ""
-        problem = " ".join(str(x) for x in (err.context, err.problem) if x)
-        raise error(f"{path}:{line}: not valid YAML ({problem}{col})") from None
+        line, column, problem = yaml_error_where(err)
+        col = f" at column {column}" if column is not None else ""
+        raise error(f"{path}:{line or '?'}: not valid YAML ({problem}{col})") from None
     except yaml.YAMLError as err:
         raise error(f"{what} {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
     if data is None:
@@ -168,3 +167,11 @@ def read_yaml(path: str | os.PathLike, what: str = "config file", error: type[St
     if not isinstance(data, dict):
         raise error(f"{what} {str(path)!r} must hold a mapping at top level, got {type(data).__name__}")
     return data
+
+
+def yaml_error_where(err: Any) -> tuple[int | None, int | None, str]:
+    """``(line, column, problem)`` of a PyYAML ``MarkedYAMLError`` (1-based; None without a mark), for one-line
+    messages (PyYAML's own spans several lines and names ``"<unicode string>"``)."""
+    mark = err.problem_mark or err.context_mark
+    problem = " ".join(str(x) for x in (err.context, err.problem) if x)
+    return (None, None, problem) if mark is None else (mark.line + 1, mark.column + 1, problem)

@@ -283,10 +283,11 @@ def read_run(path: str | os.PathLike) -> Run:
             config = loaded if isinstance(loaded, dict) else {}
             if not isinstance(loaded, dict):
                 warnings.append(f"{cfg_path}: not a mapping; ignored")
-        except yaml.MarkedYAMLError as err:  # one line naming line and column (PyYAML's own message spans several)
-            mark = err.problem_mark or err.context_mark
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            what = " ".join(x for x in (err.context, err.problem) if x)
+        except yaml.MarkedYAMLError as err:  # one line naming line and column
+            from .files import yaml_error_where
+
+            line, column, what = yaml_error_where(err)
+            where = f" at line {line}, column {column}" if line is not None else ""
             warnings.append(f"{cfg_path}: not valid YAML{where} ({what}); config ignored")
         except Exception as err:  # noqa: BLE001 - any other failure is reported, not raised
             warnings.append(f"{cfg_path}: unreadable ({err}); ignored")
