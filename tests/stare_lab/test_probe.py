@@ -26,6 +26,7 @@ from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
 from stare_lab.probe import (
     LPLUS_ABOVE_SUM,
     LPLUS_MASS_SUM,
+    GraphTangent,
     directional_terms,
     jvp_logits,
     lplus_mass,
@@ -163,6 +164,36 @@ def test_token_tangents_match_finite_differences_per_token():
     torch.testing.assert_close(tt.d_logprobs, (lp_u - lp_d) / (2 * eps), rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(tt.d_entropy, (ent_u - ent_d) / (2 * eps), rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(tt.logprobs, lp0, rtol=0, atol=1e-12)
+
+
+def test_graph_tangent_is_the_forward_mode_pass_and_the_gradient():
+    """GraphTangent (one recorded backward, then one backward through it) against independent values in float64:
+    its gradient is autograd's ∇θΣ_mask H_t (the probe's ∇θH̄ × N) to 1e-12; its ż along v = P⊙∇θH̄ is
+    ``torch.func.jvp``'s to 1e-12 relative, so the D terms equal the jvp ones (1e-10) and hence the three-backward
+    values (the test above); a second use raises."""
+    s = _setup()
+    names, theta0 = s["names"], s["theta0"]
+    leaves = {n: theta0[n].clone().requires_grad_(True) for n in names}
+    z = s["forward"](leaves)
+    zd = z.detach().requires_grad_(True)
+    ls = torch.log_softmax(zd / TAU, -1)
+    m = torch.ones(B, T, dtype=F64)
+    m[1, 4:] = 0
+    m[3, 2:] = 0
+    (w,) = torch.autograd.grad((-(ls.exp() * ls).sum(-1) * m).sum(), zd)
+    graph = GraphTangent(z, [leaves[n] for n in names], w)
+    for g, ref in zip(graph.gradient, s["grad_h"]):
+        torch.testing.assert_close(g / m.sum(), ref, rtol=1e-12, atol=1e-15)
+    tangent, scale = preconditioned_direction(s["grad_h"], s["precond"], [theta0[n] for n in names])
+    dz = graph.logits_dot(tangent)
+    z_ref, dz_ref = jvp_logits(s["forward"], theta0, dict(zip(names, tangent)))
+    torch.testing.assert_close(dz, dz_ref, rtol=1e-12, atol=1e-15)
+    d = directional_terms(token_tangents(z.detach(), dz, s["tokens"], TAU, scale), s["objectives"])
+    _, d_ref = _jvp_terms(s)
+    for key in d_ref:
+        assert d[key] == pytest.approx(d_ref[key], rel=1e-10), key
+    with pytest.raises(RuntimeError, match="used already"):
+        graph.logits_dot(tangent)
 
 
 def test_logprob_change_is_the_softmax_jacobian():

@@ -3,8 +3,9 @@ batch of 8 sequences, split over the ranks of this launch and packed with a give
 the step prepared by the core (C2, gate forced on: ω selected over the whole batch across the ranks). Saves the
 gathered updated parameters and (with PROBE=1) the first-order predictions to ``OUT`` (rank 0). Usage:
 ``[torchrun --nproc_per_node K] python _update_invariance.py MODEL_DIR OUT MICRO_BATCH_MAX_TOKENS STAGE PROBE``
-(STAGE: the ZeRO stage, used even on one process; PROBE: ``1`` = with the prediction probes (forward mode on
-ZeRO 0–2, gradients on ZeRO-3), ``backward`` = the probes with one gradient per D term, ``probe_only`` = the probe
+(STAGE: the ZeRO stage, used even on one process; PROBE: ``1`` = with the prediction probes (the default method:
+a backward through the old-log-prob pass's graph with one micro-batch, else forward mode on ZeRO 0–2, gradients on
+ZeRO-3), ``jvp`` = the probes in forward mode, ``backward`` = the probes with one gradient per D term, ``probe_only`` = the probe
 of a step that is not taken (no update), ``fused`` = the old-log-prob forward kept for the update, ``never`` = STARE
 with the gate off, ``grpo`` = the ``grpo`` loss, ``0`` = none of these).
 """
@@ -56,11 +57,11 @@ def main() -> None:
     batch = _batch(list(range(dist.rank, 8, dist.world_size)))
     policy = PolicyEngine(cfg, model_dir, dist)
     plan = policy.micro_plan(batch, comm)
-    method = {"1": "auto", "backward": "backward", "probe_only": "auto"}.get(probe)
+    method = {"1": "auto", "jvp": "jvp", "backward": "backward", "probe_only": "auto"}.get(probe)
     predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method) if method else None
     grad_sum = None
     if predictor is not None and predictor.from_old_logprob:  # as the step runner: ∇θH̄ from this pass
-        old_lp, old_ent, grad_sum = policy.logprobs_and_entropy_grad(batch, plan)
+        old_lp, old_ent, grad_sum = policy.logprobs_and_entropy_grad(batch, plan, predictor.keep_tangent)
     else:
         old_lp, old_ent = policy.compute_logprobs(batch, plan, keep_graph=probe == "fused")
     # old log-probs shifted by 0.05 so that ρ ≠ 1 and the clipping path is exercised

@@ -31,6 +31,8 @@ from torch import Tensor
 
 from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
 
+from .probe_passes import ProbePasses
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["PolicyEngine", "pack_micro_batches", "LossFn"]
@@ -62,7 +64,7 @@ def pack_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
     return out
 
 
-class PolicyEngine:
+class PolicyEngine(ProbePasses):
     """DeepSpeed engine around ``AutoModelForCausalLM`` (ZeRO 0–3, bf16/fp16/fp32, optional offload and gradient
     checkpointing), with a client torch AdamW (or DeepSpeed's) and an LR schedule.
 
@@ -110,6 +112,7 @@ class PolicyEngine:
         )
         self.device = self.engine.device
         self._kept: tuple | None = None
+        self._tangent: tuple | None = None  # (rows, micro-batch, logits, GraphTangent, leaves) of the probe
         self._trims: bool | None = None  # the module's forward takes logits_to_keep (checked on first use)
         # seconds (wall clock, process CPU) of the last logprobs_and_entropy_grad's backward passes
         self.entropy_grad_s = self.entropy_grad_cpu_s = 0.0
@@ -199,55 +202,10 @@ class PolicyEngine:
                 ents[rows, :t] = torch.where(mb.valid, ent.detach().float(), zero).cpu()
         return lps, ents
 
-    def logprobs_and_entropy_grad(self, batch: Any, plan: Sequence[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
-        """:meth:`compute_logprobs` through detached leaves of the parameters with autograd on (train mode,
-        ``torch.func.functional_call``, outside DeepSpeed; the logits from the first response position on), which
-        also returns the gradient of Σ H_t over the response mask (nats; divided by the step's token count it is
-        the probe's ∇θH̄), summed over the micro-batches and the ranks: ∇θH̄ from the forward the step needs anyway,
-        one backward more (its wall-clock and process CPU seconds in :attr:`entropy_grad_s`,
-        :attr:`entropy_grad_cpu_s`). The log-probs and entropies are those of
-        :meth:`compute_logprobs` (bit for bit on CPU, tested). ZeRO 0–2 and :attr:`fusable` models only.
-        Collective."""
-        import time
-
-        if self.zero3 or not self.fusable:
-            raise RuntimeError("logprobs_and_entropy_grad needs ZeRO 0-2 and a model without dropout")
-        self.release()
-        self.engine.train()
-        leaves = {n: p.detach().requires_grad_(True) for n, p in self.engine.module.named_parameters()}
-        grads = [torch.zeros_like(p, dtype=torch.float32) for p in leaves.values()]
-        shape = batch.response_ids.shape
-        lps, ents = torch.zeros(shape), torch.zeros(shape)
-        self.entropy_grad_s = self.entropy_grad_cpu_s = 0.0
-        for rows in plan:
-            if not rows.numel():
-                continue
-            mb = batch.micro_batch(rows, self.device)
-            lp, ent = self._forward(mb, need_entropy=True, entropy_grad=True, params=leaves)
-            t = lp.shape[1]
-            zero = torch.zeros((), device=lp.device)
-            lps[rows, :t] = torch.where(mb.valid, lp.detach().float(), zero).cpu()
-            ents[rows, :t] = torch.where(mb.valid, ent.detach().float(), zero).cpu()
-            mask = batch.response_mask.index_select(0, rows)[:, :t].to(ent.device) & mb.valid
-            t0, c0 = time.perf_counter(), time.process_time()
-            got = torch.autograd.grad(torch.where(mask, ent.float(), zero).sum(), list(leaves.values()),
-                                      allow_unused=True)
-            for acc, g in zip(grads, got):
-                if g is not None:
-                    acc += g.float()
-            self.entropy_grad_s += time.perf_counter() - t0
-            self.entropy_grad_cpu_s += time.process_time() - c0
-        if self.dist.world_size > 1:
-            import torch.distributed as tdist
-
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            tdist.all_reduce(flat)
-            grads = [x.view_as(g) for x, g in zip(flat.split([g.numel() for g in grads]), grads)]
-        return lps, ents, grads
-
     def release(self) -> None:
-        """Drop the graph kept by :meth:`compute_logprobs` (``keep_graph``), if any."""
-        self._kept = None
+        """Drop the graphs kept by :meth:`compute_logprobs` (``keep_graph``) and :meth:`logprobs_and_entropy_grad`,
+        if any."""
+        self._kept = self._tangent = None
 
     @property
     def fusable(self) -> bool:
@@ -381,39 +339,6 @@ class PolicyEngine:
             tdist.all_reduce(flat)
             grads = [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)]
         return grads
-
-    def snapshot(self) -> dict[str, Tensor]:
-        """Detached copies of the module's parameters by name, in their compute dtype: θ before an update, for the
-        probe's forward-mode pass (:meth:`tangent_logits`). ZeRO 0–2 only (every rank holds the full tensors).
-
-        Raises:
-            RuntimeError: under ZeRO-3 (partitioned parameters).
-        """
-        if self.zero3:
-            raise RuntimeError("snapshot: ZeRO-3 partitions the parameters; the probe falls back to gradients")
-        return {n: p.detach().clone() for n, p in self.engine.module.named_parameters()}
-
-    def tangent_logits(self, batch: Any, plan: Sequence[Tensor], primals: dict[str, Tensor] | None,
-                       tangents: dict[str, Tensor]) -> Iterator[tuple[Any, Tensor, Tensor]]:
-        """One forward-mode pass per micro-batch (:func:`stare_lab.probe.jvp_logits`): yields ``(micro-batch,
-        response logits [b, t, V], their directional derivative along tangents)`` at ``primals`` (``None``: the
-        current parameters), in the parameters' dtype, outside DeepSpeed (``torch.func.functional_call``; no
-        gradient hooks, no graph). ZeRO 0–2 only; empty micro-batches are skipped (no collective)."""
-        from stare_lab.probe import jvp_logits
-
-        if self.zero3:
-            raise RuntimeError("tangent_logits: ZeRO-3 partitions the parameters")
-        self.engine.train()
-        module = self.engine.module
-        if primals is None:
-            primals = {n: p.detach() for n, p in module.named_parameters()}
-        for rows in plan:
-            if not rows.numel():
-                continue
-            mb = batch.micro_batch(rows, self.device)
-            logits, dot = jvp_logits(lambda params, mb=mb: self._functional_logits(mb, params), primals, tangents)
-            yield mb, logits, dot
-            del logits, dot  # before the next micro-batch's pass
 
     def local_view(self, kind: str) -> list[Tensor]:
         """Per parameter, the part this rank holds of: ``"param"`` (fp32 master weights), ``"grad"`` (ZeRO-3 only:

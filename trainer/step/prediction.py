@@ -106,8 +106,10 @@ class EntropyPrediction:
         comm: the :class:`trainer.engines.comm.Comm`.
         loss: the run's :class:`~stare_lab.config.LossConfig`.
         grad_clip: ``optim.grad_clip`` (0 = off).
-        method: ``auto`` (forward mode unless the parameters are partitioned), ``jvp`` or ``backward`` (one
-            gradient per D term; the reference the forward-mode values are tested against).
+        method: ``auto`` (forward mode unless the parameters are partitioned; with one micro-batch, a backward
+            through the old-log-prob pass's graph instead: :class:`stare_lab.probe.GraphTangent`), ``jvp``
+            (``torch.func.jvp`` always: the old log-probs bit for bit those of a run without the probe) or
+            ``backward`` (one gradient per D term; the reference the forward-mode values are tested against).
 
     Raises:
         ConfigError: ``method`` unknown, or ``jvp`` under ZeRO-3.
@@ -123,6 +125,8 @@ class EntropyPrediction:
         self.jvp = method == "jvp" or (method == "auto" and not policy.partitioned)
         #: ∇θH̄ comes from the old-log-prob pass (:meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`)
         self.from_old_logprob = self.jvp and bool(getattr(policy, "fusable", False))
+        #: ``method="auto"``: that pass keeps its graph, whose backward replaces the forward-mode pass (``keep_tangent``)
+        self.keep_tangent = method == "auto" and self.from_old_logprob
         c2 = loss.loss_mode == "stare" and loss.stare.variant == "C2"
         self.reweight_m = float(loss.stare.reweight_m) if c2 else 1.0
 

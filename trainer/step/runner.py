@@ -95,7 +95,8 @@ class StepRunner:
         fused = self.fuse and len(plan) == 1 and self.predictor is None and policy.fusable
         grad_sum = None
         if self.predictor is not None and self.predictor.from_old_logprob:  # ∇θH̄ from this forward
-            old_lp, old_ent, grad_sum = self._timed("old_logprob", policy.logprobs_and_entropy_grad, batch, plan)
+            old_lp, old_ent, grad_sum = self._timed("old_logprob", policy.logprobs_and_entropy_grad, batch, plan,
+                                                    self.predictor.keep_tangent)
             self.t["old_logprob"] -= policy.entropy_grad_s
             self.t["predict"] = self.t.get("predict", 0.0) + policy.entropy_grad_s
         else:
