@@ -405,6 +405,11 @@ class ScheduleConfig:
             ``model.path`` with a fresh optimizer; :mod:`trainer.step.prediction`) — to measure a checkpoint near a
             target entropy. No checkpoint and no ``final_model`` are written; ``out_dir`` must not hold a run. The
             run directory is read by ``stare-lab calibrate``.
+        probe_tangent: how the probe (ZeRO 0–2) gets the logits' derivative along its direction (docs/trainer.md):
+            ``graph`` = one backward through the ∇θH̄ backward's kept graph (one micro-batch per rank; cheaper, but
+            the kept graph holds about 4× the micro-batch's activation memory through the update), ``jvp`` = a
+            forward-mode pass, ``auto`` (default) = ``graph`` for models of at most
+            :data:`trainer.step.prediction.GRAPH_TANGENT_MAX_PARAMS` parameters, else ``jvp``.
     """
 
     total_steps: int = 100
@@ -418,9 +423,11 @@ class ScheduleConfig:
     progress_bar: bool = True
     measure_entropy_change: bool = False
     probe_only: bool = False
+    probe_tangent: str = "auto"
 
     def __post_init__(self) -> None:
         p = _p(config_prefix("schedule"))
+        check_choice(f"{p}probe_tangent", self.probe_tangent, ["auto", "graph", "jvp"])
         check_positive(f"{p}total_steps", self.total_steps, integer=True)
         check_positive(f"{p}save_freq", self.save_freq, integer=True, allow_zero=True)
         check_positive(f"{p}keep_checkpoints", self.keep_checkpoints, integer=True)

@@ -83,7 +83,8 @@ def synthetic_batch(vocab: int, prompts: int, samples: int, prompt_len: int, res
         group_ids=torch.tensor(groups), truncated=torch.zeros(len(rs), dtype=torch.bool))
 
 
-def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backward: bool) -> float | None:
+def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backward: bool,
+                tangent: str = "auto") -> float | None:
     """Time ``reps`` paired repetitions of update and probe; returns the median ratio probe / update."""
     from stare_lab.step import prepare_step
     from trainer.engines.comm import Comm
@@ -113,7 +114,10 @@ def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backw
         (cpu_fused, _), _ = _clock(lambda: _fused_step(policy, batch, plan, cfg, comm, rep))
         (cpu_plain, _), _ = _clock(lambda: policy.compute_logprobs(batch, plan))
         for method in methods:
-            pred = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method=method)
+            pred = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method=method, tangent=tangent)
+            if method == "auto" and rep < 0:
+                print(f"  the default probe (schedule.probe_tangent={tangent}): "
+                      f"{'the kept graph' if pred.keep_tangent else 'forward mode'}", flush=True)
             (cpu_old, wall_old), out = _clock(
                 lambda: policy.logprobs_and_entropy_grad(batch, plan, pred.keep_tangent) if pred.from_old_logprob
                 else policy.compute_logprobs(batch, plan))
@@ -218,6 +222,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=100, help="SmolLM2 prompt length (tokens, ± 25 %%)")
     ap.add_argument("--response", type=int, default=64, help="SmolLM2 longest response (tokens)")
     ap.add_argument("--backward", action="store_true", help="also time the one-backward-per-term probe")
+    ap.add_argument("--tangent", choices=("auto", "graph", "jvp"), default="auto",
+                    help="schedule.probe_tangent of the default probe (auto: the kept graph for small models)")
     args = ap.parse_args()
     from trainer.evaluation.benchmarks import GSM8K_TRAIN_SAMPLE
     from trainer.engines.launch import cpu_env_defaults
@@ -229,12 +235,12 @@ def main() -> int:
     tiny = build_tiny_model(Path(tempfile.mkdtemp(prefix="bench_probe_")) / "tiny", seed=0,
                             corpus_file=GSM8K_TRAIN_SAMPLE)
     tiny_args = (args.prompts, args.samples, 40, 32, 0)
-    results = {"tiny": bench_model("tiny model", tiny, tiny_args, args.reps, args.backward)}
+    results = {"tiny": bench_model("tiny model", tiny, tiny_args, args.reps, args.backward, args.tangent)}
     ok = check_same_step(tiny, tiny_args)
     smol = Path(args.smol)
     if (smol / "config.json").is_file():
         smol_args = (args.prompts, args.samples, args.prompt, args.response, 0)
-        results["smollm2"] = bench_model("SmolLM2-135M", smol, smol_args, args.smol_reps, args.backward)
+        results["smollm2"] = bench_model("SmolLM2-135M", smol, smol_args, args.smol_reps, args.backward, args.tangent)
     else:
         print(f"SmolLM2-135M: {smol} not found, skipped (bash scripts/real_model_demo.sh --steps 0 converts it)")
     verdict = all(r is not None and r <= GOAL for r in results.values())

@@ -78,3 +78,13 @@ def test_a_probe_into_a_run_directory_that_holds_a_run_is_refused(tmp_path, caps
         f"stare-lab train: error: --out {str(out)!r} already holds a run (metrics.jsonl); pass --resume to continue "
         "it or --overwrite to replace it, or choose another --out")
     assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched
+
+
+def test_an_unknown_probe_tangent_is_refused(tmp_path, capsys):
+    """schedule.probe_tangent takes auto, graph or jvp (trainer.config.ScheduleConfig): anything else is one line."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("schedule:\n  probe_tangent: forward\n")
+    assert main(["train", str(cfg)]) == 1
+    err = _one_line(capsys)
+    assert err == "stare-lab train: error: schedule.probe_tangent='forward' is not one of {'auto', 'graph', 'jvp'}"
+    assert load_trainer_config(None, ["schedule.probe_tangent=graph"]).schedule.probe_tangent == "graph"

@@ -32,14 +32,18 @@ Per step, on the step's batch (the tokens, masks and temperature of the pre-upda
   which this step's own Adam-linearised update would leave H̄ unchanged (null when no W does).
 
 How the D terms are computed. ZeRO 0–2 (every rank holds the full parameters): ONE backward for ∇θH̄ and ONE
-forward-mode pass (:mod:`stare_lab.probe`): ∇θH̄ is the backward of the old-log-prob forward (which then runs
-through detached leaves of the parameters, :meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
+tangent pass (:mod:`stare_lab.probe`): ∇θH̄ is the backward of the old-log-prob forward (which then runs
+through leaves of the parameters, :meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
 with dropout gets a forward+backward of its own), θ_before is kept (one parameter-sized copy), the update runs, P is
-read from the optimizer state after it, and a ``torch.func.jvp`` at θ_before along v = P ⊙ ∇θH̄ gives every
-token's ∇θ log π_t·v and ∇θH_t·v; each D_X is then a weighted sum over the tokens with the elementwise derivatives
-of the core's objective X as weights (the three-backward values to float rounding, tested); the forward-mode pass
-also gives the logits for s*. Both passes compute the output layer from the first response position on only.
-Cost: one backward and one forward-mode pass (≈ 3 forwards) per step.
+read from the optimizer state after it, and the logits' directional derivative at θ_before along v = P ⊙ ∇θH̄ gives
+every token's ∇θ log π_t·v and ∇θH_t·v. With one micro-batch per rank (``method="auto"``) that derivative is one
+backward through the ∇θH̄ backward's kept graph (:class:`stare_lab.probe.GraphTangent`; the old-log-prob forward
+then runs with the math attention kernel, so its log-probs equal the unprobed ones to rounding), else a
+``torch.func.jvp`` at θ_before. Each D_X is then a weighted sum over the tokens with the elementwise derivatives
+of the core's objective X as weights (the three-backward values to float rounding, tested); the pass's logits give
+s*. The output layer is computed from the first response position on only.
+Cost: about one backward and a forward-mode pass's tangent half (the kept graph), or one backward and one
+forward-mode pass (≈ 3 forwards), per step.
 ZeRO-3 (partitioned parameters, no forward-mode pass through DeepSpeed's gathers): one backward for ∇θH̄ and one
 per D term, each kept as a gradient-sized float32 copy of this rank's partition, every dot product over the
 partition and all-reduced (one collective for all); ``pred/lplus_above_sstar`` is null there. Dot products
@@ -79,7 +83,7 @@ from stare_lab.probe import (
     token_tangents,
 )
 
-__all__ = ["EntropyPrediction", "KEY_PRED"]
+__all__ = ["EntropyPrediction", "KEY_PRED", "GRAPH_TANGENT_MAX_PARAMS"]
 
 #: The row key of ∇θH̄·Δθ (docs/design.md §4); the D terms' keys are :mod:`stare_lab.critical`'s.
 KEY_PRED = "pred_entropy_change"
@@ -95,6 +99,12 @@ class _Probes:
     grads: dict[str, list[Tensor]] | None = None  # the D terms' gradients (ZeRO-3 path)
 
 
+#: ``schedule.probe_tangent=auto`` keeps the graph for models up to this size: where per-operation overhead sets the
+#: cost (the tiny model: 1.3× the update against forward mode's 1.9×) and the kept graph is small; SmolLM2-135M's kept
+#: graph for 16 sequences did not fit in 24 GiB (docs/benchmarks.md A.9)
+GRAPH_TANGENT_MAX_PARAMS = 20_000_000
+
+
 class EntropyPrediction:
     """The probes of one step: :meth:`before_update` (∇θH̄, θ_before or the gradients, collective), then the
     update, then :meth:`after_update` (P, the D terms and the row entries; collective); or :meth:`probe` alone
@@ -106,18 +116,24 @@ class EntropyPrediction:
         comm: the :class:`trainer.engines.comm.Comm`.
         loss: the run's :class:`~stare_lab.config.LossConfig`.
         grad_clip: ``optim.grad_clip`` (0 = off).
-        method: ``auto`` (forward mode unless the parameters are partitioned; with one micro-batch, a backward
-            through the old-log-prob pass's graph instead: :class:`stare_lab.probe.GraphTangent`), ``jvp``
+        method: ``auto`` (forward mode unless the parameters are partitioned; with one micro-batch and ``tangent``
+            graph, a backward through the old-log-prob pass's graph instead: :class:`stare_lab.probe.GraphTangent`),
+            ``jvp``
             (``torch.func.jvp`` always: the old log-probs bit for bit those of a run without the probe) or
             ``backward`` (one gradient per D term; the reference the forward-mode values are tested against).
+        tangent: ``schedule.probe_tangent``: ``graph``, ``jvp`` or ``auto`` (graph for a model of at most
+            :data:`GRAPH_TANGENT_MAX_PARAMS` parameters).
 
     Raises:
-        ConfigError: ``method`` unknown, or ``jvp`` under ZeRO-3.
+        ConfigError: ``method`` or ``tangent`` unknown, or ``jvp`` under ZeRO-3.
     """
 
-    def __init__(self, policy: Any, comm: Any, loss: LossConfig, grad_clip: float, method: str = "auto") -> None:
+    def __init__(self, policy: Any, comm: Any, loss: LossConfig, grad_clip: float, method: str = "auto",
+                 tangent: str = "auto") -> None:
         if method not in ("auto", "jvp", "backward"):
             raise ConfigError(f"method={method!r} is not one of auto, jvp, backward")
+        if tangent not in ("auto", "graph", "jvp"):
+            raise ConfigError(f"schedule.probe_tangent={tangent!r} is not one of auto, graph, jvp")
         if method == "jvp" and policy.partitioned:
             raise ConfigError("method='jvp' needs the full parameters on every rank (ZeRO 0-2); under ZeRO-3 use "
                               "'backward' or 'auto'")
@@ -125,8 +141,11 @@ class EntropyPrediction:
         self.jvp = method == "jvp" or (method == "auto" and not policy.partitioned)
         #: ∇θH̄ comes from the old-log-prob pass (:meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`)
         self.from_old_logprob = self.jvp and bool(getattr(policy, "fusable", False))
-        #: ``method="auto"``: that pass keeps its graph, whose backward replaces the forward-mode pass (``keep_tangent``)
-        self.keep_tangent = method == "auto" and self.from_old_logprob
+        #: ``method="auto"`` and ``tangent`` graph (auto: a small model): that pass keeps its graph, whose backward
+        #: replaces the forward-mode pass (``keep_tangent``)
+        small = sum(p.numel() for p in policy.engine.module.parameters()) <= GRAPH_TANGENT_MAX_PARAMS \
+            if self.from_old_logprob and tangent == "auto" else False
+        self.keep_tangent = method == "auto" and self.from_old_logprob and (tangent == "graph" or small)
         c2 = loss.loss_mode == "stare" and loss.stare.variant == "C2"
         self.reweight_m = float(loss.stare.reweight_m) if c2 else 1.0
 

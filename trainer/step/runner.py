@@ -64,7 +64,8 @@ class StepRunner:
         if cfg.schedule.measure_entropy_change or self.probe_only:
             from trainer.step.prediction import EntropyPrediction
 
-            self.predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip)
+            self.predictor = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip,
+                                               tangent=cfg.schedule.probe_tangent)
 
     def _timed(self, phase: str, fn: Any, *args: Any) -> Any:
         self.memory.start(phase)
