@@ -176,7 +176,7 @@ class GraphTangent:
             raise RuntimeError("GraphTangent.logits_dot: the graph was used already")
         grads, u = self._grads, self._u
         self._grads = self._u = None
-        terms = [(g * t).sum() for g, t in zip(grads, tangents) if g is not None and g.requires_grad]
+        terms = [(g * t).sum().float() for g, t in zip(grads, tangents) if g is not None and g.requires_grad]
         if not terms:  # the gradient does not depend on the logits' cotangent: J·v = 0
             return torch.zeros_like(u)
         (dot,) = torch.autograd.grad(torch.stack(terms).sum(), u, allow_unused=True)
