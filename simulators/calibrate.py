@@ -36,7 +36,8 @@ Steps (:func:`calibrate`):
    crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
    set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
 3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
-   grid of the four knobs (default :data:`DEFAULT_GRID`), ``fit_seeds`` seeds each, read like the probe at the
+   grid of the four knobs (default :data:`DEFAULT_GRID`; ``clip_rel`` of :data:`OPTIONAL_KNOBS` too when the grid
+   names it), ``fit_seeds`` seeds each, read like the probe at the
    matched target: GRPO runs for a crossing probe, runs of the probe's STARE schedule (its method and
    :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
    lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
@@ -58,7 +59,8 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
      "probe": {"run": str, "kind": "crossing|held", "source": "trainer|simulator", "model": str|null,
                "steps": [int], "entropy": float, "d_ratio": float, "lplus_above_sstar": float|null,
                "balance_w": float|null, "schedule": {str: value}|null, "target_entropy": float|null},
-     "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float},
+     "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float,
+               ["clip_rel": float|null: only when the grid names it]},
      "preset": {"name": "llm", "overrides": {dotted key: value}},
      "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "balance_w": float|null, "residual": float},
      "critical": {"o1": {"w": float|null, "low": float, "high": float|null},
@@ -106,7 +108,7 @@ from simulators.tabular.tasks import reward_optimal_entropy
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "KNOBS", "DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS", "Probe", "probe_window",
+    "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS", "Probe", "probe_window",
     "probe_kind", "held_balance", "read_probe", "matched_target", "residual", "toy_observables", "fit_knobs",
     "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
 ]
@@ -116,6 +118,10 @@ PRESET = "llm"
 #: the knobs fitted, in order: reward-coupling fraction, fork width (forking positions of the 10, correct tokens
 #: at a fork), verifier noise
 KNOBS = ("reward_coupling", "forking_positions", "num_correct", "reward_noise")
+#: knobs fitted only when ``--grid`` names them (absent from the default grid and, unless gridded, from
+#: ``calibration.json``): ``clip_rel``, the toy's gradient-norm clip relative to its GRPO step
+#: (:class:`simulators.tabular.config.TabularSimConfig`; a value None = no clip)
+OPTIONAL_KNOBS = ("clip_rel",)
 #: the default fit grid (96 settings)
 DEFAULT_GRID: dict[str, list] = {
     "reward_coupling": [0.4, 0.6, 0.8, 1.0],
@@ -417,14 +423,17 @@ def toy_observables(run_dirs: Sequence[str | os.PathLike], target: float, window
 
 
 def _label(knobs: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in knobs.items())
+    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={'off' if v is None else v}"
+                    for k, v in knobs.items())
 
 
 def _check_grid(grid: dict[str, list]) -> dict[str, list]:
-    unknown = [k for k in grid if k not in KNOBS]
+    known = KNOBS + OPTIONAL_KNOBS
+    unknown = [k for k in grid if k not in known]
     if unknown:
-        raise ConfigError(f"fit grid key {unknown[0]!r} is not one of {{{', '.join(KNOBS)}}}")
+        raise ConfigError(f"fit grid key {unknown[0]!r} is not one of {{{', '.join(known)}}}")
     out = {k: list(grid.get(k) or DEFAULT_GRID[k]) for k in KNOBS}
+    out.update({k: list(grid[k]) for k in OPTIONAL_KNOBS if grid.get(k)})
     for k, vals in out.items():
         if len(set(map(repr, vals))) != len(vals):
             raise ConfigError(f"fit grid {k}={','.join(map(str, vals))} lists a value twice")
@@ -455,7 +464,7 @@ def fit_knobs(
             memory (:func:`simulators.parallel.check_memory`). DataError: no knob setting reaches its matched target.
     """
     grid = _check_grid(grid or {})
-    settings = [dict(zip(KNOBS, combo)) for combo in itertools.product(*(grid[k] for k in KNOBS))]
+    settings = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
     method, schedule = "grpo", {}
     if probe.kind == "held":
         method = probe.schedule["method"]
@@ -511,7 +520,7 @@ def critical_sweep(
         ConfigError / RunError: as :func:`simulators.sweep.plan_sweep` (e.g. ``c2_m`` outside (0, 1]).
     """
     ws = sorted(float(w) for w in w_grid)
-    items = [f"{k}={v}" for k, v in overrides.items()] + [f"loss.stare.reweight_m={c2_m}"]
+    items = [f"{k}={'null' if v is None else v}" for k, v in overrides.items()] + [f"loss.stare.reweight_m={c2_m}"]
     plan = plan_sweep(PRESET, ["grpo", "o1", "c2"], list(seeds), out, overrides=items, overwrite=True,
                       sweep=[f"stare.reweight_w={','.join(f'{w:g}' for w in ws)}"], workers=workers)
     summary = run_sweep(plan, progress=progress)

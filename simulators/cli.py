@@ -293,7 +293,8 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
                         "STARE runs, crossing otherwise")
     p.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2,...",
                    help="fit grid of one knob (repeatable): reward_coupling, forking_positions, num_correct, "
-                        "reward_noise")
+                        "reward_noise; also clip_rel (the toy's gradient-norm clip relative to its GRPO step, "
+                        "'off' for none), fitted only when given")
     p.add_argument("--fit-seeds", default="2", metavar="N | A,B,...", help="seeds per knob setting (default 2)")
     p.add_argument("--seeds", default="3", metavar="N | A,B,...", help="seeds of the W sweep (default 3)")
     p.add_argument("--w-grid", default=None, metavar="W1,W2,...", help="W values of the sweep")
@@ -327,7 +328,7 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     """Run :func:`simulators.calibrate.calibrate` and print the probe, the fit and the critical W; returns 0."""
     from stare_lab.config import parse_overrides
 
-    from simulators.calibrate import DEFAULT_C2_M, DEFAULT_W_GRID, KNOBS, PRESET, calibrate
+    from simulators.calibrate import DEFAULT_C2_M, DEFAULT_W_GRID, KNOBS, OPTIONAL_KNOBS, PRESET, calibrate
 
     t0 = time.perf_counter()
     probe_args = [a for a in args.probe if "=" not in a]
@@ -338,9 +339,13 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     grid = {}
     for item in args.grid:
         key, _, raw = item.partition("=")
-        if key.strip() not in KNOBS or not raw.strip():
-            raise ConfigError(f"--grid {item!r} must look like KNOB=V1,V2,... with KNOB one of {{{', '.join(KNOBS)}}}")
-        values = [v for _, v in parse_overrides(f"{key}={x}" for x in raw.split(",") if x.strip())]
+        if key.strip() not in KNOBS + OPTIONAL_KNOBS or not raw.strip():
+            raise ConfigError(f"--grid {item!r} must look like KNOB=V1,V2,... with KNOB one of "
+                              f"{{{', '.join(KNOBS + OPTIONAL_KNOBS)}}}")
+        texts = [x.strip() for x in raw.split(",") if x.strip()]
+        optional = key.strip() in OPTIONAL_KNOBS  # "off" / "null": the knob switched off (None)
+        values = [None if optional and x.lower() in ("off", "null", "none") else v
+                  for x, (_, v) in zip(texts, parse_overrides(f"{key}={x}" for x in texts))]
         integer = key.strip() in ("num_correct", "forking_positions")
         grid[key.strip()] = [int(v) if integer and float(v).is_integer() else v for v in values]
 
@@ -382,7 +387,8 @@ def calibrate_handler(args: argparse.Namespace) -> int:
         m = f" at M {c['m']:g}" if name == "c2" else ""
         print(f"critical W ({name}{m}, calibrated): {f(c['w'])} (between {f(c['low'])} and {f(c['high'])} on the grid)")
     print(f"adaptive schedule: w_max >= {f(crit['adaptive']['w_max'])}")
-    over = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in result["preset"]["overrides"].items())
+    over = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={'null' if v is None else v}"
+                    for k, v in result["preset"]["overrides"].items())
     print(f"the calibrated toy: stare-lab simulate --preset {PRESET} {over}")
     print(f"wrote {out / 'calibration.json'} in {time.perf_counter() - t0:.1f} s")
     return 0

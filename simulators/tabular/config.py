@@ -86,6 +86,12 @@ class TabularSimConfig:
         zipf_exponent: task ``forking``: s ≥ 0 of the Zipf-like initial probabilities p(rank r) ∝ r^(−s) (of the
             tail of a non-forking position, of all tokens of a forking one).
         lr: SGD step size in (0, 1000] (:data:`LR_MAX`; :mod:`simulators.tabular.runner` explains its scaling).
+        clip_rel: > 0 or ``None`` (the default: no clip): a gradient-norm clip relative to the run's own GRPO step.
+            Each step's whole update Δz (all states of the run together) is scaled by
+            min(1, clip_rel·‖Δz_GRPO‖/‖Δz‖), ‖Δz_GRPO‖ the norm of the ω ≡ 1 update of the same rollouts: the
+            pushed step of a STARE run is cut to at most clip_rel × the unpushed step, as a trainer's
+            ``max_grad_norm`` cuts a model's (docs/calibration.md, the clip knob). A step whose GRPO update is 0 is
+            not clipped. Every first-order key of the row is of the clipped step.
         steps: number of updates ≥ 1.
         temperature: τ > 0 of sampling, log-probs and entropy.
         dynamic_sampling: keep only groups with non-zero reward variance (DAPO), refilling up to
@@ -130,6 +136,7 @@ class TabularSimConfig:
     tail_mass: float = 0.01
     zipf_exponent: float = 1.0
     lr: float = 1.0
+    clip_rel: float | None = None
     steps: int = 600
     temperature: float = 1.0
     dynamic_sampling: bool = False
@@ -186,6 +193,8 @@ class TabularSimConfig:
                                   f"forking position from its 2*num_correct most likely ones; need <= vocab_size/2="
                                   f"{self.vocab_size // 2}")
         check_range(k("lr"), self.lr, 0, LR_MAX, lo_open=True)
+        if self.clip_rel is not None:
+            check_range(k("clip_rel"), self.clip_rel, 0, None, lo_open=True)
         check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
         if not isinstance(self.dynamic_sampling, bool):
             raise ConfigError(f"{k('dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")

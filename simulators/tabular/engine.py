@@ -20,7 +20,7 @@ from simulators.tabular.expected import expected_parts
 from simulators.tabular.sampled import sampled_parts
 from simulators.tabular.step import Policy, TabularBatch, TabularState, policy_tables
 
-__all__ = ["MODES", "Pending", "batch_step", "finish_rows", "check_update", "TabularEngine"]
+__all__ = ["MODES", "Pending", "clip_factors", "batch_step", "finish_rows", "check_update", "TabularEngine"]
 
 #: mode → its step (``parts(batch, pol, h_before, step) -> StepParts``)
 MODES = {"sampled": sampled_parts, "expected": expected_parts}
@@ -43,6 +43,23 @@ class Pending:
         return Pending(*(getattr(self, f.name)[idx] for f in dataclasses.fields(self)))
 
 
+def clip_factors(batch: TabularBatch, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The gradient-norm clip of each run's step (``clip_rel``, :class:`~simulators.tabular.config.TabularSimConfig`)
+    from the step's ``parts [4, R, S, L, V]`` (:class:`~simulators.tabular.step.StepParts`): ``([R] factor,
+    [R] ratio)`` float64 with ratio = ‖Δz‖/‖Δz_GRPO‖ (Euclidean norms over all states and tokens of the run, before
+    the clip; NaN when ‖Δz_GRPO‖ = 0) and factor = min(1, clip_rel/ratio) (1 for a run without the clip, a zero
+    step or a zero GRPO step); ``None`` when no run of the batch clips."""
+    rel = [c.clip_rel for c in batch.configs]
+    if all(r is None for r in rel):
+        return None
+    norm = torch.linalg.vector_norm(parts[:2].flatten(2), dim=-1)  # [2, R]: the step, its GRPO update
+    ratio = torch.where(norm[1] > 0, norm[0] / norm[1], torch.full_like(norm[0], float("nan")))
+    limit = torch.tensor([float("inf") if r is None else float(r) for r in rel], dtype=torch.float64)
+    factor = torch.where((norm[0] > 0) & (norm[1] > 0), (limit * norm[1] / norm[0]).clamp(max=1.0),
+                         torch.ones_like(ratio))
+    return factor, ratio
+
+
 def batch_step(
     batch: TabularBatch, pol: Policy | None = None, step: int = 1
 ) -> tuple[torch.Tensor, list[dict[str, Any]], Pending]:
@@ -58,6 +75,11 @@ def batch_step(
     h_before = pol.entropy.mean((-1, -2))
     out = MODES[batch.base.mode](batch, pol, h_before, step)
     parts = out.parts
+    clip = clip_factors(batch, parts)
+    if clip is not None:  # the whole step scaled: every first-order key below is of the clipped step
+        parts = parts * clip[0].view(1, -1, 1, 1, 1)
+        for key in [k for k in out.scalars if k.startswith("quadrant/") and k.endswith("/dH")]:
+            out.scalars[key] = out.scalars[key] * clip[0]
     first = (pol.grad.unsqueeze(0) * parts).sum(-1).mean((-1, -2))  # [4, R] nats
     wp, mp = batch.push_weights()
     push_fo = wp * first[2] + mp * first[3]
@@ -92,6 +114,9 @@ def batch_step(
         row["gate_on"] = int(row["gate_on"])
         row["skipped"] = int(row["skipped"])
         row.update(out.rows[r])
+        if clip is not None and batch.configs[r].clip_rel is not None:
+            ratio = float(clip[1][r])
+            row["clip/factor"], row["clip/norm_ratio"] = float(clip[0][r]), ratio if ratio == ratio else None
         # D_L+/|D_GRPO| and W*(t) (the run's current M for C2), docs/theory.md §8
         row.update(step_observables(row[KEY_D_GRPO], row[KEY_D_LPLUS], row[KEY_D_LMINUS], 1.0 + float(mp[r])))
         row["time/update_s"] = elapsed / batch.size

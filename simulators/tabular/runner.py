@@ -51,6 +51,10 @@ as the trainer's ``reward``); ``time/*``; and the decomposition of docs/theory.m
 * ``stare/grpo_measured``: the measured one-step entropy change of the ω ≡ 1 update of the same rollouts (first and
   higher orders: its difference from ``pred/d_grpo`` is the second-order, in sampled mode noise-driven, drift).
 * under dynamic sampling ``stare/gate_entropy``: the token-mean entropy of the kept batch that the gate saw.
+* with a gradient-norm clip (``clip_rel``, :func:`simulators.tabular.engine.clip_factors`): ``clip/norm_ratio`` =
+  ‖Δz‖/‖Δz_GRPO‖ of the step before the clip (null when the GRPO update is 0) and ``clip/factor`` = the scale
+  min(1, clip_rel/ratio) applied to the whole step; every first-order key above (``pred_entropy_change``, the D
+  terms, the push, the quadrants) is then of the clipped step, as a model's D terms are of its clipped update.
 
 Checkpoints (logits, correct sets, RNG state, controller state; :mod:`simulators.driver`) make ``resume`` bit-exact.
 """
