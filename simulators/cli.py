@@ -385,8 +385,12 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     for name in ("o1", "c2"):
         c = crit[name]
         m = f" at M {c['m']:g}" if name == "c2" else ""
-        print(f"critical W ({name}{m}, calibrated): {f(c['w'])} (between {f(c['low'])} and {f(c['high'])} on the grid)")
-    print(f"adaptive schedule: w_max >= {f(crit['adaptive']['w_max'])}")
+        print(f"critical W ({name}{m}, calibrated): " + (
+            f"{f(c['w'])} (between {f(c['low'])} and {f(c['high'])} on the grid)" if c["w"] is not None else
+            f"none up to {f(c['low'])} (no W of the grid held the band on every seed: extend --w-grid)"))
+    w_max = crit["adaptive"]["w_max"]
+    print(f"adaptive schedule: w_max >= {f(w_max)}" if w_max is not None
+          else "adaptive schedule: no w_max from this grid (O1 held at no W of it)")
     over = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={'null' if v is None else v}"
                     for k, v in result["preset"]["overrides"].items())
     print(f"the calibrated toy: stare-lab simulate --preset {PRESET} {over}")

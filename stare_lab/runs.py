@@ -301,7 +301,8 @@ def read_run(path: str | os.PathLike) -> Run:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                warnings.append(f"{metrics_path}:{lineno}: not valid JSON (truncated write?); skipped")
+                why = "not valid UTF-8" if "\ufffd" in line else "not valid JSON (truncated write?)"
+                warnings.append(f"{metrics_path}:{lineno}: {why}; skipped")
                 continue
             if not isinstance(row, dict):
                 warnings.append(f"{metrics_path}:{lineno}: not a JSON object; skipped")

@@ -427,3 +427,26 @@ def test_held_calibration_recovers_known_knobs(tmp_path):
                       workers=1)
     assert out["probe"]["kind"] == "held" and out["probe"]["balance_w"] == pytest.approx(probe.balance_w)
     assert out["probe"]["schedule"] == probe.schedule and out["fit"]["balance_w"] > 1.0
+
+
+def test_cli_says_when_no_w_of_the_grid_held(tmp_path, capsys, monkeypatch):
+    """A calibration whose sweep held at no W prints "none up to <largest W>" and no adaptive w_max, not "-" (the
+    result is intercepted: its numbers are made up for the printout)."""
+    import simulators.calibrate as C
+    from stare_lab.cli import main
+
+    def fake(paths, out, **kw):
+        none = {"w": None, "low": 3.0, "high": None}
+        return {"probe": {"kind": "crossing", "run": "p", "source": "simulator", "model": None, "steps": [1, 2],
+                          "entropy": 0.5, "d_ratio": 2.0, "lplus_above_sstar": 1.0, "balance_w": None},
+                "fit": {"d_ratio": 2.1, "lplus_above_sstar": 1.0, "balance_w": None, "residual": 0.1},
+                "knobs": {"reward_coupling": 0.6}, "preset": {"overrides": {"loss.stare.target_entropy": 0.8}},
+                "critical": {"o1": none, "c2": {**none, "m": 0.9}, "adaptive": {"w_max": None}}}
+
+    monkeypatch.setattr(C, "calibrate", fake)
+    assert main(["calibrate", str(tmp_path), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert ("critical W (o1, calibrated): none up to 3 (no W of the grid held the band on every seed: extend "
+            "--w-grid)") in out
+    assert "critical W (c2 at M 0.9, calibrated): none up to 3" in out
+    assert "adaptive schedule: no w_max from this grid (O1 held at no W of it)" in out

@@ -93,6 +93,19 @@ def test_truncated_last_line_is_skipped_with_warning(tmp_path):
     assert any("truncated" in msg for msg in r.warnings)
 
 
+def test_a_non_utf8_line_is_named_as_such(tmp_path):
+    """A line of bytes that are not UTF-8 (0xff 0xfe) is skipped with a warning that says so, not "truncated"."""
+    run = tmp_path / "r"
+    w = RunWriter(run, {"method": "grpo"})
+    w.log(row(0))
+    w.close()
+    with open(run / "metrics.jsonl", "ab") as fh:
+        fh.write(b"\xff\xfe\n")
+    r = read_run(run)
+    assert [m["step"] for m in r.metrics] == [0]
+    assert [m for m in r.warnings if "metrics.jsonl:2" in m] == [f"{run / 'metrics.jsonl'}:2: not valid UTF-8; skipped"]
+
+
 def test_unwritable_and_missing(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
