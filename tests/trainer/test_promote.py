@@ -404,6 +404,11 @@ def test_command_line_w_wins_over_the_evidence_and_is_warned(tmp_path, capsys):
     # a mild command-line W (1.2: W-1 = 2x the base's) is named as an override but not warned about
     _, prov, notices = promote([sw], "o1", b7, overrides=["loss.stare.reweight_w=1.2"])
     assert not [w for w in prov["warnings"] if "W-1" in w] and notices[0].startswith("override: W=1.2 ")
+    # ... but 1.2 is below the measured critical W 1.3 (a weaker push than the least that held): warned; 7 is not
+    assert ("W=1.2 from the command line is a weaker push than the evidence's W=1.3, the least that held the band "
+            "there: expect the entropy to fall below the target") in prov["warnings"]
+    assert not [w for w in json.loads((tmp_path / "o1.yaml.provenance.json").read_text())["warnings"]
+                if "weaker push" in w]
 
 
 def test_empty_base_is_refused(sweep, tmp_path):

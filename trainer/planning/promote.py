@@ -24,7 +24,8 @@ Model-size guidance (STARE paper, docs/theory.md §4): 14B/32B models use a mild
 
 Warnings (stderr, the provenance's ``warnings`` and ``WARNING:`` header lines; nothing is refused): the written
 push — promoted or set on the command line — is far stronger than the base config's (W − 1 more than 3 × the base's
-W − 1, or 1 − M more than 3 × the base's 1 − M: a toy run's W 5 / M 0.2 against the paper's 1.1 / 0.9 at 7B); and the
+W − 1, or 1 − M more than 3 × the base's 1 − M: a toy run's W 5 / M 0.2 against the paper's 1.1 / 0.9 at 7B); a
+command-line W or ``w_max`` below (M above) the evidence's critical value, the least push that held the band; and the
 source runs all share one seed. A command-line W, M or ``w_max`` wins over the evidence: the header, the notices and
 the provenance's ``overridden`` name both values.
 
@@ -235,7 +236,7 @@ def promote(
     overridden = _overridden(cfg.loss.stare, evidence_values, user_keys, strength, calibrated)
     notices[:0] = [v["note"] for v in overridden.values()]
     warnings = (_push_warnings(cfg.loss.stare, base_w, base_m, calibrated - _keys(user_keys), _keys(user_keys))
-                + _seed_warnings(found["runs"]))
+                + _weaker_warnings(overridden, strength, calibrated) + _seed_warnings(found["runs"]))
     regime = regime_check(found, cal, probe, notices)
     warnings += [f"regime: {w}" for w in regime["warnings"]]
     if fmt == "verl" and _verl_dropped(user_keys):
@@ -337,6 +338,22 @@ def _overridden(stare: Any, evidence_values: dict[str, Any], user_keys: set[str]
         out[key] = {"value": value, "evidence": ev, "note": (
             f"override: {name}={value:g} from the command line (loss.stare.{key}) wins over the evidence, which "
             f"recommends {name}={ev:g} ({src}); the written config has {name}={value:g}")}
+    return out
+
+
+def _weaker_warnings(overridden: dict[str, dict[str, Any]], strength: CriticalStrength | None,
+                     calibrated: set[str]) -> list[str]:
+    """A warning for each command-line W / ``w_max`` below, or M above, a critical value of the evidence (a sweep's
+    critical W or a calibration): a weaker push than the one the evidence found the least that holds the band."""
+    out = []
+    for key, v in overridden.items():
+        critical = (key == "reweight_w" and strength is not None) or key in calibrated
+        weaker = v["value"] > v["evidence"] if key == "reweight_m" else v["value"] < v["evidence"]
+        if critical and weaker:
+            name = _NAMES[key]
+            out.append(f"{name}={v['value']:g} from the command line is a weaker push than the evidence's "
+                       f"{name}={v['evidence']:g}, the least that held the band there: expect the entropy to fall "
+                       "below the target")
     return out
 
 
