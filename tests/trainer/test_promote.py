@@ -321,10 +321,35 @@ def test_calibrated_w_is_promoted_with_its_kind(sweep, base, tmp_path):
     assert prov["strength"]["kind"] == "calibrated" and prov["strength"]["m"] == 0.92
     assert prov["calibration"] == str(cal) and not [w for w in prov["warnings"] if w.startswith("regime")]
     assert "# critical W: 1.08 at M=0.92 (calibrated: " in text
-    assert any(n.startswith("W/M calibrated to the target model: 1.08 at M=0.92") for n in notices)
+    assert any(n.startswith("W/M calibrated to the target model's probe (SmolLM2-135M): 1.08 at M=0.92")
+               for n in notices)
     calibration(sweep / "calibration.json")
     _, prov, _ = promote([sweep], "c2", base)
     assert prov["strength"]["kind"] == "calibrated"
+
+
+def test_a_calibration_to_a_toy_probe_is_not_called_the_target_model(sweep, tmp_path):
+    """Fresh-user promote item: a calibration whose probe is a simulator run (a toy) is named as such, and its W 3
+    (W-1 = 2, 20x the base's 0.1) is warned about like any promoted push; a trainer probe of another model than the
+    base's is warned about by name."""
+    b7 = tmp_path / "b7.yaml"
+    b7.write_text(yaml.safe_dump({"model": {"path": "models/Qwen2.5-Math-7B"},
+                                  "loss": {"stare": {"reweight_w": 1.1, "reweight_m": 0.9, "target_entropy": 0.3}}}))
+    cal = calibration(tmp_path / "calibration.json", c2={"w": 3.0, "m": 0.9, "low": 1.5, "high": 3.0})
+    data = json.loads(cal.read_text())
+    data["probe"].update(source="simulator", model="tabular llm")
+    cal.write_text(json.dumps(data))
+    _, prov, notices = promote([sweep], "c2", b7, calibration=cal)
+    assert any(n.startswith("W/M calibrated to a simulator probe (tabular llm), not a model the trainer ran: evidence "
+                            "about that toy, not the target model: 3 ") for n in notices), notices
+    assert [w for w in prov["warnings"] if w.startswith("promoted W=3 (W-1=2) is 20x the base config's W-1=0.1")]
+    data["probe"].update(source="trainer", model="models/smollm2-135m-instruct/")
+    cal.write_text(json.dumps(data))
+    _, prov, notices = promote([sweep], "c2", b7, calibration=cal)
+    assert ("the calibration's probe is of 'models/smollm2-135m-instruct/', the base config trains "
+            "'models/Qwen2.5-Math-7B': its W is evidence about the probed model; probe the target model and calibrate "
+            "again") in prov["warnings"]
+    assert not [w for w in prov["warnings"] if w.startswith("promoted W=3")]  # a model's calibration: not warned
 
 
 def test_calibration_gives_o1_w_and_the_adaptive_cap(tmp_path, base):

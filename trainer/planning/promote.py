@@ -195,12 +195,15 @@ def promote(
         if stare.get("adaptive") and calibrated_w_max(cal) is not None:
             stare["w_max"] = calibrated_w_max(cal)
             calibrated.add("w_max")
+    probed = _probe_of_model(cal, data) if cal is not None and strength is not None else None
+    if probed is not None:
         notices.append(f"W{'/M' if strength.m is not None else ''}{' and w_max' if 'w_max' in calibrated else ''} "
-                       f"calibrated to the target model: {strength.describe()}")
+                       f"calibrated to {probed[0]}: {strength.describe()}")
+    model_calibrated = calibrated if probed is not None and probed[1] else set()  # evidence about a trained model
 
     user_keys = {k for k, _ in parse_overrides(overrides)}
     size = _model_size_b(str((data.get("model") or {}).get("path", "")))
-    if size is not None and size >= 14 and calibrated:
+    if size is not None and size >= 14 and model_calibrated:
         notices.append(f"model size guidance ({size:g}B) not applied: W/M are calibrated to the target model")
     elif size is not None and size >= 14:
         touched = {"loss.stare.reweight_w", "loss.stare.reweight_m"} & user_keys
@@ -235,8 +238,9 @@ def promote(
     w_from = strength.describe() if strength is not None else own_w_text(found, method, sources)
     overridden = _overridden(cfg.loss.stare, evidence_values, user_keys, strength, calibrated)
     notices[:0] = [v["note"] for v in overridden.values()]
-    warnings = (_push_warnings(cfg.loss.stare, base_w, base_m, calibrated - _keys(user_keys), _keys(user_keys))
-                + _weaker_warnings(overridden, strength, calibrated) + _seed_warnings(found["runs"]))
+    warnings = (_push_warnings(cfg.loss.stare, base_w, base_m, model_calibrated - _keys(user_keys), _keys(user_keys))
+                + _weaker_warnings(overridden, strength, calibrated) + _seed_warnings(found["runs"])
+                + (probed[2] if probed is not None else []))
     regime = regime_check(found, cal, probe, notices)
     warnings += [f"regime: {w}" for w in regime["warnings"]]
     if fmt == "verl" and _verl_dropped(user_keys):
@@ -282,6 +286,24 @@ def _verl_dropped(user_keys: set[str]) -> list[str]:
 
 #: a promoted push |W − 1| or |1 − M| more than this many times the base config's is warned about
 PUSH_WARN_FACTOR = 3.0
+
+
+def _probe_of_model(cal: dict[str, Any], data: dict[str, Any]) -> tuple[str, bool, list[str]]:
+    """What a calibration was calibrated to: ``(text for the notice, True when its probe is a trainer run of a
+    model, warnings)`` — a warning when that model is not the base config's (``model.path``, compared by its last
+    path part)."""
+    probe = cal.get("probe") or {}
+    model = str(probe.get("model") or "")
+    if probe.get("source") != "trainer":
+        return (f"a {probe.get('source') or 'non-trainer'} probe ({model or 'model unknown'}), not a model the "
+                "trainer ran: evidence about that toy, not the target model", False, [])
+    base_model = str((data.get("model") or {}).get("path") or "")
+    name = lambda p: Path(p.rstrip("/")).name.lower()  # noqa: E731
+    warnings = []
+    if model and base_model and name(model) != name(base_model):
+        warnings.append(f"the calibration's probe is of {model!r}, the base config trains {base_model!r}: its W is "
+                        "evidence about the probed model; probe the target model and calibrate again")
+    return f"the target model's probe ({model or 'model unknown'})", True, warnings
 
 
 def _push_warnings(stare: Any, base_w: float, base_m: float, calibrated: set[str], user: set[str]) -> list[str]:
