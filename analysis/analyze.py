@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import matplotlib.figure  # noqa: F401 - the report's figures (imported here, with the function that draws them)
 
 from stare_lab.errors import ConfigError
-from stare_lab.outdir import check_kind
+from stare_lab.outdir import REPORT, check_kind
 
 from .compare import Comparison, compare
 from .figstyle import DPI
@@ -26,9 +26,6 @@ from .progress import sweep_steps
 from .report import ReportFiles, write_report
 
 __all__ = ["Analysis", "analyze", "sweep_group_by"]
-
-#: what analyze writes in its --out, as stare_lab.outdir names kinds of output
-REPORT = "analysis report"
 
 
 @dataclasses.dataclass

@@ -219,8 +219,8 @@ READERS: dict[str, ForeignReader] = {
 
 
 def find_foreign_runs(roots: Iterable[str | Path]) -> list[Path]:
-    """Paths at or below ``roots`` (folders, or log files themselves) that a reader claims and that hold no stare_lab
-    run directory (sorted)."""
+    """Paths at or below ``roots`` (folders, or log files themselves) that a reader claims, that hold no stare_lab
+    run directory and are not inside one (sorted)."""
     found: set[Path] = set()
     for root in map(Path, roots):
         if root.is_file():
@@ -229,9 +229,20 @@ def find_foreign_runs(roots: Iterable[str | Path]) -> list[Path]:
         if not root.is_dir():
             continue
         for reader in READERS.values():
-            found.update(f for f in set(reader.candidates(root))
-                         if reader.claims(f) and (f.is_file() or not find_runs([f])))
+            found.update(f for f in set(reader.candidates(root)) if not _inside_run(f, root)
+                         and reader.claims(f) and (f.is_file() or not find_runs([f])))
     return sorted(found)
+
+
+def _inside_run(path: Path, root: Path) -> bool:
+    """True when a folder between ``path`` and ``root`` (both included) is a stare_lab run directory: its
+    checkpoints and side files (e.g. ``checkpoint/step_N/trainer_state.json``) are no framework's log."""
+    for folder in (path, *path.parents):
+        if is_run_dir(folder):
+            return True
+        if folder == root:
+            return False
+    return False
 
 
 def read_foreign_run(path: str | Path) -> Run | None:

@@ -104,8 +104,10 @@ def _int_option(name: str, text: str | None) -> int | None:
     return value
 
 
-def parse_seeds(seeds: str | None, seed: str | None) -> int | list[int] | None:
-    """The seeds of ``--seeds`` / ``--seed``: ``--seeds N`` → the count N (seeds 0 … N−1), ``--seeds A,B,…`` → the
+def parse_seeds(seeds: str | None, seed: str | None, option: str = "--seeds", has_seed: bool = True
+                ) -> int | list[int] | None:
+    """The seeds of ``--seeds`` (``option``: its name in messages, e.g. calibrate's ``--fit-seeds``; ``has_seed``:
+    the command has ``--seed``) / ``--seed``: ``--seeds N`` → the count N (seeds 0 … N−1), ``--seeds A,B,…`` → the
     list [A, B, …], ``--seed S`` → [S]; None when neither is given (the preset's seeds). A seed is an integer in
     [0, 2**31 − 1] (:data:`~simulators.presets.SEED_MAX`), a count in [1, 10000]
     (:data:`~simulators.presets.MAX_SEEDS`).
@@ -115,7 +117,7 @@ def parse_seeds(seeds: str | None, seed: str | None) -> int | list[int] | None:
             empty item, a repeated seed.
     """
     if seeds is not None and seed is not None:
-        raise ConfigError(f"--seeds={seeds!r} and --seed={seed!r} both choose the seeds: give one of them")
+        raise ConfigError(f"{option}={seeds!r} and --seed={seed!r} both choose the seeds: give one of them")
     in_range = f"an integer in [0, {SEED_MAX}] (2**31 - 1)"
     if seed is not None:
         try:
@@ -132,24 +134,25 @@ def parse_seeds(seeds: str | None, seed: str | None) -> int | list[int] | None:
         try:
             count = int(text)
         except ValueError:
-            raise ConfigError(f"--seeds={seeds!r} must be a count N >= 1 or a comma-separated list of seeds") from None
+            raise ConfigError(f"{option}={seeds!r} must be a count N >= 1 or a comma-separated list of seeds") from None
         if count < 1:
-            raise ConfigError(f"--seeds={count} must be a count >= 1 (a single chosen seed: --seed S)")
+            hint = " (a single chosen seed: --seed S)" if has_seed else ""
+            raise ConfigError(f"{option}={count} must be a count >= 1{hint}")
         if count > MAX_SEEDS:
-            raise ConfigError(f"--seeds={count} is more seeds than one sweep runs: give a count in [1, {MAX_SEEDS}] "
+            raise ConfigError(f"{option}={count} is more seeds than one sweep runs: give a count in [1, {MAX_SEEDS}] "
                               "or a list of seeds")
         return count
     items = [x.strip() for x in text.split(",")]
     try:
         values = [int(x) for x in items]
     except ValueError:
-        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be {in_range}") from None
+        raise ConfigError(f"{option}={seeds!r}: every seed of the list must be {in_range}") from None
     if any(not 0 <= v <= SEED_MAX for v in values):
-        raise ConfigError(f"--seeds={seeds!r}: every seed of the list must be {in_range}")
+        raise ConfigError(f"{option}={seeds!r}: every seed of the list must be {in_range}")
     if len(values) > MAX_SEEDS:
-        raise ConfigError(f"--seeds lists {len(values)} seeds; one sweep runs at most {MAX_SEEDS}")
+        raise ConfigError(f"{option} lists {len(values)} seeds; one sweep runs at most {MAX_SEEDS}")
     if len(set(values)) != len(values):
-        raise ConfigError(f"--seeds={seeds!r} lists a seed twice")
+        raise ConfigError(f"{option}={seeds!r} lists a seed twice")
     return values
 
 
@@ -324,6 +327,10 @@ def _floats(name: str, text: str) -> list[float]:
         raise ConfigError(f"--{name}={text!r} must be a comma-separated list of numbers") from None
 
 
+#: a fit residual above this is reported as a poor reproduction of the probe (docs/calibration.md, step 3)
+POOR_FIT = 0.5
+
+
 def calibrate_handler(args: argparse.Namespace) -> int:
     """Run :func:`simulators.calibrate.calibrate` and print the probe, the fit and the critical W; returns 0."""
     from stare_lab.config import parse_overrides
@@ -350,7 +357,7 @@ def calibrate_handler(args: argparse.Namespace) -> int:
         grid[key.strip()] = [int(v) if integer and float(v).is_integer() else v for v in values]
 
     def seeds_of(name: str, text: str) -> list[int]:
-        seeds = parse_seeds(text, None)
+        seeds = parse_seeds(text, None, f"--{name}", has_seed=False)
         if seeds is None:
             raise ConfigError(f"--{name} is empty")
         return list(range(seeds)) if isinstance(seeds, int) else seeds
@@ -377,6 +384,12 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     print(f"probe ({pr['kind']}): {pr['run']} ({pr['source']}, {pr['model'] or '-'}): steps {pr['steps'][0]}-"
           f"{pr['steps'][-1]}, H {f(pr['entropy'])} nats, D_L+/|D_GRPO| {f(pr['d_ratio'])}, L+ above s* "
           f"{f(pr['lplus_above_sstar'])}" + (f", held balance W {f(pr['balance_w'])}" if held else ""))
+    if fit["residual"] is not None and fit["residual"] > POOR_FIT:
+        print(f"note: the best toy reproduces the probe poorly (residual {f(fit['residual'])} > {POOR_FIT:g}; "
+              "0.2 is about the tolerance of a critical W near 7): read its W with care, or widen --grid")
+    if not held and "clip_rel" in grid:
+        print("note: a crossing probe cannot fit clip_rel: its fit runs are GRPO, which a clip_rel >= 1 never "
+              "clips (the residuals tie); fit it from a held probe (docs/calibration.md)")
     knobs = ", ".join(f"{k}={v}" for k, v in result["knobs"].items())
     print(f"calibrated toy ({PRESET}): {knobs}; its D_L+/|D_GRPO| {f(fit['d_ratio'])}, L+ above s* "
           f"{f(fit['lplus_above_sstar'])}" + (f", held balance W {f(fit['balance_w'])}" if held else "")

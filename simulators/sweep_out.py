@@ -189,6 +189,10 @@ def claim_calibration_out(out: Path, overwrite: bool, outputs: Sequence[str]) ->
     check_outside_writers(out)
     taken = [out / name for name in outputs if (out / name).exists() or (out / name).is_symlink()]
     if taken and not overwrite:
+        if not (out / "calibration.json").is_file():  # fit or sweep runs without the result: stopped part-way
+            raise RunError(f"--out {str(out)!r} holds a calibration that stopped before its calibration.json "
+                           f"({', '.join(p.name for p in taken)}); pass --overwrite to start it again, or choose "
+                           "another --out")
         raise RunError(f"--out {str(out)!r} already holds a calibration ({taken[0].name}); pass --overwrite to "
                        "replace it, or choose another --out")
     for path in taken:

@@ -129,12 +129,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except KeyboardInterrupt as err:
         term = isinstance(err, Terminated)
-        print(f"stare-lab {args.command}: {'terminated' if term else 'interrupted'}", file=sys.stderr)
+        again = " (continue it with the same command and --resume)" if args.command in _RESUMABLE else ""
+        print(f"stare-lab {args.command}: {'terminated' if term else 'interrupted'}{again}", file=sys.stderr)
         return 128 + (signal.SIGTERM if term else signal.SIGINT)
     finally:
         _HANDLER_PID.pop()
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+#: the subcommands that continue an interrupted run with ``--resume``
+_RESUMABLE = ("simulate", "train", "evaluate")
 
 
 class Terminated(KeyboardInterrupt):

@@ -328,6 +328,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         errors = []
         non_none = [a for a in args if a is not type(None)]
         if len(non_none) == 1:  # Optional[X]: X's own error names the nested key and what is allowed
+            if isinstance(value, bool) and non_none[0] is not bool and type(None) in args:
+                kind = {float: "a number", int: "an integer", str: "a string"}.get(non_none[0], _type_name(non_none[0]))
+                raise ConfigError(f"{key}={_fmt(value)} must be {kind} or null (YAML reads "
+                                  "off/on/no/yes as false/true: write null for none)")
             return _coerce(key, value, non_none[0])
         for arg in non_none:
             try:

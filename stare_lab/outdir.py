@@ -28,14 +28,15 @@ logger = logging.getLogger(__name__)
 __all__ = ["existing_outputs", "claim_out", "held_kind", "check_kind", "check_outside_writers"]
 
 #: What marks each kind of output at the top of its directory (besides ``config.yaml``'s ``source``).
-SWEEP, EVALUATION, CALIBRATION = "simulate sweep", "evaluation", "calibration"
+SWEEP, EVALUATION, CALIBRATION, REPORT = "simulate sweep", "evaluation", "calibration", "analysis report"
 
 
 def held_kind(out: str | os.PathLike) -> tuple[str, str] | None:
     """``(kind, what marks it)`` of the output ``out`` holds, or None (nothing recognised; also for a missing
     directory): a run's ``source`` from its ``config.yaml`` (``trainer``, ``simulator``, ``trl``, …), a simulate
     sweep (a ``summary.json`` with ``preset`` and ``methods``), an evaluation (``eval.json``), a calibration
-    (``calibration.json``, ``stare-lab calibrate``). Unreadable files count
+    (``calibration.json``, ``stare-lab calibrate``), an analysis report (``report.json`` and ``report.md``,
+    ``stare-lab analyze``). Unreadable files count
     as nothing recognised (the command's own reader reports them when it reads them)."""
     from .files import read_json, read_yaml
 
@@ -60,6 +61,8 @@ def held_kind(out: str | os.PathLike) -> tuple[str, str] | None:
         return EVALUATION, "eval.json"
     if (out / "calibration.json").is_file():
         return CALIBRATION, "calibration.json"
+    if (out / "report.json").is_file() and (out / "report.md").is_file():
+        return REPORT, "report.json"
     return None
 
 

@@ -86,6 +86,20 @@ def test_a_folder_with_a_stare_lab_run_is_left_to_it(tmp_path):
     assert sorted(r.path.name for r in runs) == ["plain", "stare_run"]
 
 
+def test_a_trainer_runs_checkpoints_are_not_framework_logs(tmp_path):
+    """Fresh-user item: the stare-lab trainer keeps ``checkpoint/step_N/trainer_state.json`` (its own state, no
+    ``log_history``) inside the run directory; reading the run finds one run and no warning about that file."""
+    run = tmp_path / "run"
+    with RunWriter(run, {"source": "trainer", "method": "grpo", "seed": 0}) as w:
+        w.log({"step": 1, "entropy": 1.0, "reward": 0.0, "gate_on": 0, "stare_w": 1.0, "stare_m": 1.0,
+               "pred_entropy_change": None, "entropy_change": None})
+    (run / "checkpoint" / "step_1").mkdir(parents=True)
+    (run / "checkpoint" / "step_1" / "trainer_state.json").write_text(json.dumps({"step": 1}))
+    assert find_foreign_runs([tmp_path]) == [] and find_foreign_runs([run]) == []
+    runs = load_runs(tmp_path)
+    assert [r.path for r in runs] == [run] and not [w for r in runs for w in r.warnings if "checkpoint" in w]
+
+
 def test_analyze_puts_a_trl_run_in_the_report(tmp_path):
     """The report of a TRL folder and a stare_lab run directory together: figures and a verdict naming both."""
     from analysis.analyze import analyze

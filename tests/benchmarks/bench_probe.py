@@ -170,7 +170,8 @@ def _clock(fn):
 
 def check_same_step(model_dir: Path, batch_args: tuple) -> bool:
     """The default probe (a backward through the old-log-prob pass's graph), forward mode and one backward per term
-    on the SAME step (the same weights and batch): the D terms agree."""
+    on the SAME step (the same weights and batch; Adam's ε = 1, so that P does not amplify the attention kernels'
+    rounding): the D terms agree."""
     import copy
 
     from stare_lab.step import prepare_step
@@ -180,8 +181,10 @@ def check_same_step(model_dir: Path, batch_args: tuple) -> bool:
     from trainer.engines.policy import PolicyEngine
     from trainer.step.prediction import EntropyPrediction
 
+    # optim.eps=1: P of Adam's first step is lr/(|g| + ε), which with the default ε amplifies float rounding of g
+    # where g ≈ 0 — and the kept graph's passes use the math attention kernel, the others the fused one
     cfg = load_trainer_config(None, [f"model.path={model_dir}", "deepspeed.zero_stage=0", "deepspeed.precision=fp32",
-                                     "method=grpo", "loss.loss_mode=grpo", "optim.lr=1e-6",
+                                     "method=grpo", "loss.loss_mode=grpo", "optim.lr=1e-6", "optim.eps=1.0",
                                      "optim.micro_batch_max_tokens=65536"])
     dist, comm = init_distributed(), Comm()
     rows = {}
@@ -190,10 +193,11 @@ def check_same_step(model_dir: Path, batch_args: tuple) -> bool:
         batch = synthetic_batch(min(policy.engine.module.config.vocab_size, 5000), *batch_args)
         plan = policy.micro_plan(batch, comm)
         pred = EntropyPrediction(policy, comm, cfg.loss, cfg.optim.grad_clip, method=method)
-        # the step's old log-probs from the plain pass for every method: the kept graph's forward (math attention
-        # kernel) differs by rounding, and the D terms of Adam's first step (P = lr/(|g| + ε)) amplify that
-        old_lp, old_ent = policy.compute_logprobs(batch, plan)
-        grad_sum = policy.logprobs_and_entropy_grad(batch, plan, pred.keep_tangent)[2] if pred.from_old_logprob else None
+        grad_sum = None
+        if pred.from_old_logprob:  # as the step runner
+            old_lp, old_ent, grad_sum = policy.logprobs_and_entropy_grad(batch, plan, pred.keep_tangent)
+        else:
+            old_lp, old_ent = policy.compute_logprobs(batch, plan)
         step_batch = batch.step_batch(old_lp, old_ent)
         prep = prepare_step(step_batch, copy.deepcopy(cfg.loss), step=1, seed=0)
         probes = pred.before_update(batch, plan, prep, step_batch, grad_sum)

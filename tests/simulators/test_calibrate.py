@@ -430,8 +430,9 @@ def test_held_calibration_recovers_known_knobs(tmp_path):
 
 
 def test_cli_says_when_no_w_of_the_grid_held(tmp_path, capsys, monkeypatch):
-    """A calibration whose sweep held at no W prints "none up to <largest W>" and no adaptive w_max, not "-" (the
-    result is intercepted: its numbers are made up for the printout)."""
+    """A calibration whose sweep held at no W prints "none up to <largest W>" and no adaptive w_max, not "-"; a fit
+    residual above 0.5 and a clip_rel grid on a crossing probe get a note (the result is intercepted: its numbers
+    are made up for the printout)."""
     import simulators.calibrate as C
     from stare_lab.cli import main
 
@@ -439,13 +440,15 @@ def test_cli_says_when_no_w_of_the_grid_held(tmp_path, capsys, monkeypatch):
         none = {"w": None, "low": 3.0, "high": None}
         return {"probe": {"kind": "crossing", "run": "p", "source": "simulator", "model": None, "steps": [1, 2],
                           "entropy": 0.5, "d_ratio": 2.0, "lplus_above_sstar": 1.0, "balance_w": None},
-                "fit": {"d_ratio": 2.1, "lplus_above_sstar": 1.0, "balance_w": None, "residual": 0.1},
+                "fit": {"d_ratio": 2.1, "lplus_above_sstar": 1.0, "balance_w": None, "residual": 1.24},
                 "knobs": {"reward_coupling": 0.6}, "preset": {"overrides": {"loss.stare.target_entropy": 0.8}},
                 "critical": {"o1": none, "c2": {**none, "m": 0.9}, "adaptive": {"w_max": None}}}
 
     monkeypatch.setattr(C, "calibrate", fake)
-    assert main(["calibrate", str(tmp_path), "--out", str(tmp_path / "o")]) == 0
+    assert main(["calibrate", str(tmp_path), "--out", str(tmp_path / "o"), "--grid", "clip_rel=off,1.5"]) == 0
     out = capsys.readouterr().out
+    assert "note: the best toy reproduces the probe poorly (residual 1.24 > 0.5;" in out  # the poor fit is named
+    assert "note: a crossing probe cannot fit clip_rel" in out
     assert ("critical W (o1, calibrated): none up to 3 (no W of the grid held the band on every seed: extend "
             "--w-grid)") in out
     assert "critical W (c2 at M 0.9, calibrated): none up to 3" in out

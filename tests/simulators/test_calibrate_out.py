@@ -129,3 +129,18 @@ def test_overwrite_removes_only_a_calibrations_outputs(tmp_path, monkeypatch):
     assert seen["files"] == [LOCK_FILE, "notes.txt"]
     assert seen["holder"] is not None and seen["holder"].pid == os.getpid()
     assert (out / "notes.txt").read_text() == "mine" and not (out / LOCK_FILE).exists()
+
+
+def test_a_calibration_stopped_part_way_is_named_as_such(tmp_path):
+    """Fresh-user item: Ctrl-C during the fit leaves fit runs but no calibration.json; the refusal says the
+    calibration stopped before its result (not "already holds a calibration") and --overwrite starts again."""
+    from simulators.sweep_out import claim_calibration_out
+
+    out = tmp_path / "cal"
+    (out / "fit" / "setting" / "seed0").mkdir(parents=True)
+    outputs = ("calibration.json", "fit.json", "fit", "sweep")
+    with pytest.raises(RunError, match=r"^--out '.*cal' holds a calibration that stopped before its calibration.json "
+                                       r"\(fit\); pass --overwrite to start it again, or choose another --out$"):
+        claim_calibration_out(out, False, outputs)
+    claim_calibration_out(out, True, outputs)
+    assert not (out / "fit").exists()

@@ -73,7 +73,8 @@ def test_sigterm_stops_the_workers_and_frees_the_directory(tmp_path):
     assert len(workers) >= 2, workers  # the two forked workers (the queue's feeder is a thread)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "stare-lab simulate: terminated", err
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == (
+        "stare-lab simulate: terminated (continue it with the same command and --resume)"), err
     assert _gone(workers), "workers still running after SIGTERM"
     assert not (out / ".stare_lab.lock").exists()
     done = subprocess.run([sys.executable, "-m", "stare_lab.cli", "simulate", "--preset", "demo", "--methods",

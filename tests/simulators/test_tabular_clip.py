@@ -42,6 +42,7 @@ def first_step(config):
     (float("inf"), "clip_rel=inf must be finite"),
     (float("nan"), "clip_rel=nan must be a number"),
     ("big", "clip_rel='big' must be a number"),
+    (False, "clip_rel=False must be a number or null (YAML reads off/on/no/yes as false/true: write null for none)"),
 ])
 def test_bad_clip_rel_names_the_key(value, msg):
     with pytest.raises(ConfigError, match=re.escape(msg)):

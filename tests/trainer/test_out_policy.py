@@ -133,3 +133,23 @@ def test_interrupted_before_first_checkpoint_restarts_with_resume(require, tmp_p
 
     assert [stable(r) for r in rows] == [stable(r) for r in runs.rows(fresh)]
     assert json.loads((out / "summary.json").read_text())["steps"] == 3
+
+
+def test_an_analysis_report_is_a_kind(tmp_path, capsys):
+    """Fresh-user item: `simulate --out` into a folder where `analyze` wrote its report (report.json and report.md)
+    is refused with one line; analyze may write there again (its own kind)."""
+    from stare_lab.cli import main
+    from stare_lab.outdir import REPORT, check_kind, held_kind
+
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "report.json").write_text("{}")
+    assert held_kind(rep) is None  # report.json alone: not recognised
+    (rep / "report.md").write_text("# report\n")
+    assert held_kind(rep) == (REPORT, "report.json")
+    check_kind(rep, REPORT)
+    assert main(["simulate", "--preset", "demo", "--methods", "grpo", "--seeds", "1", "--out", str(rep)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"stare-lab simulate: error: --out {str(rep)!r} holds an analysis report (report.json), not a "
+                   "simulate sweep: it is not written over, resumed or removed; choose another --out")
+    assert sorted(p.name for p in rep.iterdir()) == ["report.json", "report.md"]

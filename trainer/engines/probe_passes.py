@@ -7,6 +7,7 @@ the update, and the logits' directional derivative along the probe's direction. 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -14,12 +15,15 @@ from torch import Tensor
 
 from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
 
+logger = logging.getLogger(__name__)
+
 
 class ProbePasses:
     """The probe's passes of :class:`trainer.engines.policy.PolicyEngine` (ZeRO 0–2 only)."""
 
     #: (rows, micro-batch, logits, GraphTangent, leaves) of the last old-log-prob pass that kept its graph
     _tangent: tuple | None = None
+    _warned_tangent: bool = False  # the fallback to forward mode is logged once
 
     def logprobs_and_entropy_grad(self, batch: Any, plan: Sequence[Tensor], keep_tangent: bool = False
                                   ) -> tuple[Tensor, Tensor, list[Tensor]]:
@@ -47,6 +51,10 @@ class ProbePasses:
         self.release()
         self.engine.train()
         keep = keep_tangent and len(plan) == 1
+        if keep_tangent and not keep and not self._warned_tangent:
+            self._warned_tangent = True
+            logger.warning("the probe's kept graph (schedule.probe_tangent) needs one micro-batch per rank; this step "
+                           "has %d (optim.micro_batch_max_tokens): forward mode instead", len(plan))
         leaves = {n: (p.detach().clone() if keep else p.detach()).requires_grad_(True)
                   for n, p in self.engine.module.named_parameters()}
         grads = [torch.zeros_like(p, dtype=torch.float32) for p in leaves.values()]
