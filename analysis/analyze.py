@@ -104,6 +104,8 @@ def analyze(
         root = Path(summary).parent if summary is not None and Path(summary).is_file() else (
             Path(summary) if summary is not None else Path(paths[0]))
         cmp.mark_left_out(sweep_steps(sweep, root))
+        # the sweep's own notes (why a method did not hold the band, what to try: the terminal's) go into the report
+        cmp.notes.extend(n.removeprefix("note: ") for n in sweep.get("notes") or [] if isinstance(n, str))
     _check_metrics(metrics, cmp.runs)
     files = write_report(cmp, out, fmt=fmt, metrics=metrics, paper=paper, paper_setting=paper_setting,
                          paper_model=paper_model, dpi=dpi, inputs=[str(p) for p in paths], sweep=sweep,

@@ -78,6 +78,10 @@ def test_plots_are_written(tmp_path):
     assert simulate("--methods", "grpo,c2", "--seeds", "2", "--steps", "4", "--out", str(out), *SMALL) == 0
     pngs = list((out / "figures").glob("*.png"))
     assert len(pngs) >= 2
+    # the sweep's notes (printed on the terminal) are the report's too (fresh-user item: the report said "None")
+    notes = json.loads((out / "summary.json").read_text())["notes"]
+    report = json.loads((out / "figures" / "report.json").read_text())["notes"]
+    assert notes and all(n.removeprefix("note: ") in report for n in notes)
 
 
 def test_figures_come_from_one_call_of_the_analysis_function(tmp_path, monkeypatch, capsys):
