@@ -140,19 +140,12 @@ class PolicyEngine(ProbePasses):
                  params: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         """Log-probs ``[b, t]`` of the micro-batch's response tokens (with their graph) and, if asked, their
         entropies (with the graph iff ``entropy_grad``), at the rollout temperature, nats. ``params``: run the
-        module with these tensors in place of its parameters (``torch.func.functional_call``), outside DeepSpeed.
-        While the probe keeps its graph (:meth:`logprobs_and_entropy_grad`) the forward uses the math attention
-        kernel as that pass did, so the update's log-probs at θ_old are the step's old log-probs exactly (ρ ≡ 1)."""
-        from contextlib import nullcontext
-
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(SDPBackend.MATH) if self._tangent is not None else nullcontext():
-            if params is None:
-                logits = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [b, L, V]
-                resp_logits = torch.gather(logits, 1, mb.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-            else:
-                resp_logits = self._functional_logits(mb, params)
+        module with these tensors in place of its parameters (``torch.func.functional_call``), outside DeepSpeed."""
+        if params is None:
+            logits = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [b, L, V]
+            resp_logits = torch.gather(logits, 1, mb.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        else:
+            resp_logits = self._functional_logits(mb, params)
         logprobs = logprobs_from_logits(resp_logits, mb.tokens, self.temperature)
         entropy = None
         if need_entropy:
