@@ -81,28 +81,27 @@ def test_refuses_to_clobber_and_resume_truncates(tmp_path):
     assert read_run(run).metrics == []
 
 
-def test_truncated_last_line_is_skipped_with_warning(tmp_path):
-    run = tmp_path / "r"
+def _one_row_then(run, tail: bytes):
+    """A run with one logged row (step 0), then ``tail`` appended to its metrics.jsonl; read back."""
     w = RunWriter(run, {"method": "grpo"})
     w.log(row(0))
     w.close()
-    with open(run / "metrics.jsonl", "a") as fh:
-        fh.write('{"step": 1, "entropy": 0.')  # crash mid-write
+    with open(run / "metrics.jsonl", "ab") as fh:
+        fh.write(tail)
     r = read_run(run)
     assert [m["step"] for m in r.metrics] == [0]
+    return r
+
+
+def test_truncated_last_line_is_skipped_with_warning(tmp_path):
+    r = _one_row_then(tmp_path / "r", b'{"step": 1, "entropy": 0.')  # crash mid-write
     assert any("truncated" in msg for msg in r.warnings)
 
 
 def test_a_non_utf8_line_is_named_as_such(tmp_path):
     """A line of bytes that are not UTF-8 (0xff 0xfe) is skipped with a warning that says so, not "truncated"."""
     run = tmp_path / "r"
-    w = RunWriter(run, {"method": "grpo"})
-    w.log(row(0))
-    w.close()
-    with open(run / "metrics.jsonl", "ab") as fh:
-        fh.write(b"\xff\xfe\n")
-    r = read_run(run)
-    assert [m["step"] for m in r.metrics] == [0]
+    r = _one_row_then(run, b"\xff\xfe\n")
     assert [m for m in r.warnings if "metrics.jsonl:2" in m] == [f"{run / 'metrics.jsonl'}:2: not valid UTF-8; skipped"]
 
 
