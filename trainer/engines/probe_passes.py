@@ -34,11 +34,12 @@ class ProbePasses:
         one backward more (its wall-clock and process CPU seconds in :attr:`entropy_grad_s`,
         :attr:`entropy_grad_cpu_s`). ZeRO 0–2 and :attr:`fusable` models only. Collective.
 
-        ``keep_tangent`` with one micro-batch (``len(plan) == 1``): the leaves are a copy of θ (they serve as :meth:`snapshot`), the
-        forward runs with ``scaled_dot_product_attention``'s math backend and the backward is recorded
+        ``keep_tangent`` with one micro-batch (``len(plan) == 1``; with more, forward mode and one logged
+        warning): the leaves are a copy of θ (they serve as :meth:`snapshot`), the forward runs with
+        ``scaled_dot_product_attention``'s math backend and the backward is recorded
         (:class:`stare_lab.probe.GraphTangent`), kept through the update for :meth:`tangent_logits`: the probe
         then needs no forward-mode pass. Its log-probs and entropies equal :meth:`compute_logprobs`' to the
-        rounding of the attention kernel (bit for bit otherwise, tested); the kept graphs cost about twice the
+        rounding of the attention kernel (bit for bit otherwise, tested); the kept graphs cost about 4× the
         micro-batch's activation memory until :meth:`tangent_logits` or :meth:`release`."""
         import time
 
@@ -125,9 +126,10 @@ class ProbePasses:
         if self.zero3:
             raise RuntimeError("tangent_logits: ZeRO-3 partitions the parameters")
         kept, self._tangent = self._tangent, None
+        current = dict(self.engine.module.named_parameters()) if kept is not None and primals is None else {}
         if kept is not None and len(plan) == 1 and torch.equal(kept[0], plan[0]) and all(
-                torch.equal(p, dict(self.engine.module.named_parameters())[n]) if primals is None
-                else primals[n].data_ptr() == p.data_ptr() for n, p in kept[4].items()):
+                torch.equal(p, current[n]) if primals is None else primals[n].data_ptr() == p.data_ptr()
+                for n, p in kept[4].items()):
             _, mb, logits, graph, leaves = kept  # the graph of the old-log-prob pass at these primals
             yield mb, logits, graph.logits_dot([tangents[n] for n in leaves])
             return

@@ -36,7 +36,8 @@ tangent pass (:mod:`stare_lab.probe`): ∇θH̄ is the backward of the old-log-p
 through leaves of the parameters, :meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
 with dropout gets a forward+backward of its own), θ_before is kept (one parameter-sized copy), the update runs, P is
 read from the optimizer state after it, and the logits' directional derivative at θ_before along v = P ⊙ ∇θH̄ gives
-every token's ∇θ log π_t·v and ∇θH_t·v. With one micro-batch per rank (``method="auto"``) that derivative is one
+every token's ∇θ log π_t·v and ∇θH_t·v. With ``schedule.probe_tangent`` graph (``auto``: a model of at most
+:data:`GRAPH_TANGENT_MAX_PARAMS` parameters) and one micro-batch per rank that derivative is one
 backward through the ∇θH̄ backward's kept graph (:class:`stare_lab.probe.GraphTangent`; the old-log-prob forward
 then runs with the math attention kernel, so its log-probs equal the unprobed ones to rounding), else a
 ``torch.func.jvp`` at θ_before. Each D_X is then a weighted sum over the tokens with the elementwise derivatives
@@ -100,7 +101,7 @@ class _Probes:
 
 
 #: ``schedule.probe_tangent=auto`` keeps the graph for models up to this size: where per-operation overhead sets the
-#: cost (the tiny model: 1.3× the update against forward mode's 1.9×) and the kept graph is small; SmolLM2-135M's kept
+#: cost (the tiny model: 1.4× the update against forward mode's 2.0×) and the kept graph is small; SmolLM2-135M's kept
 #: graph for 16 sequences did not fit in 24 GiB (docs/benchmarks.md A.9)
 GRAPH_TANGENT_MAX_PARAMS = 20_000_000
 
@@ -118,8 +119,7 @@ class EntropyPrediction:
         grad_clip: ``optim.grad_clip`` (0 = off).
         method: ``auto`` (forward mode unless the parameters are partitioned; with one micro-batch and ``tangent``
             graph, a backward through the old-log-prob pass's graph instead: :class:`stare_lab.probe.GraphTangent`),
-            ``jvp``
-            (``torch.func.jvp`` always: the old log-probs bit for bit those of a run without the probe) or
+            ``jvp`` (``torch.func.jvp`` always: the old log-probs bit for bit those of a run without the probe) or
             ``backward`` (one gradient per D term; the reference the forward-mode values are tested against).
         tangent: ``schedule.probe_tangent``: ``graph``, ``jvp`` or ``auto`` (graph for a model of at most
             :data:`GRAPH_TANGENT_MAX_PARAMS` parameters).
