@@ -36,8 +36,8 @@ Steps (:func:`calibrate`):
    crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
    set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
 3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
-   grid of the four knobs (default :data:`DEFAULT_GRID`; ``clip_rel`` of :data:`OPTIONAL_KNOBS` too when the grid
-   names it), ``fit_seeds`` seeds each, read like the probe at the
+   grid of the four knobs (default :data:`DEFAULT_GRID`; ``clip_rel`` and ``push_efficiency`` of
+   :data:`OPTIONAL_KNOBS` too when the grid names them), ``fit_seeds`` seeds each, read like the probe at the
    matched target: GRPO runs for a crossing probe, runs of the probe's STARE schedule (its method and
    :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
    lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
@@ -60,7 +60,7 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
                "steps": [int], "entropy": float, "d_ratio": float, "lplus_above_sstar": float|null,
                "balance_w": float|null, "schedule": {str: value}|null, "target_entropy": float|null},
      "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float,
-               ["clip_rel": float|null: only when the grid names it]},
+               ["clip_rel": float|null, "push_efficiency": float|null: each only when the grid names it]},
      "preset": {"name": "llm", "overrides": {dotted key: value}},
      "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "balance_w": float|null, "residual": float},
      "critical": {"o1": {"w": float|null, "low": float, "high": float|null},
@@ -119,9 +119,10 @@ PRESET = "llm"
 #: at a fork), verifier noise
 KNOBS = ("reward_coupling", "forking_positions", "num_correct", "reward_noise")
 #: knobs fitted only when ``--grid`` names them (absent from the default grid and, unless gridded, from
-#: ``calibration.json``): ``clip_rel``, the toy's gradient-norm clip relative to its GRPO step
-#: (:class:`simulators.tabular.config.TabularSimConfig`; a value None = no clip)
-OPTIONAL_KNOBS = ("clip_rel",)
+#: ``calibration.json``): ``clip_rel``, the toy's gradient-norm clip relative to its GRPO step, and
+#: ``push_efficiency``, the share of the STARE push that reaches the toy's policy
+#: (:class:`simulators.tabular.config.TabularSimConfig`; a value None = no clip, the whole push)
+OPTIONAL_KNOBS = ("clip_rel", "push_efficiency")
 #: the default fit grid (96 settings)
 DEFAULT_GRID: dict[str, list] = {
     "reward_coupling": [0.4, 0.6, 0.8, 1.0],

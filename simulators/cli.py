@@ -297,7 +297,8 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2,...",
                    help="fit grid of one knob (repeatable): reward_coupling, forking_positions, num_correct, "
                         "reward_noise; also clip_rel (the toy's gradient-norm clip relative to its GRPO step, "
-                        "'off' for none), fitted only when given")
+                        "'off' for none) and push_efficiency (the share of the STARE push that reaches the toy's "
+                        "policy, 'off' for all of it), fitted only when given")
     p.add_argument("--fit-seeds", default="2", metavar="N | A,B,...", help="seeds per knob setting (default 2)")
     p.add_argument("--seeds", default="3", metavar="N | A,B,...", help="seeds of the W sweep (default 3)")
     p.add_argument("--w-grid", default=None, metavar="W1,W2,...", help="W values of the sweep")
@@ -390,6 +391,9 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     if not held and "clip_rel" in grid:
         print("note: a crossing probe cannot fit clip_rel: its fit runs are GRPO, which a clip_rel >= 1 never "
               "clips (the residuals tie); fit it from a held probe (docs/calibration.md)")
+    if not held and "push_efficiency" in grid:
+        print("note: a crossing probe cannot fit push_efficiency: its fit runs are GRPO, which has no push "
+              "(the residuals tie); fit it from a held probe (docs/calibration.md)")
     knobs = ", ".join(f"{k}={v}" for k, v in result["knobs"].items())
     print(f"calibrated toy ({PRESET}): {knobs}; its D_L+/|D_GRPO| {f(fit['d_ratio'])}, L+ above s* "
           f"{f(fit['lplus_above_sstar'])}" + (f", held balance W {f(fit['balance_w'])}" if held else "")

@@ -92,6 +92,12 @@ class TabularSimConfig:
             pushed step of a STARE run is cut to at most clip_rel × the unpushed step, as a trainer's
             ``max_grad_norm`` cuts a model's (docs/calibration.md, the clip knob). A step whose GRPO update is 0 is
             not clipped. Every first-order key of the row is of the clipped step.
+        push_efficiency: e ∈ (0, 1] or ``None`` (the default: e = 1): the share of the STARE push that reaches
+            the policy. A step with the gate on applies Δz_GRPO + e·((W − 1)·Δz_L+ + (M − 1)·Δz_L−) instead of the
+            whole push: a phenomenological stand-in for what a model loses between its first-order push on the
+            batch and its entropy on fresh samples, which a table cannot have (docs/calibration.md, the
+            push-efficiency knob). The D terms and W*(t) stay those of the unscaled loss, as a model's probe
+            measures them; ``stare/push_first_order`` is of the applied push.
         steps: number of updates ≥ 1.
         temperature: τ > 0 of sampling, log-probs and entropy.
         dynamic_sampling: keep only groups with non-zero reward variance (DAPO), refilling up to
@@ -137,6 +143,7 @@ class TabularSimConfig:
     zipf_exponent: float = 1.0
     lr: float = 1.0
     clip_rel: float | None = None
+    push_efficiency: float | None = None
     steps: int = 600
     temperature: float = 1.0
     dynamic_sampling: bool = False
@@ -195,6 +202,8 @@ class TabularSimConfig:
         check_range(k("lr"), self.lr, 0, LR_MAX, lo_open=True)
         if self.clip_rel is not None:
             check_range(k("clip_rel"), self.clip_rel, 0, None, lo_open=True)
+        if self.push_efficiency is not None:
+            check_range(k("push_efficiency"), self.push_efficiency, 0, 1, lo_open=True)
         check_range(k("temperature"), self.temperature, 0, None, lo_open=True)
         if not isinstance(self.dynamic_sampling, bool):
             raise ConfigError(f"{k('dynamic_sampling')}={self.dynamic_sampling!r} must be true or false")

@@ -75,13 +75,20 @@ def batch_step(
     h_before = pol.entropy.mean((-1, -2))
     out = MODES[batch.base.mode](batch, pol, h_before, step)
     parts = out.parts
+    wp, mp = batch.push_weights()
+    m_loss = 1.0 + mp  # the loss's M, for W*(t)
+    eff = batch.push_efficiency()
+    if bool((eff != 1).any()):  # only a share e of the push is applied: Δz_GRPO + e·push (docs/calibration.md)
+        cut = ((1.0 - eff) * out.applied.double()).view(-1, 1, 1, 1)
+        parts = torch.cat([(parts[0] - cut * (wp.view(-1, 1, 1, 1) * parts[2] + mp.view(-1, 1, 1, 1) * parts[3]))
+                           .unsqueeze(0), parts[1:]])
+        wp, mp = wp * eff, mp * eff
     clip = clip_factors(batch, parts)
     if clip is not None:  # the whole step scaled: every first-order key below is of the clipped step
         parts = parts * clip[0].view(1, -1, 1, 1, 1)
         for key in [k for k in out.scalars if k.startswith("quadrant/") and k.endswith("/dH")]:
             out.scalars[key] = out.scalars[key] * clip[0]
     first = (pol.grad.unsqueeze(0) * parts).sum(-1).mean((-1, -2))  # [4, R] nats
-    wp, mp = batch.push_weights()
     push_fo = wp * first[2] + mp * first[3]
     # the push's measured effect: H(z + Δz_GRPO + push) − H(z + Δz_GRPO). When the step is plain (it is Δz_GRPO, or
     # Δz_GRPO + push for a STARE run with the gate on: no other term), one of the two is the step itself, whose
@@ -118,7 +125,7 @@ def batch_step(
             ratio = float(clip[1][r])
             row["clip/factor"], row["clip/norm_ratio"] = float(clip[0][r]), ratio if ratio == ratio else None
         # D_L+/|D_GRPO| and W*(t) (the run's current M for C2), docs/theory.md §8
-        row.update(step_observables(row[KEY_D_GRPO], row[KEY_D_LPLUS], row[KEY_D_LMINUS], 1.0 + float(mp[r])))
+        row.update(step_observables(row[KEY_D_GRPO], row[KEY_D_LPLUS], row[KEY_D_LMINUS], float(m_loss[r])))
         row["time/update_s"] = elapsed / batch.size
         rows.append(row)
     return parts[0], rows, pending

@@ -92,6 +92,11 @@ class TabularBatch:
             m.append((ctl.reweight_m - 1.0) if c2 and ctl is not None else 0.0)
         return torch.tensor(w, dtype=torch.float64), torch.tensor(m, dtype=torch.float64)
 
+    def push_efficiency(self) -> torch.Tensor:
+        """``[R]`` float64 e of each run (``push_efficiency``; 1 where it is ``None``)."""
+        return torch.tensor([1.0 if c.push_efficiency is None else float(c.push_efficiency) for c in self.configs],
+                            dtype=torch.float64)
+
 
 def stack_states(configs: list[Any], states: list[TabularState]) -> TabularBatch:
     """One :class:`TabularBatch` from per-run states (configs that share :func:`batch_key`)."""
