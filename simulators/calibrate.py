@@ -36,9 +36,9 @@ Steps (:func:`calibrate`):
    crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
    set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
 3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
-   grid of the four knobs (default :data:`DEFAULT_GRID`; ``clip_rel`` and ``push_efficiency`` of
-   :data:`OPTIONAL_KNOBS` too when the grid names them), ``fit_seeds`` seeds each, read like the probe at the
-   matched target: GRPO runs for a crossing probe, runs of the probe's STARE schedule (its method and
+   grid of the four knobs (default :data:`DEFAULT_GRID`; for a held probe also ``push_efficiency``,
+   :data:`HELD_DEFAULT_GRID`; ``clip_rel`` of :data:`OPTIONAL_KNOBS` when the grid names it), ``fit_seeds`` seeds
+   each, read like the probe at the matched target: GRPO runs for a crossing probe, runs of the probe's STARE schedule (its method and
    :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
    lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
    bounded: the ratio spans −1 … 60 between toys and models, and W* = 1 + 1/ratio changes little among large
@@ -60,7 +60,8 @@ Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: ru
                "steps": [int], "entropy": float, "d_ratio": float, "lplus_above_sstar": float|null,
                "balance_w": float|null, "schedule": {str: value}|null, "target_entropy": float|null},
      "knobs": {"reward_coupling": float, "forking_positions": int, "num_correct": int, "reward_noise": float,
-               ["clip_rel": float|null, "push_efficiency": float|null: each only when the grid names it]},
+               ["push_efficiency": float|null: held probe or named in the grid],
+               ["clip_rel": float|null: only when the grid names it]},
      "preset": {"name": "llm", "overrides": {dotted key: value}},
      "fit": {"d_ratio": float, "lplus_above_sstar": float|null, "balance_w": float|null, "residual": float},
      "critical": {"o1": {"w": float|null, "low": float, "high": float|null},
@@ -108,7 +109,7 @@ from simulators.tabular.tasks import reward_optimal_entropy
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS", "Probe", "probe_window",
+    "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "HELD_DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS", "Probe", "probe_window",
     "probe_kind", "held_balance", "read_probe", "matched_target", "residual", "toy_observables", "fit_knobs",
     "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
 ]
@@ -130,6 +131,9 @@ DEFAULT_GRID: dict[str, list] = {
     "num_correct": [4, 8],
     "reward_noise": [0.0, 0.1, 0.3],
 }
+#: what a held probe's fit adds to :data:`DEFAULT_GRID` unless the grid names it (480 settings): the push's
+#: efficiency, which lets the toy match the balance W with a push in its first-order regime (docs/calibration.md)
+HELD_DEFAULT_GRID: dict[str, list] = {"push_efficiency": [None, 0.7, 0.5, 0.35, 0.25]}
 #: the default W grid of the critical-W sweep
 DEFAULT_W_GRID = [1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]
 #: the probe / toy window as a share of the run's steps (unless ``window`` is given)
@@ -428,13 +432,14 @@ def _label(knobs: dict[str, Any]) -> str:
                     for k, v in knobs.items())
 
 
-def _check_grid(grid: dict[str, list]) -> dict[str, list]:
+def _check_grid(grid: dict[str, list], held: bool = False) -> dict[str, list]:
     known = KNOBS + OPTIONAL_KNOBS
     unknown = [k for k in grid if k not in known]
     if unknown:
         raise ConfigError(f"fit grid key {unknown[0]!r} is not one of {{{', '.join(known)}}}")
     out = {k: list(grid.get(k) or DEFAULT_GRID[k]) for k in KNOBS}
-    out.update({k: list(grid[k]) for k in OPTIONAL_KNOBS if grid.get(k)})
+    defaults = HELD_DEFAULT_GRID if held else {}
+    out.update({k: list(grid.get(k) or defaults[k]) for k in OPTIONAL_KNOBS if grid.get(k) or k in defaults})
     for k, vals in out.items():
         if len(set(map(repr, vals))) != len(vals):
             raise ConfigError(f"fit grid {k}={','.join(map(str, vals))} lists a value twice")
@@ -449,7 +454,8 @@ def fit_knobs(
     """Run the fit (module docstring, step 3) into ``out`` (``out/<knobs>/seed<k>``).
 
     Args:
-        probe: :func:`read_probe`'s result. grid: knob → values (missing knobs: :data:`DEFAULT_GRID`).
+        probe: :func:`read_probe`'s result. grid: knob → values (missing knobs: :data:`DEFAULT_GRID`, and for a
+            held probe :data:`HELD_DEFAULT_GRID`).
         seeds: seeds per knob setting. overrides: further ``llm`` preset overrides (dotted keys, e.g. ``lr``).
         workers: processes (None: all cores). progress: called with run-steps done.
 
@@ -464,7 +470,7 @@ def fit_knobs(
         ConfigError: a bad grid or override (one line, the key named), or a grid whose runs would not fit in
             memory (:func:`simulators.parallel.check_memory`). DataError: no knob setting reaches its matched target.
     """
-    grid = _check_grid(grid or {})
+    grid = _check_grid(grid or {}, held=probe.kind == "held")
     settings = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
     method, schedule = "grpo", {}
     if probe.kind == "held":

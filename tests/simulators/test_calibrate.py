@@ -408,7 +408,8 @@ def test_held_calibration_recovers_known_knobs(tmp_path):
     3.8 at 0.6, 5.6 at 0.8 (ln-distance 0.38, against a seed spread of 0.05), and at 1.0 the toy does not hold the
     band at W 10 (mean deviation 0.08): that setting is out (residual inf). Then calibration.json records the
     probe's kind, balance and schedule and the fit's balance."""
-    truth = {"reward_coupling": 0.6, "forking_positions": 6, "num_correct": 8, "reward_noise": 0.0}
+    truth = {"reward_coupling": 0.6, "forking_positions": 6, "num_correct": 8, "reward_noise": 0.0,
+             "push_efficiency": None}  # the whole push: a held fit grids it by default (HELD_DEFAULT_GRID)
     sched = {"loss.stare.reweight_w": 10.0, "loss.stare.target_entropy": 0.851}
     data = C._base_overrides({**truth, **sched})
     probes = []

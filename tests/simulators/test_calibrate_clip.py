@@ -61,8 +61,8 @@ def test_held_fit_recovers_the_clip(tmp_path):
     run_batch([config_from_overrides({**data, "method": "c2", "seed": s}) for s in (3, 4)], probes)
     probe = C.read_probe(probes)
     assert probe.kind == "held" and probe.schedule["method"] == "c2"
-    grid = {**{k: [v] for k, v in truth.items()}, "clip_rel": [None, 1.0]}
+    grid = {**{k: [v] for k, v in truth.items()}, "clip_rel": [None, 1.0], "push_efficiency": [None]}
     best, table = C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0, 1), workers=1)
-    assert best["knobs"] == truth, table
+    assert best["knobs"] == {**truth, "push_efficiency": None}, table
     off, clip = table
     assert math.isfinite(off["residual"]) and clip["balance_w"] > off["balance_w"] * 1.15, table

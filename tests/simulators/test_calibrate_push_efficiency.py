@@ -12,10 +12,14 @@ from simulators.tabular.runner import config_from_overrides, run_batch
 from stare_lab.errors import ConfigError
 
 
-def test_push_efficiency_is_fitted_only_when_gridded():
+def test_push_efficiency_is_fitted_for_a_held_probe_or_when_gridded():
+    """A crossing probe's fit (GRPO runs: no push) leaves it out unless gridded; a held probe's grids it by
+    default, whole push (off) included; a grid that names it replaces the default."""
     assert "push_efficiency" not in C._check_grid({})
+    assert C._check_grid({}, held=True)["push_efficiency"] == [None, 0.7, 0.5, 0.35, 0.25]
     grid = C._check_grid({"push_efficiency": [None, 0.35]})
     assert list(grid) == [*C.KNOBS, "push_efficiency"] and grid["push_efficiency"] == [None, 0.35]
+    assert C._check_grid({"push_efficiency": [None]}, held=True)["push_efficiency"] == [None]
     assert C._label({"push_efficiency": None}) == "push_efficiency=off"
 
 
