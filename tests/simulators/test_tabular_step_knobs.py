@@ -1,6 +1,9 @@
-"""The tabular simulator's gradient-norm clip ``clip_rel`` (simulators/tabular/config.py, engine.clip_factors):
-each run's step Δz is scaled by min(1, clip_rel·‖Δz_GRPO‖/‖Δz‖), ‖Δz_GRPO‖ the norm of the ω ≡ 1 update of the
-same rollouts."""
+"""The tabular step's two knobs (simulators/tabular/config.py, engine.batch_step):
+
+- the gradient-norm clip ``clip_rel`` (engine.clip_factors): each run's step Δz is scaled by
+  min(1, clip_rel·‖Δz_GRPO‖/‖Δz‖), ‖Δz_GRPO‖ the norm of the ω ≡ 1 update of the same rollouts;
+- the push efficiency ``push_efficiency`` e: a step with the gate on applies Δz_GRPO + e·((W − 1)·Δz_L+ +
+  (M − 1)·Δz_L−); the D terms and W*(t) stay the loss's."""
 
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ TINY = {
 }
 #: a target far above the initial entropy (ln 5 = 1.61 at most): the O1 gate is on from the first step
 GATE_ON = {"target_entropy": 5.0, "reweight_w": 10.0}
+#: the same for C2 at M 0.2, and a target far below the initial entropy: the gate is off on the first steps
+GATE_ON_M = {**GATE_ON, "reweight_m": 0.2}
+GATE_OFF_M = {"target_entropy": 0.01, "reweight_w": 10.0, "reweight_m": 0.2}
 
 
 def tiny(**kw):
@@ -103,12 +109,51 @@ def test_clip_off_is_unchanged(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["sampled", "expected"])
-def test_clipped_runs_batched_equal_one_at_a_time(tmp_path, mode):
-    """Runs with and without the clip in one batch give each run's rows bit for bit as run alone."""
-    configs = [tiny(method=m, mode=mode, seed=i, clip_rel=c, steps=4, loss={"stare": GATE_ON})
-               for i, (m, c) in enumerate([("o1", 1.2), ("c2", None), ("c2", 2.0), ("grpo", 1.0)])]
+@pytest.mark.parametrize("knob, values", [("clip_rel", (1.2, None, 2.0, 1.0)), ("push_efficiency", (0.5, None, 0.25, 0.5))])
+def test_knobs_batched_equal_one_at_a_time(tmp_path, mode, knob, values):
+    """Runs with and without the knob in one batch give each run's rows bit for bit as run alone."""
+    configs = [tiny(method=m, mode=mode, seed=i, steps=4, loss={"stare": GATE_ON_M}, **{knob: v})
+               for i, (m, v) in enumerate(zip(("o1", "c2", "c2", "grpo"), values))]
     run_batch(configs, [tmp_path / "batch" / str(i) for i in range(len(configs))])
     for i, c in enumerate(configs):
         run(c, tmp_path / "single" / str(i))
         assert rows_of(tmp_path / "batch" / str(i)) == rows_of(tmp_path / "single" / str(i))
-    assert any(r["clip/factor"] < 1 for r in rows_of(tmp_path / "single" / "0"))
+    if knob == "clip_rel":
+        assert any(r["clip/factor"] < 1 for r in rows_of(tmp_path / "single" / "0"))
+
+
+@pytest.mark.parametrize("value, msg", [
+    (0.0, "push_efficiency=0 is outside (0, 1]"),
+    (1.5, "push_efficiency=1.5 is outside (0, 1]"),
+    (float("nan"), "push_efficiency=nan must be a number"),
+])
+def test_bad_push_efficiency_names_the_key(value, msg):
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        tiny(push_efficiency=value)
+
+
+@pytest.mark.parametrize("method", ["o1", "c2"])
+def test_step_is_grpo_plus_a_share_of_the_push(method):
+    """First step, same seed (same tables and rollouts): the GRPO run's Δz is Δz_GRPO and the whole-push run's is
+    Δz_GRPO + push, so e = 0.3 must give Δz_GRPO + 0.3·(Δz − Δz_GRPO); the D terms and W*(t) are the loss's (as
+    with e = 1) and the push's first-order entropy change is 0.3 of it."""
+    grpo, _, _ = first_step(tiny(method="grpo"))
+    full, rows_full, _ = first_step(tiny(method=method, loss={"stare": GATE_ON_M}))
+    part, rows, _ = first_step(tiny(method=method, push_efficiency=0.3, loss={"stare": GATE_ON_M}))
+    assert rows[0]["gate_on"] == 1
+    assert float((full - grpo).norm()) > float(grpo.norm())  # W 10: the push is not small
+    # ω is float32 in the loss: M = 0.2 is not exact there, so C2's Δz equals Δz_GRPO + push to ~1e-9
+    assert torch.allclose(part, grpo + 0.3 * (full - grpo), rtol=0, atol=1e-8)
+    for key in ("pred/d_grpo", "pred/d_lplus", "pred/d_lminus", "pred/w_star", "pred/d_ratio"):
+        assert rows[0][key] == pytest.approx(rows_full[0][key], rel=1e-12)
+    assert rows[0]["stare/push_first_order"] == pytest.approx(0.3 * rows_full[0]["stare/push_first_order"], rel=1e-12)
+
+
+def test_gate_off_and_full_efficiency_are_unchanged(tmp_path):
+    """e = 1 gives the rows of no push_efficiency bit for bit; with the gate off a step has no push to scale."""
+    run(tiny(method="c2", loss={"stare": GATE_ON_M}), tmp_path / "none")
+    run(tiny(method="c2", push_efficiency=1.0, loss={"stare": GATE_ON_M}), tmp_path / "one")
+    assert rows_of(tmp_path / "none") == rows_of(tmp_path / "one")
+    off, rows_off, _ = first_step(tiny(method="o1", loss={"stare": GATE_OFF_M}))
+    low, rows_low, _ = first_step(tiny(method="o1", push_efficiency=0.3, loss={"stare": GATE_OFF_M}))
+    assert rows_low[0]["gate_on"] == 0 and torch.equal(off, low)
