@@ -50,3 +50,30 @@ def test_held_fit_recovers_the_push_efficiency(tmp_path):
     assert best["knobs"] == truth, table
     whole, part = table
     assert math.isfinite(whole["residual"]) and part["balance_w"] > whole["balance_w"] * 1.3, table
+
+
+def test_fit_runs_do_not_log_their_warnings(tmp_path, caplog, monkeypatch):
+    """A fit grid of hundreds of toys must not print each run's warnings: a held probe at ρ = 0.95 of its initial
+    entropy puts the toy's matched target far above its reward-optimal entropy (2 of 10 positions fork between 4
+    correct tokens: 0.2·ln 4 = 0.277 nats), which a run alone warns about (checked here first); inside the fit
+    nothing from the runner is logged, and its level is restored."""
+    import logging
+
+    import simulators.tabular.runner as runner
+
+    probe = C.Probe(["x"], "simulator", None, [1], 1.7, 1.79, 0.5, 0.9, 1.7, 0.95, kind="held", balance_w=3.0,
+                    schedule={"method": "o1", "reweight_w": 3.0})
+    grid = {"reward_coupling": [1.0], "forking_positions": [2], "num_correct": [4], "reward_noise": [0.0],
+            "push_efficiency": [None]}  # reward-optimal entropy 2/10 · ln 4 = 0.277 nats
+    target, _ = C.matched_target(probe, (0,), {k: v[0] for k, v in grid.items()})
+    alone = config_from_overrides({**C._base_overrides({**{k: v[0] for k, v in grid.items()},
+                                                         "loss.stare.target_entropy": target}),
+                                   "target_entropy_rel": None, "method": "o1", "steps": 2})
+    with caplog.at_level(logging.WARNING, logger="simulators.tabular.runner"):
+        runner.run(alone, tmp_path / "alone")
+        assert any("above the reward-optimal entropy" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        monkeypatch.setattr(runner, "_WARNED", set())  # a message is logged once per process: forget it
+        C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0,), overrides={"steps": 2}, workers=1)
+        assert [r.getMessage() for r in caplog.records if r.name == "simulators.tabular.runner"] == []
+    assert logging.getLogger("simulators.tabular.runner").level == logging.NOTSET
