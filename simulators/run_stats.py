@@ -51,11 +51,13 @@ def run_stats(
     reweight_m: float = 1.0,
     window: int = 1,
     w_max: float | None = None,
+    push_efficiency: float = 1.0,
 ) -> dict[str, Any]:
     """:func:`stare_lab.summary.run_summary` of ``rows`` with these settings (``w_max``: the adaptive schedule's
     cap on W, None for a run without it) plus
     :func:`stare_lab.critical.decomposition_summary` (``reweight_m``: the run's M for C2, 1 for O1; ``window``: D
-    terms summed over that many steps) — a dict with :data:`STAT_KEYS`.
+    terms summed over that many steps; ``push_efficiency``: the share of the push a tabular toy applies) — a dict
+    with :data:`STAT_KEYS`.
 
     ``final_entropy`` is only checked: the summary must be recomputable from the rows, so ``final_entropy`` is
     the last entropy plus its measured change there; a given value that differs from it by more than rounding is
@@ -67,5 +69,6 @@ def run_stats(
                                                                                rel_tol=1e-12, abs_tol=1e-15)):
         logger.warning("final_entropy=%r given, the rows give %r (last entropy + entropy_change); the summary "
                        "keeps the rows' value", final_entropy, derived)
-    out.update(decomposition_summary(rows, target_entropy, reweight_m=reweight_m, window=window))
+    out.update(decomposition_summary(rows, target_entropy, reweight_m=reweight_m, window=window,
+                                     push_efficiency=push_efficiency))
     return out

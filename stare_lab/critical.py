@@ -198,7 +198,8 @@ DECOMPOSITION_KEYS = ("push_ratio", "critical_w", "critical_w_measured_drift", "
 
 
 def decomposition_summary(
-    rows: Sequence[Mapping[str, Any]], target_entropy: float | None, *, reweight_m: float = 1.0, window: int = 1
+    rows: Sequence[Mapping[str, Any]], target_entropy: float | None, *, reweight_m: float = 1.0, window: int = 1,
+    push_efficiency: float = 1.0,
 ) -> dict[str, Any]:
     """Run-level statistics of the first-order decomposition (docs/theory.md §7) from a run's metrics rows; every
     value is None where the run does not log what it needs.
@@ -212,6 +213,10 @@ def decomposition_summary(
       (``stare/grpo_measured``: second order included) in place of D_GRPO.
     * ``crossing_step`` / ``w_star_at_crossing``: :func:`w_star_at_crossing` at ``target_entropy`` (the
       conservative estimate from a GRPO run).
+
+    ``push_efficiency`` e: the share of the push the step applies (a tabular toy's knob, docs/calibration.md; 1 for
+    a model): the W* of the critical W keys then cancel the drift with the applied push e·((W − 1)·D_L+ +
+    (M − 1)·D_L−), i.e. D_L+ and D_L− enter scaled by e.
     """
     num = lambda x: float(x) if _finite(x) else None  # noqa: E731
     out: dict[str, Any] = {k: None for k in DECOMPOSITION_KEYS}
@@ -225,8 +230,10 @@ def decomposition_summary(
         return out
     m = float(reweight_m)
     dg = [num(r.get(KEY_D_GRPO)) for r in rows]
-    dl = [num(r.get(KEY_D_LPLUS)) for r in rows]
-    dm = [num(r.get(KEY_D_LMINUS)) for r in rows] if m != 1.0 else None
+    e = float(push_efficiency)
+    scaled = lambda x: None if x is None else e * x  # noqa: E731
+    dl = [scaled(num(r.get(KEY_D_LPLUS))) for r in rows]
+    dm = [scaled(num(r.get(KEY_D_LMINUS))) for r in rows] if m != 1.0 else None
     window = max(1, min(int(window), len(rows) // 4 or 1))
     out["critical_w"] = num(critical_w(dg, dl, dm, m, window))
     if "stare/grpo_measured" in rows[0]:

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from stare_lab.critical import (
-    KIND_MEANING, CriticalStrength, critical_w, measured_critical_w, measured_strength, recommend,
-    recommendation_text, run_strengths, tolerance, w_star, w_star_at_crossing, w_star_series,
+    KIND_MEANING, CriticalStrength, critical_w, decomposition_summary, measured_critical_w, measured_strength,
+    recommend, recommendation_text, run_strengths, tolerance, w_star, w_star_at_crossing, w_star_series,
 )
 from stare_lab.errors import ConfigError, DataError
 
@@ -140,3 +140,19 @@ def test_run_strengths_by_hand():
     assert got[("predicted", None)].w == pytest.approx(1.3) and got[("predicted", None)].high == 1.32
     assert got[("predicted", 0.9)].w == 1.1 and got[("conservative", 0.9)].w == 1.2
     assert "2 held runs of o1-adaptive" in got[("predicted", None)].source
+
+
+def test_decomposition_with_a_share_of_the_push_by_hand():
+    """A push applied at a share e (a tabular toy's push_efficiency) needs 1/e of the first-order push: constant
+    D_GRPO −0.3, D_L+ 0.1, D_L− −0.05 over 8 steps, the entropy crossing 0.5 at step 2. O1: W* = 1 + 0.3/0.1 = 4 at
+    e 1 and 1 + 0.3/(0.5·0.1) = 7 at e 0.5. C2 at M 0.5, e 0.5: W* = 1 − (−0.3 + (−0.5)·0.5·(−0.05))/(0.5·0.1)
+    = 6.75."""
+    rows = [{"step": i + 1, "entropy": 1.0 - 0.2 * i, "pred/d_grpo": -0.3, "pred/d_lplus": 0.1,
+             "pred/d_lminus": -0.05} for i in range(8)]
+    whole = decomposition_summary(rows, 0.5)
+    assert whole["critical_w"] == pytest.approx(4.0) and whole["w_star_at_crossing"] == pytest.approx(4.0)
+    half = decomposition_summary(rows, 0.5, push_efficiency=0.5)
+    assert half["critical_w"] == pytest.approx(7.0) and half["w_star_at_crossing"] == pytest.approx(7.0)
+    assert half["crossing_step"] == 4  # entropy 0.4 < 0.5 first at index 3
+    c2 = decomposition_summary(rows, 0.5, reweight_m=0.5, push_efficiency=0.5)
+    assert c2["critical_w"] == pytest.approx(6.75) and c2["w_star_at_crossing"] == pytest.approx(6.75)
