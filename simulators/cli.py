@@ -334,14 +334,12 @@ POOR_FIT = 0.5
 
 def calibrate_handler(args: argparse.Namespace) -> int:
     """Run :func:`simulators.calibrate.calibrate` and print the probe, the fit and the critical W; returns 0."""
-    from stare_lab.config import parse_overrides
+    from stare_lab.config import parse_overrides, split_paths
 
     from simulators.calibrate import DEFAULT_C2_M, DEFAULT_W_GRID, KNOBS, OPTIONAL_KNOBS, PRESET, calibrate
 
     t0 = time.perf_counter()
-    probe_args = [a for a in args.probe if "=" not in a]
-    overrides = ([a for a in args.probe if "=" in a] + list(args.overrides)
-                 + list(getattr(args, "extra_overrides", None) or []))
+    probe_args, overrides = split_paths([*args.probe, *args.overrides, *(getattr(args, "extra_overrides", None) or [])])
     if not probe_args:
         raise ConfigError("calibrate needs at least one PROBE_RUN directory")
     grid = {}

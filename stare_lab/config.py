@@ -36,6 +36,7 @@ __all__ = [
     "to_dict",
     "apply_overrides",
     "parse_overrides",
+    "split_paths",
     "load_config",
     "config_data",
     "load_yaml",
@@ -445,6 +446,15 @@ def _yaml():
     except ImportError as err:  # pragma: no cover - PyYAML is a dependency
         raise ConfigError("reading YAML configs needs PyYAML: pip install pyyaml") from err
     return yaml
+
+
+def split_paths(words: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Split command-line words into (paths, ``key=value`` overrides), each in order: a word is an override when it
+    holds ``=`` and is not an existing path (a sweep's run directories are named like ``W=6``)."""
+    paths, overrides = [], []
+    for w in map(str, words):
+        (overrides if "=" in w and not Path(w).exists() else paths).append(w)
+    return paths, overrides
 
 
 def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, Any]]:

@@ -66,3 +66,22 @@ def test_held_fit_recovers_the_clip(tmp_path):
     assert best["knobs"] == {**truth, "push_efficiency": None}, table
     off, clip = table
     assert math.isfinite(off["residual"]) and clip["balance_w"] > off["balance_w"] * 1.15, table
+
+
+def test_cli_probe_named_like_an_override(tmp_path, capsys, monkeypatch):
+    """A probe directory named like a sweep's run (`W=6/seed0`) is a probe, not an override; a word that is no
+    path and holds `=` is an override (the call is intercepted)."""
+    from stare_lab.cli import main
+
+    seen = {}
+
+    def fake(paths, out, **kw):
+        seen.update(paths=list(paths), overrides=kw["overrides"])
+        raise ConfigError("stop here")
+
+    probe = tmp_path / "o1" / "W=6" / "seed0"
+    probe.mkdir(parents=True)
+    monkeypatch.setattr(C, "calibrate", fake)
+    assert main(["calibrate", str(probe), "steps=200", "--out", str(tmp_path / "o")]) == 1
+    assert "stop here" in capsys.readouterr().err
+    assert seen == {"paths": [str(probe)], "overrides": {"steps": 200}}

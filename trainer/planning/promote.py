@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab import __version__
-from stare_lab.config import apply_overrides, expand_shorthand, load_yaml, parse_overrides, to_dict
+from stare_lab.config import apply_overrides, expand_shorthand, load_yaml, parse_overrides, split_paths, to_dict
 from stare_lab.critical import CriticalStrength
 from stare_lab.files import read_json
 from stare_lab.errors import ConfigError, DataError, RunError
@@ -476,9 +476,8 @@ def main(args: argparse.Namespace) -> int:
             directory, a directory, or an existing file without ``--overwrite`` (checked before any work).
     """
     # key=value words given positionally among the sources are overrides
-    overrides = [s for s in args.sources if "=" in str(s)] + list(getattr(args, "extra_overrides", None) or [])
+    sources, overrides = split_paths([*args.sources, *(getattr(args, "extra_overrides", None) or [])])
     overrides = expand_shorthand(overrides)  # stare.* = loss.stare.*, as stare-lab simulate accepts
-    sources = [s for s in args.sources if "=" not in str(s)]
     if not sources:
         raise RunError("no SWEEP_OR_RUN directory given")
     if str(args.out).endswith(("/", os.sep)):
