@@ -268,6 +268,10 @@ def _schedule(config: dict[str, Any]) -> dict[str, Any]:
 
 def _run_rows(path: str | os.PathLike) -> tuple[Any, list[dict[str, Any]]]:
     run = read_run(path)
+    if not run.config:  # read_run has logged why (missing, unreadable, not a mapping)
+        raise DataError(f"probe run {str(path)!r} has no readable config.yaml: its loss (GRPO or STARE), schedule "
+                        "and target entropy are unknown, so its window and kind cannot be read; restore the run's "
+                        "config.yaml")
     rows = [r for r in run.metrics if _num(r.get("entropy")) is not None]
     if not rows or not any(_num(r.get(KEY_D_GRPO)) is not None and _num(r.get(KEY_D_LPLUS)) is not None
                            for r in rows):
@@ -292,7 +296,8 @@ def read_probe(
         kind: ``crossing``, ``held`` (:data:`PROBE_KINDS`) or ``auto``: :func:`probe_kind` of the runs.
 
     Raises:
-        DataError: a path is not a run directory (``RunError``), a run has no rows with ``entropy``,
+        DataError: a path is not a run directory (``RunError``), a run has no readable ``config.yaml``, a run has
+            no rows with ``entropy``,
             ``pred/d_grpo`` and ``pred/d_lplus`` (the message says how to log them), the pooled ΣD_GRPO is 0, the
             runs disagree on whether they cross the target, on their kind (``auto``) or on their schedule (held), or
             a held probe run did not hold the band.

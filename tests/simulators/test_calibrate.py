@@ -211,6 +211,9 @@ def test_probe_errors(tmp_path):
     _write_probe(tmp_path / "c", [1.0, 0.9], [-1, -1], [1, 1], [0.5, 0.5])
     with pytest.raises(DataError, match="the probe runs disagree: 1 of 2 cross"):
         C.read_probe([tmp_path / "b", tmp_path / "c"])
+    (tmp_path / "c" / "config.yaml").unlink()  # without it a held probe would be read as a crossing one
+    with pytest.raises(DataError, match=r"has no readable config.yaml: its loss \(GRPO or STARE\), schedule"):
+        C.read_probe([tmp_path / "c"])
 
 
 def test_residual_by_hand():
