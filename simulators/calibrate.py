@@ -388,6 +388,18 @@ def residual(toy_ratio: float | None, toy_share: float | None, probe: Probe, toy
     return math.sqrt(d)
 
 
+def _check_overrides(overrides: dict[str, Any]) -> None:
+    """Refuse, before anything runs, an override the calibration would ignore (a fit knob, a key it sets itself)
+    or that the ``llm`` preset does not take (ConfigError, one line)."""
+    for key, value in overrides.items():
+        if key in KNOBS + OPTIONAL_KNOBS:
+            raise ConfigError(f"{key}={value} is a fit knob: give its values with --grid {key}=V1,V2,...")
+        if key.startswith(("loss.stare.", "stare.")) or key in ("method", "seed", "target_entropy_rel"):
+            raise ConfigError(f"{key}={value} is set by the calibration itself (the probe's schedule, the matched "
+                              "target, the W grid and --c2-m): leave it out")
+    config_from_overrides(_base_overrides(overrides))
+
+
 def _base_overrides(overrides: dict[str, Any] | None) -> dict[str, Any]:
     data = copy.deepcopy(get_preset(PRESET)["overrides"])
     for key, value in (overrides or {}).items():
@@ -566,11 +578,13 @@ def calibrate(
 
     Raises:
         ConfigError / DataError / RunError: as :func:`read_probe`, :func:`fit_knobs` and :func:`critical_sweep`;
+            ConfigError also for an override that is a fit knob, a key the calibration sets, or unknown;
             RunError also when ``out`` already holds a calibration and ``overwrite`` is False, is not writable,
             holds another kind of output (:func:`stare_lab.outdir.check_kind`), is inside a directory another live
             process writes, or is locked by another writer (:class:`stare_lab.runlock.RunLockError`).
     """
     out = Path(out)
+    _check_overrides(overrides or {})
     probe = read_probe(paths, target, initial_entropy, window, probe_kind)
     if not (_num(c2_m) is not None and 0 < c2_m <= 1):
         raise ConfigError(f"--c2-m={c2_m!r} is outside (0, 1]")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 
 import numpy as np
@@ -227,6 +228,8 @@ def test_residual_by_hand():
 #: the fit test's toy: the llm preset, short, with the target of the measurements in the docstring below (the
 #: knobs there are distinguishable at this size)
 FIT = {"num_prompts": 32, "steps": 150, "checkpoint_every": 150, "loss.stare.target_entropy": 0.3}
+#: what calibrate itself takes of it (it sets the target: it refuses loss.stare.* overrides)
+FIT_SIZE = {k: v for k, v in FIT.items() if not k.startswith("loss.stare.")}
 
 
 def test_calibration_recovers_known_knobs(tmp_path):
@@ -250,7 +253,7 @@ def test_calibration_recovers_known_knobs(tmp_path):
     target = best["target"]
     assert target == pytest.approx(probe.rel_entropy * C.matched_target(probe, (0, 1), {**FIT, **truth})[1])
     out = C.calibrate(probes, tmp_path / "cal", grid={k: [v] for k, v in truth.items()},
-                      seeds=(0,), w_grid=[1.5, 8.0], overrides=FIT, workers=1)
+                      seeds=(0,), w_grid=[1.5, 8.0], overrides=FIT_SIZE, workers=1)
     saved = json.loads((tmp_path / "cal" / "calibration.json").read_text())
     assert saved == json.loads(json.dumps(out))
     assert set(saved) == {"kind", "probe", "knobs", "preset", "fit", "critical", "regime"}
@@ -261,7 +264,14 @@ def test_calibration_recovers_known_knobs(tmp_path):
     o1 = saved["critical"]["o1"]
     assert (o1["w"], o1["low"], o1["high"]) in ((1.5, 1.0, 1.5), (8.0, 1.5, 8.0), (None, 8.0, None))
     with pytest.raises(RunError, match="already holds a calibration"):
-        C.calibrate(probes, tmp_path / "cal", seeds=(0,), w_grid=[1.5], overrides=FIT)
+        C.calibrate(probes, tmp_path / "cal", seeds=(0,), w_grid=[1.5], overrides=FIT_SIZE)
+    for bad, msg in [({"reward_coupling": 0.9}, "reward_coupling=0.9 is a fit knob: give its values with --grid"),
+                     ({"push_efficiency": 0.5}, "push_efficiency=0.5 is a fit knob"),
+                     ({"loss.stare.reweight_w": 3}, "loss.stare.reweight_w=3 is set by the calibration itself"),
+                     ({"foo": 1}, "unknown config key")]:
+        with pytest.raises(ConfigError, match=re.escape(msg)):  # before the probe is read or anything runs
+            C.calibrate(["no-such-probe"], tmp_path / "cal2", overrides=bad)
+    assert not (tmp_path / "cal2").exists()
 
 
 # ----------------------------------------------------------------------------------------- small transformer
