@@ -296,12 +296,14 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
                         "STARE runs, crossing otherwise")
     p.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2,...",
                    help="fit grid of one knob (repeatable): reward_coupling, forking_positions, num_correct, "
-                        "reward_noise; also clip_rel (the toy's gradient-norm clip relative to its GRPO step, "
-                        "'off' for none) and push_efficiency (the share of the STARE push that reaches the toy's "
-                        "policy, 'off' for all of it), fitted only when given")
+                        "reward_noise (default 0.4,0.6,0.8,1 / 2,4,6,8 / 4,8 / 0,0.1,0.3); push_efficiency (the "
+                        "share of the STARE push that reaches the toy's policy, 'off' for all of it: default "
+                        "off,0.7,0.5,0.35,0.25 for a held probe, not fitted for a crossing one); clip_rel (the toy's "
+                        "gradient-norm clip relative to its GRPO step, 'off' for none), fitted only when given")
     p.add_argument("--fit-seeds", default="2", metavar="N | A,B,...", help="seeds per knob setting (default 2)")
     p.add_argument("--seeds", default="3", metavar="N | A,B,...", help="seeds of the W sweep (default 3)")
-    p.add_argument("--w-grid", default=None, metavar="W1,W2,...", help="W values of the sweep")
+    p.add_argument("--w-grid", default=None, metavar="W1,W2,...",
+                   help="W values of the sweep (default 1.05,1.1,1.2,1.3,1.5,2,3,5,8,12)")
     p.add_argument("--c2-m", default=None, help="the M of the C2 sweep (default 0.9, the paper's)")
     p.add_argument("--workers", default=None, help="processes (default: all cores)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous calibration in OUT")
@@ -392,7 +394,7 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     if not held and "push_efficiency" in grid:
         print("note: a crossing probe cannot fit push_efficiency: its fit runs are GRPO, which has no push "
               "(the residuals tie); fit it from a held probe (docs/calibration.md)")
-    knobs = ", ".join(f"{k}={v}" for k, v in result["knobs"].items())
+    knobs = ", ".join(f"{k}={'off' if v is None else v}" for k, v in result["knobs"].items())
     print(f"calibrated toy ({PRESET}): {knobs}; its D_L+/|D_GRPO| {f(fit['d_ratio'])}, L+ above s* "
           f"{f(fit['lplus_above_sstar'])}" + (f", held balance W {f(fit['balance_w'])}" if held else "")
           + f" (residual {f(fit['residual'])}) at H_tgt "

@@ -77,3 +77,16 @@ def test_fit_runs_do_not_log_their_warnings(tmp_path, caplog, monkeypatch):
         C.fit_knobs(probe, tmp_path / "fit", grid, seeds=(0,), overrides={"steps": 2}, workers=1)
         assert [r.getMessage() for r in caplog.records if r.name == "simulators.tabular.runner"] == []
     assert logging.getLogger("simulators.tabular.runner").level == logging.NOTSET
+
+
+def test_help_states_the_default_grids(capsys):
+    """calibrate --help gives the default fit grids and W grid as the module defines them."""
+    from stare_lab.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    fmt = lambda vals: ",".join("off" if v is None else f"{v:g}" for v in vals)  # noqa: E731
+    assert " / ".join(fmt(C.DEFAULT_GRID[k]) for k in C.KNOBS) in text
+    assert f"default {fmt(C.HELD_DEFAULT_GRID['push_efficiency'])} for a held probe" in text
+    assert f"(default {fmt(C.DEFAULT_W_GRID)})" in text
