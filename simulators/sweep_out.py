@@ -85,13 +85,14 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
 
 def check_resumable(run_dir: Path, config: Any) -> None:
     """Before anything runs: a tabular run to resume must have been written with the same config (except
-    ``steps`` / ``checkpoint_every``, and a target entropy resolved from ``target_entropy_rel``).
+    ``steps`` / ``checkpoint_every``, and a target entropy resolved from ``target_entropy_rel``) — also a run
+    interrupted before its first checkpoint, which a resume restarts: with another config its rows would be lost.
 
     Raises:
         RunError: naming the first differing key.
     """
     cfg_path = run_dir / "config.yaml"
-    if not (run_dir / "checkpoint").is_dir() or not cfg_path.is_file():
+    if not cfg_path.is_file():
         return
     try:
         saved = yaml.safe_load(cfg_path.read_text()) or {}
