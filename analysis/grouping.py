@@ -69,12 +69,20 @@ def _leaf_keys(node: Any, prefix: str = "", depth: int = 0) -> list[str]:
     return out
 
 
+#: top-level keys of a simulator run's config that do not make it another experiment (its seed, its length, what
+#: the run format adds), left out of :func:`setting_signature`
+_NOT_SETTINGS = frozenset({"seed", "init_seed", "steps", "checkpoint_every", "method", "source", "simulator",
+                           "preset", "initial_entropy", "reward_optimal_entropy", "target_entropy_frac"})
+
+
 def setting_signature(run: RunData, cache: dict[Path, bool] | None = None) -> tuple[tuple[str, Any], ...]:
     """The settings that must match for runs of one method to be averaged (everything but the seed that shapes
     the experiment's kind or the method): the sweep folder (:data:`SWEEP_KEY`, :func:`sweep_root`; ``cache`` as
     there), :data:`KIND_KEYS`, every ``loss.stare.*`` value, and the target entropy — as ``target_entropy_frac``
     where the config sets it relative to the initial entropy (then the absolute ``loss.stare.target_entropy``
-    differs by seed and is left out), else ``loss.stare.target_entropy``."""
+    differs by seed and is left out), else ``loss.stare.target_entropy``; for a simulator run also its other
+    top-level config values (the task knobs: ``reward_coupling``, ``lr``, ``push_efficiency``, … but not
+    :data:`_NOT_SETTINGS`), so that runs of two toys are never averaged as seeds of one."""
     root = sweep_root(run.path, cache=cache)
     sig: list[tuple[str, Any]] = [(SWEEP_KEY, None if root is None else str(root))]
     sig += [(k, group_key_value(run, k)) for k in KIND_KEYS]
@@ -88,6 +96,9 @@ def setting_signature(run: RunData, cache: dict[Path, bool] | None = None) -> tu
                 continue
             v = stare[k]
             sig.append((f"loss.stare.{k}", str(v) if isinstance(v, (dict, list)) else v))
+    if run.source == "simulator":  # a simulator's config is its experiment: every task knob counts (not the seed)
+        sig += [(k, v) for k, v in sorted(run.config.items())
+                if k not in _NOT_SETTINGS and not isinstance(v, (dict, list))]
     return tuple(sig)
 
 

@@ -176,6 +176,20 @@ def test_split_by_kind_settings_and_target(tmp_path):
     assert any("`simulator`" in n and "are averaged together" in n for n in merged.notes)
 
 
+def test_toys_with_other_task_knobs_are_not_seeds_of_one(tmp_path):
+    """Two tabular toys (a calibration's fit runs: other reward coupling and push efficiency, same method, same
+    seed, no sweep folder) are two groups labelled by what differs; seeds of one toy stay one group (their seed,
+    steps and checkpoints do not split them)."""
+    stare = {"loss": {"stare": {"reweight_w": 10.0}}, "simulator": "tabular"}
+    _cfg_run(tmp_path / "fit" / "x" / "seed0", "o1", 0, {**stare, "reward_coupling": 0.6, "push_efficiency": None})
+    _cfg_run(tmp_path / "fit" / "x" / "seed1", "o1", 1, {**stare, "reward_coupling": 0.6, "push_efficiency": None,
+                                                        "steps": 600, "checkpoint_every": 300})
+    _cfg_run(tmp_path / "fit" / "y" / "seed0", "o1", 0, {**stare, "reward_coupling": 1.0, "push_efficiency": 0.35})
+    cmp = compare(tmp_path)
+    assert sorted((g.label, len(g.runs)) for g in cmp.groups) == [
+        ("o1 (push_efficiency=0.35, reward_coupling=1)", 1), ("o1 (push_efficiency=None, reward_coupling=0.6)", 2)]
+
+
 def test_group_by_unknown_or_partial_key(tmp_path):
     _cfg_run(tmp_path / "a", "o1", 0, {"loss": {"stare": {"reweight_w": 1.1}}})
     _cfg_run(tmp_path / "b", "o1", 1, {"lr": 0.1, "loss": {"stare": {"reweight_w": 1.1}}})
@@ -183,7 +197,7 @@ def test_group_by_unknown_or_partial_key(tmp_path):
                                           r"include: loss.stare.reweight_w"):
         compare(tmp_path, group_by=["loss.stare.reweight"])
     cmp = compare(tmp_path, group_by=["lr"])
-    assert [g.label for g in cmp.groups] == ["o1 (lr=0.1)", "o1 (lr=None)"]
+    assert sorted(g.label for g in cmp.groups) == ["o1 (lr=0.1)", "o1 (lr=None)"]
     assert any("'lr' is missing in 1 of 2 runs" in w for w in cmp.warnings)
 
 
