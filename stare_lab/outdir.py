@@ -134,14 +134,27 @@ def claim_out(out: str | os.PathLike, outputs: Sequence[str], *, source: str | N
     return "overwrite"
 
 
+#: how many folders above an ``--out`` :func:`check_outside_writers` looks for another output (a sweep's run
+#: directories are ``OUT/method/W=…/seed<k>``)
+LEVELS_ABOVE = 4
+
+
 def check_outside_writers(out: str | os.PathLike, option: str = "--out") -> None:
     """Refuse ``out`` inside a directory that another live process is writing (a sweep's method folder, a
-    calibration's ``fit/``): :func:`stare_lab.runlock.live_holder_above`.
+    calibration's ``fit/``): :func:`stare_lab.runlock.live_holder_above`; or inside another output (up to
+    :data:`LEVELS_ABOVE` folders up: a sweep, a run, an evaluation, a calibration — :func:`held_kind`), whose
+    readers would count the new runs as its own.
 
     Raises:
-        RunError: one line naming the directory and its holder.
+        RunError: one line naming the directory and its holder or kind.
     """
     from .runlock import live_holder_above
+
+    for parent in list(Path(os.path.abspath(out)).parents)[:LEVELS_ABOVE]:
+        kind = held_kind(parent)
+        if kind is not None and kind[0] != REPORT:
+            raise RunError(f"{option} {str(out)!r} is inside {str(parent)!r}, which holds a {kind[0]} ({kind[1]}); "
+                           f"choose {option} outside it")
 
     holder = live_holder_above(out)
     if holder is not None:

@@ -60,3 +60,20 @@ def test_resume_of_a_missing_out_says_so(tmp_path, capsys):
                     "--no-plots", *SMALL) == 0
     assert f"note: --resume: {str(out)!r} does not exist yet; starting the sweep there" in capsys.readouterr().err
     assert (out / "grpo" / "seed0" / "metrics.jsonl").is_file()
+
+
+def test_out_inside_another_output_is_refused(tmp_path, capsys):
+    """A sweep written inside another sweep's method folder, or inside a run, would be counted by their readers as
+    their own runs (analyze, promote): refused in one line, nothing written; a plain folder above is fine."""
+    out = tmp_path / "demo"
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(out), "--no-plots", *SMALL) == 0
+    capsys.readouterr()
+    for inner, holder, kind in [(out / "grpo", out, "simulate sweep (summary.json)"),
+                                (out / "grpo" / "seed0" / "x", out / "grpo" / "seed0", "simulator run (config.yaml)")]:
+        assert simulate("--methods", "o1", "--seeds", "1", "--steps", "2", "--out", str(inner), "--no-plots",
+                        *SMALL) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is inside {str(holder)!r}, which holds a {kind}; choose --out outside it" in err[0]
+    assert not (out / "grpo" / "o1").exists() and not (out / "grpo" / "seed0" / "x").exists()
+    assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(tmp_path / "a" / "b"),
+                    "--no-plots", *SMALL) == 0
