@@ -457,9 +457,13 @@ def _check_grid(grid: dict[str, list], held: bool = False) -> dict[str, list]:
     out = {k: list(grid.get(k) or DEFAULT_GRID[k]) for k in KNOBS}
     defaults = HELD_DEFAULT_GRID if held else {}
     out.update({k: list(grid.get(k) or defaults[k]) for k in OPTIONAL_KNOBS if grid.get(k) or k in defaults})
+    if "push_efficiency" in out:  # 1 is the whole push: the same toy as off
+        out["push_efficiency"] = [None if v == 1 else v for v in out["push_efficiency"]]
     for k, vals in out.items():
         if len(set(map(repr, vals))) != len(vals):
-            raise ConfigError(f"fit grid {k}={','.join(map(str, vals))} lists a value twice")
+            shown = ",".join("off" if v is None else str(v) for v in vals)
+            raise ConfigError(f"fit grid {k}={shown} lists a value twice" + (" (1 is off)" if k == "push_efficiency"
+                                                                             else ""))
     return out
 
 

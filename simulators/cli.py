@@ -388,10 +388,10 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     if fit["residual"] is not None and fit["residual"] > POOR_FIT:
         print(f"note: the best toy reproduces the probe poorly (residual {f(fit['residual'])} > {POOR_FIT:g}; "
               "0.2 is about the tolerance of a critical W near 7): read its W with care, or widen --grid")
-    if not held and "clip_rel" in grid:
+    if not held and any(v is not None for v in grid.get("clip_rel") or []):
         print("note: a crossing probe cannot fit clip_rel: its fit runs are GRPO, which a clip_rel >= 1 never "
               "clips (the residuals tie); fit it from a held probe (docs/calibration.md)")
-    if not held and "push_efficiency" in grid:
+    if not held and any(v is not None for v in grid.get("push_efficiency") or []):
         print("note: a crossing probe cannot fit push_efficiency: its fit runs are GRPO, which has no push "
               "(the residuals tie); fit it from a held probe (docs/calibration.md)")
     knobs = ", ".join(f"{k}={'off' if v is None else v}" for k, v in result["knobs"].items())

@@ -21,6 +21,8 @@ def test_push_efficiency_is_fitted_for_a_held_probe_or_when_gridded():
     assert list(grid) == [*C.KNOBS, "push_efficiency"] and grid["push_efficiency"] == [None, 0.35]
     assert C._check_grid({"push_efficiency": [None]}, held=True)["push_efficiency"] == [None]
     assert C._label({"push_efficiency": None}) == "push_efficiency=off"
+    with pytest.raises(ConfigError, match=r"fit grid push_efficiency=off,off lists a value twice \(1 is off\)"):
+        C._check_grid({"push_efficiency": [None, 1.0]})
 
 
 def test_bad_push_efficiency_in_the_grid_is_refused_before_running(tmp_path):
