@@ -352,6 +352,20 @@ def test_a_calibration_to_a_toy_probe_is_not_called_the_target_model(sweep, tmp_
     assert not [w for w in prov["warnings"] if w.startswith("promoted W=3")]  # a model's calibration: not warned
 
 
+def test_a_calibration_folder_counts_with_its_sweep_runs(tmp_path, base):
+    """Fresh-user item: promoting the folder `stare-lab calibrate` wrote listed every fit run (toys that lost the
+    fit) as a source run; only the sweep's runs are the calibrated toy's."""
+    cal = tmp_path / "cal"
+    sim_run(cal / "fit" / "reward_coupling=0.8" / "seed0", "c2", C2)
+    for seed in (0, 1):
+        sim_run(cal / "sweep" / "c2" / f"seed{seed}", "c2", C2, seed=seed)
+    calibration(cal / "calibration.json")
+    _, prov, _ = promote([cal], "c2", base)
+    assert prov["strength"]["kind"] == "calibrated"
+    assert sorted(Path(r["path"]).relative_to(cal).as_posix() for r in prov["source_runs"]) == [
+        "sweep/c2/seed0", "sweep/c2/seed1"]
+
+
 def test_calibration_gives_o1_w_and_the_adaptive_cap(tmp_path, base):
     """o1-adaptive from a calibration: W 1.12 and w_max 1.25 (critical.adaptive.w_max); a calibrated toy whose
     D ratio (4) is 5x below its probe's (20) is warned about; a calibration without a finite W is refused."""

@@ -266,8 +266,12 @@ def evidence(sources: list[str | Path], method: str, force: bool, calibration: s
               ) -> tuple[dict[str, Any], CriticalStrength | None, list[CriticalStrength], dict[str, Any] | None]:
     """``(found, strength, evidence, calibration)``: the source runs' settings (:func:`collect_settings`), the
     critical strength the promoted W comes from (calibrated > a W sweep's measured W; None without either: the runs'
-    own W, :func:`own_w_text`), every candidate seen, and the calibration dict (or None)."""
+    own W, :func:`own_w_text`), every candidate seen, and the calibration dict (or None). A source folder that
+    ``stare-lab calibrate`` wrote counts with its ``sweep/`` runs only."""
     cal = _find_calibration(sources, calibration)
+    # a calibration folder's fit runs (toys that lost the fit) are not evidence: its sweep/ is
+    sources = [Path(s) / "sweep" if (Path(s) / CALIBRATION_FILE).is_file() and (Path(s) / "sweep").is_dir() else s
+               for s in sources]
     measured = _sweep_measured(sources, method)
     if cal is not None:
         found = collect_settings(sources, method, force=force, free_keys=("reweight_w", "reweight_m", "w_max"))
