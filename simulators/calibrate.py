@@ -99,6 +99,9 @@ from stare_lab.runlock import lock_dir
 from stare_lab.runs import read_run
 from stare_lab.summary import band_held, run_summary, summary_settings
 
+from simulators.calibrate_grid import (  # noqa: F401 (the grid's names are part of this module's interface)
+    DEFAULT_GRID, HELD_DEFAULT_GRID, KNOBS, OPTIONAL_KNOBS, _check_grid, _label,
+)
 from simulators.parallel import check_memory, run_many
 from simulators.presets import get_preset
 from simulators.sweep import check_writable_dir, plan_sweep, run_sweep
@@ -109,31 +112,13 @@ from simulators.tabular.tasks import reward_optimal_entropy
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "HELD_DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS", "Probe", "probe_window",
-    "probe_kind", "held_balance", "read_probe", "matched_target", "residual", "toy_observables", "fit_knobs",
+    "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "HELD_DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS",
+    "Probe", "probe_window", "probe_kind", "held_balance", "read_probe", "matched_target", "residual", "toy_observables", "fit_knobs",
     "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
 ]
 
 #: the preset whose knobs are fitted
 PRESET = "llm"
-#: the knobs fitted, in order: reward-coupling fraction, fork width (forking positions of the 10, correct tokens
-#: at a fork), verifier noise
-KNOBS = ("reward_coupling", "forking_positions", "num_correct", "reward_noise")
-#: knobs fitted only when ``--grid`` names them (absent from the default grid and, unless gridded, from
-#: ``calibration.json``): ``clip_rel``, the toy's gradient-norm clip relative to its GRPO step, and
-#: ``push_efficiency``, the share of the STARE push that reaches the toy's policy
-#: (:class:`simulators.tabular.config.TabularSimConfig`; a value None = no clip, the whole push)
-OPTIONAL_KNOBS = ("clip_rel", "push_efficiency")
-#: the default fit grid (96 settings)
-DEFAULT_GRID: dict[str, list] = {
-    "reward_coupling": [0.4, 0.6, 0.8, 1.0],
-    "forking_positions": [2, 4, 6, 8],
-    "num_correct": [4, 8],
-    "reward_noise": [0.0, 0.1, 0.3],
-}
-#: what a held probe's fit adds to :data:`DEFAULT_GRID` unless the grid names it (480 settings): the push's
-#: efficiency, which lets the toy match the balance W with a push in its first-order regime (docs/calibration.md)
-HELD_DEFAULT_GRID: dict[str, list] = {"push_efficiency": [None, 0.7, 0.5, 0.35, 0.25]}
 #: the default W grid of the critical-W sweep
 DEFAULT_W_GRID = [1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0]
 #: the probe / toy window as a share of the run's steps (unless ``window`` is given)
@@ -442,29 +427,6 @@ def toy_observables(run_dirs: Sequence[str | os.PathLike], target: float, window
         return {"d_ratio": None, "lplus_above_sstar": None, "balance_w": None, "crossing": crossings}
     ratio, share, _, balance = _observables(parts)
     return {"d_ratio": ratio, "lplus_above_sstar": share, "balance_w": balance, "crossing": crossings}
-
-
-def _label(knobs: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={'off' if v is None else v}"
-                    for k, v in knobs.items())
-
-
-def _check_grid(grid: dict[str, list], held: bool = False) -> dict[str, list]:
-    known = KNOBS + OPTIONAL_KNOBS
-    unknown = [k for k in grid if k not in known]
-    if unknown:
-        raise ConfigError(f"fit grid key {unknown[0]!r} is not one of {{{', '.join(known)}}}")
-    out = {k: list(grid.get(k) or DEFAULT_GRID[k]) for k in KNOBS}
-    defaults = HELD_DEFAULT_GRID if held else {}
-    out.update({k: list(grid.get(k) or defaults[k]) for k in OPTIONAL_KNOBS if grid.get(k) or k in defaults})
-    if "push_efficiency" in out:  # 1 is the whole push: the same toy as off
-        out["push_efficiency"] = [None if v == 1 else v for v in out["push_efficiency"]]
-    for k, vals in out.items():
-        if len(set(map(repr, vals))) != len(vals):
-            shown = ",".join("off" if v is None else str(v) for v in vals)
-            raise ConfigError(f"fit grid {k}={shown} lists a value twice" + (" (1 is off)" if k == "push_efficiency"
-                                                                             else ""))
-    return out
 
 
 def fit_knobs(
