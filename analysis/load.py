@@ -42,6 +42,17 @@ _DECOMPOSITION_KEYS = (KEY_D_GRPO, KEY_D_LPLUS, KEY_D_LMINUS, KEY_D_RATIO, KEY_L
 _SEED_RE = re.compile(r"seed[_-]?(\d+)$", re.IGNORECASE)
 
 
+def _calibration_fit_run(run_dir: Path, root: Path) -> bool:
+    """Whether ``run_dir`` is a fit run of a calibration strictly below ``root`` (in ``fit/`` of a folder holding
+    ``calibration.json``); a ``root`` at or inside that ``fit/`` keeps them."""
+    for parent in run_dir.parents:
+        if parent == root:
+            return False
+        if parent.name == "fit" and (parent.parent / "calibration.json").is_file():
+            return True
+    return False
+
+
 def config_get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     """``config_get({"a": {"b": 1}}, "a.b") == 1``; ``default`` if any part of the dotted path is missing."""
     node: Any = config
@@ -298,6 +309,11 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
             notes.append(f"{root}: does not exist; skipped")
             continue
         found = (find_runs([root]) if root.is_dir() else []) + find_foreign_runs([root])
+        fit = [d for d in found if _calibration_fit_run(d, root)]
+        if fit:  # toys the calibration tried: not the calibrated toy's runs, not seeds of one setting
+            found = [d for d in found if d not in fit]
+            notes.append(f"{root}: {len(fit)} fit run(s) of a calibration (stare-lab calibrate's fit/) left out; "
+                         "its sweep/ holds the calibrated toy (analyze the fit/ folder itself to see them)")
         if not found:
             notes.append(f"{root}: no run directories (no metrics.jsonl) nor framework logs (TRL trainer_state.json, "
                          "verl file logger) found; skipped")

@@ -190,6 +190,20 @@ def test_toys_with_other_task_knobs_are_not_seeds_of_one(tmp_path):
         ("o1 (push_efficiency=0.35, reward_coupling=1)", 1), ("o1 (push_efficiency=None, reward_coupling=0.6)", 2)]
 
 
+def test_a_calibration_folder_is_read_with_its_sweep(tmp_path):
+    """Fresh-user item: analyze on the folder `stare-lab calibrate` wrote pooled the fit runs (other toys) into a
+    verdict of their own; they are left out with a note, and analyzing the fit/ folder itself keeps them."""
+    stare = {"loss": {"stare": {"reweight_w": 10.0}}, "simulator": "tabular"}
+    cal = tmp_path / "cal"
+    _cfg_run(cal / "fit" / "reward_coupling=0.8" / "seed0", "o1", 0, {**stare, "reward_coupling": 0.8})
+    _cfg_run(cal / "sweep" / "o1" / "seed0", "o1", 0, {**stare, "reward_coupling": 0.6})
+    (cal / "calibration.json").write_text("{}")
+    cmp = compare(cal)
+    assert [len(g.runs) for g in cmp.groups] == [1] and cmp.groups[0].runs[0].path.parent.name == "o1"
+    assert any("1 fit run(s) of a calibration (stare-lab calibrate's fit/) left out" in w for w in cmp.warnings)
+    assert [len(g.runs) for g in compare(cal / "fit").groups] == [1]
+
+
 def test_group_by_unknown_or_partial_key(tmp_path):
     _cfg_run(tmp_path / "a", "o1", 0, {"loss": {"stare": {"reweight_w": 1.1}}})
     _cfg_run(tmp_path / "b", "o1", 1, {"lr": 0.1, "loss": {"stare": {"reweight_w": 1.1}}})
