@@ -159,10 +159,12 @@ def w_star_at_crossing(
     D terms summed over the ``window`` steps centred on that step (clipped to the run).
 
     Returns:
-        ``(step index of the crossing, W*)``; ``(None, None)`` if the entropy never falls below ``target``.
+        ``(step index of the crossing, W*)``; ``(None, None)`` if the entropy never falls below ``target``, or
+        starts below it (no drift carried it there: a W* of the first step says nothing about holding the band).
     """
     cross = next((i for i, h in enumerate(entropy) if _finite(h) and h < target), None)
-    if cross is None:
+    first = next((i for i, h in enumerate(entropy) if _finite(h)), None)
+    if cross is None or cross == first:
         return None, None
     n = len(entropy)
     a = max(0, min(cross - window // 2, n - window))

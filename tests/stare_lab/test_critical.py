@@ -50,13 +50,15 @@ def test_critical_w_is_the_largest_w_star_of_the_second_half():
 
 def test_w_star_at_the_crossing():
     """The entropy first falls below 0.4 at index 2; W* there (window 1) = 1 − (−0.05)/0.1 = 1.5; with window 3 the
-    sums over indices 1..3: D_GRPO −0.02 − 0.05 − 0.02 = −0.09, D_L+ 0.3 → 1.3. Never below → (None, None)."""
+    sums over indices 1..3: D_GRPO −0.02 − 0.05 − 0.02 = −0.09, D_L+ 0.3 → 1.3. Never below, or below from the
+    first step (a target above the initial entropy: fresh-user item, it printed "recommended W 1") → (None, None)."""
     h = [1.0, 0.5, 0.39, 0.3, 0.2]
     dg = [-0.1, -0.02, -0.05, -0.02, -0.01]
     dl = [0.1, 0.1, 0.1, 0.1, 0.1]
     assert w_star_at_crossing(h, 0.4, dg, dl) == (2, pytest.approx(1.5))
     assert w_star_at_crossing(h, 0.4, dg, dl, window=3) == (2, pytest.approx(1.3))
     assert w_star_at_crossing(h, 0.1, dg, dl) == (None, None)
+    assert w_star_at_crossing(h, 1.9, dg, dl) == (None, None)
 
 
 def test_measured_critical_w_and_tolerance():
