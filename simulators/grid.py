@@ -11,7 +11,7 @@ short names of :data:`SHORT_NAMES`), or ``OUT/<method>/seed<k>`` for a method wi
 their older keys: ``measured_w`` (the smallest grid W whose runs hold the band on every seed),
 ``predicted_w`` (the first-order prediction: median over the held runs of their largest W*(t) over the second
 half), ``predicted_w_grpo`` (the conservative estimate: median over the GRPO seeds of W* where they first cross
-H_tgt), ``predicted_w_measured_drift`` (like ``predicted_w`` but with the *measured* one-step change of the ω ≡ 1
+H_tgt; for C2 at M its own runs' W* with M there, as the conservative strength), ``predicted_w_measured_drift`` (like ``predicted_w`` but with the *measured* one-step change of the ω ≡ 1
 update in place of D_GRPO: it includes the second-order, noise-driven drift the first order leaves out), and
 ``tolerance`` / ``within_tolerance`` (max(35 % of W − 1, one grid step)). With other grid keys (e.g. ``lr``) the
 same is given per slice of those keys under ``by_slice``; the top-level values are those of the slice at the
@@ -147,7 +147,10 @@ def critical_summary(
                 "measured_w": None if measured is None else measured.w,
                 "predicted_w": _median([r.get("critical_w") for r in held]),
                 "predicted_w_measured_drift": _median([r.get("critical_w_measured_drift") for r in held]),
-                "predicted_w_grpo": _median([r.get("w_star_at_crossing") for g in grpo for r in g["runs"].values()]),
+                # the conservative strength of this M (for C2 its own runs' W* with M, as the critical-W table)
+                "predicted_w_grpo": next((x.w for x in strengths if x.kind == "conservative"), None)
+                if m not in (None, 1.0) else
+                _median([r.get("w_star_at_crossing") for g in grpo for r in g["runs"].values()]),
                 "held_runs": len(held),
                 "grid_step": step,
                 "deviation_by_w": {f"{w:g}": devs[w] for w in sorted(devs)},

@@ -64,3 +64,22 @@ def test_critical_summary_on_constructed_groups():
     ca = critical_summary(adaptive, [(W, [1.1, 1.2, 1.3, 1.5])], 0.05)["o1"]
     assert ca["measured_w"] is None and ca["recommended"]["kind"] == "predicted"
     assert critical_summary(groups, [("lr", [1.0])], 0.05) == {}
+
+
+def test_c2_conservative_is_its_own_in_both_tables():
+    """Fresh-user item: the C2 entry's ``predicted_w_grpo`` was GRPO's O1 value (1.45 here) while its conservative
+    strength is the C2 runs' own W* with M at the crossing (1.9, 2.1 → 2.0); both are now 2.0."""
+    def runs(devs, cross):
+        return {f"seed{i}": {"mean_abs_dev_second_half": d, "critical_w": None, "critical_w_measured_drift": None,
+                             "w_star_at_crossing": cross[i], "target_entropy": 0.4, "band": 0.05,
+                             "final_entropy": 0.4 - d} for i, d in enumerate(devs)}
+
+    groups = {
+        "grpo": {"method": "grpo", "point": {}, "is_stare": False,
+                 "runs": {"seed0": {"w_star_at_crossing": 1.5}, "seed1": {"w_star_at_crossing": 1.4}}},
+        "c2 [W=2]": {"method": "c2", "point": {W: 2.0}, "is_stare": True, "m": 0.5,
+                     "runs": runs([0.01, 0.02], [1.9, 2.1])},
+    }
+    c = critical_summary(groups, [(W, [2.0])], 0.05)["c2"]
+    kinds = {d["kind"]: d for d in c["strengths"]}
+    assert kinds["conservative"]["w"] == pytest.approx(2.0) and c["predicted_w_grpo"] == pytest.approx(2.0)
