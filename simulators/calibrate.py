@@ -551,12 +551,14 @@ def calibrate(
     """
     out = Path(out)
     _check_overrides(overrides or {})
-    probe = read_probe(paths, target, initial_entropy, window, probe_kind)
     if not (_num(c2_m) is not None and 0 < c2_m <= 1):
         raise ConfigError(f"--c2-m={c2_m!r} is outside (0, 1]")
     ws = [_num(w) for w in w_grid]
     if not ws or any(w is None or w < 1 for w in ws):
         raise ConfigError(f"--w-grid={','.join(map(str, w_grid))} must be numbers >= 1")
+    if len(set(ws)) != len(ws):
+        raise ConfigError(f"--w-grid={','.join(map(str, w_grid))} lists a value twice")
+    probe = read_probe(paths, target, initial_entropy, window, probe_kind)
     check_writable_dir(out)
     with lock_dir(out, command=f"stare-lab calibrate --out {out}", option="--out"):
         claim_calibration_out(out, overwrite, OUTPUTS)

@@ -371,7 +371,7 @@ def calibrate_handler(args: argparse.Namespace) -> int:
             probe_args, out, target=_float_option("target", args.target),
             initial_entropy=_float_option("initial-entropy", args.initial_entropy), window=window, grid=grid,
             fit_seeds=seeds_of("fit-seeds", args.fit_seeds), seeds=seeds_of("seeds", args.seeds),
-            w_grid=_floats("w-grid", args.w_grid) if args.w_grid else DEFAULT_W_GRID,
+            w_grid=_floats("w-grid", args.w_grid) if args.w_grid is not None else DEFAULT_W_GRID,
             c2_m=DEFAULT_C2_M if c2_m is None else c2_m, overrides=dict(parse_overrides(overrides)),
             workers=_int_option("workers", args.workers), overwrite=args.overwrite, progress=bar.update,
             probe_kind=args.probe_kind,

@@ -85,3 +85,16 @@ def test_cli_probe_named_like_an_override(tmp_path, capsys, monkeypatch):
     assert main(["calibrate", str(probe), "steps=200", "--out", str(tmp_path / "o")]) == 1
     assert "stop here" in capsys.readouterr().err
     assert seen == {"paths": [str(probe)], "overrides": {"steps": 200}}
+
+
+@pytest.mark.parametrize("w_grid, msg", [("", "--w-grid= must be numbers >= 1"),
+                                         ("6,3,3", "--w-grid=6.0,3.0,3.0 lists a value twice")])
+def test_cli_bad_w_grid_is_one_line(tmp_path, capsys, w_grid, msg):
+    """Fresh-user items: an empty --w-grid ran the default grid; a repeated W was reported as a --sweep error."""
+    from stare_lab.cli import main
+
+    probe = tmp_path / "p"
+    probe.mkdir()
+    assert main(["calibrate", str(probe), "--out", str(tmp_path / "o"), "--w-grid", w_grid]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stare-lab calibrate: error: {msg}"] and not (tmp_path / "o").exists()
