@@ -135,6 +135,22 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
 
 
+#: this project's own packages: a missing module of theirs is a bug, not a missing install
+_OWN_PACKAGES = ("stare_lab", "trainer", "simulators", "analysis", "papers")
+
+
+def _train_entry(args: argparse.Namespace) -> int:
+    """:func:`_run_train`, with a missing third-party module (the lean demo install has no trainer dependencies)
+    named in one line (ConfigError) instead of a traceback."""
+    try:
+        return _run_train(args)
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] in _OWN_PACKAGES:
+            raise
+        raise ConfigError(f"stare-lab train needs the trainer's dependencies, and {err.name!r} cannot be imported: "
+                          "`make install`, or pip install -e '.[trainer]'") from None
+
+
 def _run_train(args: argparse.Namespace) -> int:
     import os
 
@@ -278,7 +294,7 @@ def register_train(subparsers: Any) -> None:
                     "DIR` for a 3-step CPU run. Writes DIR/metrics.jsonl, checkpoints and DIR/final_model.")
     _add_train_args(p)
     p.set_defaults(extra_overrides=[])
-    p.set_defaults(func=_run_train)
+    p.set_defaults(func=_train_entry)
 
 
 def _delegate(module: str, name: str):

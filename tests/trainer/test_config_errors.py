@@ -88,3 +88,24 @@ def test_an_unknown_probe_tangent_is_refused(tmp_path, capsys):
     err = _one_line(capsys)
     assert err == "stare-lab train: error: schedule.probe_tangent='forward' is not one of {'auto', 'graph', 'jvp'}"
     assert load_trainer_config(None, ["schedule.probe_tangent=graph"]).schedule.probe_tangent == "graph"
+
+
+def test_a_missing_trainer_dependency_is_one_line(tmp_path, capsys, monkeypatch):
+    """Fresh-user item: `stare-lab train` in the lean demo install printed a 14-line traceback ending in
+    ModuleNotFoundError: tokenizers. A missing third-party module is one line naming it and the install; a missing
+    module of this project stays a bug (it is raised)."""
+    import trainer.cli as tcli
+
+    def missing(name):
+        def run(args):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return run
+
+    monkeypatch.setattr(tcli, "_run_train", missing("tokenizers"))
+    assert main(["train", str(tmp_path / "c.yaml")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["stare-lab train: error: stare-lab train needs the trainer's dependencies, and 'tokenizers' "
+                   "cannot be imported: `make install`, or pip install -e '.[trainer]'"], err
+    monkeypatch.setattr(tcli, "_run_train", missing("trainer.nothing"))
+    with pytest.raises(ModuleNotFoundError):
+        tcli._train_entry(None)
