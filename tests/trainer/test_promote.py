@@ -249,6 +249,10 @@ def test_strong_push_from_a_single_seed_is_warned(tmp_path, base, capsys):
     captured = capsys.readouterr()
     assert captured.err.count("warning: ") == 3 and "warning" not in captured.out
     assert len(json.loads((tmp_path / "c2.yaml.provenance.json").read_text())["warnings"]) == 3
+    # O1 does not use M: an M 0.2 in its runs' config (a sweep's shared stare.reweight_m) is not warned about
+    o1 = sim_run(tmp_path / "toy3" / "o1" / "seed0", "o1", {**C2, "variant": "O1", "reweight_w": 1.2,
+                                                             "reweight_m": 0.2})
+    assert not [w for w in promote([o1], "o1", b7)[1]["warnings"] if w.startswith("promoted M=")]
 
 
 def d_run(path: Path, method: str, d_grpo: float, d_lplus: float, *, source: str = "simulator",

@@ -309,14 +309,15 @@ def _probe_of_model(cal: dict[str, Any], data: dict[str, Any]) -> tuple[str, boo
 def _push_warnings(stare: Any, base_w: float, base_m: float, calibrated: set[str], user: set[str]) -> list[str]:
     """Warnings when the written push is far stronger than the base config's: W − 1 > 3 × (base W − 1) or
     1 − M > 3 × (1 − base M) (:data:`PUSH_WARN_FACTOR`), for a promoted value and a command-line one (``user``,
-    bare keys) alike; a calibrated value (evidence about the target model) is not warned about."""
+    bare keys) alike; a calibrated value (evidence about the target model) is not warned about, nor M for O1 (it
+    does not use M)."""
     out = []
     for key, name, push, base_value, base_push in (
         ("reweight_w", "W", float(stare.reweight_w) - 1.0, base_w, base_w - 1.0),
         ("reweight_m", "M", 1.0 - float(stare.reweight_m), base_m, 1.0 - base_m),
     ):
-        if key in calibrated:
-            continue
+        if key in calibrated or (key == "reweight_m" and str(stare.variant).upper() != "C2"):
+            continue  # O1 does not use M
         label = "W-1" if name == "W" else "1-M"
         limit = PUSH_WARN_FACTOR * base_push
         if push > limit + 1e-9 * max(1.0, abs(limit)):  # tolerance: 1.3 vs 1.1 is exactly 3x, not more
