@@ -53,7 +53,8 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
     """The one ``--out`` policy at the sweep's level (:mod:`stare_lab.outdir`): ``out`` holding another kind of
     output (a trainer or single run, an evaluation) is refused whatever the options; a previous sweep
     (``summary.json``) is refused without ``--resume`` / ``--overwrite``, and ``--resume`` must cover every run it
-    lists (its summary would otherwise lose them); a directory inside a sweep that another process is writing is
+    lists (its summary would otherwise lose them), or for an interrupted sweep without a summary every simulator
+    run directory under ``out``; a directory inside a sweep that another process is writing is
     refused.
 
     Raises:
@@ -65,6 +66,14 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
     check_outside_writers(out)
     summary = out / "summary.json"
     if not summary.is_file():
+        if resume:  # an interrupted sweep has no summary yet: its run directories say what it holds
+            planned = {d.resolve() for d in run_dirs.values()}
+            left = sorted(str(c.parent.relative_to(out)) for c in out.glob("**/config.yaml")
+                          if c.parent != out and c.parent.resolve() not in planned and _simulator_run(c))
+            if left:
+                raise RunError(f"--resume: {str(out)!r} holds {len(left)} run(s) of an interrupted sweep this "
+                               f"request leaves out (e.g. {left[0]}), which would stay unfinished beside it: give "
+                               "the sweep's --methods, --seeds and --sweep again, or --overwrite to replace it")
         return
     try:
         previous = json.loads(summary.read_text(encoding="utf-8"))
@@ -81,6 +90,14 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
             raise RunError(f"--resume: {str(out)!r} holds a sweep with {len(missing)} run(s) this request leaves out "
                            f"(e.g. {missing[0]}), which its summary would lose: give the sweep's --methods, --seeds "
                            "and --sweep again, or --overwrite to replace it")
+
+
+def _simulator_run(config_path: Path) -> bool:
+    """Whether ``config_path`` is a simulator run's ``config.yaml`` (``source: simulator``)."""
+    try:
+        return (yaml.safe_load(config_path.read_text()) or {}).get("source") == "simulator"
+    except (OSError, yaml.YAMLError, AttributeError):
+        return False
 
 
 def check_resumable(run_dir: Path, config: Any) -> None:

@@ -77,3 +77,19 @@ def test_out_inside_another_output_is_refused(tmp_path, capsys):
     assert not (out / "grpo" / "o1").exists() and not (out / "grpo" / "seed0" / "x").exists()
     assert simulate("--methods", "grpo", "--seeds", "1", "--steps", "2", "--out", str(tmp_path / "a" / "b"),
                     "--no-plots", *SMALL) == 0
+
+
+def test_resume_of_an_interrupted_sweep_must_cover_its_runs(tmp_path, capsys):
+    """Fresh-user item: a sweep stopped before its summary.json, resumed with fewer seeds, exited 0 and left the
+    other seed's runs unfinished beside the new summary. Its run directories now say what it holds: refused in one
+    line; the full request resumes."""
+    out = tmp_path / "intr"
+    args = ["--methods", "grpo,o1", "--steps", "2", "--out", str(out), "--no-plots", *SMALL]
+    assert simulate(*args, "--seeds", "2") == 0
+    (out / "summary.json").unlink()  # as after Ctrl-C: the runs are there, the summary is not
+    capsys.readouterr()
+    assert simulate(*args, "--seeds", "1", "--resume") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds 2 run(s) of an interrupted sweep this request leaves out (e.g. grpo/seed1)" in err[0]
+    assert not (out / "summary.json").exists()
+    assert simulate(*args, "--seeds", "2", "--resume") == 0 and (out / "summary.json").is_file()
