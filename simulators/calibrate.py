@@ -38,8 +38,8 @@ Steps (:func:`calibrate`):
 3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
    grid of the four knobs (default :data:`DEFAULT_GRID`; for a held probe also ``push_efficiency``,
    :data:`HELD_DEFAULT_GRID`; ``clip_rel`` of :data:`OPTIONAL_KNOBS` when the grid names it), ``fit_seeds`` seeds
-   each, read like the probe at the matched target: GRPO runs for a crossing probe, runs of the probe's STARE schedule (its method and
-   :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
+   each, read like the probe at the matched target: GRPO runs for a crossing probe, runs of the probe's STARE
+   schedule (its method and :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
    lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
    bounded: the ratio spans −1 … 60 between toys and models, and W* = 1 + 1/ratio changes little among large
    ratios; ln W: a relative error, 0.2 ≈ the tolerance of a critical W near 7); a knob setting whose run never
@@ -113,8 +113,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "HELD_DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS",
-    "Probe", "probe_window", "probe_kind", "held_balance", "read_probe", "matched_target", "residual", "toy_observables", "fit_knobs",
-    "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
+    "Probe", "probe_window", "probe_kind", "held_balance", "read_probe", "matched_target", "residual",
+    "toy_observables", "fit_knobs", "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
 ]
 
 #: the preset whose knobs are fitted
@@ -252,8 +252,10 @@ def _schedule(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_rows(path: str | os.PathLike) -> tuple[Any, list[dict[str, Any]]]:
-    run = read_run(path)
-    if not run.config:  # read_run has logged why (missing, unreadable, not a mapping)
+    d = Path(path)
+    missing = d.is_dir() and (d / "metrics.jsonl").is_file() and not (d / "config.yaml").exists()
+    run = None if missing else read_run(path)
+    if run is None or not run.config:  # read_run has logged why (unreadable, not a mapping)
         raise DataError(f"probe run {str(path)!r} has no readable config.yaml: its loss (GRPO or STARE), schedule "
                         "and target entropy are unknown, so its window and kind cannot be read; restore the run's "
                         "config.yaml")
