@@ -192,11 +192,9 @@ def _run_values(r: Any) -> dict[str, Any]:
     c2 = r.config_value("loss.loss_mode") == "stare" and stare.get("variant") == "C2"
     m = float(stare.get("reweight_m", 1.0)) if c2 else 1.0
     col = lambda k: [None if not math.isfinite(x) else float(x) for x in r.column(k)]  # noqa: E731
-    e = r.config_value("push_efficiency")  # a tabular toy's share of the push applied: D_L± enter scaled by it
-    e = 1.0 if e is None else float(e)
-    scaled = lambda xs: [None if x is None else e * x for x in xs]  # noqa: E731
-    dg, dl = col(critical.KEY_D_GRPO), scaled(col(critical.KEY_D_LPLUS))
-    dm = scaled(col(critical.KEY_D_LMINUS)) if c2 else None
+    e = r.config_value("push_efficiency")  # a tabular toy's share of the push applied
+    dg, dl = col(critical.KEY_D_GRPO), critical.applied_push(col(critical.KEY_D_LPLUS), e)
+    dm = critical.applied_push(col(critical.KEY_D_LMINUS), e) if c2 else None
     window = 1 if r.config_value("mode") == "expected" else max(1, r.n_steps // 20)  # mean field: exact
     cross = (critical.w_star_at_crossing(col("entropy"), r.target_entropy, dg, dl, dm, m, window)[1]
              if r.target_entropy is not None else None)

@@ -44,7 +44,7 @@ from .summary import band_held, held_band
 
 __all__ = [
     "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS", "KEY_D_RATIO", "KEY_LPLUS_ABOVE", "KEY_W_STAR", "w_star", "w_star_series", "critical_w", "w_star_at_crossing",
-    "measured_critical_w", "tolerance", "decomposition_summary", "DECOMPOSITION_KEYS", "REGIME_RATIO",
+    "measured_critical_w", "tolerance", "applied_push", "decomposition_summary", "DECOMPOSITION_KEYS", "REGIME_RATIO",
     "STRENGTH_KINDS", "KIND_MEANING", "CriticalStrength", "recommend", "measured_strength", "strength_from_values",
     "recommendation_text", "variant_label", "run_strengths",
 ]
@@ -199,6 +199,13 @@ REGIME_RATIO = 0.8
 DECOMPOSITION_KEYS = ("push_ratio", "critical_w", "critical_w_measured_drift", "crossing_step", "w_star_at_crossing")
 
 
+def applied_push(d: Sequence[float | None], push_efficiency: float | None) -> list[float | None]:
+    """D_L+ or D_L− per step (nats) of the push a step applies when only a share e (``push_efficiency``, a tabular
+    toy's knob; None = 1, a model) of it is applied: e·D (docs/calibration.md, the push-efficiency knob)."""
+    e = 1.0 if push_efficiency is None else float(push_efficiency)
+    return [None if x is None else e * x for x in d]
+
+
 def decomposition_summary(
     rows: Sequence[Mapping[str, Any]], target_entropy: float | None, *, reweight_m: float = 1.0, window: int = 1,
     push_efficiency: float = 1.0,
@@ -232,10 +239,8 @@ def decomposition_summary(
         return out
     m = float(reweight_m)
     dg = [num(r.get(KEY_D_GRPO)) for r in rows]
-    e = float(push_efficiency)
-    scaled = lambda x: None if x is None else e * x  # noqa: E731
-    dl = [scaled(num(r.get(KEY_D_LPLUS))) for r in rows]
-    dm = [scaled(num(r.get(KEY_D_LMINUS))) for r in rows] if m != 1.0 else None
+    dl = applied_push([num(r.get(KEY_D_LPLUS)) for r in rows], push_efficiency)
+    dm = applied_push([num(r.get(KEY_D_LMINUS)) for r in rows], push_efficiency) if m != 1.0 else None
     window = max(1, min(int(window), len(rows) // 4 or 1))
     out["critical_w"] = num(critical_w(dg, dl, dm, m, window))
     if "stare/grpo_measured" in rows[0]:

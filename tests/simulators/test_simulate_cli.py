@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -230,11 +229,6 @@ def test_resume_with_another_config_is_refused_up_front(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot resume" in err and "loss.stare.reweight_w" in err
     assert {m: (out / m / "seed0" / "metrics.jsonl").read_text() for m in ("grpo", "o1")} == before
-    # a run interrupted before its first checkpoint (a resume restarts it): another config is refused too
-    shutil.rmtree(out / "o1" / "seed0" / "checkpoint")
-    assert simulate(*base, "--steps", "6", "--resume", *SMALL, "stare.reweight_w=1.3") == 1
-    assert "loss.stare.reweight_w differs from the run's config.yaml" in capsys.readouterr().err
-    assert (out / "o1" / "seed0" / "metrics.jsonl").read_text() == before["o1"]
 
 
 def test_empty_out_is_refused(tmp_path, capsys, monkeypatch):

@@ -93,3 +93,19 @@ def test_resume_of_an_interrupted_sweep_must_cover_its_runs(tmp_path, capsys):
     assert len(err) == 1 and "holds 2 run(s) of an interrupted sweep this request leaves out (e.g. grpo/seed1)" in err[0]
     assert not (out / "summary.json").exists()
     assert simulate(*args, "--seeds", "2", "--resume") == 0 and (out / "summary.json").is_file()
+
+
+def test_resume_under_another_config_before_the_first_checkpoint_is_refused(tmp_path, capsys):
+    """Fresh-user item: a run interrupted before its first checkpoint is restarted by --resume, so under another
+    config its rows were silently replaced; its config.yaml is now checked as a checkpointed run's is."""
+    import shutil
+
+    out = tmp_path / "r"
+    args = ["--methods", "o1", "--seeds", "1", "--out", str(out), "--no-plots", *SMALL]
+    assert simulate(*args, "--steps", "3") == 0
+    shutil.rmtree(out / "o1" / "seed0" / "checkpoint")
+    before = (out / "o1" / "seed0" / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert simulate(*args, "--steps", "6", "--resume", "stare.reweight_w=1.3") == 1
+    assert "loss.stare.reweight_w differs from the run's config.yaml" in capsys.readouterr().err
+    assert (out / "o1" / "seed0" / "metrics.jsonl").read_text() == before
