@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import matplotlib.figure  # noqa: F401 - the report's figures (imported here, with the function that draws them)
 
 from stare_lab.errors import ConfigError
-from stare_lab.outdir import REPORT, check_kind
+from stare_lab.platform.outdir import REPORT, check_kind
 
 from .compare import Comparison, compare
 from .figstyle import DPI
@@ -80,7 +80,7 @@ def analyze(
     Raises:
         ConfigError: several paths without ``out``, a ``--metric`` no run logs, a ``summary`` that is not a sweep
             summary, bad report options. RunError / DataError: unreadable runs or output folder; RunError
-            also for an ``out`` that holds another command's output (:func:`stare_lab.outdir.check_kind`).
+            also for an ``out`` that holds another command's output (:func:`stare_lab.platform.outdir.check_kind`).
     """
     if out is None and len(paths) > 1:
         raise ConfigError(f"{len(paths)} input paths given: pass --out DIR to say where the report goes")
@@ -117,7 +117,7 @@ def _calibration(paths: Sequence[str | os.PathLike], warnings: list[str]) -> dic
     """The ``calibration.json`` directly inside the one given folder (``stare-lab calibrate``'s output), or None; an
     unreadable one is a warning of the report."""
     from stare_lab.errors import StareLabError
-    from stare_lab.regime import CALIBRATION_FILE, read_calibration
+    from stare_lab.theory.regime import CALIBRATION_FILE, read_calibration
 
     path = Path(paths[0]) / CALIBRATION_FILE
     if not path.is_file():

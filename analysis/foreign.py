@@ -1,6 +1,6 @@
 """Readers of the logs other training frameworks write, so their runs sit in the same figures and verdict as
 stare_lab's own (docs/integrations.md, docs/integrations-verl.md). A reader turns one foreign run — a folder or a log
-file — into a :class:`stare_lab.runs.Run` whose rows carry the run-row keys of docs/design.md §4 (``step``,
+file — into a :class:`stare_lab.platform.runs.Run` whose rows carry the run-row keys of docs/design.md §4 (``step``,
 ``entropy``, ``reward``, ``gate_on``, ``stare_w``, ``stare_m``, ``pred_entropy_change``, ``entropy_change``; None
 where the log has no such value) plus the log's other keys, namespaced.
 
@@ -37,7 +37,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from stare_lab.runs import REQUIRED_KEYS, Run, find_runs, is_run_dir
+from stare_lab.platform.runs import REQUIRED_KEYS, Run, find_runs, is_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class ForeignReader:
         name: the reader (``trl``, ``verl-file``).
         claims: whether a path (a folder or a file) is one run of this framework (no recursion).
         candidates: the paths at or below a root folder that may be runs (cheap: e.g. by file name).
-        read: the path → a :class:`~stare_lab.runs.Run` (warnings in ``Run.warnings``; never raises for damage).
+        read: the path → a :class:`~stare_lab.platform.runs.Run` (warnings in ``Run.warnings``; never raises for damage).
     """
 
     name: str

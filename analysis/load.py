@@ -1,7 +1,7 @@
-"""Reading run directories into numpy columns (docs/design.md §4; conventions in :mod:`stare_lab.runs`).
+"""Reading run directories into numpy columns (docs/design.md §4; conventions in :mod:`stare_lab.platform.runs`).
 
 Analysis reads run directories only: :func:`load_runs` finds them (recursively, via
-:func:`stare_lab.runs.find_runs`), reads each with :func:`stare_lab.runs.read_run` and turns ``metrics.jsonl`` into
+:func:`stare_lab.platform.runs.find_runs`), reads each with :func:`stare_lab.platform.runs.read_run` and turns ``metrics.jsonl`` into
 one float64 column per key, indexed by ``step``; other frameworks' logs (a TRL output folder) are read into the same
 form by the readers of :mod:`analysis.foreign`. Damage is tolerated and reported, never fatal: a truncated last
 line, null/NaN values, missing keys, duplicate or missing steps, a missing ``config.yaml``, a folder without runs —
@@ -21,9 +21,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
 from stare_lab.errors import RunError
-from stare_lab.runs import find_runs, read_run
+from stare_lab.platform.runs import find_runs, read_run
 
 from .foreign import SOURCES as FOREIGN_SOURCES
 from .foreign import READERS, find_foreign_runs, read_foreign_run
@@ -35,7 +35,7 @@ __all__ = ["RunData", "load_run", "load_runs", "config_get", "EVAL_FILE"]
 #: Written next to ``metrics.jsonl`` by ``stare-lab evaluate``.
 EVAL_FILE = "eval.json"
 
-#: first-order decomposition terms and the calibration observables derived from them (stare_lab.critical): parts
+#: first-order decomposition terms and the calibration observables derived from them (stare_lab.theory.critical): parts
 #: of a step's change, ratios and shares, not predictions of it
 _DECOMPOSITION_KEYS = (KEY_D_GRPO, KEY_D_LPLUS, KEY_D_LMINUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR)
 
@@ -162,7 +162,7 @@ class RunData:
     def predictor_keys(self) -> list[str]:
         """Keys of the first-order ΔH predictors this run logs: ``pred_entropy_change`` then each ``pred/<name>``
         (runs.py conventions) except the decomposition terms ``pred/d_grpo``, ``pred/d_lplus``, ``pred/d_lminus`` of
-        :mod:`stare_lab.critical` (parts of a step's change, not predictions of it) and the calibration
+        :mod:`stare_lab.theory.critical` (parts of a step's change, not predictions of it) and the calibration
         observables ``pred/d_ratio``, ``pred/lplus_above_sstar``, ``pred/w_star``, only those with at least one
         finite value."""
         keys = ["pred_entropy_change"] + sorted(

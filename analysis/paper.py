@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.files import read_text
+from stare_lab.platform.files import read_text
 
 from .compare import Comparison
 from .load import RunData

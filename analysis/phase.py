@@ -6,14 +6,14 @@ Two sources, both read-only:
   ``headline`` (put at the top of the report), the grid and per-group band deviations (the phase diagram,
   :func:`phase_figure`), ``critical.<method>`` (measured vs predicted critical W, :func:`critical_rows`) and
   ``critical_strength`` (the labelled critical strengths and the recommended one, :func:`sweep_strength_block`);
-* any runs that log the decomposition keys of :mod:`stare_lab.critical` (``pred/d_grpo``, ``pred/d_lplus``, and
+* any runs that log the decomposition keys of :mod:`stare_lab.theory.critical` (``pred/d_grpo``, ``pred/d_lplus``, and
   ``pred/d_lminus`` for C2) — simulator or trainer alike: per group the *predicted* critical W along its held runs
   (largest W*(t) over the second half) and the *conservative* W* where the entropy first crosses H_tgt
   (:func:`run_critical_rows`), and the labelled strengths with the recommended one (:func:`run_strength_block`),
   computed by the same core functions the simulators use.
 
 Every critical W is named by its kind (measured / calibrated / predicted / conservative,
-:class:`stare_lab.critical.CriticalStrength`), and one recommended W per push comes first
+:class:`stare_lab.theory.critical.CriticalStrength`), and one recommended W per push comes first
 (:func:`strength_lines`).
 
 The phase diagram shows, for each STARE method, the band deviation (mean over seeds of the mean |H − H_tgt| over
@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from stare_lab import critical
-from stare_lab.regime import calibrated_strengths
-from stare_lab.summary import band_held
+from stare_lab.theory import critical
+from stare_lab.theory.regime import calibrated_strengths
+from stare_lab.platform.summary import band_held
 
 from .figstyle import figure as _figure, method_style, style as _style
 
@@ -209,7 +209,7 @@ def _median(xs: list[Any]) -> float | None:
 
 def run_critical_rows(cmp: Any, summaries: dict[int, dict[str, Any]] | None = None) -> list[list[Any]]:
     """Per group of runs logging the decomposition keys: the STARE M (C2) or 1, how many runs held the band
-    (:func:`stare_lab.summary.band_held`; ``summaries``: ``id(run)`` → the run's summary, default computed), the
+    (:func:`stare_lab.platform.summary.band_held`; ``summaries``: ``id(run)`` → the run's summary, default computed), the
     *predicted* critical W — median over the held runs of the largest W*(t) over the second half, empty when no run
     held (along a run that did not hold the band it is not a critical W) — the *conservative* W* where the entropy
     first falls below H_tgt (median over all runs: the gate is off until then), and the runs that contributed."""
@@ -245,7 +245,7 @@ def sweep_strength_block(summary: dict[str, Any] | None) -> dict[str, Any] | Non
 def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report's labelled critical strengths from its own runs (no W sweep summary): per experiment slice
     (:func:`analysis.verdict.reference_slices`: source, sweep, kind, target, ``group_by`` values) the *predicted*
-    and *conservative* strengths of :func:`stare_lab.critical.run_strengths` and the recommended one per push; the
+    and *conservative* strengths of :func:`stare_lab.theory.critical.run_strengths` and the recommended one per push; the
     same shape as ``summary.json``'s ``critical_strength``. Slices are labelled by the values that differ between
     them (``lr=1``); one slice is labelled ``""``."""
     from .verdict import reference_slices, uses_stare
@@ -287,7 +287,7 @@ def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = N
 
 def add_calibration(block: dict[str, Any], calibration: dict[str, Any]) -> dict[str, Any]:
     """``block`` with one more slice, ``target model (<probe run>)``: the *calibrated* strengths of a
-    ``calibration.json`` (:func:`stare_lab.regime.calibrated_strengths`) and the recommended one per push. They are
+    ``calibration.json`` (:func:`stare_lab.theory.regime.calibrated_strengths`) and the recommended one per push. They are
     about the probed model, not about the runs of the report, so they never join the other slices'
     recommendations (docs/theory.md §7)."""
     strengths = calibrated_strengths(calibration)
@@ -309,7 +309,7 @@ def _val(v: Any) -> str:
 def strength_lines(block: dict[str, Any] | None) -> list[str]:
     """One line per slice and push of a ``critical_strength`` block, the block's own ``slice`` (the headline's)
     first: ``at lr=1: recommended W for O1: 1.3 (measured: …); also: predicted 1.41, conservative 1.37``
-    (:func:`stare_lab.critical.recommendation_text`)."""
+    (:func:`stare_lab.theory.critical.recommendation_text`)."""
     lines = []
     slices = list(((block or {}).get("slices") or {}).items())
     slices.sort(key=lambda kv: kv[1].get("point") != (block or {}).get("slice"))  # the headline's slice first

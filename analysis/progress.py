@@ -1,4 +1,4 @@
-"""Which runs of a comparison are unfinished or not measurable (:mod:`stare_lab.completeness`): each run's steps
+"""Which runs of a comparison are unfinished or not measurable (:mod:`stare_lab.platform.completeness`): each run's steps
 against its own config and, for the runs of a sweep, against the sweep's ``summary.json``. The verdict leaves
 those runs out of held / collapsed and says so (``grpo: 2/3 seeds complete; seed 1 stopped at step 411 of 2000``);
 the report lists them under its warnings."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stare_lab.completeness import expected_steps, run_status
+from stare_lab.platform.completeness import expected_steps, run_status
 
 from .load import RunData
 
@@ -31,7 +31,7 @@ def sweep_steps(sweep: dict[str, Any], root: str | Path) -> dict[Path, int]:
 
 
 def left_out(runs: list[RunData], planned: dict[Path, int] | None = None) -> dict[str, str]:
-    """``str(run.path)`` → why the run is left out of the verdict's counts (:func:`stare_lab.completeness.run_status`)
+    """``str(run.path)`` → why the run is left out of the verdict's counts (:func:`stare_lab.platform.completeness.run_status`)
     for each run that is unfinished or not measurable; ``planned`` as :func:`sweep_steps`."""
     planned = planned or {}
     out = {}

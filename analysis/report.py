@@ -20,9 +20,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
-from stare_lab.critical import STRENGTH_KINDS
+from stare_lab.theory.critical import STRENGTH_KINDS
 from stare_lab.errors import ConfigError, RunError
-from stare_lab.runlock import LOCK_FILE, lock_dir
+from stare_lab.platform.runlock import LOCK_FILE, lock_dir
 
 from . import phase, plots, stats
 from .compare import Comparison
@@ -153,7 +153,7 @@ def _summary_section(doc: Doc, cmp: Comparison, extra: Sequence[str], tables: di
            else f"{cmp.threshold_frac:g} × the run's initial entropy")
     doc.p(
         f"Each cell: mean ± 95% band over the group's seeds of a per-run number, with the definitions of every "
-        f"run's `summary.json` (`stare_lab.summary`). Initial H: the run's first logged entropy; final H: its last "
+        f"run's `summary.json` (`stare_lab.platform.summary`). Initial H: the run's first logged entropy; final H: its last "
         f"logged entropy plus that step's measured change where logged (the entropy after the last update), nats. "
         f"Steps to threshold: first step with entropy < {thr}, mean over the seeds that got there (count in "
         f"brackets). In band: fraction of steps with |H − H_tgt| ≤ {cmp.band_half_width:g} nats. Final reward: "
@@ -231,7 +231,7 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
     doc.h(2, "Critical STARE strength")
     doc.p(
         "With the gate on, a step's first-order entropy change splits as D_GRPO + (W − 1)·D_L+ (+ (M − 1)·D_L− for "
-        "C2), so W*(t) = 1 − D_GRPO(t)/D_L+(t) cancels the drift (docs/theory.md §7; `stare_lab.critical`). Every "
+        "C2), so W*(t) = 1 − D_GRPO(t)/D_L+(t) cancels the drift (docs/theory.md §7; `stare_lab.theory.critical`). Every "
         "critical W below is named by its kind: **measured** (the smallest W of a W sweep held on every seed), "
         "**calibrated** (measured on a toy calibrated to a target model's probe), **predicted** (first order: the "
         "largest W*(t) over the second half of runs that held the band) and **conservative** (first order: W* where "
@@ -295,7 +295,7 @@ def write_report(
         inputs: the paths analysed (listed in the report).
         sweep: a sweep's ``summary.json`` (:func:`analysis.phase.read_sweep_summary`): its headline goes at the
             top, its grid and critical W into the "Critical STARE strength" section.
-        calibration: a ``calibration.json`` (:func:`stare_lab.regime.read_calibration`): its calibrated critical W
+        calibration: a ``calibration.json`` (:func:`stare_lab.theory.regime.read_calibration`): its calibrated critical W
             for the probed model is listed as a slice of its own (:func:`analysis.phase.add_calibration`).
 
     Raises:

@@ -3,7 +3,7 @@
 Every function takes plain arrays, treats NaN as "missing" and returns a documented defined value (NaN or None)
 instead of raising when there is not enough data. Entropies are in nats.
 
-A run's summary statistics have ONE definition, in the core (:mod:`stare_lab.summary`, also used by the simulators
+A run's summary statistics have ONE definition, in the core (:mod:`stare_lab.platform.summary`, also used by the simulators
 and the trainer for ``summary.json``): :func:`run_summary` applies it to a loaded run, and the per-array helpers
 here (:func:`tail_mean`, :func:`steps_to_threshold`, :func:`fraction_in_band`, :func:`fit_prediction`) delegate
 to it, so the report's numbers and each run's ``summary.json`` agree.
@@ -19,8 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from stare_lab import summary as core
-
+from stare_lab.platform import summary as core
 __all__ = [
     "run_summary",
     "run_rows",
@@ -207,7 +206,7 @@ class PredictionFit:
 
 def fit_prediction(predicted: np.ndarray, measured: np.ndarray) -> PredictionFit:
     """Least-squares fit of measured ΔH on predicted ΔH plus the identity-line R² (see :class:`PredictionFit`):
-    :func:`stare_lab.summary.fit_prediction` with NaN for its undefined (None) values.
+    :func:`stare_lab.platform.summary.fit_prediction` with NaN for its undefined (None) values.
 
     Pairs with a non-finite value are dropped. With fewer than 3 pairs, or a constant prediction, the fit fields
     are NaN and ``reason`` says why (never raises).
@@ -280,13 +279,13 @@ def last_finite(values: np.ndarray) -> float | None:
 
 def tail_mean(values: np.ndarray, frac: float = core.FINAL_FRACTION) -> float | None:
     """Mean of the finite entries among the last ``max(1, floor(frac · n))`` of ``n`` values (None if none is
-    finite): :func:`stare_lab.summary.tail_mean`, the definition of ``final_reward`` in every ``summary.json``."""
+    finite): :func:`stare_lab.platform.summary.tail_mean`, the definition of ``final_reward`` in every ``summary.json``."""
     return core.tail_mean(np.asarray(values, dtype=np.float64).ravel().tolist(), frac)
 
 
 def steps_to_threshold(steps: np.ndarray, entropy: np.ndarray, threshold: float) -> int | None:
     """The first step whose entropy (nats) is strictly below ``threshold``; None if it never is (NaN ignored):
-    :func:`stare_lab.summary.first_step_below` (``steps_to_collapse`` with threshold = collapse_frac × initial)."""
+    :func:`stare_lab.platform.summary.first_step_below` (``steps_to_collapse`` with threshold = collapse_frac × initial)."""
     step = core.first_step_below(np.asarray(steps).tolist(), np.asarray(entropy, dtype=np.float64).tolist(),
                                  threshold)
     return None if step is None else int(step)
@@ -296,7 +295,7 @@ def fraction_in_band(
     entropy: np.ndarray, target: float | None, half_width: float = core.DEFAULT_BAND
 ) -> float | None:
     """Fraction of the steps with a finite entropy whose entropy is in the closed target band
-    |H − H_tgt| ≤ half_width: :func:`stare_lab.summary.fraction_in_band` (``time_in_band`` of ``summary.json``).
+    |H − H_tgt| ≤ half_width: :func:`stare_lab.platform.summary.fraction_in_band` (``time_in_band`` of ``summary.json``).
 
     Returns None if there is no target or no finite entropy.
     """
@@ -319,8 +318,8 @@ def run_rows(run) -> list[dict]:
 
 
 def run_summary(run, band: float | None = None, collapse_frac: float | None = None) -> dict:
-    """The run's summary statistics, :func:`stare_lab.summary.run_summary` of its rows, with the run's own settings
-    (:func:`stare_lab.summary.summary_settings` of its config: H_tgt, band, collapse fraction) unless ``band`` /
+    """The run's summary statistics, :func:`stare_lab.platform.summary.run_summary` of its rows, with the run's own settings
+    (:func:`stare_lab.platform.summary.summary_settings` of its config: H_tgt, band, collapse fraction) unless ``band`` /
     ``collapse_frac`` are given. For a run written by any source this equals the statistics of its
     ``summary.json``.
 

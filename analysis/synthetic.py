@@ -16,7 +16,7 @@ import numpy as np
 
 from stare_lab.config import LossConfig, STAREConfig, to_dict
 from stare_lab.errors import ConfigError
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 __all__ = ["write_synthetic_run", "write_synthetic_sweep"]
 

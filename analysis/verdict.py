@@ -1,4 +1,4 @@
-"""The verdict at the top of every report: the core's one-line verdict (:func:`stare_lab.verdict.verdict`: which
+"""The verdict at the top of every report: the core's one-line verdict (:func:`stare_lab.platform.verdict.verdict`: which
 methods collapsed, which held the band, at what reward) computed from the report's own runs — each run's summary
 statistics with its own settings (:func:`analysis.stats.run_summary`, the numbers of its ``summary.json``), so
 ``stare-lab simulate``'s headline and the report say the same thing about the same runs."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from stare_lab.errors import ConfigError
-from stare_lab.verdict import group_outcome, verdict
+from stare_lab.platform.verdict import group_outcome, verdict
 
 from .compare import Comparison
 from .grouping import experiment_slice
@@ -25,7 +25,7 @@ def uses_stare(run: RunData) -> bool:
         return False
     # the losses' declared needs live in the core's loss registry, which imports torch (~2 s): imported here, not at
     # the top, so that building the command line's parser (every wing's cli, for every command) stays light
-    from stare_lab.losses import loss_needs
+    from stare_lab.loss.losses import loss_needs
 
     try:
         return loss_needs(mode, run.config_value("loss") or None).stare
@@ -58,7 +58,7 @@ def comparison_verdict(cmp: Comparison, summaries: Mapping[int, dict[str, Any]],
 
 
 def reference_slices(cmp: Comparison) -> list[dict[str, Any]]:
-    """Per group of ``cmp``, the ``slice`` by which :func:`stare_lab.verdict.verdict` finds a STARE group's
+    """Per group of ``cmp``, the ``slice`` by which :func:`stare_lab.platform.verdict.verdict` finds a STARE group's
     baseline (equal slices): its experiment (:func:`analysis.grouping.experiment_slice`: source, sweep folder,
     simulator kind / preset, the non-STARE ``group_by`` values) and a target entropy. A baseline keeps its own
     target; a STARE group takes its own where a baseline of its experiment has it, else the one target that all

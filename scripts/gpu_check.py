@@ -55,8 +55,8 @@ def _selection_check(report: dict) -> bool:
     import torch
 
     from stare_lab.config import LossConfig, STAREConfig
-    from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-    from stare_lab.stare import stare_token_weights
+    from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
+    from stare_lab.loss.stare import stare_token_weights
 
     g = torch.Generator().manual_seed(0)
     old = (-torch.rand(512, 4096, generator=g).pow(3) * 6 * 8).round() / 8  # a grid: many ties
@@ -134,7 +134,7 @@ def _models(tmp: Path, data: Path, dry: bool) -> dict[str, Path]:
 def _train(name: str, model: Path, data: Path, tmp: Path, dry: bool, report: dict) -> bool:
     import torch
 
-    from stare_lab.runs import read_run
+    from stare_lab.platform.runs import read_run
     from trainer.config import load_trainer_config
     from trainer.run.loop import train
     from trainer.planning.plan import Cluster, load_arch, plan

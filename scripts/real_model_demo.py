@@ -136,7 +136,7 @@ def print_table(out: Path, methods: list[str], measure: bool) -> None:
     """Print the runs ``out/<method>`` side by side: entropy (nats), reward, gate per step and, with ``measure``,
     the measured and predicted one-step entropy change and the D terms (nats), then the fit of measured on
     predicted (``summary.json``)."""
-    from stare_lab.runs import read_run
+    from stare_lab.platform.runs import read_run
 
     runs = {m: read_run(out / m) for m in methods}
     head = f"{'step':>4}"

@@ -28,7 +28,7 @@ Steps (:func:`calibrate`):
    **balance W** (:func:`held_balance`): 1 + the mean of gate·(W − 1) there, the push that really held the entropy
    (first-order drift, sampling, gradient clipping and the gap between a batch and fresh samples included). A held
    probe run that did not hold the band is refused. Over the probe's steps, pooled over the runs: d_ratio =
-   ΣD_L+ / |ΣD_GRPO| (a ratio of sums, as :mod:`stare_lab.critical` windows W*), lplus_above_sstar = the mean of
+   ΣD_L+ / |ΣD_GRPO| (a ratio of sums, as :mod:`stare_lab.theory.critical` windows W*), lplus_above_sstar = the mean of
    the per-step shares, entropy = the mean entropy.
 2. **Matching entropy.** Entropies of a toy and of a language model are not on one scale, so they are matched
    relative to the start of RL: the probe sits at ρ = H_match / H_0 of its initial entropy H_0 (the first row's
@@ -47,7 +47,7 @@ Steps (:func:`calibrate`):
    (residual ∞). The smallest residual wins.
 4. **Critical W** (:func:`critical_sweep`): ``stare-lab simulate --preset llm`` with the fitted knobs, the matched
    target, methods grpo, o1 and c2 (C2 at ``c2_m``) over a W grid, ``seeds`` seeds: the measured critical W of each
-   method (the smallest grid W held on every seed, :func:`stare_lab.critical.measured_critical_w`) with its
+   method (the smallest grid W held on every seed, :func:`stare_lab.theory.critical.measured_critical_w`) with its
    uncertainty range — (``low``, ``high``] = (the largest grid W below it, the measured W]: the toy's critical W
    lies in between on this grid (``low`` = 1 when the smallest grid W holds; ``w``/``high`` null and ``low`` the
    largest grid W when no W holds). The adaptive schedule's cap must reach it: ``w_max`` = the O1 ``high``.
@@ -93,11 +93,11 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.runlock import lock_dir
-from stare_lab.runs import read_run
-from stare_lab.summary import band_held, run_summary, summary_settings
+from stare_lab.platform.runlock import lock_dir
+from stare_lab.platform.runs import read_run
+from stare_lab.platform.summary import band_held, run_summary, summary_settings
 
 from simulators.calibrate_grid import (  # noqa: F401 (the grid's names are part of this module's interface)
     DEFAULT_GRID, HELD_DEFAULT_GRID, KNOBS, OPTIONAL_KNOBS, _check_grid, _label,
@@ -166,7 +166,7 @@ class Probe:
 def probe_window(rows: Sequence[dict[str, Any]], target: float | None, window: int) -> tuple[int, int, bool]:
     """The probe steps of one run's ``rows``: ``(start, stop, crossed)`` row indices of the ``window`` rows centred on
     the first row whose ``entropy`` is below ``target`` (clipped to the run, as
-    :func:`stare_lab.critical.w_star_at_crossing`), or ``(0, len(rows), False)`` when there is no target or the
+    :func:`stare_lab.theory.critical.w_star_at_crossing`), or ``(0, len(rows), False)`` when there is no target or the
     entropy never falls below it."""
     n = len(rows)
     cross = None
@@ -276,7 +276,7 @@ def read_probe(
     """Read and pool the probe runs ``paths`` (module docstring, steps 1–2).
 
     Args:
-        paths: run directories (``stare_lab.runs`` format).
+        paths: run directories (``stare_lab.platform.runs`` format).
         target: the target entropy (nats) the window is centred on; None → each run's ``loss.stare.target_entropy``.
         initial_entropy: H_0 (nats) for the matching entropy; None → the first run's first ``entropy``.
         window: steps per window of a crossing probe; None → :data:`WINDOW_FRAC` of each run (at least 1).
@@ -412,7 +412,7 @@ def toy_observables(run_dirs: Sequence[str | os.PathLike], target: float, window
     """The toy's d_ratio, lplus_above_sstar, balance W (:func:`held_balance`) and crossing steps at ``target``
     (nats), pooled over its seeds' ``run_dirs``: ``crossing`` — the window rule of :func:`probe_window`,
     ``d_ratio`` None when a seed never crosses ``target``; ``held`` — the second half of each run, ``d_ratio`` None
-    when a seed did not hold the band (:func:`stare_lab.summary.band_held`)."""
+    when a seed did not hold the band (:func:`stare_lab.platform.summary.band_held`)."""
     parts, crossings = [], []
     for d in run_dirs:
         run = read_run(d)
@@ -542,14 +542,14 @@ def calibrate(
     """Calibrate the ``llm`` toy to the probe ``paths`` and sweep it (module docstring); writes ``out/fit/``,
     ``out/sweep/``, ``out/fit.json`` and ``out/calibration.json`` and returns the latter's dict. ``overwrite``
     replaces a previous calibration in ``out`` (those four entries; nothing else is touched). ``out``'s lock
-    (:func:`stare_lab.runlock.lock_dir`) is held for the whole calibration.
+    (:func:`stare_lab.platform.runlock.lock_dir`) is held for the whole calibration.
 
     Raises:
         ConfigError / DataError / RunError: as :func:`read_probe`, :func:`fit_knobs` and :func:`critical_sweep`;
             ConfigError also for an override that is a fit knob, a key the calibration sets, or unknown;
             RunError also when ``out`` already holds a calibration and ``overwrite`` is False, is not writable,
-            holds another kind of output (:func:`stare_lab.outdir.check_kind`), is inside a directory another live
-            process writes, or is locked by another writer (:class:`stare_lab.runlock.RunLockError`).
+            holds another kind of output (:func:`stare_lab.platform.outdir.check_kind`), is inside a directory another live
+            process writes, or is locked by another writer (:class:`stare_lab.platform.runlock.RunLockError`).
     """
     out = Path(out)
     _check_overrides(overrides or {})

@@ -35,7 +35,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stare_lab.errors import ConfigError
-from stare_lab.runlock import lock_dir
+from stare_lab.platform.runlock import lock_dir
 
 from simulators.presets import (DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, SEED_MAX, get_preset,
                                 preset_names)

@@ -22,7 +22,7 @@ finished run. :func:`drive` does the rest, for every simulator the same way:
   removes what it wrote.
 * A run whose step fails with a :class:`RunError` (e.g. a diverged update) stops alone; the others finish, then the
   first such error is raised.
-* Rows are written with the run-format keys first (:data:`stare_lab.runs.REQUIRED_KEYS`), then the rest sorted;
+* Rows are written with the run-format keys first (:data:`stare_lab.platform.runs.REQUIRED_KEYS`), then the rest sorted;
   the summary (``summary.json``) is the simulator's, from all of the run's rows.
 """
 
@@ -36,7 +36,7 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 import torch
 
 from stare_lab.errors import RunError
-from stare_lab.runs import REQUIRED_KEYS, RunWriter, read_run
+from stare_lab.platform.runs import REQUIRED_KEYS, RunWriter, read_run
 
 __all__ = ["Simulator", "Engine", "drive", "check_resume", "CHECKPOINT_FILE", "RESUMABLE_CHANGES", "checkpoint_path"]
 
@@ -106,7 +106,7 @@ def _load(path: Path) -> dict[str, Any]:
 def _row_steps(run_dir: Path, upto: int) -> list[int]:
     """The ``step`` of every row of ``RUN/metrics.jsonl`` with step ≤ ``upto``, in file order (:func:`read_run`
     skips a line cut by a crash; rows without an integer ``step`` are skipped too, as
-    :meth:`stare_lab.runs.RunWriter.truncate_after` drops them); [] without the file."""
+    :meth:`stare_lab.platform.runs.RunWriter.truncate_after` drops them); [] without the file."""
     if not (run_dir / "metrics.jsonl").is_file():
         return []
     steps = [row.get("step") for row in read_run(run_dir).metrics]

@@ -2,10 +2,10 @@
 the transformer simulator alike.
 
 A step draws rounds of rollouts, one group of G responses per prompt; from each round it keeps, in order, the groups
-with reward variance (:func:`stare_lab.advantages.filter_groups`: a group whose G rewards are all equal has zero
+with reward variance (:func:`stare_lab.loss.advantages.filter_groups`: a group whose G rewards are all equal has zero
 group advantages and carries no signal), until ``num_groups`` groups are kept or ``max_rounds`` rounds were drawn.
 If no group survives, the step has nothing to train on: the caller skips the update and logs ``skipped=1`` (the
-trainer's key and meaning; :func:`stare_lab.step.prepare_step` then reports ``skip`` and leaves the STARE controller
+trainer's key and meaning; :func:`stare_lab.loss.step.prepare_step` then reports ``skip`` and leaves the STARE controller
 as it is).
 """
 
@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from stare_lab.advantages import filter_groups
+from stare_lab.loss.advantages import filter_groups
 
 __all__ = ["GroupSelection", "select_groups"]
 
@@ -57,7 +57,7 @@ def select_groups(
         The :class:`GroupSelection` (at most ``num_groups`` groups).
 
     Raises:
-        DataError: from :func:`~stare_lab.advantages.filter_groups` (non-finite rewards, a size not divisible by G).
+        DataError: from :func:`~stare_lab.loss.advantages.filter_groups` (non-finite rewards, a size not divisible by G).
     """
     picks: list[tuple[int, torch.Tensor]] = []
     kept, rounds = 0, 0

@@ -6,8 +6,8 @@ point of the other keys. Run directories: ``OUT/<method>/<label>/seed<k>`` with 
 short names of :data:`SHORT_NAMES`), or ``OUT/<method>/seed<k>`` for a method without grid keys.
 
 :func:`critical_summary` turns a sweep over ``loss.stare.reweight_w`` into ``critical.<method>`` (docs/theory.md §7,
-:mod:`stare_lab.critical`): ``strengths`` (the labelled *measured* / *predicted* / *conservative* critical strengths,
-:class:`stare_lab.critical.CriticalStrength`) and ``recommended`` (the one to act on), and the same numbers under
+:mod:`stare_lab.theory.critical`): ``strengths`` (the labelled *measured* / *predicted* / *conservative* critical strengths,
+:class:`stare_lab.theory.critical.CriticalStrength`) and ``recommended`` (the one to act on), and the same numbers under
 their older keys: ``measured_w`` (the smallest grid W whose runs hold the band on every seed),
 ``predicted_w`` (the first-order prediction: median over the held runs of their largest W*(t) over the second
 half), ``predicted_w_grpo`` (the conservative estimate: median over the GRPO seeds of W* where they first cross
@@ -26,8 +26,8 @@ import statistics
 from typing import Any
 
 from stare_lab.config import parse_overrides
-from stare_lab.critical import measured_strength, recommend, run_strengths, tolerance
-from stare_lab.summary import band_held
+from stare_lab.theory.critical import measured_strength, recommend, run_strengths, tolerance
+from stare_lab.platform.summary import band_held
 from stare_lab.errors import ConfigError
 
 __all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY"]
@@ -94,14 +94,14 @@ def critical_summary(
 ) -> dict:
     """``critical.<method>`` (module docstring) from the sweep's groups: label → ``{"method", "point", "is_stare",
     "runs": {seed: stats}}`` (optionally ``"m"``: C2's M, and ``"adaptive"``) with each run's
-    :func:`simulators.run_stats.run_stats` (the band keys of :func:`stare_lab.summary.band_held`,
+    :func:`simulators.run_stats.run_stats` (the band keys of :func:`stare_lab.platform.summary.band_held`,
     ``critical_w``, ``critical_w_measured_drift``, ``w_star_at_crossing``). Empty without a W grid. With other grid
     keys the top-level values are those of the slice at ``base`` (the preset's own values of those keys) when the
     grid has it, else of the first slice.
 
     Each slice also carries ``strengths`` — its *measured*, *predicted* and *conservative* critical strengths
-    (:class:`stare_lab.critical.CriticalStrength` records, :func:`stare_lab.critical.measured_strength` and
-    :func:`stare_lab.critical.run_strengths`) — and ``recommended`` (:func:`stare_lab.critical.recommend`). A W
+    (:class:`stare_lab.theory.critical.CriticalStrength` records, :func:`stare_lab.theory.critical.measured_strength` and
+    :func:`stare_lab.theory.critical.run_strengths`) — and ``recommended`` (:func:`stare_lab.theory.critical.recommend`). A W
     grid of an adaptive method sets the schedule's starting W, not the W it applies: it gives no *measured*
     strength (``measured_w`` None)."""
     w_values = next((v for k, v in grid if k == W_KEY), None)
@@ -130,7 +130,7 @@ def critical_summary(
             where = f"{method} W sweep" + (f" at {label}" if label else "")
             measured = None if adaptive else measured_strength(
                 held_by_w, m, f"{where}: grid {', '.join(f'{w:g}' for w in sorted(by_w))}; {n_seeds} seeds")
-            # the runs that held the band, each on its own (stare_lab.critical.run_strengths' definition: the
+            # the runs that held the band, each on its own (stare_lab.theory.critical.run_strengths' definition: the
             # predicted W here and in the strengths is one number)
             held = [r for g in by_w.values() for r in g["runs"].values() if band_held(r)]
             grpo = [g for g in groups.values() if not g["is_stare"] and g["method"] in ("grpo", "grpo-ds")

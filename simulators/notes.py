@@ -1,5 +1,5 @@
 """What ``stare-lab simulate`` tells the user after a sweep: the one-line headline (the core's verdict,
-:mod:`stare_lab.verdict`, plus the one recommended critical W with its kind), the critical-W lines (every slice of
+:mod:`stare_lab.platform.verdict`, plus the one recommended critical W with its kind), the critical-W lines (every slice of
 the grid: :func:`critical_lines`) and the notes.
 
 The notes reason from direction and regime, in this order (docs/theory.md §6–§7), for each STARE group that did not
@@ -14,13 +14,13 @@ hold the band on every seed:
 4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
    the critical strength; the note names the recommended critical W of its slice and push with its kind
    (``critical_strength``, :func:`strength_block`) when that is measured or predicted and above the group's W;
-   else the conservative first-order estimate W* (:mod:`stare_lab.critical`, seed median) where the entropy first
+   else the conservative first-order estimate W* (:mod:`stare_lab.theory.critical`, seed median) where the entropy first
    crosses H_tgt (the group's own value, with its M for C2; else GRPO's) — or, when that is below the run's W but
    the group's own second-half W* is above it, the latter (the drift grew after the crossing); when both are below
    W, the drift is mostly second order. A group whose entropy first reached H_tgt in the second half is told to
    run more steps instead. An adaptive group is told to raise ``stare.w_max`` (its W's cap).
 
-An adaptive group that held the band with W near its cap (:func:`stare_lab.verdict.near_cap`) gets a note with its
+An adaptive group that held the band with W near its cap (:func:`stare_lab.platform.verdict.near_cap`) gets a note with its
 mean W over the second half and the share of those steps at the cap: it has no headroom left.
 
 Independently of 1–4, every group (GRPO's probe push included, and a STARE group that held the band) whose push
@@ -37,11 +37,11 @@ import math
 import statistics
 from typing import Any
 
-from stare_lab.critical import (
+from stare_lab.theory.critical import (
     STRENGTH_KINDS, CriticalStrength, recommend, recommendation_text, run_strengths, variant_label,
 )
-from stare_lab.losses import loss_needs
-from stare_lab.verdict import cap_text, push_label, verdict
+from stare_lab.loss.losses import loss_needs
+from stare_lab.platform.verdict import cap_text, push_label, verdict
 
 from simulators.grid import W_KEY, point_label
 from simulators.presets import METHODS
@@ -129,8 +129,8 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
     """``summary.json``'s ``critical_strength`` (docs/theory.md §7): per slice of the grid (the grid keys other than
     W and M; ``""`` without such keys) the labelled critical strengths of its runs — *measured* from a W sweep
     (``critical.<method>``, :func:`simulators.grid.critical_summary`), *predicted* / *conservative* from the runs
-    (:func:`stare_lab.critical.run_strengths`) — and the recommended one per push (``O1``, ``C2 (M=0.9)``:
-    :func:`stare_lab.critical.recommend`); at the top ``recommended``, the one W the headline names (the preset's
+    (:func:`stare_lab.theory.critical.run_strengths`) — and the recommended one per push (``O1``, ``C2 (M=0.9)``:
+    :func:`stare_lab.theory.critical.recommend`); at the top ``recommended``, the one W the headline names (the preset's
     own slice, ``slice``; for a push the sweep ran, O1 first; O1 from GRPO alone when no STARE method ran), and
     ``rule``, the precedence."""
     facts = group_facts(summary)
@@ -209,7 +209,7 @@ def _tolerance_text(summary: dict[str, Any], sl: dict[str, Any], m: float | None
 
 
 def headline(summary: dict[str, Any]) -> str:
-    """One line that says what happened: the core's verdict (:func:`stare_lab.verdict.verdict`: which methods
+    """One line that says what happened: the core's verdict (:func:`stare_lab.platform.verdict.verdict`: which methods
     collapsed, which STARE settings held the band and at what reward, which did not), then the one recommended
     critical W with its kind (``critical_strength.recommended``, :func:`strength_block`)."""
     facts = group_facts(summary)
@@ -285,7 +285,7 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
 
 
 def _cap_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
-    """A note for every adaptive group that held the band with W near its cap (:func:`stare_lab.verdict.near_cap`):
+    """A note for every adaptive group that held the band with W near its cap (:func:`stare_lab.platform.verdict.near_cap`):
     the mean W over the second half and the share of those steps at the cap, and what that means."""
     notes = []
     for label, g in facts.items():

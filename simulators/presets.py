@@ -10,7 +10,7 @@ A *preset* is a named bundle of config overrides for one simulator *kind*:
   line can list presets and methods without loading torch.
 
 A *method* (``grpo``, ``o1``, …) is a name the simulators and analysis use for a training recipe; :data:`METHODS`
-maps it to the settings of the core's loss registry (``stare_lab.losses``) and to the simulator-level switches
+maps it to the settings of the core's loss registry (``stare_lab.loss.losses``) and to the simulator-level switches
 (dynamic sampling). :func:`method_overrides` returns those settings as config overrides, so both simulators resolve
 a method the same way.
 
@@ -41,7 +41,7 @@ import copy
 from typing import Any
 
 from stare_lab.errors import ConfigError
-from stare_lab.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
+from stare_lab.loss.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
 
 __all__ = [
     "SEED_MAX", "MAX_SEEDS", "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "method_overrides", "get_preset",

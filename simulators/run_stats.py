@@ -1,9 +1,9 @@
-"""Per-run statistics for the simulators: the core's one run summary (:func:`stare_lab.summary.run_summary`; the
+"""Per-run statistics for the simulators: the core's one run summary (:func:`stare_lab.platform.summary.run_summary`; the
 definitions are documented there) plus the first-order decomposition statistics of
-:func:`stare_lab.critical.decomposition_summary` (push ratio, critical W, W* at the H_tgt crossing).
+:func:`stare_lab.theory.critical.decomposition_summary` (push ratio, critical W, W* at the H_tgt crossing).
 
 :func:`run_stats` and :func:`fit_line` keep their signatures; :data:`STAT_KEYS` =
-:data:`stare_lab.summary.SUMMARY_KEYS` + :data:`stare_lab.critical.DECOMPOSITION_KEYS`.
+:data:`stare_lab.platform.summary.SUMMARY_KEYS` + :data:`stare_lab.theory.critical.DECOMPOSITION_KEYS`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import logging
 import math
 from typing import Any
 
-from stare_lab.critical import DECOMPOSITION_KEYS, KEY_D_RATIO, KEY_W_STAR, REGIME_RATIO, decomposition_summary, w_star
-from stare_lab.summary import SUMMARY_KEYS, fit_prediction, run_summary
+from stare_lab.theory.critical import DECOMPOSITION_KEYS, KEY_D_RATIO, KEY_W_STAR, REGIME_RATIO, decomposition_summary, w_star
+from stare_lab.platform.summary import SUMMARY_KEYS, fit_prediction, run_summary
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ STAT_KEYS = SUMMARY_KEYS + DECOMPOSITION_KEYS
 
 
 def fit_line(pred: list[float], meas: list[float]) -> dict[str, float | None]:
-    """``{"slope", "intercept", "r2", "rel_err"}`` of :func:`stare_lab.summary.fit_prediction` (measured on
+    """``{"slope", "intercept", "r2", "rel_err"}`` of :func:`stare_lab.platform.summary.fit_prediction` (measured on
     predicted; the line needs 3 pairs, ``rel_err`` = ‖meas − pred‖ / ‖meas‖ from 1 pair; None where undefined)."""
     fit = fit_prediction(pred, meas)
     return {k: fit[k] for k in ("slope", "intercept", "r2", "rel_err")}
@@ -34,9 +34,9 @@ def step_observables(d_grpo: float | None, d_lplus: float | None, d_lminus: floa
                      m: float = 1.0) -> dict[str, float | None]:
     """Two per-step calibration observables of docs/theory.md §8 from a step's D terms (nats), as every simulator
     logs them: ``pred/d_ratio`` = D_L+/|D_GRPO| (None when D_GRPO is 0 or a term is missing) and ``pred/w_star``
-    = W*(t) (:func:`stare_lab.critical.w_star` with the run's M, ``m`` = 1 for O1; ``inf`` — written as null —
+    = W*(t) (:func:`stare_lab.theory.critical.w_star` with the run's M, ``m`` = 1 for O1; ``inf`` — written as null —
     when no W cancels the drift). The third, ``pred/lplus_above_sstar``, needs the tokens
-    (:func:`stare_lab.first_order.share_above_critical`)."""
+    (:func:`stare_lab.theory.first_order.share_above_critical`)."""
     ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (d_grpo, d_lplus))
     return {KEY_D_RATIO: d_lplus / abs(d_grpo) if ok and d_grpo != 0 else None,
             KEY_W_STAR: w_star(d_grpo, d_lplus, d_lminus, m)}
@@ -53,9 +53,9 @@ def run_stats(
     w_max: float | None = None,
     push_efficiency: float = 1.0,
 ) -> dict[str, Any]:
-    """:func:`stare_lab.summary.run_summary` of ``rows`` with these settings (``w_max``: the adaptive schedule's
+    """:func:`stare_lab.platform.summary.run_summary` of ``rows`` with these settings (``w_max``: the adaptive schedule's
     cap on W, None for a run without it) plus
-    :func:`stare_lab.critical.decomposition_summary` (``reweight_m``: the run's M for C2, 1 for O1; ``window``: D
+    :func:`stare_lab.theory.critical.decomposition_summary` (``reweight_m``: the run's M for C2, 1 for O1; ``window``: D
     terms summed over that many steps; ``push_efficiency``: the share of the push a tabular toy applies) — a dict
     with :data:`STAT_KEYS`.
 

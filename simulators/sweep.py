@@ -3,7 +3,7 @@ the end table.
 
 Layout written under ``out``::
 
-    out/<method>/seed<k>/          one run directory per (method, seed) (stare_lab.runs format)
+    out/<method>/seed<k>/          one run directory per (method, seed) (stare_lab.platform.runs format)
     out/<method>/<label>/seed<k>/  with ``--sweep`` grids: one per (method, grid point, seed), label ``W=1.2,lr=1``
                                    (:mod:`simulators.grid`; a method only sees the grid keys that change its runs)
     out/summary.json               per group (a method, or a method at one grid point): every seed's statistics
@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
-from stare_lab.verdict import group_outcome
+from stare_lab.platform.verdict import group_outcome
 
 from simulators.grid import critical_summary, method_points, parse_grid, point_label
 from simulators.presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
@@ -101,9 +101,9 @@ def group_label(method: str, point: dict[str, Any]) -> str:
 
 
 def uses_stare(method: str) -> bool:
-    """Whether ``method``'s loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.losses.loss_needs`):
+    """Whether ``method``'s loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.loss.losses.loss_needs`):
     only such methods see ``loss.stare.*`` grid keys."""
-    from stare_lab.losses import loss_needs
+    from stare_lab.loss.losses import loss_needs
 
     loss = method_overrides(method)["loss"]
     return loss_needs(loss["loss_mode"]).stare
@@ -199,7 +199,7 @@ def _normalise_override(item: str) -> str:
 
 
 def method_set_keys(method: str) -> set[str]:
-    """Dotted config keys whose value ``method`` sets (:data:`stare_lab.methods.METHODS`), so that an override of
+    """Dotted config keys whose value ``method`` sets (:data:`stare_lab.loss.methods.METHODS`), so that an override of
     them would be silently replaced: ``loss.loss_mode``, the method's ``loss.stare.*`` settings and, for methods
     that switch it on, ``dynamic_sampling``."""
     spec = method_overrides(method)
@@ -405,7 +405,7 @@ def run_sweep(
     for label, g in plan.groups.items():
         runs = {f"seed{s}": stats[(label, s)] for s in plan.seeds}
         mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
-        outcome = group_outcome(list(runs.values()))  # the verdict's definitions (stare_lab.verdict)
+        outcome = group_outcome(list(runs.values()))  # the verdict's definitions (stare_lab.platform.verdict)
         mean["collapsed_runs"], mean["held_runs"] = outcome["collapsed"], outcome["held"]
         per_group[label] = {
             "method": g["method"], "point": g["point"], "stare": g["stare"], "runs": runs, "mean": mean,
@@ -437,7 +437,7 @@ def run_sweep(
 
 def _push_of(config: Any) -> dict[str, Any]:
     """``{"m": C2's M or None, "adaptive": bool}`` of a run config (the push a critical strength is for)."""
-    from stare_lab.losses import loss_needs
+    from stare_lab.loss.losses import loss_needs
 
     st = config.loss.stare
     stare = loss_needs(config.loss.loss_mode, config.loss).stare
@@ -467,7 +467,7 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 def format_table(summary: dict[str, Any]) -> str:
     """The end-of-sweep table: per group (mean over seeds) initial / final entropy (nats), H_tgt, steps to
     collapse (mean over the seeds that collapsed, and how many did), final reward, time in band, the mean
-    |H − H_tgt| over the second half and how many seeds held the band (:func:`stare_lab.summary.band_held`), the push ratio (STARE's measured
+    |H − H_tgt| over the second half and how many seeds held the band (:func:`stare_lab.platform.summary.band_held`), the push ratio (STARE's measured
     one-step effect over its first-order size) and the R² of measured on predicted one-step ΔH."""
     n_seeds = len(summary["seeds"])
     width = max([15] + [len(k) + 2 for k in summary["methods"]])

@@ -1,4 +1,4 @@
-"""The simulators' output directories (the one ``--out`` policy of :mod:`stare_lab.outdir`): for a sweep, what
+"""The simulators' output directories (the one ``--out`` policy of :mod:`stare_lab.platform.outdir`): for a sweep, what
 ``--out`` may hold, what ``--resume`` may continue, the runs of a previous sweep that ``--overwrite`` removes, and
 their removal (only what a simulator run wrote); for a calibration, the same rules over what it writes."""
 
@@ -50,7 +50,7 @@ def check_writable_dir(out: Path) -> None:
 
 
 def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, overwrite: bool) -> None:
-    """The one ``--out`` policy at the sweep's level (:mod:`stare_lab.outdir`): ``out`` holding another kind of
+    """The one ``--out`` policy at the sweep's level (:mod:`stare_lab.platform.outdir`): ``out`` holding another kind of
     output (a trainer or single run, an evaluation) is refused whatever the options; a previous sweep
     (``summary.json``) is refused without ``--resume`` / ``--overwrite``, and ``--resume`` must cover every run it
     lists (its summary would otherwise lose them), or for an interrupted sweep without a summary every simulator
@@ -60,7 +60,7 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
     Raises:
         RunError: one line naming what ``out`` holds and what to do.
     """
-    from stare_lab.outdir import SWEEP, check_kind, check_outside_writers
+    from stare_lab.platform.outdir import SWEEP, check_kind, check_outside_writers
 
     check_kind(out, SWEEP)
     check_outside_writers(out)
@@ -194,14 +194,14 @@ def clear_run(run_dir: Path) -> None:
 
 
 def claim_calibration_out(out: Path, overwrite: bool, outputs: Sequence[str]) -> None:
-    """The ``--out`` policy (:mod:`stare_lab.outdir`) for a calibration, under ``out``'s lock: another kind of output
+    """The ``--out`` policy (:mod:`stare_lab.platform.outdir`) for a calibration, under ``out``'s lock: another kind of output
     or a directory inside another live writer's is refused; a previous calibration without ``overwrite`` too, with
     it only what a calibration writes (``outputs``) is removed.
 
     Raises:
         RunError: one line naming what ``out`` holds and what to do.
     """
-    from stare_lab.outdir import CALIBRATION, check_kind, check_outside_writers
+    from stare_lab.platform.outdir import CALIBRATION, check_kind, check_outside_writers
 
     check_kind(out, CALIBRATION)
     check_outside_writers(out)

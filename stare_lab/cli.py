@@ -6,7 +6,7 @@ one sub-parser and sets ``func`` (``func(args) -> int`` exit code) as its defaul
 callers: the commands are discovered with :mod:`importlib.metadata`. A subcommand whose wing cannot be imported
 (extras not installed) still appears and says why it is unavailable.
 
-Plugins (:mod:`stare_lab.plugins`): ``--plugin NAME`` (repeatable; a module name or a path to a ``.py`` file) and
+Plugins (:mod:`stare_lab.platform.plugins`): ``--plugin NAME`` (repeatable; a module name or a path to a ``.py`` file) and
 the installed entry points of group ``stare_lab.plugins`` are loaded after parsing, before any subcommand runs; a
 plugin that fails to import is one error line naming it.
 """
@@ -22,9 +22,9 @@ import threading
 from importlib import metadata
 from typing import Sequence
 
-from . import __version__
-from .errors import StareLabError
-from .threads import set_thread_defaults
+from stare_lab import __version__
+from stare_lab.errors import StareLabError
+from stare_lab.platform.threads import set_thread_defaults
 
 ENTRY_POINT_GROUP = "stare_lab.commands"
 
@@ -112,12 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    set_thread_defaults()  # before any command imports torch (stare_lab.threads)
+    set_thread_defaults()  # before any command imports torch (stare_lab.platform.threads)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None  # cleans up as Ctrl-C does
     _HANDLER_PID.append(os.getpid())
     try:
-        from .plugins import load_plugins
+        from stare_lab.platform.plugins import load_plugins
 
         load_plugins(args.plugin)
         return int(args.func(args) or 0)

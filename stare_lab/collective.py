@@ -1,6 +1,6 @@
 """A small collective protocol for the step preparation: tensor reductions over the data-parallel ranks.
 
-:func:`stare_lab.step.prepare_step` needs exactly two operations, both on tensors (never pickled Python objects):
+:func:`stare_lab.loss.step.prepare_step` needs exactly two operations, both on tensors (never pickled Python objects):
 an element-wise sum (``all_reduce``) and, through it, a sum of named tensors in one call (:func:`reduce_named`).
 :class:`LocalCollective` is the one-process default (a no-op); :class:`TorchCollective` runs them with
 ``torch.distributed`` (gloo on CPU, NCCL on GPUs). Anything with the same three members works (a test can count the
@@ -14,7 +14,7 @@ from typing import Mapping, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from .errors import DataError
+from stare_lab.errors import DataError
 
 __all__ = ["Collective", "LocalCollective", "TorchCollective", "default_collective", "reduce_named"]
 

@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping, TypeVar
 
-from .errors import ConfigError
+from stare_lab.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -518,9 +518,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
     Raises:
         ConfigError: if the file is missing, unreadable, larger than 16 MiB, not UTF-8, not valid YAML, or not a
-            mapping at top level (one line naming the file and line: :func:`stare_lab.files.read_yaml`).
+            mapping at top level (one line naming the file and line: :func:`stare_lab.platform.files.read_yaml`).
     """
-    from .files import read_yaml
+    from stare_lab.platform.files import read_yaml
 
     return read_yaml(path, "config file", ConfigError)
 

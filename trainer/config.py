@@ -23,7 +23,7 @@ Every default lives here and is printed into the run's ``config.yaml``. Errors a
 ``method`` alone selects the loss, as in the simulators: :func:`load_trainer_config` fills in what the method
 implies (``loss.loss_mode``, the ``loss.stare`` settings it fixes, ``algorithm.dynamic_sampling: true`` for
 ``grpo-ds``) wherever the config does not set them; a setting the config does give must agree with the method.
-``plugins`` are imported (:func:`stare_lab.plugins.load_plugins`, with the installed entry-point plugins) before
+``plugins`` are imported (:func:`stare_lab.platform.plugins.load_plugins`, with the installed entry-point plugins) before
 the method is looked up, by every process that loads the config — so every torchrun rank has the plugin's loss.
 """
 
@@ -45,8 +45,8 @@ from stare_lab.config import (
     to_dict,
 )
 from stare_lab.errors import ConfigError
-from stare_lab.methods import METHODS as _METHODS, check_method, method_overrides
-from stare_lab.plugins import load_plugins
+from stare_lab.loss.methods import METHODS as _METHODS, check_method, method_overrides
+from stare_lab.platform.plugins import load_plugins
 
 from trainer.tools.config import ToolUseConfig
 
@@ -221,7 +221,7 @@ class AlgorithmConfig:
     """Advantages, dynamic sampling, truncation handling (docs/theory.md §3).
 
     Attributes:
-        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
+        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.loss.advantages``).
         adv_eps: ε of the GRPO std normalisation.
         quantile_k: K of QAE.
         dynamic_sampling: keep only groups with non-zero reward variance (DAPO), regenerating up to
@@ -447,7 +447,7 @@ class TrainerConfig:
             for a setup outside the table. A method given in the YAML or as an override also fills in the loss settings
             it implies that the config leaves out (:func:`load_trainer_config`).
         plugins: modules (names, or paths to ``.py`` files) imported before the method and the loss are resolved
-            (:mod:`stare_lab.plugins`): a loss and method registered outside the package, on every rank.
+            (:mod:`stare_lab.platform.plugins`): a loss and method registered outside the package, on every rank.
         seed: the run's seed: data order, sampling and initialisation of everything random derive from it.
         out_dir: run directory (``metrics.jsonl``, ``config.yaml``, ``checkpoint/``).
         source: always ``trainer`` (run-directory convention).
@@ -580,11 +580,11 @@ def load_trainer_config(
 
     Raises:
         ConfigError: missing/invalid file, unknown key, wrong type or out-of-range value (naming the dotted key), a
-            method the loss settings contradict; :class:`~stare_lab.plugins.PluginError` for a plugin that fails to
+            method the loss settings contradict; :class:`~stare_lab.platform.plugins.PluginError` for a plugin that fails to
             import.
     """
     data = config_data(path)
-    # a run's config.yaml carries the provenance block RunWriter adds (stare_lab.runs.versions); it is no setting,
+    # a run's config.yaml carries the provenance block RunWriter adds (stare_lab.platform.runs.versions); it is no setting,
     # so the file loads back as the run's config (an override of it is still an unknown key)
     data.pop("versions", None)
     data = apply_overrides(data, overrides)

@@ -39,7 +39,7 @@ def _read_file(path: str) -> list[dict]:
             raise DataError(f"{path}: reading a datasets dataset needs the `datasets` package") from err
         _, name, split = (path.split(":", 2) + ["train"])[:3]
         return [dict(r) for r in datasets.load_dataset(name, split=split)]
-    from stare_lab.files import check_file, iter_jsonl
+    from stare_lab.platform.files import check_file, iter_jsonl
 
     if Path(path).suffix == ".parquet":
         p = check_file(path, "data file", DataError)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from stare_lab.errors import ConfigError, RunError
-from stare_lab.files import read_json
+from stare_lab.platform.files import read_json
 
 __all__ = ["check_out_dir", "make_out_dir", "model_max_positions"]
 

@@ -104,7 +104,7 @@ class TabularSimConfig:
             ``ds_max_rounds`` rounds of fresh rollouts; set by method ``grpo-ds``.
         ds_max_rounds: ≥ 1 sampling rounds per step under dynamic sampling.
         entropy_bonus_coeff: β > 0 used by method ``entropy_bonus`` when ``loss.entropy_coeff`` is 0.
-        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.advantages``).
+        advantage_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (``stare_lab.loss.advantages``).
         target_entropy_rel: > 0 or ``None``; if set, H_tgt = rel × the reward-optimal entropy of the task
             (nats): the mean over states of ln K_state, the entropy of the policy uniform over the K correct tokens
             of every position (docs/theory.md §7; ln V per position under ``random`` rewards, where every policy is
@@ -237,9 +237,9 @@ class TabularSimConfig:
 
     @property
     def is_stare(self) -> bool:
-        """True when the loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.losses.loss_needs`):
+        """True when the loss uses the STARE gate and W/M (its declared needs, :func:`stare_lab.loss.losses.loss_needs`):
         the run has a STARE controller."""
-        from stare_lab.losses import loss_needs  # here: the losses import torch, a config is validated without it
+        from stare_lab.loss.losses import loss_needs  # here: the losses import torch, a config is validated without it
 
         return loss_needs(self.loss.loss_mode, self.loss).stare
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
-from stare_lab.entropy import entropy_from_logits
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
+from stare_lab.loss.entropy import entropy_from_logits
 from stare_lab.errors import RunError
 
 from simulators.run_stats import step_observables
@@ -67,8 +67,8 @@ def batch_step(
     tables ``pol`` (:func:`~simulators.tabular.step.policy_tables` of ``batch.logits``; computed if not given):
     returns (Δz ``[R, S, L, V]`` float64, one metrics row per run without ``step`` / ``time/step_s`` and without the
     keys that need the entropy after the update, the :class:`Pending` values that :func:`finish_rows` completes them
-    with), nothing applied. The controllers are updated (once, by :func:`stare_lab.step.prepare_step` /
-    :func:`~stare_lab.step.step_gate`) and the generators advanced."""
+    with), nothing applied. The controllers are updated (once, by :func:`stare_lab.loss.step.prepare_step` /
+    :func:`~stare_lab.loss.step.step_gate`) and the generators advanced."""
     t0 = time.perf_counter()
     tau = batch.base.temperature
     pol = policy_tables(batch.logits, tau) if pol is None else pol

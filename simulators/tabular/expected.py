@@ -20,15 +20,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stare_lab.critical import KEY_LPLUS_ABOVE
-from stare_lab.first_order import share_above_critical
-from stare_lab.step import step_gate
+from stare_lab.theory.critical import KEY_LPLUS_ABOVE
+from stare_lab.theory.first_order import share_above_critical
+from stare_lab.loss.step import step_gate
 
 from simulators.tabular.step import Policy, StepParts, quadrant_stats
 
 __all__ = ["success_given_token", "top_mass_selected", "top_mass_fraction", "gate_decisions", "expected_parts"]
 
-#: ε of the GRPO advantage (the default of ``stare_lab.advantages.group_advantages``; docs/theory.md §3)
+#: ε of the GRPO advantage (the default of ``stare_lab.loss.advantages.group_advantages``; docs/theory.md §3)
 GRPO_EPS = 1e-6
 
 
@@ -120,10 +120,10 @@ def top_mass_fraction(surprisal: torch.Tensor, mass: torch.Tensor, frac: float |
 
 
 def gate_decisions(batch, h_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every run's STARE gate and W/M from the core's one gate rule (:func:`stare_lab.step.step_gate`: its controller
+    """Every run's STARE gate and W/M from the core's one gate rule (:func:`stare_lab.loss.step.step_gate`: its controller
     updated once with its gate entropy ``h_gate [R]``, nats) → (gate_on ``[R]`` bool, W ``[R]``, M ``[R]``
     float64); (False, 1, 1) for a loss without STARE. The mean-field step has no token batch to prepare (the G → ∞
-    batch is the policy itself), so this is all of :func:`stare_lab.step.prepare_step` that applies."""
+    batch is the policy itself), so this is all of :func:`stare_lab.loss.step.prepare_step` that applies."""
     out = [step_gate(c.loss, ctl, h, needs=n)
            for c, ctl, n, h in zip(batch.configs, batch.controllers, batch.needs, h_gate.tolist())]
     f64 = torch.float64

@@ -16,9 +16,9 @@ one run driver (:func:`simulators.driver.drive`: steps numbered from 1, checkpoi
 Two modes (one step each: :mod:`simulators.tabular.sampled`, :mod:`simulators.tabular.expected`; assembled by
 :mod:`simulators.tabular.engine`):
 
-* ``sampled``: each step draws G responses per prompt, rewards, group advantages (``stare_lab.advantages``),
+* ``sampled``: each step draws G responses per prompt, rewards, group advantages (``stare_lab.loss.advantages``),
   optional dynamic sampling (:mod:`simulators.dynamic_sampling`), the core's step preparation
-  (:func:`stare_lab.step.prepare_step`: the STARE gate and W/M, ω, counts, the loss's declared statistics), and one
+  (:func:`stare_lab.loss.step.prepare_step`: the STARE gate and W/M, ω, counts, the loss's declared statistics), and one
   plain SGD step on the logits. **Learning-rate scaling**: the
   update at every state is docs/theory.md §2's group update Δz = (lr/G) Σ_i Â_i ω_i (e_{a_i} − π)/τ, i.e.
   ``z ← z − lr·(n·L)·∂loss/∂z`` for the token-mean loss over the n·G·L tokens of n groups: ``lr`` means the same
@@ -27,14 +27,14 @@ Two modes (one step each: :mod:`simulators.tabular.sampled`, :mod:`simulators.ta
   respect to the sampled log-probs through ∂log π_a/∂z = (e_a − π)/τ. Both are the gradient of the core loss
   (tested against autograd through ``compute_policy_loss`` and ``logprobs_from_logits``).
 * ``expected``: the mean-field limit G → ∞ of the same objective (see :mod:`simulators.tabular.expected`); its gate
-  and W/M come from the core's one gate rule (:func:`stare_lab.step.step_gate`).
+  and W/M come from the core's one gate rule (:func:`stare_lab.loss.step.step_gate`).
 
-Every step logs, per run (besides ``stare_lab.runs.REQUIRED_KEYS``): ``skipped`` (1 when dynamic sampling kept no
+Every step logs, per run (besides ``stare_lab.platform.runs.REQUIRED_KEYS``): ``skipped`` (1 when dynamic sampling kept no
 group: the update is skipped and the controller left as it is; the trainer's key); ``entropy`` = mean entropy over all S·L states
 before the update (without dynamic sampling exactly the batch token-mean entropy, since every response visits every
 position); ``entropy_change`` = the same mean after minus before; ``pred_entropy_change`` = the exact first order
-⟨∂H/∂z, Δz⟩ of this step's Δz averaged the same way (∂H/∂z by autograd through ``stare_lab.entropy``; equal to
-``stare_lab.first_order.predicted_entropy_change``); quadrant counts and summed first-order ΔH contributions (Â sign ×
+⟨∂H/∂z, Δz⟩ of this step's Δz averaged the same way (∂H/∂z by autograd through ``stare_lab.loss.entropy``; equal to
+``stare_lab.theory.first_order.predicted_entropy_change``); quadrant counts and summed first-order ΔH contributions (Â sign ×
 surprisal above/below the critical surprisal s*, docs/theory.md §2); ``reward`` (mean reward), ``accuracy`` and
 ``pass@G`` (the verifiable rule without noise) over every response sampled in the step (all dynamic-sampling rounds,
 as the trainer's ``reward``); ``time/*``; and the decomposition of docs/theory.md §7 (nats, same averaging):
@@ -70,8 +70,8 @@ from typing import Any, Callable
 import torch
 
 from stare_lab.config import from_dict, to_dict
-from stare_lab.entropy import entropy_from_logits
-from stare_lab.stare import STAREController
+from stare_lab.loss.entropy import entropy_from_logits
+from stare_lab.loss.stare import STAREController
 
 from simulators.driver import drive
 from simulators.run_stats import REGIME_RATIO, run_stats
@@ -138,7 +138,7 @@ def target_warning(config: TabularSimConfig, h_opt: float) -> str | None:
 
 
 def mean_entropy(logits: torch.Tensor, temperature: float) -> float:
-    """Mean over all states of the entropy (nats) of softmax(logits / τ) (``stare_lab.entropy``)."""
+    """Mean over all states of the entropy (nats) of softmax(logits / τ) (``stare_lab.loss.entropy``)."""
     return float(entropy_from_logits(logits, temperature=temperature).double().mean())
 
 
@@ -171,7 +171,7 @@ def summarize(rows: list[dict[str, Any]], config: TabularSimConfig, final_entrop
 
 
 def critical_window(config: TabularSimConfig) -> int:
-    """Steps per window of the D terms in the critical-W estimates (:mod:`stare_lab.critical`): 1 in expected mode
+    """Steps per window of the D terms in the critical-W estimates (:mod:`stare_lab.theory.critical`): 1 in expected mode
     (the exact mean-field series), 5 % of the run in sampled mode (sums over windows average the sampling noise)."""
     return 1 if config.mode == "expected" else max(1, config.steps // 20)
 

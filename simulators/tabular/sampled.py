@@ -5,17 +5,17 @@ Per step and run: G responses per prompt drawn by inverse-CDF sampling from the 
 ``[S, L, G]``, then the reward draws), rewards, optional dynamic sampling (the simulators' one rule,
 :func:`simulators.dynamic_sampling.select_groups`: refilling up to ``ds_max_rounds`` rounds, at most S groups kept;
 a step where none survives skips its update, ``skipped=1``), group advantages
-(``stare_lab.advantages.group_advantages``, one call for the whole batch: groups are contiguous), then the core's
-step preparation per run (:func:`stare_lab.step.prepare_step` on the run's kept tokens): the gate and W/M (from the
+(``stare_lab.loss.advantages.group_advantages``, one call for the whole batch: groups are contiguous), then the core's
+step preparation per run (:func:`stare_lab.loss.step.prepare_step` on the run's kept tokens): the gate and W/M (from the
 batch token-mean entropy; under dynamic sampling that of the kept batch, as in the trainer), ω (scope ``global``),
 the token counts and every global statistic the loss declares. The D terms of docs/theory.md §7 need both selected
 sets L+ / L− of every run: those the preparation kept when it selected both (a C2 run with its gate on), else
-``stare_lab.stare.select_stare_sets`` with variant C2 over the run's whole batch (runs whose gate is off, O1 runs, runs
+``stare_lab.loss.stare.select_stare_sets`` with variant C2 over the run's whole batch (runs whose gate is off, O1 runs, runs
 without STARE).
 
 Update. For the losses of :data:`CLOSED_FORMS` (token-mean aggregation, no entropy/KL/TIS term) the gradient of the
 core loss at ρ = 1 is ∂loss/∂log π_a = −Â·ω/N per token, so the step is the closed form Δz = (lr/G) Σ_i Â_i ω_i
-(e_{a_i} − π)/τ (tested equal to the gradient of ``stare_lab.losses.compute_policy_loss`` through autograd). Every
+(e_{a_i} − π)/τ (tested equal to the gradient of ``stare_lab.loss.losses.compute_policy_loss`` through autograd). Every
 other loss — any registered loss, also one registered outside the package — goes through ``compute_policy_loss`` per
 run on leaf log-probs (and a leaf entropy when the loss differentiates through it) with the inputs the step
 preparation built (``PreparedStep.inputs``), and its gradient is chained through ∂log π_a/∂z = (e_a − π)/τ and
@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from stare_lab.advantages import group_advantages
-from stare_lab.critical import KEY_LPLUS_ABOVE
-from stare_lab.first_order import share_above_critical
-from stare_lab.losses import compute_policy_loss
-from stare_lab.stare import select_stare_sets
-from stare_lab.step import PreparedStep, StepBatch, prepare_step
+from stare_lab.loss.advantages import group_advantages
+from stare_lab.theory.critical import KEY_LPLUS_ABOVE
+from stare_lab.theory.first_order import share_above_critical
+from stare_lab.loss.losses import compute_policy_loss
+from stare_lab.loss.stare import select_stare_sets
+from stare_lab.loss.step import PreparedStep, StepBatch, prepare_step
 
 from simulators.dynamic_sampling import select_groups
 from simulators.tabular.step import Policy, StepParts, quadrant_stats, scatter_parts
@@ -127,7 +127,7 @@ def _selected_sets(batch, logp_tok: torch.Tensor, adv: torch.Tensor, kept: list[
                    preps: list[PreparedStep | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """L+ and L− ``[R, S, G, L]`` bool of every run: the core's sets over the run's kept tokens with the run's P,
     both sets whatever the run's variant and gate (for the D terms) — the ones ``preps[r]`` kept when its
-    preparation selected both, else :func:`stare_lab.stare.select_stare_sets` (variant C2)."""
+    preparation selected both, else :func:`stare_lab.loss.stare.select_stare_sets` (variant C2)."""
     R, S, G, L = logp_tok.shape
     lplus = torch.zeros(R, S, G, L, dtype=torch.bool)
     lminus = torch.zeros(R, S, G, L, dtype=torch.bool)

@@ -1,9 +1,9 @@
 """The pieces every tabular step shares: the run state and the batch of runs, the policy tables, the token
 decomposition of an update and the quadrant statistics (see :mod:`simulators.tabular.runner` for the logged keys).
 
-First order. With H the entropy of a state and g = ∂H/∂z (autograd through ``stare_lab.entropy.entropy_from_logits``;
+First order. With H the entropy of a state and g = ∂H/∂z (autograd through ``stare_lab.loss.entropy.entropy_from_logits``;
 docs/theory.md §2: ∂H/∂u_k = −π_k(log π_k + H), u = z/τ), a logit change Δz changes the entropy by ⟨g, Δz⟩ to first
-order (= ``stare_lab.first_order.predicted_entropy_change``). A token a sampled with coefficient c in
+order (= ``stare_lab.theory.first_order.predicted_entropy_change``). A token a sampled with coefficient c in
 Δz = Σ c (e_a − π)/τ contributes c·Ψ(a) with Ψ(a) = ⟨g, e_a − π⟩/τ = Φ(a)/τ² (Φ the entropy sensitivity of
 docs/theory.md §2), so sign Ψ(a) = sign(s_a − s*) splits the tokens into the four quadrants.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from stare_lab.entropy import entropy_from_logits
-from stare_lab.first_order import critical_surprisal
-from stare_lab.losses import loss_needs
+from stare_lab.loss.entropy import entropy_from_logits
+from stare_lab.theory.first_order import critical_surprisal
+from stare_lab.loss.losses import loss_needs
 
 __all__ = [
     "TabularState", "TabularBatch", "stack_states", "BATCH_FIELDS", "batch_key", "Policy", "StepParts",
@@ -42,7 +42,7 @@ class TabularState:
 class TabularBatch:
     """R runs advanced together: ``configs`` (resolved, one per run), ``logits [R, S, L, V]`` float64,
     ``correct [R, S, L, V]`` bool, one rollout ``generators[r]`` and ``controllers[r]`` (or None) per run. Cached per
-    run: ``needs[r]`` (:func:`stare_lab.losses.loss_needs` of its loss), the ``[R]`` float64 tensors ``lr``,
+    run: ``needs[r]`` (:func:`stare_lab.loss.losses.loss_needs` of its loss), the ``[R]`` float64 tensors ``lr``,
     ``reward_noise``, ``random_reward_p``, ``top_p`` (STARE's P), ``entropy_coeff`` and the bool tensors
     ``is_stare`` (the loss uses the STARE gate and W/M) and ``is_c2`` (its variant is C2)."""
 
@@ -120,7 +120,7 @@ def batch_key(config: Any) -> tuple:
 class Policy:
     """The policy tables of a batch (all ``[R, S, L, V]`` float64 unless noted): ``logp`` = log π, ``pi`` = π,
     ``entropy`` ``[R, S, L]`` (nats), ``grad`` = ∂H/∂z, ``psi`` = Ψ (module docstring), ``sstar`` ``[R, S, L]`` the
-    critical surprisal s* of each state (nats, :func:`stare_lab.first_order.critical_surprisal`)."""
+    critical surprisal s* of each state (nats, :func:`stare_lab.theory.first_order.critical_surprisal`)."""
 
     logp: torch.Tensor
     pi: torch.Tensor
@@ -147,7 +147,7 @@ class StepParts:
 
 def policy_tables(logits: torch.Tensor, temperature: float) -> Policy:
     """π, log π = log_softmax(z/τ) (the policy's definition, docs/theory.md §1), the entropy and its gradient from the
-    core (``stare_lab.entropy.entropy_from_logits`` and autograd), Ψ and s* (``stare_lab.first_order``), for
+    core (``stare_lab.loss.entropy.entropy_from_logits`` and autograd), Ψ and s* (``stare_lab.theory.first_order``), for
     ``logits [R, S, L, V]``."""
     z = logits.detach().clone().requires_grad_(True)
     ent = entropy_from_logits(z, temperature=temperature)

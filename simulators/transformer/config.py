@@ -25,7 +25,7 @@ from stare_lab.config import (
     join_key,
 )
 from stare_lab.errors import ConfigError
-from stare_lab.methods import METHODS
+from stare_lab.loss.methods import METHODS
 
 from simulators.presets import SEED_MAX
 from simulators.presets import TRANSFORMER_DESCRIPTIONS as PRESET_DESCRIPTIONS
@@ -119,8 +119,8 @@ class TransformerSimConfig:
     """One small-transformer run: one method, one seed. Every default is here and lands in ``config.yaml``.
 
     Attributes:
-        method: one of :data:`stare_lab.methods.METHODS` (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, …, and
-            methods registered with :func:`stare_lab.methods.register_method`).
+        method: one of :data:`stare_lab.loss.methods.METHODS` (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, …, and
+            methods registered with :func:`stare_lab.loss.methods.register_method`).
         seed: integer in [0, 2**31 − 1]; seeds model init, prompts, sampling, everything (same seed ⇒ same numbers).
         steps: RL steps (≥ 1).
         prompts_per_step: prompts per RL batch (≥ 1).
@@ -134,7 +134,7 @@ class TransformerSimConfig:
             0 = constant lr.
         grad_clip: max gradient norm (> 0; paper 1.0).
         updates_per_batch: optimizer updates per rollout batch (≥ 1; paper 1 = on-policy, clipping inert).
-        adv_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (:func:`stare_lab.advantages.group_advantages`).
+        adv_estimator: ``grpo``, ``dr_grpo``, ``rloo`` or ``qae`` (:func:`stare_lab.loss.advantages.group_advantages`).
         dynamic_sampling: DAPO dynamic sampling (set by method ``grpo-ds``): keep groups with non-zero reward
             variance until ``prompts_per_step`` groups are collected or ``ds_max_rounds`` (≥ 1) rollout rounds are
             spent (the simulators' one rule, :mod:`simulators.dynamic_sampling`); then train on what was kept (if
@@ -145,7 +145,7 @@ class TransformerSimConfig:
         eval_samples: samples per held-out prompt k (≥ 1): ``eval/accuracy`` = mean reward, ``eval/pass@k``.
         checkpoint_every: checkpoint period in steps (≥ 1; the last step always checkpoints).
         measure_decomposition: log the D terms of docs/theory.md §7 per step (``pred/d_grpo``, ``pred/d_lplus``,
-            ``pred/d_lminus`` for C2: the first update's Adam-linearised split, :mod:`stare_lab.decomposition`), from
+            ``pred/d_lminus`` for C2: the first update's Adam-linearised split, :mod:`stare_lab.theory.decomposition`), from
             which ``summary.json`` and ``analyze`` give W*(t) and the predicted critical W. Two (C2: three) extra
             backward passes per step.
         task, model, warm_start: sub-configs.

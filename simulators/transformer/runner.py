@@ -4,7 +4,7 @@ Reads top to bottom:
 
 1. **Model** — a ``transformers`` Qwen2 (or Llama) causal LM with tiny dimensions (default: vocab 14, hidden 64,
    FFN 256, 2 layers, 2 heads, 1 KV head ≈ 124k parameters, fp32), random init from the seed. Log-probs and entropy
-   of sampled tokens come from :mod:`stare_lab.entropy`, the same code path the trainer uses.
+   of sampled tokens come from :mod:`stare_lab.loss.entropy`, the same code path the trainer uses.
 2. **Task** — :mod:`simulators.transformer.tasks` (``pick``: several correct answers per prompt; ``sort``: one), prompts from
    the seed, disjoint train / held-out splits, a checker giving 0/1 rewards (optionally a noisy verifier for
    training, ``task.reward_noise``; accuracy and evaluation always use the exact verdicts).
@@ -17,10 +17,10 @@ Reads top to bottom:
    ``prompts_per_step`` train prompts × ``group_size`` responses sampled at ``temperature`` (a KV-cache sampling
    loop with a seeded ``torch.Generator``), rewards from the checker, optional dynamic sampling (the simulators' one
    rule, :mod:`simulators.dynamic_sampling`: a step where no group survives skips its update, ``skipped=1``),
-   advantages from :func:`stare_lab.advantages.group_advantages`, the core's step preparation
-   (:func:`stare_lab.step.prepare_step`: the STARE gate and W/M from :class:`stare_lab.stare.STAREController`, ω
+   advantages from :func:`stare_lab.loss.advantages.group_advantages`, the core's step preparation
+   (:func:`stare_lab.loss.step.prepare_step`: the STARE gate and W/M from :class:`stare_lab.loss.stare.STAREController`, ω
    over the step's batch, the token counts and the global statistics the loss declares), the method's policy loss
-   from the core registry (:func:`stare_lab.losses.compute_policy_loss` on ``PreparedStep.inputs``), AdamW (``lr``,
+   from the core registry (:func:`stare_lab.loss.losses.compute_policy_loss` on ``PreparedStep.inputs``), AdamW (``lr``,
    default 1e-3, optional linear warm-up ``lr_warmup_steps``; ``adam_beta1/2``, ``adam_eps``; grad-norm clip
    ``grad_clip``). Every forward computes a group's shared prompt once and runs its G responses on that KV cache
    (:func:`response_logits`). ``updates_per_batch = 1`` is the paper's one on-policy update (ratio ≡ 1); more
@@ -32,23 +32,23 @@ Reads top to bottom:
    * ``pred_entropy_change`` = ``pred/grad_dot`` = ∇θH̄(θ_old) · Δθ with Δθ the actual parameter change of the step
      (all its updates); exact to first order in Δθ for any model and optimizer (docs/theory.md §2, last line).
    * ``pred/logit_first_order`` = token-mean over positions of Σ_k ∂H_t/∂z_{t,k} · Δz_{t,k} with Δz the actual
-     change of the logits at each position (:func:`stare_lab.first_order.predicted_entropy_change`): exact to first
+     change of the logits at each position (:func:`stare_lab.theory.first_order.predicted_entropy_change`): exact to first
      order in the logit change; its gap to ``entropy_change`` is the second-order part.
    * ``pred/phi_tokens`` = (1/N) Σ_t ω_t Â_t Φ_t — the token-level Φ decomposition (docs/theory.md §2): the sum over
      the N valid tokens of the first-order entropy change that token's *own* policy-gradient logit step
      Δz_t = η ω_t Â_t (e_{a_t} − π_t) would cause at its own position, as if positions were independent (free
-     logits), with Φ_t = :func:`stare_lab.first_order.entropy_sensitivity` at the sampled token and η = 1 (a unit
+     logits), with Φ_t = :func:`stare_lab.theory.first_order.entropy_sensitivity` at the sampled token and η = 1 (a unit
      logit step; the token-mean's 1/N included). Its scale is therefore arbitrary: compare it by R² and the fitted
      slope (= the effective per-token logit step), which ``summary.json`` reports.
    * ``pred/d_grpo``, ``pred/d_lplus`` (``pred/d_lminus`` for C2), with ``measure_decomposition`` (default on):
      D_X = ∇θH̄(θ_old) · (−P ⊙ g_X), the part of the first update's AdamW step that the gradient g_X of the GRPO
      objective (ω ≡ 1) or of the selected L+ (L−) tokens' surrogate carries, P the step's AdamW preconditioner
-     (:mod:`stare_lab.decomposition`, the trainer's split too). W*(t) = 1 − D_GRPO/D_L+ (docs/theory.md §7) and
-     the predicted critical W are in ``summary.json`` (:func:`stare_lab.critical.decomposition_summary`). Next
+     (:mod:`stare_lab.theory.decomposition`, the trainer's split too). W*(t) = 1 − D_GRPO/D_L+ (docs/theory.md §7) and
+     the predicted critical W are in ``summary.json`` (:func:`stare_lab.theory.critical.decomposition_summary`). Next
      to them, the calibration observables of docs/theory.md §8 (``stare-lab calibrate``): ``pred/d_ratio`` =
      D_L+/|D_GRPO|, ``pred/w_star`` = W*(t) (with the step's M for C2) and ``pred/lplus_above_sstar``, the share of
      the L+ tokens' probability mass whose surprisal is above their position's critical surprisal s*
-     (:func:`stare_lab.first_order.share_above_critical`).
+     (:func:`stare_lab.theory.first_order.share_above_critical`).
 
    Quadrants (``quadrant/{pos,neg}_{high,low}/{count,dH}``): tokens by sign of Â and by surprisal above / below the
    critical surprisal s* (equivalently Φ_t > 0 / ≤ 0, docs/theory.md §2), dH = their summed ``pred/phi_tokens`` term.
@@ -75,21 +75,21 @@ from typing import Any
 
 import torch
 
-from stare_lab.advantages import group_advantages
+from stare_lab.loss.advantages import group_advantages
 from stare_lab.config import to_dict
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_ABOVE
-from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
-from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
-from stare_lab.adam_linear import adam_preconditioner, linearised_entropy_change, param_dot
-from stare_lab.first_order import (
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_LPLUS_ABOVE
+from stare_lab.theory.decomposition import grpo_objective, part_objective, selected_parts
+from stare_lab.loss.entropy import entropy_from_logits, logprobs_from_logits
+from stare_lab.theory.adam_linear import adam_preconditioner, linearised_entropy_change, param_dot
+from stare_lab.theory.first_order import (
     critical_surprisal,
     entropy_sensitivity,
     predicted_entropy_change,
     share_above_critical,
 )
-from stare_lab.losses import compute_policy_loss, loss_needs
-from stare_lab.stare import STAREController
-from stare_lab.step import StepBatch, prepare_step, step_gate
+from stare_lab.loss.losses import compute_policy_loss, loss_needs
+from stare_lab.loss.stare import STAREController
+from stare_lab.loss.step import StepBatch, prepare_step, step_gate
 
 from simulators.driver import drive
 from simulators.dynamic_sampling import select_groups
@@ -360,7 +360,7 @@ class _Simulation:
         return row
 
     def _decomposition_grads(self, step_batch, prep, logprobs, entropy, theta_old) -> tuple[dict[str, list], torch.Tensor]:
-        """The gradients at θ_old of the GRPO objective and of the L+ (L−) parts (:mod:`stare_lab.decomposition`),
+        """The gradients at θ_old of the GRPO objective and of the L+ (L−) parts (:mod:`stare_lab.theory.decomposition`),
         through the first update's graph (kept), and the L+ indicator ``[B, T]`` (0/1)."""
         params = list(theta_old.values())
         inputs = prep.inputs(logprobs, entropy=entropy)

@@ -7,15 +7,15 @@ Per optimizer step (every process the same, before the step's first micro-batch 
 1. Every micro-batch of the step is measured with TRL's own forward (``_get_per_token_logps_and_entropies``):
    per completion token the log-probability (the surprisal source; TRL's old log-probs when it has them), the
    entropy, and from the decoder's hidden states the critical surprisal s* (docs/theory.md §2, for the quadrant
-   counts; :func:`stare_lab.first_order.critical_surprisal`). The first micro-batch is measured by its own loss
+   counts; :func:`stare_lab.theory.first_order.critical_surprisal`). The first micro-batch is measured by its own loss
    forward, the others by a no-grad forward when the step opens; with one micro-batch per step (TRL's default)
    there is no extra forward at all.
 2. Right after the first micro-batch's forward, before its loss, the step's micro-batches on this process form one
-   :class:`~stare_lab.step.StepBatch`, and :func:`stare_lab.step.prepare_step` decides the gate and W/M from the
+   :class:`~stare_lab.loss.step.StepBatch`, and :func:`stare_lab.loss.step.prepare_step` decides the gate and W/M from the
    step's token-mean entropy over all processes and, for scope ``global``, selects ω exactly over all processes
    (radix histograms summed with ``accelerator.reduce``: the same ω as one process holding the whole batch,
    concatenated in process order). No one-step lag.
-3. Each micro-batch's loss is the core's ``stare`` loss (:func:`stare_lab.losses.compute_policy_loss`) with TRL's
+3. Each micro-batch's loss is the core's ``stare`` loss (:func:`stare_lab.loss.losses.compute_policy_loss`) with TRL's
    aggregation of the configured ``loss_type`` (its normalisers and gradient-accumulation scaling); with the gate off
    it is bit-identical to TRL's own loss (CPU; on CUDA ``grpo`` may differ by one rounding, as ``torch.mean``
    multiplies by 1/B there).
@@ -46,15 +46,15 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"stare_lab.integrations.trl needs TRL >= 1.16 ({err}): pip install 'stare-lab[trl]'") from err
 
-from ..config import LossConfig, STAREConfig, _fmt, check_range, from_dict, to_dict
-from ..entropy import default_chunk_rows
-from ..errors import ConfigError
-from ..first_order import critical_surprisal
-from ..losses import PolicyLossInputs, compute_policy_loss, kl_penalty
-from ..runs import RunWriter, read_run
-from ..stare import STAREController
-from ..step import PreparedStep, StepBatch, prepare_step
-from ..summary import run_summary, summary_settings
+from stare_lab.config import LossConfig, STAREConfig, _fmt, check_range, from_dict, to_dict
+from stare_lab.loss.entropy import default_chunk_rows
+from stare_lab.errors import ConfigError
+from stare_lab.theory.first_order import critical_surprisal
+from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss, kl_penalty
+from stare_lab.platform.runs import RunWriter, read_run
+from stare_lab.loss.stare import STAREController
+from stare_lab.loss.step import PreparedStep, StepBatch, prepare_step
+from stare_lab.platform.summary import run_summary, summary_settings
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def _hidden_states(model: torch.nn.Module) -> Iterator[list[Tensor]]:
 
 def critical_surprisals(head: torch.nn.Module, hidden: Tensor, mask: Tensor, temperature: float,
                         autocast: Callable[[], Any] = contextlib.nullcontext) -> Tensor:
-    """s* of every completion position (docs/theory.md §2, :func:`stare_lab.first_order.critical_surprisal`) from the
+    """s* of every completion position (docs/theory.md §2, :func:`stare_lab.theory.first_order.critical_surprisal`) from the
     decoder's hidden states ``[B, L, H]`` whose last ``T`` positions (``mask`` ``[B, T]``) predict the completion:
     ``[B, T]`` float32, 0 outside ``mask``. The logits ``lm_head(h) / temperature`` are built
     ``default_chunk_rows(V)`` tokens at a time, never as a ``[B, T, V]`` tensor."""
@@ -253,8 +253,8 @@ class STAREGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` with the core's STARE loss, gate and controller (module docstring; docs/theory.md §4).
 
     Construct it like ``GRPOTrainer`` with a :class:`STAREGRPOConfig`. The controller is
-    :attr:`stare_controller` (:class:`~stare_lab.stare.STAREController`); the step being trained is
-    :attr:`stare_step` (the core's :class:`~stare_lab.step.PreparedStep`). Text-only causal LMs.
+    :attr:`stare_controller` (:class:`~stare_lab.loss.stare.STAREController`); the step being trained is
+    :attr:`stare_step` (the core's :class:`~stare_lab.loss.step.PreparedStep`). Text-only causal LMs.
 
     Raises:
         ConfigError: ``args`` is not a :class:`STAREGRPOConfig`, or the model is not supported

@@ -9,14 +9,14 @@ it as the ``verl.plugins`` entry point ``stare`` (verl's plugin discovery, ``VER
   top_p_ratio, reweight_w, reweight_m, target_entropy, adaptive, alpha, w_max, m_min, scope, gate), chosen with
   ``actor_rollout_ref.actor.policy_loss._target_``;
 * the policy loss ``stare`` (:func:`compute_policy_loss_stare`, registered with verl's ``@register_policy_loss``):
-  verl's arguments mapped onto :class:`~stare_lab.losses.PolicyLossInputs` and the loss from the core's registry,
-  ``compute_policy_loss("stare", …)``; ω from the core's :func:`~stare_lab.stare.stare_token_weights` over the
+  verl's arguments mapped onto :class:`~stare_lab.loss.losses.PolicyLossInputs` and the loss from the core's registry,
+  ``compute_policy_loss("stare", …)``; ω from the core's :func:`~stare_lab.loss.stare.stare_token_weights` over the
   micro-batch (scope ``microbatch``) or, for scope ``global``, the ω the trainer selected over the whole step;
 * :func:`stare_ppo_loss`: the worker loss, verl's own ``ppo_loss`` with the step's gate, W, M and ω in scope
   (:func:`stare_step`); the STARE trainer installs it with ``actor_rollout_wg.set_loss_fn``;
 * :class:`STAREStep`: the trainer's once-per-step logic on a :class:`verl.DataProto` — the token-mean entropy H̄, the
-  :class:`~stare_lab.stare.STAREController` update, ω and the step's metrics, all from the core's
-  :func:`~stare_lab.step.prepare_step`;
+  :class:`~stare_lab.loss.stare.STAREController` update, ω and the step's metrics, all from the core's
+  :func:`~stare_lab.loss.step.prepare_step`;
 and the second entry point ``stare_trainer`` registers the v1 trainer ``stare`` (``trainer.v1.trainer_mode=stare``,
 :mod:`stare_lab.integrations.verl_trainer`; it needs verl's v1 stack, TransferQueue and Ray, the loss does not).
 
@@ -45,9 +45,9 @@ from verl.workers.utils.losses import ppo_loss
 
 from stare_lab.config import LossConfig, STAREConfig, from_dict, to_dict
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-from stare_lab.stare import STAREController, stare_token_weights
-from stare_lab.step import PreparedStep, StepBatch, prepare_step
+from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
+from stare_lab.loss.stare import STAREController, stare_token_weights
+from stare_lab.loss.step import PreparedStep, StepBatch, prepare_step
 
 logger = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ class STAREStep:
     """The STARE trainer's step logic on a padded :class:`verl.DataProto` (docs/theory.md §4 steps 2–4), kept apart
     from Ray and TransferQueue.
 
-    :meth:`prepare` runs the core's :func:`~stare_lab.step.prepare_step` once per step over the whole batch: H̄ (the
+    :meth:`prepare` runs the core's :func:`~stare_lab.loss.step.prepare_step` once per step over the whole batch: H̄ (the
     token-mean of ``entropy`` over ``response_mask``: verl's ``actor/entropy`` under ``token-mean``), the
     controller's update, and, for scope ``global`` with the gate on, ω (surprisal from ``old_log_probs``).
 

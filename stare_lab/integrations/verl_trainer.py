@@ -12,7 +12,7 @@ between the advantages and the actor update (docs/theory.md §4 steps 2–4):
    ``extra_info``: the workers' loss (:func:`~stare_lab.integrations.verl.stare_ppo_loss`, installed once with
    ``actor_rollout_wg.set_loss_fn``) reads both;
 4. the step's STARE metrics go to verl's logger (``stare/…``) and a stare_lab run directory (``metrics.jsonl``,
-   :class:`~stare_lab.runs.RunWriter`): ``trainer.stare_run_dir`` (default ``<trainer.default_local_dir>/stare_run``).
+   :class:`~stare_lab.platform.runs.RunWriter`): ``trainer.stare_run_dir`` (default ``<trainer.default_local_dir>/stare_run``).
 
 The controller's state is saved as ``stare_state.json`` in each ``global_step_N`` checkpoint folder (before verl
 marks the checkpoint complete) and restored on resume, where the run directory keeps its rows up to that step.
@@ -31,7 +31,7 @@ from tensordict import TensorDict
 
 from stare_lab.errors import ConfigError, DataError
 from stare_lab.integrations.verl import WEIGHTS_KEY, STAREStep, loss_config_from_actor, stare_ppo_loss
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 logger = logging.getLogger(__name__)
 

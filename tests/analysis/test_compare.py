@@ -12,7 +12,7 @@ import pytest
 import analysis
 from analysis.compare import compare
 from stare_lab.errors import ConfigError
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 
 def _run(path, method, seed, entropy, source="simulator", w=1.1, target=0.3, extra=None, config=None):

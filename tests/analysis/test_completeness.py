@@ -13,7 +13,7 @@ import pytest
 
 from analysis.analyze import analyze
 from stare_lab.cli import main as cli_main
-from stare_lab.completeness import expected_steps, run_status, status_clause
+from stare_lab.platform.completeness import expected_steps, run_status, status_clause
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_sweep_summary_steps_are_checked(sweep, tmp_path):
 
 
 def test_core_rules():
-    """Hand cases of stare_lab.completeness."""
+    """Hand cases of stare_lab.platform.completeness."""
     assert expected_steps({"steps": 800}) == 800
     assert expected_steps({"schedule": {"total_steps": 3}, "steps": 9}) == 3
     assert expected_steps({}) is None

@@ -19,7 +19,7 @@ from analysis.foreign import READERS, find_foreign_runs, read_foreign_run
 from analysis.load import load_run, load_runs
 from analysis.synthetic import write_synthetic_run
 from stare_lab.errors import RunError
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 
 def _history(steps: int = 4) -> list[dict]:

@@ -10,7 +10,7 @@ import pytest
 
 from analysis.load import config_get, load_run, load_runs
 from stare_lab.errors import RunError
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 
 def _row(step, entropy, **extra):

@@ -11,7 +11,7 @@ from analysis.compare import compare
 from analysis.load import load_run
 from analysis.paper import BENCHMARKS, load_paper_table, measured_results, paper_comparison
 from stare_lab.errors import DataError
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -74,11 +74,10 @@ def test_summary_option_is_checked(sweep_dir, tmp_path, capsys):
 
 
 def test_run_critical_rows_use_the_core(sweep_dir):
-    """Per group: the median over the held seeds of stare_lab.critical.critical_w of each run's D terms (mean field:
+    """Per group: the median over the held seeds of stare_lab.theory.critical.critical_w of each run's D terms (mean field:
     window 1), recomputed here from metrics.jsonl; a group that did not hold the band has no predicted W."""
     from analysis.compare import compare
-    from stare_lab import critical
-
+    from stare_lab.theory import critical
     cmp = compare([str(sweep_dir)], group_by=["lr"])
     rows = {r[0]: r for r in run_critical_rows(cmp)}
     label = next(k for k in rows if k.startswith("o1") and "W=2" in k and "lr=1" in k)

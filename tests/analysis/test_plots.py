@@ -10,7 +10,7 @@ import pytest
 
 from analysis.compare import compare
 from analysis.plots import plot_dynamics
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 
 @pytest.fixture(autouse=True)

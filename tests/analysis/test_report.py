@@ -148,7 +148,7 @@ def test_paper_comparison_side_by_side_and_empty_cells_stay_empty(sweep_report):
 
 def _minimal_sweep(root: Path, seeds=(0, 1)) -> Path:
     """Runs with only the required keys: no measured ΔH, no quadrants, no target; seed s has 10 + s steps."""
-    from stare_lab.runs import RunWriter
+    from stare_lab.platform.runs import RunWriter
 
     for s in seeds:
         with RunWriter(root / "grpo" / f"seed{s}", {"method": "grpo", "seed": s}) as w:
@@ -248,7 +248,7 @@ def test_same_runs_same_report(tmp_path, fmt):
 def test_degenerate_runs_do_not_crash(tmp_path, capsys):
     """A one-step run, a run whose entropy is always null, a non-numeric config, a bad config.yaml: rc 0, warned."""
     _need("matplotlib")
-    from stare_lab.runs import RunWriter
+    from stare_lab.platform.runs import RunWriter
 
     base = {"reward": 0.1, "gate_on": 0, "stare_w": 1.0, "stare_m": 1.0, "pred_entropy_change": 0.1,
             "entropy_change": 0.2}
@@ -292,7 +292,7 @@ def test_terminal_counts_notes_and_warnings_like_the_report(tmp_path, capsys):
 def test_mixed_experiments_split_end_to_end(tmp_path, capsys):
     """Review finding 1: tabular and transformer c2 runs are two groups with their own target band, not averaged."""
     _need("matplotlib")
-    from stare_lab.runs import RunWriter
+    from stare_lab.platform.runs import RunWriter
 
     for kind, w, target, seeds in (("tabular", 1.1, 0.956, (0, 1)), ("transformer", 5.0, 0.7, (0,))):
         for s in seeds:
@@ -322,7 +322,7 @@ def test_seed_bands_are_cut_to_the_possible_values(tmp_path):
     half-width 4.3027·0.5774/√3 = 1.434 → shown [0, 1]; wall time 0.2, 0.2, 20 s → mean 6.8, s = 11.43, half-width
     28.39 → [0, 35.19]; the entropy band 0.1667 ∓ 0.502 is drawn from 0, never below."""
     _need("matplotlib")
-    from stare_lab.runs import RunWriter
+    from stare_lab.platform.runs import RunWriter
 
     t975 = 4.302652729911275
     for seed, h, dt in ((0, 0.4, 0.01), (1, 0.05, 0.01), (2, 0.05, 1.0)):

@@ -11,8 +11,8 @@ import pytest
 
 from stare_lab.cli import main
 from stare_lab.config import LossConfig, STAREConfig, to_dict
-from stare_lab.runs import RunWriter, read_run
-from stare_lab.summary import SUMMARY_KEYS
+from stare_lab.platform.runs import RunWriter, read_run
+from stare_lab.platform.summary import SUMMARY_KEYS
 
 SMALL = ["num_prompts=8", "seq_len=2", "vocab_size=4", "threshold=2"]
 

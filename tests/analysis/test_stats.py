@@ -137,7 +137,7 @@ def test_steps_to_threshold_and_band():
     assert stats.steps_to_threshold(steps, h, 0.04) is None  # 0.04 is not < 0.04
     # band 0.3 ± 0.05: values 0.26, 0.34 in; 0.249, 0.4 out → 2 / 4 (NaN ignored)
     assert stats.fraction_in_band(np.array([0.26, 0.34, 0.249, 0.4, np.nan]), 0.3, 0.05) == 0.5
-    # the band is closed (stare_lab.summary): 0.75 and 0.25 lie exactly 0.25 from 0.5 (exact in binary) → in
+    # the band is closed (stare_lab.platform.summary): 0.75 and 0.25 lie exactly 0.25 from 0.5 (exact in binary) → in
     assert stats.fraction_in_band(np.array([0.75, 0.25, 0.76]), 0.5, 0.25) == pytest.approx(2 / 3)
     assert stats.fraction_in_band(np.array([0.3]), None) is None
     assert stats.fraction_in_band(np.array([np.nan]), 0.3) is None

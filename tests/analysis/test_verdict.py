@@ -12,7 +12,7 @@ from analysis.compare import compare
 from analysis.grouping import experiment_slice, sweep_root
 from analysis.report import run_summaries
 from analysis.verdict import comparison_verdict
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 
 def _run(run_dir: Path, method: str, seed: int, target: float, entropy: float, reward: float, **extra) -> None:

@@ -50,7 +50,7 @@ def _reset_peak() -> bool:
 def worker(variant: str, rows: int, vocab: int, repeats: int) -> dict:
     import torch
 
-    from stare_lab.entropy import default_chunk_rows, entropy_from_logits
+    from stare_lab.loss.entropy import default_chunk_rows, entropy_from_logits
 
     torch.manual_seed(0)
     x = torch.empty(rows, vocab, dtype=torch.float32)

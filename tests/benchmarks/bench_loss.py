@@ -45,8 +45,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from stare_lab.config import LossConfig, STAREConfig  # noqa: E402
-from stare_lab.losses import PolicyLossInputs, compute_policy_loss  # noqa: E402
-from stare_lab.stare import stare_token_weights  # noqa: E402
+from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss  # noqa: E402
+from stare_lab.loss.stare import stare_token_weights  # noqa: E402
 
 GOAL = 1.20
 

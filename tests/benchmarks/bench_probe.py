@@ -1,4 +1,4 @@
-"""Benchmark: the cost of the near-criticality probe (trainer.step.prediction, stare_lab.probe) paired against the
+"""Benchmark: the cost of the near-criticality probe (trainer.step.prediction, stare_lab.theory.probe) paired against the
 update's own time, on the tiny model and on SmolLM2-135M (issue 20, item 2).
 
     OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu python tests/benchmarks/bench_probe.py [--reps 3]
@@ -11,7 +11,7 @@ temperature 1, on a synthetic step batch (``--prompts`` × ``--samples`` sequenc
 model: 40-token prompts, 32-token responses), one micro-batch. After one warm-up repetition (not counted), each
 repetition runs a step without the probe as the trainer fuses it (the old-log-prob forward kept for the update), the
 old-log-prob pass of an unfused step (no graph), then for each probe method (``auto``, the default: the ∇θH̄
-backward recorded and one backward through it, :class:`stare_lab.probe.GraphTangent`; ``jvp``: ``torch.func.jvp``),
+backward recorded and one backward through it, :class:`stare_lab.theory.probe.GraphTangent`; ``jvp``: ``torch.func.jvp``),
 in the trainer's order: the old-log-prob pass through parameter leaves (whose backward gives ∇θH̄), the step
 preparation, the probe's part before the update (θ kept, the selection), the update itself
 (``PolicyEngine.update``: forward, backward, AdamW step), the probe's part after it (P, the tangent pass, the sums).
@@ -86,7 +86,7 @@ def synthetic_batch(vocab: int, prompts: int, samples: int, prompt_len: int, res
 def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backward: bool,
                 tangent: str = "auto") -> float | None:
     """Time ``reps`` paired repetitions of update and probe; returns the median ratio probe / update."""
-    from stare_lab.step import prepare_step
+    from stare_lab.loss.step import prepare_step
     from trainer.engines.comm import Comm
     from trainer.config import load_trainer_config
     from trainer.engines.launch import init_distributed
@@ -154,7 +154,7 @@ def bench_model(label: str, model_dir: Path, batch_args: tuple, reps: int, backw
 
 def _fused_step(policy, batch, plan, cfg, comm, rep: int) -> None:
     """A step without the probe as the trainer runs one micro-batch: the old-log-prob forward kept for the update."""
-    from stare_lab.step import prepare_step
+    from stare_lab.loss.step import prepare_step
 
     lp, ent = policy.compute_logprobs(batch, plan, keep_graph=len(plan) == 1 and policy.fusable)
     step_batch = batch.step_batch(lp, ent)
@@ -174,7 +174,7 @@ def check_same_step(model_dir: Path, batch_args: tuple) -> bool:
     rounding): the D terms agree."""
     import copy
 
-    from stare_lab.step import prepare_step
+    from stare_lab.loss.step import prepare_step
     from trainer.engines.comm import Comm
     from trainer.config import load_trainer_config
     from trainer.engines.launch import init_distributed

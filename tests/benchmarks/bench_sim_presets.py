@@ -30,7 +30,7 @@ def main() -> int:
     from simulators.presets import PRESETS
     from simulators.run_stats import REGIME_RATIO, fit_line
     from simulators.sweep import format_table, plan_sweep, run_sweep
-    from stare_lab.runs import read_run
+    from stare_lab.platform.runs import read_run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated presets (default: all tabular presets)")

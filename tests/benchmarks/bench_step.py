@@ -1,4 +1,4 @@
-"""Benchmark: the step preparation (``stare_lab.step.prepare_step``) at the paper's 7B batch shape.
+"""Benchmark: the step preparation (``stare_lab.loss.step.prepare_step``) at the paper's 7B batch shape.
 
     OMP_NUM_THREADS=1 python tests/benchmarks/bench_step.py [--batch 512] [--length 3072] [--reps 9]
 
@@ -32,8 +32,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from stare_lab.config import LossConfig, STAREConfig  # noqa: E402
-from stare_lab.stare import STAREController, stare_token_weights  # noqa: E402
-from stare_lab.step import StepBatch, prepare_step  # noqa: E402
+from stare_lab.loss.stare import STAREController, stare_token_weights  # noqa: E402
+from stare_lab.loss.step import StepBatch, prepare_step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stare_lab"))
 from _ranks import run_ranks  # noqa: E402

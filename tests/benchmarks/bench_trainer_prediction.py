@@ -3,7 +3,7 @@
 Runs the ``tiny-cpu`` preset (tiny random-init model, vLLM-CPU rollouts, STARE C2 with the gate forced on, AdamW,
 fp32, one process) with ``schedule.measure_entropy_change=true`` at small learning rates and reads the run summary's
 fit of the measured ``entropy_change`` on ``pred_entropy_change`` (∇θH̄·Δθ) over the steps (``pred_r2``,
-``pred_slope``: :func:`stare_lab.summary.fit_prediction`). Also prints, for step 1 (no momentum yet), how far
+``pred_slope``: :func:`stare_lab.platform.summary.fit_prediction`). Also prints, for step 1 (no momentum yet), how far
 ``pred_entropy_change`` is from the split D_GRPO + (W − 1)·D_L+ + (M − 1)·D_L− (0 up to rounding by construction of
 the split; trainer/step/prediction.py), and the seconds per step with the probes on.
 

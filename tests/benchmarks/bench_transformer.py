@@ -56,7 +56,7 @@ def main() -> int:
     print(f"preset {args.preset}: wall {wall:.1f} s (target <= 90 s for 'transformer'); "
           f"load average before {load0[0]:.2f}, after {load1[0]:.2f} on {os.cpu_count()} cores")
 
-    from stare_lab.runs import find_runs, read_run
+    from stare_lab.platform.runs import find_runs, read_run
 
     for path in find_runs([out]):
         r = read_run(path)

@@ -39,7 +39,7 @@ _require("trl", "transformers", "datasets", "accelerate")
 
 from stare_lab.errors import ConfigError  # noqa: E402
 from stare_lab.integrations import trl as stare_trl  # noqa: E402
-from stare_lab.stare import stare_token_weights  # noqa: E402
+from stare_lab.loss.stare import stare_token_weights  # noqa: E402
 
 
 def _env() -> dict:

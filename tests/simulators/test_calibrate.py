@@ -15,7 +15,7 @@ import torch
 from scipy.special import lambertw
 
 from stare_lab.errors import ConfigError, DataError, RunError
-from stare_lab.runs import RunWriter, read_run
+from stare_lab.platform.runs import RunWriter, read_run
 from simulators import calibrate as C
 from simulators.tabular.runner import config_from_overrides, init_state, run_batch
 from simulators.tabular.engine import batch_step
@@ -86,7 +86,7 @@ def test_coupling_reward_rule_by_hand():
 def test_share_with_weights_by_hand():
     """A floating mask weights each token's π: weights 2, 1, 0 on s = 0.1 (below s* = 1), 2 and 3 (above) →
     e^-2 / (2·e^-0.1 + e^-2); 0/1 floats equal the bool mask; a negative weight is refused."""
-    from stare_lab.first_order import share_above_critical
+    from stare_lab.theory.first_order import share_above_critical
 
     s = torch.tensor([0.1, 2.0, 3.0], dtype=torch.float64)
     one = torch.ones(3, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""``stare-lab calibrate`` and the one ``--out`` policy (stare_lab/outdir.py): its lock for the whole run, another
+"""``stare-lab calibrate`` and the one ``--out`` policy (stare_lab/platform/outdir.py): its lock for the whole run, another
 kind of output refused, an ``--out`` inside another live writer's directory refused, a previous calibration
 refused without ``--overwrite`` and, with it, only what a calibration writes removed."""
 
@@ -13,14 +13,14 @@ import pytest
 
 from stare_lab.cli import main
 from stare_lab.errors import RunError
-from stare_lab.outdir import CALIBRATION, check_kind, held_kind
-from stare_lab.runlock import LOCK_FILE, read_holder
-from stare_lab.runs import RunWriter
+from stare_lab.platform.outdir import CALIBRATION, check_kind, held_kind
+from stare_lab.platform.runlock import LOCK_FILE, read_holder
+from stare_lab.platform.runs import RunWriter
 from simulators import calibrate as C
 
 HOLD = """
 import sys, time
-from stare_lab.runlock import lock_dir
+from stare_lab.platform.runlock import lock_dir
 with lock_dir(sys.argv[1], command="stare-lab calibrate (test holder)"):
     print("locked", flush=True)
     time.sleep(120)

@@ -99,7 +99,6 @@ def test_a_forked_child_keeps_the_default_sigterm():
     worker, terminated by Pool.__exit__) dies of the signal instead of raising Terminated and printing a traceback
     on a run that succeeded. Before: the child raised, ran its clean-up and exited 0."""
     from stare_lab import cli
-
     previous = signal.signal(signal.SIGTERM, cli._raise_terminated)
     cli._HANDLER_PID.append(os.getpid())
     try:

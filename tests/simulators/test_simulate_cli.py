@@ -240,7 +240,7 @@ def test_empty_out_is_refused(tmp_path, capsys, monkeypatch):
 
 
 def test_override_of_a_key_the_method_leaves_alone_is_kept(tmp_path):
-    """c2 does not set loss.stare.adaptive (stare_lab.methods.METHODS), so the override is honoured, not refused."""
+    """c2 does not set loss.stare.adaptive (stare_lab.loss.methods.METHODS), so the override is honoured, not refused."""
     import yaml
 
     out = tmp_path / "a"

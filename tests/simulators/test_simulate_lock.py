@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from stare_lab.runlock import LOCK_FILE, read_holder
+from stare_lab.platform.runlock import LOCK_FILE, read_holder
 
 HOLD = """
 import sys, time
-from stare_lab.runlock import lock_dir
+from stare_lab.platform.runlock import lock_dir
 with lock_dir(sys.argv[1], command="stare-lab simulate (test holder)"):
     print("locked", flush=True)
     time.sleep(120)

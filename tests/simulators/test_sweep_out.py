@@ -1,4 +1,4 @@
-"""simulate's --out at the sweep's level (stare_lab.outdir, simulators.sweep): what --resume may continue and what
+"""simulate's --out at the sweep's level (stare_lab.platform.outdir, simulators.sweep): what --resume may continue and what
 a sweep never writes over."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def simulate(*args: str) -> int:
 
 
 def test_resume_must_cover_the_sweep_and_out_must_be_a_sweep(tmp_path, capsys):
-    """The one --out policy at the sweep's level (stare_lab.outdir): --resume with fewer runs than the sweep in
+    """The one --out policy at the sweep's level (stare_lab.platform.outdir): --resume with fewer runs than the sweep in
     --out would drop the others from its summary, so it is refused and touches nothing; the same request with every
     run resumes. A simulate sweep never goes into a trainer run's directory, whatever the options."""
     out = tmp_path / "rs"

@@ -186,10 +186,10 @@ def test_closed_form_update_is_the_gradient_of_the_core_loss(method):
     """The closed-form sampled step equals −lr·(n·L)·∂loss/∂z of the core's ``compute_policy_loss`` through autograd
     (logits float64 → ``logprobs_from_logits`` → loss with the core's STARE weights for the run's config; gate on).
     The core computes the loss in float32, so agreement is to float32 rounding (rtol 1e-6), not 1e-15."""
-    from stare_lab.entropy import logprobs_from_logits
-    from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-    from stare_lab.stare import stare_token_weights
-    from stare_lab.advantages import group_advantages
+    from stare_lab.loss.entropy import logprobs_from_logits
+    from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
+    from stare_lab.loss.stare import stare_token_weights
+    from stare_lab.loss.advantages import group_advantages
 
     cfg = tiny(method=method, lr=0.9, num_prompts=6, group_size=6, target_entropy_rel=None,
                loss={"stare": {"gate": "always", "reweight_w": 1.7, "reweight_m": 0.6, "top_p_ratio": 0.2}})
@@ -222,9 +222,9 @@ def test_selected_sets_give_the_cores_weights():
     import dataclasses
 
     from simulators.tabular.sampled import _selected_sets
-    from stare_lab.advantages import group_advantages
-    from stare_lab.stare import stare_token_weights
-    from stare_lab.step import StepBatch, prepare_step
+    from stare_lab.loss.advantages import group_advantages
+    from stare_lab.loss.stare import stare_token_weights
+    from stare_lab.loss.step import StepBatch, prepare_step
 
     torch.manual_seed(0)
     R, S, G, L = 1, 5, 4, 3
@@ -255,8 +255,8 @@ def test_selected_sets_give_the_cores_weights():
 
 def test_first_order_is_the_cores_predicted_entropy_change():
     """⟨∂H/∂z, Δz⟩ with ∂H/∂z by autograd through the core's entropy equals
-    ``stare_lab.first_order.predicted_entropy_change`` (docs/theory.md §2), for τ ≠ 1 too."""
-    from stare_lab.first_order import predicted_entropy_change
+    ``stare_lab.theory.first_order.predicted_entropy_change`` (docs/theory.md §2), for τ ≠ 1 too."""
+    from stare_lab.theory.first_order import predicted_entropy_change
 
     z = torch.randn(2, 3, 4, 6, dtype=torch.float64)
     dz = torch.randn_like(z)
@@ -443,7 +443,7 @@ def test_gate_off_is_grpo_bit_for_bit(tmp_path, mode, how):
 def test_dynamic_sampling_gate_sees_the_kept_batch(tmp_path):
     """Under dynamic sampling the gate entropy is the token-mean entropy of the kept batch (as in the trainer):
     rebuilt here from the kept groups' prompts and the policy before the step, and the gate decision follows it."""
-    from stare_lab.entropy import entropy_from_logits
+    from stare_lab.loss.entropy import entropy_from_logits
 
     cfg = tiny(method="o1", dynamic_sampling=True, num_prompts=8, reward_noise=0.0, steps=1,
                loss={"stare": {"target_entropy": 1.3}})

@@ -15,8 +15,8 @@ import json
 import pytest
 
 from stare_lab.cli import main
-from stare_lab.losses import LossNeeds, register_policy_loss, unregister_policy_loss
-from stare_lab.methods import register_method, unregister_method
+from stare_lab.loss.losses import LossNeeds, register_policy_loss, unregister_policy_loss
+from stare_lab.loss.methods import register_method, unregister_method
 
 LOSS, METHOD = "toy_scaled_grpo", "toy"
 SMALL = ["num_prompts=8", "seq_len=3", "vocab_size=6", "threshold=2", "lr=0.5"]

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from stare_lab.entropy import entropy_from_logits
+from stare_lab.loss.entropy import entropy_from_logits
 from stare_lab.errors import ConfigError, RunError
 
 try:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from stare_lab.step import StepBatch
+from stare_lab.loss.step import StepBatch
 
 
 class ThreadGroup:

@@ -13,7 +13,7 @@ import sys
 import torch
 
 from stare_lab.config import LossConfig, STAREConfig
-from stare_lab.step import StepBatch
+from stare_lab.loss.step import StepBatch
 
 
 def random_batch(seed: int, rows: int, width: int, per_token: bool, ties: bool) -> StepBatch:
@@ -55,7 +55,7 @@ def cases() -> dict[str, tuple[LossConfig, list[StepBatch]]]:
 def loss_and_grad(prepared, cfg: LossConfig, rows: slice | None = None) -> tuple[float, float]:
     """Loss of the prepared batch (all its rows) and its gradient with respect to θ, log π_θ = log π_old + θ·c
     (c a fixed function of the position, so ρ ≠ 1 and the clip is exercised)."""
-    from stare_lab.losses import compute_policy_loss
+    from stare_lab.loss.losses import compute_policy_loss
 
     b = prepared.batch
     theta = torch.tensor(0.7, requires_grad=True)
@@ -70,8 +70,8 @@ def main(prefix: str) -> None:
     import torch.distributed as dist
 
     from stare_lab.collective import TorchCollective
-    from stare_lab.stare import STAREController
-    from stare_lab.step import prepare_step
+    from stare_lab.loss.stare import STAREController
+    from stare_lab.loss.step import prepare_step
 
     dist.init_process_group("gloo")
     coll = TorchCollective()

@@ -1,4 +1,4 @@
-"""Tests of stare_lab.advantages against hand-computed group statistics (docs/theory.md §3)."""
+"""Tests of stare_lab.loss.advantages against hand-computed group statistics (docs/theory.md §3)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from stare_lab.advantages import filter_groups, group_advantages
+from stare_lab.loss.advantages import filter_groups, group_advantages
 from stare_lab.errors import ConfigError, DataError
 
 

@@ -40,10 +40,10 @@ def test_console_script_runs():
 def test_import_needs_only_torch_and_numpy():
     """`import stare_lab` (and its math modules) must not pull in the heavy optional libraries."""
     code = (
-        "import sys, stare_lab, stare_lab.config, stare_lab.runs;"
+        "import sys, stare_lab, stare_lab.config, stare_lab.platform.runs;"
         "import importlib, importlib.util;"
-        "[importlib.import_module(m) for m in ('stare_lab.losses','stare_lab.stare','stare_lab.entropy',"
-        "'stare_lab.advantages','stare_lab.first_order','stare_lab.decomposition','stare_lab.critical') if importlib.util.find_spec(m)];"
+        "[importlib.import_module(m) for m in ('stare_lab.loss.losses','stare_lab.loss.stare','stare_lab.loss.entropy',"
+        "'stare_lab.loss.advantages','stare_lab.theory.first_order','stare_lab.theory.decomposition','stare_lab.theory.critical') if importlib.util.find_spec(m)];"
         "heavy=[m for m in ('transformers','deepspeed','vllm','matplotlib','scipy','math_verify','yaml') "
         "if m in sys.modules];"
         "print(','.join(heavy))"

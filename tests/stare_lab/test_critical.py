@@ -1,4 +1,4 @@
-"""stare_lab.critical: the critical-strength formulas of docs/theory.md §7 on hand-computed cases."""
+"""stare_lab.theory.critical: the critical-strength formulas of docs/theory.md §7 on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stare_lab.critical import (
+from stare_lab.theory.critical import (
     KIND_MEANING, CriticalStrength, critical_w, decomposition_summary, measured_critical_w, measured_strength,
     recommend, recommendation_text, run_strengths, tolerance, w_star, w_star_at_crossing, w_star_series,
 )

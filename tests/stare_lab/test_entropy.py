@@ -1,4 +1,4 @@
-"""Tests of stare_lab.entropy: closed forms, finite differences and the identities of docs/theory.md §2.
+"""Tests of stare_lab.loss.entropy: closed forms, finite differences and the identities of docs/theory.md §2.
 
 Reference values come from (a) closed forms (uniform → ln V, two-token softmax → binary entropy / log-sigmoid,
 Lambert-W for the critical surprisal), (b) an independent float64 entropy written directly in this file
@@ -15,8 +15,8 @@ import os
 import pytest
 import torch
 
-from stare_lab.entropy import default_chunk_rows, entropy_from_logits, logprobs_from_logits
-from stare_lab.first_order import (
+from stare_lab.loss.entropy import default_chunk_rows, entropy_from_logits, logprobs_from_logits
+from stare_lab.theory.first_order import (
     critical_surprisal,
     share_above_critical,
     entropy_sensitivity,

@@ -1,4 +1,4 @@
-"""The one reader of user files (stare_lab.files) and the commands that read through it: every bad file is one line
+"""The one reader of user files (stare_lab.platform.files) and the commands that read through it: every bad file is one line
 naming the file, the line and what was wrong — never a UnicodeDecodeError / JSONDecodeError / YAML traceback.
 
 The expected line and column numbers are those of the bad byte written by each test (counted by hand)."""
@@ -12,7 +12,7 @@ import yaml
 
 from stare_lab.cli import main as cli_main
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.files import iter_jsonl, read_json, read_text, read_yaml
+from stare_lab.platform.files import iter_jsonl, read_json, read_text, read_yaml
 
 GOOD = json.dumps({"problem": "1+1?", "answer": "2"})
 

@@ -1,6 +1,6 @@
-"""stare_lab.global_select: the distributed radix top-k equals the one-process selection token for token.
+"""stare_lab.selection.distributed: the distributed radix top-k equals the one-process selection token for token.
 
-Reference: :func:`stare_lab.stare.select_top_surprisal` on the concatenated batch (itself checked against a sort in
+Reference: :func:`stare_lab.loss.stare.select_top_surprisal` on the concatenated batch (itself checked against a sort in
 test_stare.py), and a stable sort for the quantile keys. Ranks are threads with an exact int64 sum collective.
 """
 
@@ -14,8 +14,8 @@ import torch
 
 from stare_lab.collective import LocalCollective
 from stare_lab.errors import DataError
-from stare_lab.global_select import distributed_top_k, key_to_float, ordered_keys, surprisal_keys
-from stare_lab.radix_select import num_selected as _num_selected, select_top_surprisal
+from stare_lab.selection.distributed import distributed_top_k, key_to_float, ordered_keys, surprisal_keys
+from stare_lab.selection.radix import num_selected as _num_selected, select_top_surprisal
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _ranks import run_ranks  # noqa: E402

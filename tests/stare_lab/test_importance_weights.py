@@ -8,7 +8,7 @@ import torch
 
 from stare_lab.config import LossConfig
 from stare_lab.errors import DataError
-from stare_lab.losses import PolicyLossInputs, compute_policy_loss
+from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
 
 
 def _inputs(**kw) -> PolicyLossInputs:

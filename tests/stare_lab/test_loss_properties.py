@@ -26,8 +26,8 @@ except ImportError:  # pragma: no cover - hypothesis is a dev dependency
     pytest.skip("hypothesis is not installed (pip install hypothesis)", allow_module_level=True)
 
 from stare_lab.config import LossConfig, STAREConfig
-from stare_lab.losses import PolicyLossInputs, compute_policy_loss
-from stare_lab.stare import select_top_surprisal, stare_token_weights
+from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
+from stare_lab.loss.stare import select_top_surprisal, stare_token_weights
 
 MODES = list(LossConfig.AGG_MODES)
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None)

@@ -1,4 +1,4 @@
-"""Tests of stare_lab.losses on small hand-computed cases.
+"""Tests of stare_lab.loss.losses on small hand-computed cases.
 
 Every expected number is worked out in the comment next to it from the formulas of docs/theory.md §3–4 (clipped
 surrogate, dual clip, aggregation modes, KL estimators, Cov of Cui et al.), or checked by finite differences.
@@ -13,7 +13,7 @@ import torch
 
 from stare_lab.config import LossConfig, STAREConfig
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.losses import (
+from stare_lab.loss.losses import (
     SURROGATE_METRICS,
     PolicyLossInputs,
     aggregate_loss,
@@ -483,7 +483,7 @@ def test_clipped_surrogate_from_a_registered_loss():
 def test_a_registered_loss_that_raises_is_one_error_naming_it(monkeypatch):
     """A plugin's exception becomes a LossError naming the loss and the exception (chained); a StareLabError it
     raises passes unchanged; a built-in loss's bug is not wrapped (its traceback is the useful part)."""
-    import stare_lab.loss_registry as registry
+    import stare_lab.loss.registry as registry
     from stare_lab.errors import LossError, StareLabError
 
     boom = ValueError("bad shape 3")

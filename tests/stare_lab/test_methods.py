@@ -7,8 +7,8 @@ import torch
 
 from stare_lab.config import LossConfig, from_dict
 from stare_lab.errors import ConfigError
-from stare_lab.losses import available_policy_losses, register_policy_loss, unregister_policy_loss
-from stare_lab.methods import METHODS, check_method, method_overrides, register_method, unregister_method
+from stare_lab.loss.losses import available_policy_losses, register_policy_loss, unregister_policy_loss
+from stare_lab.loss.methods import METHODS, check_method, method_overrides, register_method, unregister_method
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def test_registered_method_resolves_and_checks(toy_method):
 
 
 def test_loss_params_reach_the_loss(toy_method):
-    from stare_lab.losses import PolicyLossInputs, compute_policy_loss
+    from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
 
     cfg = from_dict(LossConfig, {"loss_mode": "toy_scaled_pg", "params": {"scale": 2.5}}, prefix="loss")
     lp = torch.zeros(2, 3, requires_grad=True)

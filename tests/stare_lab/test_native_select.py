@@ -1,4 +1,4 @@
-"""Tests of stare_lab.native_select: building, caching, the fallback without a compiler, and argument checks.
+"""Tests of stare_lab.selection.native: building, caching, the fallback without a compiler, and argument checks.
 (Its results are compared with the tensor implementation and an independent sort in test_stare.py.)"""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from stare_lab import native_select
+from stare_lab.selection import native as native_select
 from stare_lab.config import STAREConfig
-from stare_lab.stare import stare_token_weights
+from stare_lab.loss.stare import stare_token_weights
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The one --out policy (stare_lab.outdir.claim_out): refuse an existing run unless --resume / --overwrite;
+"""The one --out policy (stare_lab.platform.outdir.claim_out): refuse an existing run unless --resume / --overwrite;
 --overwrite removes only the outputs of this kind of run; never a run of another source."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stare_lab.errors import ConfigError, RunError
-from stare_lab.outdir import claim_out
+from stare_lab.platform.outdir import claim_out
 
 OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoint")
 

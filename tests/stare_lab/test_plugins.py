@@ -1,4 +1,4 @@
-"""stare_lab.plugins: a plugin by file path or module name is imported once per process; entry points of group
+"""stare_lab.platform.plugins: a plugin by file path or module name is imported once per process; entry points of group
 ``stare_lab.plugins`` are loaded (a function is called once); every failure is one PluginError line naming the plugin;
 a plugin loss that raises or returns NaN is one CLI line naming the loss. The plugins here only append their name to
 a list of a helper module, to count their imports."""
@@ -10,9 +10,9 @@ from importlib import metadata
 
 import pytest
 
-from stare_lab import plugins
+from stare_lab.platform import plugins
 from stare_lab.errors import ConfigError
-from stare_lab.plugins import PluginError, load_plugin, load_plugins, loaded_plugins
+from stare_lab.platform.plugins import PluginError, load_plugin, load_plugins, loaded_plugins
 
 COUNT = "import tests_plugin_counter as c\nc.imports.append(__name__)\n"
 
@@ -86,8 +86,8 @@ def test_entry_points_are_loaded_once(tmp_path, counter, monkeypatch):
         load_plugins()
 
 
-LOSS_PLUGIN = ("import torch\nfrom stare_lab.losses import register_policy_loss\n"
-               "from stare_lab.methods import register_method\n\n"
+LOSS_PLUGIN = ("import torch\nfrom stare_lab.loss.losses import register_policy_loss\n"
+               "from stare_lab.loss.methods import register_method\n\n"
                "@register_policy_loss('bad')\ndef bad(ctx, cfg):\n    {body}\n\nregister_method('bad', 'bad')\n")
 
 

@@ -1,4 +1,4 @@
-"""The cheap probe (stare_lab.probe): D terms from one backward and one forward-mode pass, checked in float64 on a
+"""The cheap probe (stare_lab.theory.probe): D terms from one backward and one forward-mode pass, checked in float64 on a
 tiny autoregressive model with shared parameters, against (a) central finite differences of the objective along v
 and of H̄ along −P⊙g_X, and (b) the three-backward values (one gradient per objective,
 adam_linear.linearised_entropy_change); the row entries by hand; Adam's second moment against torch's AdamW."""
@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from stare_lab.config import LossConfig, STAREConfig
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
-from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
+from stare_lab.theory.decomposition import grpo_objective, part_objective, selected_parts
 from stare_lab.errors import DataError
-from stare_lab.adam_linear import adam_exp_avg_sq, adam_preconditioner, linearised_entropy_change
-from stare_lab.first_order import (
+from stare_lab.theory.adam_linear import adam_exp_avg_sq, adam_preconditioner, linearised_entropy_change
+from stare_lab.theory.first_order import (
     critical_surprisal,
     logprob_change,
     predicted_entropy_change,
     share_above_critical,
     token_first_order,
 )
-from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
-from stare_lab.probe import (
+from stare_lab.loss.entropy import entropy_from_logits, logprobs_from_logits
+from stare_lab.theory.probe import (
     LPLUS_ABOVE_SUM,
     LPLUS_MASS_SUM,
     GraphTangent,
@@ -34,7 +34,7 @@ from stare_lab.probe import (
     probe_row,
     token_tangents,
 )
-from stare_lab.step import StepBatch, prepare_step
+from stare_lab.loss.step import StepBatch, prepare_step
 
 F64 = torch.float64
 V, D, B, T, TAU = 7, 5, 4, 6, 0.8
@@ -88,7 +88,7 @@ def _setup(entropy_coeff: float = 0.0):
         objectives[key] = (lambda ind: lambda lp, ent: part_objective(
             prep.inputs(lp, entropy=ent0 if bonus else None), ind, loss))(ind)
     # a real AdamW step on the run's loss gives the preconditioner
-    from stare_lab.losses import compute_policy_loss
+    from stare_lab.loss.losses import compute_policy_loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
     theta0 = {n: p.detach().clone() for n, p in params.items()}

@@ -1,4 +1,4 @@
-"""stare_lab.regime: a run's regime and the mismatch check, on rows worked out by hand."""
+"""stare_lab.theory.regime: a run's regime and the mismatch check, on rows worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stare_lab.errors import DataError, RunError
-from stare_lab.regime import calibrated_strengths, read_calibration, regime_mismatches, run_regime
+from stare_lab.theory.regime import calibrated_strengths, read_calibration, regime_mismatches, run_regime
 
 
 def test_run_regime_at_the_crossing_by_hand():

@@ -1,4 +1,4 @@
-"""One writer per run directory (stare_lab.runlock): a second writer is refused at once with the holder named and
+"""One writer per run directory (stare_lab.platform.runlock): a second writer is refused at once with the holder named and
 touches nothing; a killed holder's lock is reclaimed; nested locks in one process count; clean-up removes only the
 folders the lock created."""
 
@@ -13,11 +13,11 @@ import sys
 import pytest
 
 from stare_lab.errors import RunError
-from stare_lab.runlock import LOCK_FILE, RunLock, RunLockError, lock_dir, read_holder
+from stare_lab.platform.runlock import LOCK_FILE, RunLock, RunLockError, lock_dir, read_holder
 
 HOLD = """
 import sys, time
-from stare_lab.runlock import lock_dir
+from stare_lab.platform.runlock import lock_dir
 with lock_dir(sys.argv[1], command="holder-test"):
     print("locked", flush=True)
     time.sleep(120)
@@ -123,7 +123,7 @@ def test_release_race_never_gives_two_holders(tmp_path):
     d.mkdir()
     code = """
 import os, sys, time
-from stare_lab.runlock import lock_dir, RunLockError
+from stare_lab.platform.runlock import lock_dir, RunLockError
 log = sys.argv[2]
 held = 0
 t_end = time.time() + 2.0

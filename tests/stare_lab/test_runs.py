@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from stare_lab.runs import REQUIRED_KEYS, RunWriter, find_runs, is_run_dir, read_run
+from stare_lab.platform.runs import REQUIRED_KEYS, RunWriter, find_runs, is_run_dir, read_run
 from stare_lab.errors import RunError
 
 

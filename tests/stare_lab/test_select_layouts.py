@@ -13,9 +13,9 @@ import os
 import pytest
 import torch
 
-from stare_lab import native_select
+from stare_lab.selection import native as native_select
 from stare_lab.config import STAREConfig
-from stare_lab.stare import stare_token_weights
+from stare_lab.loss.stare import stare_token_weights
 
 
 @pytest.fixture(autouse=True)

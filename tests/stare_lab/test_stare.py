@@ -1,4 +1,4 @@
-"""Tests of stare_lab.stare: the L± selection (docs/theory.md §4), the token weights and the controller.
+"""Tests of stare_lab.loss.stare: the L± selection (docs/theory.md §4), the token weights and the controller.
 
 Expected selections are worked out by hand in the comments, or come from an independent sort-based reference
 (`reference_selection`: a plain Python sort by (surprisal descending, flat position ascending), k computed with
@@ -15,15 +15,15 @@ from fractions import Fraction
 import pytest
 import torch
 
-from stare_lab import native_select
+from stare_lab.selection import native as native_select
 from stare_lab.config import STAREConfig
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.stare import STAREController, select_stare_sets, select_top_surprisal, stare_token_weights
+from stare_lab.loss.stare import STAREController, select_stare_sets, select_top_surprisal, stare_token_weights
 
 
 @pytest.fixture(autouse=True, params=["native", "tensor"])
 def backend(request, monkeypatch):
-    """Every selection test runs on both implementations: the fused CPU kernel (stare_lab.native_select) and the
+    """Every selection test runs on both implementations: the fused CPU kernel (stare_lab.selection.native) and the
     tensor one (used on accelerators, and on CPU without a C compiler)."""
     if request.param == "tensor":
         monkeypatch.setenv("STARE_LAB_NATIVE", "0")
@@ -201,7 +201,7 @@ def test_chunked_sweeps_match_reference(monkeypatch, chunk_elems):
     """Tiny chunks (one row or a few rows per chunk) exercise the chunk boundaries of every sweep of the tensor
     implementation (the only one with chunks, so it runs whatever the backend parameter), with ties spread over
     many rows."""
-    import stare_lab.radix_select as radix_module
+    import stare_lab.selection.radix as radix_module
 
     monkeypatch.setenv("STARE_LAB_NATIVE", "0")
     monkeypatch.setattr(radix_module, "CHUNK_ELEMS", chunk_elems)
@@ -346,7 +346,7 @@ def test_controller_non_finite_leaves_state_and_reports(caplog):
     ctl = STAREController(STAREConfig(adaptive=True))
     ctl.update(0.1)
     before = ctl.state_dict()
-    with caplog.at_level(logging.WARNING, logger="stare_lab.stare"):
+    with caplog.at_level(logging.WARNING, logger="stare_lab.loss.stare"):
         assert ctl.update(float("nan")) is True  # the previous decision
     assert "not finite" in caplog.text
     assert ctl.last_update_skipped is True and ctl.num_skipped == 1

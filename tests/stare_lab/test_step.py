@@ -1,4 +1,4 @@
-"""stare_lab.step: the step preparation — hand-computed counts and statistics, one collective for the named sums,
+"""stare_lab.loss.step: the step preparation — hand-computed counts and statistics, one collective for the named sums,
 ranks vs one process, micro-batch invariance, gate off ⇒ GRPO, and a loss registered from outside the package.
 
 Ranks are threads sharing an exact int64 sum (tests/stare_lab/_ranks.py); test_step_distributed.py repeats the
@@ -16,9 +16,9 @@ import torch
 
 from stare_lab.config import LossConfig, STAREConfig
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.losses import LossNeeds, compute_policy_loss, register_policy_loss
-from stare_lab.stare import STAREController
-from stare_lab.step import GLOBAL_STATS, StepBatch, TokenMean, prepare_step, register_global_stat
+from stare_lab.loss.losses import LossNeeds, compute_policy_loss, register_policy_loss
+from stare_lab.loss.stare import STAREController
+from stare_lab.loss.step import GLOBAL_STATS, StepBatch, TokenMean, prepare_step, register_global_stat
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _ranks import CountingLocal, concat_batches, run_ranks  # noqa: E402

@@ -36,8 +36,8 @@ def rank_results(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(_step_gloo.cases()))
 def test_two_gloo_ranks_equal_one_process(rank_results, name):
-    from stare_lab.stare import STAREController
-    from stare_lab.step import prepare_step
+    from stare_lab.loss.stare import STAREController
+    from stare_lab.loss.step import prepare_step
 
     cfg, parts = _step_gloo.cases()[name]
     whole = concat_batches(parts)

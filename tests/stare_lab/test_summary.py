@@ -1,4 +1,4 @@
-"""stare_lab.summary: the one run-summary definition, on rows whose every statistic is worked out by hand."""
+"""stare_lab.platform.summary: the one run-summary definition, on rows whose every statistic is worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from stare_lab.errors import ConfigError
-from stare_lab.summary import (
+from stare_lab.platform.summary import (
     SUMMARY_KEYS,
     band_held,
     held_band,

@@ -1,9 +1,9 @@
-"""stare_lab.verdict: the held count never counts a collapsed run, and the adaptive-cap clause (hand-made runs)."""
+"""stare_lab.platform.verdict: the held count never counts a collapsed run, and the adaptive-cap clause (hand-made runs)."""
 
 from __future__ import annotations
 
-from stare_lab.summary import run_summary
-from stare_lab.verdict import group_outcome, near_cap, verdict
+from stare_lab.platform.summary import run_summary
+from stare_lab.platform.verdict import group_outcome, near_cap, verdict
 
 
 def _run(entropies, target):

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from stare_lab.step import prepare_step
+from stare_lab.loss.step import prepare_step
 from trainer.step.batch import RolloutBatch
 from trainer.engines.comm import Comm
 from trainer.config import load_trainer_config

@@ -74,7 +74,7 @@ def test_a_probe_into_a_run_directory_that_holds_a_run_is_refused(tmp_path, caps
                    f"data: {{train_files: [{GSM8K_TRAIN_SAMPLE}], max_prompt_length: 256}}\n"
                    f"rollout: {{max_response_length: 32}}\nout_dir: {out}\n")
     assert main(["train", str(cfg), "--probe"]) == 1
-    assert _one_line(capsys) == (  # the one --out policy of every command (stare_lab.outdir)
+    assert _one_line(capsys) == (  # the one --out policy of every command (stare_lab.platform.outdir)
         f"stare-lab train: error: --out {str(out)!r} already holds a run (metrics.jsonl); pass --resume to continue "
         "it or --overwrite to replace it, or choose another --out")
     assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched

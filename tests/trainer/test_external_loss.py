@@ -33,9 +33,9 @@ NAME = "toy_entropy_centred"
 
 def register() -> None:
     """Register the toy loss, its global statistic and its method (what a user's own module would do)."""
-    from stare_lab.losses import LossNeeds, register_policy_loss
-    from stare_lab.methods import register_method
-    from stare_lab.step import TokenMean, register_global_stat
+    from stare_lab.loss.losses import LossNeeds, register_policy_loss
+    from stare_lab.loss.methods import register_method
+    from stare_lab.loss.step import TokenMean, register_global_stat
 
     register_global_stat(f"{NAME}/centre", TokenMean("entropy"))
 

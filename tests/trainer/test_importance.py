@@ -1,4 +1,4 @@
-"""Importance correction (trainer.step.importance, the loss-side TIS options of stare_lab.losses): missing or bad engine
+"""Importance correction (trainer.step.importance, the loss-side TIS options of stare_lab.loss.losses): missing or bad engine
 log-probs are errors, every logged ratio is finite, TIS with a filtered sampling support is refused, and the
 token / sequence / mask variants give the hand-computed weights."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.losses import LOG_RATIO_CLAMP, PolicyLossInputs, compute_policy_loss
+from stare_lab.loss.losses import LOG_RATIO_CLAMP, PolicyLossInputs, compute_policy_loss
 from trainer.config import load_trainer_config
 from trainer.step.importance import check_importance_config, engine_logprobs, rollout_diagnostics
 from trainer.engines.rollout import RolloutOutput

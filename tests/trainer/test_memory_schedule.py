@@ -84,7 +84,7 @@ class Encoder:
 
 
 def _trainer(offload: bool):
-    from stare_lab.stare import STAREController
+    from stare_lab.loss.stare import STAREController
     from trainer.engines.comm import Comm
     from trainer.step.runner import StepRunner
 

@@ -21,7 +21,7 @@ _spec.loader.exec_module(runs)
 
 HOLD = """
 import sys, time
-from stare_lab.runlock import lock_dir
+from stare_lab.platform.runlock import lock_dir
 with lock_dir(sys.argv[1], command="stare-lab train (test holder)"):
     print("locked", flush=True)
     time.sleep(120)
@@ -64,7 +64,7 @@ def test_overwrite_never_removes_another_kind_of_run(tmp_path, capsys):
 def test_no_command_writes_over_a_sweep_or_a_trainer_run(tmp_path, capsys):
     """train --overwrite into a simulate sweep's --out (a summary.json with preset and methods, no config.yaml) is
     refused and removes nothing; evaluate into a trainer run's directory likewise; simulate inside a directory that
-    another live process is writing is refused (stare_lab.outdir.check_kind, stare_lab.runlock.live_holder_above)."""
+    another live process is writing is refused (stare_lab.platform.outdir.check_kind, stare_lab.platform.runlock.live_holder_above)."""
     sweep = tmp_path / "sweep"
     (sweep / "grpo" / "seed0").mkdir(parents=True)
     (sweep / "summary.json").write_text(json.dumps({"preset": "demo", "methods": {"grpo": {}}}))
@@ -139,7 +139,7 @@ def test_an_analysis_report_is_a_kind(tmp_path, capsys):
     """Fresh-user item: `simulate --out` into a folder where `analyze` wrote its report (report.json and report.md)
     is refused with one line; analyze may write there again (its own kind)."""
     from stare_lab.cli import main
-    from stare_lab.outdir import REPORT, check_kind, held_kind
+    from stare_lab.platform.outdir import REPORT, check_kind, held_kind
 
     rep = tmp_path / "rep"
     rep.mkdir()

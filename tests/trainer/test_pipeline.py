@@ -101,7 +101,7 @@ def run_a(deps, tiny_model, gsm8k_digits, tmp_path_factory):
 def test_one_process_stare_c2_three_steps(run_a):
     """(a) 3 steps of C2 with the gate forced on: every row has the required keys, gate_on = 1, W/M = 1.1/0.9 (the
     config's), the loss ran on every step, and the final checkpoint holds an HF export and the DeepSpeed state."""
-    from stare_lab.runs import REQUIRED_KEYS, read_run
+    from stare_lab.platform.runs import REQUIRED_KEYS, read_run
 
     run = read_run(run_a)
     assert [r["step"] for r in run.metrics] == [1, 2, 3]
@@ -125,7 +125,7 @@ def test_one_process_stare_c2_three_steps(run_a):
 def test_engine_logprobs_match_trainer_after_every_sync(run_a):
     """(c) rollout/logprob_diff_max = max |vLLM log-prob − trainer log-prob| over the step's sampled tokens. Step 1
     samples with the initial weights, steps 2 and 3 right after a sync: all must agree to 1e-4 in fp32."""
-    from stare_lab.runs import read_run
+    from stare_lab.platform.runs import read_run
 
     diffs = [r["rollout/logprob_diff_max"] for r in read_run(run_a).metrics]
     assert all(d is not None and d <= 1e-4 for d in diffs), diffs

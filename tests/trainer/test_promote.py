@@ -16,7 +16,7 @@ import yaml
 from stare_lab.cli import main as cli_main
 from stare_lab.config import LossConfig, STAREConfig, to_dict
 from stare_lab.errors import ConfigError, RunError
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 from trainer.config import load_trainer_config
 from trainer.planning.promote import PROMOTED_KEYS, promote
 
@@ -298,7 +298,7 @@ def test_regime_mismatch_is_warned_with_the_numbers(tmp_path, base):
 
 
 def calibration(path: Path, **critical) -> Path:
-    """A calibration.json of the schema stare-lab calibrate writes (stare_lab.regime)."""
+    """A calibration.json of the schema stare-lab calibrate writes (stare_lab.theory.regime)."""
     data = {"kind": "calibrated",
             "probe": {"run": "runs/smol-probe", "source": "trainer", "model": "SmolLM2-135M", "steps": [1, 2, 3],
                       "entropy": 2.0, "d_ratio": 20.0, "lplus_above_sstar": 0.8, "target_entropy": None},

@@ -8,7 +8,7 @@ import yaml
 
 from stare_lab.cli import main as cli_main
 from stare_lab.config import LossConfig, STAREConfig, expand_shorthand, split_paths, to_dict
-from stare_lab.runs import RunWriter
+from stare_lab.platform.runs import RunWriter
 
 ROW = dict(step=1, entropy=1.0, reward=0.5, gate_on=1, stare_w=1.3, stare_m=0.8, pred_entropy_change=0.0,
            entropy_change=0.0)

@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from stare_lab.entropy import logprobs_from_logits
+from stare_lab.loss.entropy import logprobs_from_logits
 from stare_lab.errors import ConfigError
 from trainer.tools import sandbox
 from trainer.engines.rollout import HFEngine, RolloutOutput, SamplingConfig
@@ -201,7 +201,7 @@ def test_interpreter_tokens_never_selected_by_stare():
     """STARE selection on a hand-built two-turn trajectory: the interpreter tokens get the *highest* surprisal of
     the batch and a positive advantage, yet with ``response_mask`` = loss_mask they are never in L+ (nor L−).
     Expected: L+ = the k = ⌈P·|T+|⌉ highest-surprisal *model* tokens (docs/theory.md §4), here hand-picked."""
-    from stare_lab.stare import stare_token_weights  # here, so a missing core fails only this test
+    from stare_lab.loss.stare import stare_token_weights  # here, so a missing core fails only this test
     from stare_lab.config import STAREConfig
 
     # row 0: model 0..3, interpreter 4..7, model 8..9 ; row 1 (negative advantage): model 0..2, interp 3..5, model 6

@@ -142,7 +142,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 import trainer.engines.policy as policy_mod
 import trainer.engines.rollout as rollout_mod
-from stare_lab.entropy import logprobs_from_logits
+from stare_lab.loss.entropy import logprobs_from_logits
 from trainer.config import load_trainer_config
 from trainer.run.loop import train
 from trainer.engines.rollout import RolloutOutput
@@ -363,7 +363,7 @@ def test_measured_entropy_change(tool_run):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from stare_lab.entropy import entropy_from_logits
+    from stare_lab.loss.entropy import entropy_from_logits
 
     rows, batches, out = tool_run
     assert all(isinstance(r["entropy_change"], float) and isinstance(r["pred_entropy_change"], float) for r in rows)

@@ -30,7 +30,7 @@ def test_config_errors_name_the_dotted_key():
 
 
 def test_method_alone_selects_the_loss():
-    """As in the simulators, the method fills in what it implies (stare_lab.methods.METHODS): o1 → loss stare,
+    """As in the simulators, the method fills in what it implies (stare_lab.loss.methods.METHODS): o1 → loss stare,
     variant O1, adaptive off; o1-adaptive → adaptive on; grpo-ds → dynamic sampling on; settings it does not fix
     (P, the gate) stay the config's."""
     cfg = load_trainer_config(None, ["method=o1", "loss.stare.top_p_ratio=0.3"])

@@ -1,6 +1,6 @@
 """The update is invariant to the micro-batch size, the number of ranks and the ZeRO stage (docs/theory.md §3:
 normalisers are global over the optimizer step; DeepSpeed's rank-averaging of gradients is undone in
-PolicyEngine.update; ω is selected over the whole step across the ranks by stare_lab.step.prepare_step), and the
+PolicyEngine.update; ω is selected over the whole step across the ranks by stare_lab.loss.step.prepare_step), and the
 first-order prediction probes (trainer.step.prediction) leave the update unchanged (bit for bit; with the probe's
 kept graph, to the rounding of the math attention kernel its forward uses).
 

@@ -1,5 +1,5 @@
 """The trainer's collectives over its data-parallel ranks: named reductions in one call each, and the core's
-:class:`~stare_lab.collective.Collective` for :func:`stare_lab.step.prepare_step`.
+:class:`~stare_lab.collective.Collective` for :func:`stare_lab.loss.step.prepare_step`.
 
 Every per-step statistic travels as a float64 tensor keyed by name (:meth:`Comm.sum`, :meth:`Comm.max`): the names
 are sorted, the values packed into one buffer, reduced in ONE ``all_reduce`` and unpacked — never as positional

@@ -81,10 +81,10 @@ def _venv_tools_first() -> None:
 
 def cpu_env_defaults() -> None:
     """Set (``setdefault``) the environment the trainer needs (the Makefile exports the same): one OpenMP thread
-    (:func:`stare_lab.threads.set_thread_defaults`), a fixed op-build cache (:func:`extensions_dir`) built with the
+    (:func:`stare_lab.platform.threads.set_thread_defaults`), a fixed op-build cache (:func:`extensions_dir`) built with the
     environment's own tools (its ``bin`` first on ``PATH``), offline hub, in-process vLLM; on CPU also DeepSpeed's
     CPU accelerator and a 1 GiB vLLM KV cache."""
-    from stare_lab.threads import set_thread_defaults
+    from stare_lab.platform.threads import set_thread_defaults
 
     set_thread_defaults()  # before torch is imported where this runs first
     import torch
@@ -179,7 +179,7 @@ def deepspeed_json(cfg: Any, world_size: int) -> dict[str, Any]:
     """
     ds = cfg.deepspeed
     if ds.config_file:
-        from stare_lab.files import read_json
+        from stare_lab.platform.files import read_json
 
         p = Path(ds.config_file)
         if not p.is_file():

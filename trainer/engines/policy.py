@@ -13,7 +13,7 @@ pass; the last backward of a pass is DeepSpeed's gradient-accumulation boundary
 it, ZeRO-1/2 with one accumulation step per backward keep only the last micro-batch's gradient — measured here.)
 
 Loss normalisation (docs/theory.md §3): each micro-batch loss is ``compute_policy_loss(...)`` with the inputs of
-:meth:`stare_lab.step.PreparedStep.inputs` — ``global_num_tokens``/``global_num_sequences`` counted over the whole
+:meth:`stare_lab.loss.step.PreparedStep.inputs` — ``global_num_tokens``/``global_num_sequences`` counted over the whole
 optimizer step (all micro-batches, all ranks) — so summing the micro-batch gradients gives the gradient of the
 full-batch loss; DeepSpeed then *averages* gradients over the data-parallel ranks, which we undo by multiplying each
 loss by the world size. The update is therefore independent of the micro-batch size and of the number of ranks
@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
+from stare_lab.loss.entropy import entropy_from_logits, logprobs_from_logits
 
 from .probe_passes import ProbePasses
 
@@ -248,14 +248,14 @@ class PolicyEngine(ProbePasses):
         Args:
             batch: this rank's :class:`trainer.step.batch.RolloutBatch`.
             plan: :meth:`micro_plan`.
-            prep: the step's :class:`stare_lab.step.PreparedStep` (gate, W/M, ω, normalisers, global statistics).
+            prep: the step's :class:`stare_lab.loss.step.PreparedStep` (gate, W/M, ω, normalisers, global statistics).
             comm: the :class:`trainer.engines.comm.Comm`.
 
         Returns:
             token-weighted means of the loss metrics over all ranks (``loss/...``), ``loss/total`` (the step loss,
             summed over micro-batches and ranks), ``grad_norm`` and ``lr``.
         """
-        from stare_lab.losses import compute_policy_loss, loss_metric_names
+        from stare_lab.loss.losses import compute_policy_loss, loss_metric_names
 
         cfg, needs = prep.config, prep.needs
         # the keys every rank sums, also a rank without micro-batches: the loss's declared metric names

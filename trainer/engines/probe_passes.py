@@ -1,4 +1,4 @@
-"""The passes of the near-criticality probe on the policy (:mod:`trainer.step.prediction`, :mod:`stare_lab.probe`):
+"""The passes of the near-criticality probe on the policy (:mod:`trainer.step.prediction`, :mod:`stare_lab.theory.probe`):
 the old-log-prob pass that also gives ∇θH̄ (and, with one micro-batch, keeps its graph for the tangent), θ before
 the update, and the logits' directional derivative along the probe's direction. A mixin of
 :class:`trainer.engines.policy.PolicyEngine` (it uses the engine's ``engine``, ``dist``, ``zero3``, ``fusable``,
@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from stare_lab.entropy import entropy_from_logits, logprobs_from_logits
+from stare_lab.loss.entropy import entropy_from_logits, logprobs_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class ProbePasses:
         ``keep_tangent`` with one micro-batch (``len(plan) == 1``; with more, forward mode and one logged
         warning): the leaves are a copy of θ (they serve as :meth:`snapshot`), the forward runs with
         ``scaled_dot_product_attention``'s math backend and the backward is recorded
-        (:class:`stare_lab.probe.GraphTangent`), kept through the update for :meth:`tangent_logits`: the probe
+        (:class:`stare_lab.theory.probe.GraphTangent`), kept through the update for :meth:`tangent_logits`: the probe
         then needs no forward-mode pass. Its log-probs and entropies equal :meth:`compute_logprobs`' to the
         rounding of the attention kernel (bit for bit otherwise, tested); the kept graphs cost about 4× the
         micro-batch's activation memory until :meth:`tangent_logits` or :meth:`release`."""
@@ -45,7 +45,7 @@ class ProbePasses:
 
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from stare_lab.probe import GraphTangent
+        from stare_lab.theory.probe import GraphTangent
 
         if self.zero3 or not self.fusable:
             raise RuntimeError("logprobs_and_entropy_grad needs ZeRO 0-2 and a model without dropout")
@@ -116,12 +116,12 @@ class ProbePasses:
 
     def tangent_logits(self, batch: Any, plan: Sequence[Tensor], primals: dict[str, Tensor] | None,
                        tangents: dict[str, Tensor]) -> Iterator[tuple[Any, Tensor, Tensor]]:
-        """One forward-mode pass per micro-batch (:func:`stare_lab.probe.jvp_logits`): yields ``(micro-batch,
+        """One forward-mode pass per micro-batch (:func:`stare_lab.theory.probe.jvp_logits`): yields ``(micro-batch,
         response logits [b, t, V], their directional derivative along tangents)`` at ``primals`` (``None``: the
         current parameters), in the parameters' dtype, outside DeepSpeed (``torch.func.functional_call``; no
         gradient hooks, no graph). ZeRO 0–2 only; empty micro-batches are skipped (no collective). The graph kept
         by :meth:`logprobs_and_entropy_grad` at these primals replaces the pass (one backward through it)."""
-        from stare_lab.probe import jvp_logits
+        from stare_lab.theory.probe import jvp_logits
 
         if self.zero3:
             raise RuntimeError("tangent_logits: ZeRO-3 partitions the parameters")

@@ -8,8 +8,8 @@ greedily (one response per problem). A config with a ``tool`` section evaluates 
 the sandbox (the engine of tool-use training). The problems come from the benchmark copies bundled with the
 package unless ``--data-dir`` / ``--file`` say otherwise.
 
-``--out`` follows the one policy of every command (:func:`stare_lab.outdir.claim_out`), under the directory's lock
-(:func:`stare_lab.runlock.lock_dir`): an ``--out`` that holds an evaluation is refused (and left untouched) unless
+``--out`` follows the one policy of every command (:func:`stare_lab.platform.outdir.claim_out`), under the directory's lock
+(:func:`stare_lab.platform.runlock.lock_dir`): an ``--out`` that holds an evaluation is refused (and left untouched) unless
 ``--overwrite`` (removes only an evaluation's files, :data:`EVAL_OUTPUTS`) or ``--resume`` (a finished evaluation
 with the same model and settings is reported again, nothing is recomputed; other settings, or a model whose files
 changed since (:func:`model_fingerprint`, recorded as ``model_fingerprint``), are refused; an unfinished one —
@@ -150,8 +150,8 @@ def check_results_out(out: str | Path, overwrite: bool, resume: bool = False, mo
             files changed since.
         ConfigError: both options.
     """
-    from stare_lab.files import read_json
-    from stare_lab.outdir import claim_out
+    from stare_lab.platform.files import read_json
+    from stare_lab.platform.outdir import claim_out
 
     mode = claim_out(out, EVAL_OUTPUTS, source=None, resume=resume, overwrite=overwrite)
     done = Path(out) / "eval.json"
@@ -222,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
         RunError: ``--out`` exists as a file or cannot be created, or already holds results without
             ``--overwrite`` (checked before the model is loaded; nothing is written then).
     """
-    from stare_lab.runlock import lock_dir
+    from stare_lab.platform.runlock import lock_dir
 
     from trainer.output import configure_output
     from trainer.paths import check_out_dir
@@ -234,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: --resume reports the finished evaluation "
                           "again, --overwrite replaces it")
-    from stare_lab.outdir import claim_out
+    from stare_lab.platform.outdir import claim_out
 
     claim_out(args.out, EVAL_OUTPUTS, source=None, resume=resume, overwrite=overwrite, check_only=True)
     problems = {b: load_problems(cfg, b) for b in cfg.benchmarks}  # fail on bad data before loading the model

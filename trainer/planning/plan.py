@@ -14,7 +14,7 @@ micro-batch of its own):
   returns for every step, with the engine's stacked copy and log-softmax (``3·n·max_response·V·4``).
 - ``old_logprob`` (engine asleep): DeepSpeed's model states + a no-grad forward of one micro-batch: the logits of
   all positions and their gathered response rows (``2·b·T·V``), the chunk workspaces of the log-prob/entropy
-  functions (3 × 128 MiB, ``stare_lab.entropy``) and one layer's working set.
+  functions (3 × 128 MiB, ``stare_lab.loss.entropy``) and one layer's working set.
 - ``update``: DeepSpeed's model states + saved activations (with or without gradient checkpointing, both reported)
   + the logits term ``3·b·T·V`` (saved response logits, their gradient, and the gradient scattered into the full
   logits) + one layer's backward working set.
@@ -75,7 +75,7 @@ DEFAULT_GPU_TFLOPS = 989.0
 #: Default utilisations of the peak for the trainer passes and for generation (decode is memory-bound).
 DEFAULT_MFU = 0.35
 DEFAULT_ROLLOUT_MFU = 0.10
-#: The chunk workspaces of stare_lab.entropy (DEFAULT_CHUNK_ELEMENTS float32 = 128 MiB each; three at most live).
+#: The chunk workspaces of stare_lab.loss.entropy (DEFAULT_CHUNK_ELEMENTS float32 = 128 MiB each; three at most live).
 CHUNK_WORKSPACE_BYTES = 3 * 2**25 * 4
 PAPERS = Path(__file__).resolve().parents[2] / "papers"
 PHASES = ("rollout", "old_logprob", "update", "wake_sync")

@@ -31,17 +31,17 @@ the provenance's ``overridden`` name both values.
 
 Refusals (override with ``--force``, recorded in the provenance): a run whose config is incomplete (no
 ``loss.stare`` or missing keys), a method without STARE settings (``loss.loss_mode`` is not ``stare``), or a run
-whose summary shows it failed its own band criterion (:func:`stare_lab.summary.band_held`: mean |H − H_tgt| over the
+whose summary shows it failed its own band criterion (:func:`stare_lab.platform.summary.band_held`: mean |H − H_tgt| over the
 second half below min(band, H_tgt/4), final entropy ≥ H_tgt/2). An existing ``--out`` file is never replaced without
 ``--overwrite``; an empty base config, and an ``--out`` that ends in a slash or is a directory, are refused.
 
 **W and M from evidence** (docs/theory.md §7). The promoted W (and M for C2, ``w_max`` for the adaptive schedule) is
-a critical strength of a named kind (:class:`stare_lab.critical.CriticalStrength`), recorded in the provenance
+a critical strength of a named kind (:class:`stare_lab.theory.critical.CriticalStrength`), recorded in the provenance
 (``strength``, and every candidate under ``evidence``):
 
 * *calibrated* — ``--calibration PATH`` (``calibration.json`` or the folder ``stare-lab calibrate`` wrote), or a
   source folder that holds a ``calibration.json``: the critical W of a toy calibrated to a probe of the target model
-  (:mod:`stare_lab.regime`). It wins over a toy's measured W: it is evidence about the model you will train; the
+  (:mod:`stare_lab.theory.regime`). It wins over a toy's measured W: it is evidence about the model you will train; the
   source runs then give only the other STARE settings (variant, P, scope, …), and neither the size guidance nor the
   push warning applies to the calibrated values.
 * *measured* — a W sweep (a source folder whose ``summary.json`` has ``critical.<method>``): its measured critical
@@ -51,10 +51,10 @@ Without either, W is the source runs' own setting — no critical strength of an
 header's ``W:`` line and ``w_from`` say so), an upper bound of the critical W when they all held the band.
 
 **Regime check.** The source's regime (D_L+/|D_GRPO| where its entropy crosses H_tgt, H_tgt over the reward-optimal
-entropy, sampled vs mean field; :func:`stare_lab.regime.run_regime`, or the calibration's ``regime``) is compared with
+entropy, sampled vs mean field; :func:`stare_lab.theory.regime.run_regime`, or the calibration's ``regime``) is compared with
 the target's — a probe run of the target model (``--probe`` with ``pred/d_grpo``, ``pred/d_lplus`` or
 ``pred/d_ratio`` rows), else the calibration's ``probe``, else just "sampled" (the trainer samples G responses) —
-and every difference is a warning with both numbers (:func:`stare_lab.regime.regime_mismatches`). Given such a probe
+and every difference is a warning with both numbers (:func:`stare_lab.theory.regime.regime_mismatches`). Given such a probe
 run and no calibration, promote proposes the command that calibrates the toy to it (``stare-lab calibrate``; a
 calibration sweeps a toy for minutes, which promote does not start by itself).
 """
@@ -74,11 +74,11 @@ from typing import Any
 
 from stare_lab import __version__
 from stare_lab.config import apply_overrides, expand_shorthand, load_yaml, parse_overrides, split_paths, to_dict
-from stare_lab.critical import CriticalStrength
-from stare_lab.files import read_json
+from stare_lab.theory.critical import CriticalStrength
+from stare_lab.platform.files import read_json
 from stare_lab.errors import ConfigError, DataError, RunError
-from stare_lab.regime import calibrated_w_max
-from stare_lab.runs import read_run
+from stare_lab.theory.regime import calibrated_w_max
+from stare_lab.platform.runs import read_run
 
 from trainer.planning.promote_sources import PROMOTED_KEYS, collect_settings, evidence, own_w_text, regime_check
 
@@ -489,7 +489,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out={str(out)!r}: directory {str(out.parent)!r} does not exist")
     if out.is_dir():
         raise ConfigError(f"--out={str(out)!r} is a directory; give a file name")
-    from stare_lab.outdir import held_kind
+    from stare_lab.platform.outdir import held_kind
 
     held = held_kind(out.parent)  # a run's, a sweep's or an evaluation's own folder: its files are not promote's
     if held is not None:

@@ -4,9 +4,9 @@ promoted W comes from, and the regime check (docs/theory.md §7–8).
 * :func:`collect_settings`: the common STARE settings of a method's runs under the sources, with the band refusals.
 * :func:`evidence`: the critical strength the promoted W (and M, ``w_max``) comes from — *calibrated* (a
   ``calibration.json``: evidence about the target model) > *measured* (a W sweep's smallest W held on every seed)
-  — and every candidate seen (:class:`stare_lab.critical.CriticalStrength`); without either, the runs' own W
+  — and every candidate seen (:class:`stare_lab.theory.critical.CriticalStrength`); without either, the runs' own W
   (:func:`own_w_text`: no critical strength, an upper bound when they all held).
-* :func:`regime_check`: the source's regime against the target's (:mod:`stare_lab.regime`), and the proposal to
+* :func:`regime_check`: the source's regime against the target's (:mod:`stare_lab.theory.regime`), and the proposal to
   calibrate when a probe run of the target is given without a calibration.
 """
 
@@ -16,14 +16,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength
 from stare_lab.errors import ConfigError, RunError, StareLabError
-from stare_lab.files import read_json
-from stare_lab.regime import (
+from stare_lab.platform.files import read_json
+from stare_lab.theory.regime import (
     CALIBRATION_FILE, calibrated_strengths, read_calibration, regime_mismatches, run_regime,
 )
-from stare_lab.runs import find_runs, read_run
-from stare_lab.summary import band_held
+from stare_lab.platform.runs import find_runs, read_run
+from stare_lab.platform.summary import band_held
 
 __all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "own_w_text", "regime_check"]
 
@@ -52,7 +52,7 @@ def _matches(config: dict[str, Any], point: dict[str, Any]) -> bool:
 
 
 def _held(r: Any) -> bool | None:
-    """:func:`stare_lab.summary.band_held` of a run, its summary completed from its config (target, band)."""
+    """:func:`stare_lab.platform.summary.band_held` of a run, its summary completed from its config (target, band)."""
     s = dict(r.summary or {})
     if s.get("target_entropy") is None:
         s["target_entropy"] = _dotted(r.config, "loss.stare.target_entropy")
@@ -61,7 +61,7 @@ def _held(r: Any) -> bool | None:
 
 
 def _merged_regime(runs: list[Any]) -> dict[str, Any]:
-    """The median over ``runs`` of each number of :func:`stare_lab.regime.run_regime` (each run measured where its
+    """The median over ``runs`` of each number of :func:`stare_lab.theory.regime.run_regime` (each run measured where its
     entropy crosses its own H_tgt), and their ``mode`` when they share one."""
     regs = [run_regime(r.metrics, _dotted(r.config, "loss.stare.target_entropy"), r.config) for r in runs]
     out: dict[str, Any] = {}
@@ -170,7 +170,7 @@ def _find_calibration(sources: list[str | Path], calibration: str | Path | None)
 
     Raises:
         ConfigError: several source folders hold one (say which with --calibration).
-        RunError / DataError: :func:`stare_lab.regime.read_calibration`.
+        RunError / DataError: :func:`stare_lab.theory.regime.read_calibration`.
     """
     if calibration is not None:
         return read_calibration(calibration)
@@ -242,7 +242,7 @@ def _calibrated_choice(cal: dict[str, Any], stare: dict[str, Any]) -> CriticalSt
 
 def _probe_regime(probe: str | Path | None) -> dict[str, Any] | None:
     """The target model's regime from a ``--probe`` run directory that logs the D terms or ``pred/d_ratio``
-    (:func:`stare_lab.regime.run_regime` over all its rows), else None."""
+    (:func:`stare_lab.theory.regime.run_regime` over all its rows), else None."""
     if probe is None or not Path(probe).is_dir():
         return None
     run = read_run(probe)
@@ -289,7 +289,7 @@ def regime_check(found: dict[str, Any], cal: dict[str, Any] | None, probe: str |
                   notices: list[str]) -> dict[str, Any]:
     """``{"source", "target", "warnings"}``: the regime the promoted W was found in (the calibration's ``regime``,
     else the source runs'), the target's (a ``--probe`` run's, else the calibration's ``probe``, else "sampled":
-    the trainer samples G responses), and :func:`stare_lab.regime.regime_mismatches` between them. Adds the
+    the trainer samples G responses), and :func:`stare_lab.theory.regime.regime_mismatches` between them. Adds the
     calibration proposal to ``notices`` when a probe run is given without a calibration."""
     if cal is not None:
         source = {**(cal.get("regime") or {}), "name": f"the calibrated toy ({cal.get('path')})"}

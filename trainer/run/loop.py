@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from stare_lab.errors import ConfigError, RunError
-from stare_lab.outdir import existing_outputs
-from stare_lab.runlock import lock_dir
+from stare_lab.platform.outdir import existing_outputs
+from stare_lab.platform.runlock import lock_dir
 
 from trainer import paths
 from trainer.run import preflight
@@ -91,7 +91,7 @@ def train(cfg: TrainerConfig) -> Path:
     metrics.jsonl and ``final_model`` published if missing; one beyond ``total_steps`` is refused (a resume does
     not shorten a run).
 
-    The run directory (``OUT``) has one writer: rank 0 holds its lock (:func:`stare_lab.runlock.lock_dir`) for the
+    The run directory (``OUT``) has one writer: rank 0 holds its lock (:func:`stare_lab.platform.runlock.lock_dir`) for the
     whole call, taken before anything in it is read for the resume decision, written or deleted. ``OUT`` holding
     a run (:data:`trainer.run.runlog.RUN_OUTPUTS`) is refused with ``schedule.resume=never`` (the default;
     ``stare-lab train --resume`` sets ``auto``, ``--overwrite`` removes the previous run first); with ``auto`` /
@@ -106,7 +106,7 @@ def train(cfg: TrainerConfig) -> Path:
         DataError: bad data records, a prompt too long with ``data.truncation=error``, a failing reward function
             with ``reward.on_error=raise``, unreadable benchmark data of the periodic evaluation.
         RunError: run directory not creatable, already holds a run and resume is ``never``, holds more steps than
-            ``total_steps``, or is in use by another writer (:class:`stare_lab.runlock.RunLockError`, naming it).
+            ``total_steps``, or is in use by another writer (:class:`stare_lab.platform.runlock.RunLockError`, naming it).
     """
     cpu_env_defaults()
     cfg.require_model_and_data()

@@ -103,7 +103,7 @@ def check_resume_compatible(out: str | Path, cfg: Any) -> None:
     Raises:
         ConfigError: a key differs; the message names it, both values and what to do.
     """
-    from stare_lab.files import read_yaml
+    from stare_lab.platform.files import read_yaml
 
     path = Path(out) / "config.yaml"
     if not path.is_file():

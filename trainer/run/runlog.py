@@ -26,7 +26,7 @@ __all__ = ["RunLogger", "summary_from_rows", "read_rows", "export_final_model", 
 #: ``OUT/final_model``: the trained model at the end of a run (HF format with the tokenizer).
 FINAL_MODEL = "final_model"
 #: What a training run writes in its directory: any of them there means "OUT holds a run"; ``stare-lab train
-#: --overwrite`` removes exactly these (:func:`stare_lab.outdir.claim_out`).
+#: --overwrite`` removes exactly these (:func:`stare_lab.platform.outdir.claim_out`).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "metrics.jsonl.tmp", "metrics.jsonl.amend", "summary.json",
                "summary.json.tmp", "checkpoint", FINAL_MODEL, FINAL_MODEL + ".tmp", FINAL_MODEL + ".old", "eval",
                "tensorboard", "wandb")
@@ -76,15 +76,15 @@ def read_rows(out: str | Path) -> list[dict[str, Any]]:
 def summary_from_rows(rows: list[dict[str, Any]], total_steps: int, resumed_from: int,
                       config: dict[str, Any] | None = None) -> dict[str, Any]:
     """``summary.json`` of a trainer run from ALL its metrics rows (so a resumed or re-run command never drops
-    facts): the core's run summary (:func:`stare_lab.summary.run_summary`, the same keys and definitions as every
-    other source; settings from ``config``, the resolved run config, via :func:`stare_lab.summary.summary_settings`:
+    facts): the core's run summary (:func:`stare_lab.platform.summary.run_summary`, the same keys and definitions as every
+    other source; settings from ``config``, the resolved run config, via :func:`stare_lab.platform.summary.summary_settings`:
     without it there is no target entropy and the band statistics are null), the first-order decomposition
-statistics (:func:`stare_lab.critical.decomposition_summary`: critical W along the run, W* where the entropy first
+statistics (:func:`stare_lab.theory.critical.decomposition_summary`: critical W along the run, W* where the entropy first
 falls below the target — null unless the rows carry the ``pred/d_…`` terms of ``schedule.measure_entropy_change``)
 plus ``resumed_from`` (the step the
     last invocation started from). ``steps`` counts the rows; a count other than ``total_steps`` is logged."""
-    from stare_lab.critical import decomposition_summary
-    from stare_lab.summary import run_summary, summary_settings
+    from stare_lab.theory.critical import decomposition_summary
+    from stare_lab.platform.summary import run_summary, summary_settings
 
     settings = summary_settings(config)
     summary = run_summary(rows, **settings)
@@ -149,7 +149,7 @@ class RunLogger:
         self.writer = self.tb = self.wandb = self.bar = None
         if not is_main:
             return
-        from stare_lab.runs import RunWriter
+        from stare_lab.platform.runs import RunWriter
 
         self.writer = RunWriter(out, cfg.to_dict(), resume=resume_step > 0, overwrite=False)
         if resume_step > 0:
@@ -205,7 +205,7 @@ class RunLogger:
             return
         import math
 
-        from stare_lab.runs import RunWriter
+        from stare_lab.platform.runs import RunWriter
 
         extra = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in extra.items()}
         rows = read_rows(self.out)

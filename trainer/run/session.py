@@ -40,7 +40,7 @@ class Session:
     def __init__(self, cfg: TrainerConfig, resume_from: Path | None = None) -> None:
         from transformers import AutoTokenizer
 
-        from stare_lab.stare import STAREController
+        from stare_lab.loss.stare import STAREController
 
         from trainer.run.checkpoint import load_checkpoint, load_rng
         from trainer.engines.comm import Comm

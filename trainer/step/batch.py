@@ -4,7 +4,7 @@ step 5).
 :func:`build_rollout_batch` turns this rank's kept groups into a :class:`RolloutBatch` — prompt ‖ response ids,
 lengths, response mask, advantages (the core's ``group_advantages``, one call for all groups), the engine's
 log-probs — all ``[B, …]`` tensors from here to the update: the old-log-prob pass fills ``[B, T]`` tensors, the
-core's :class:`~stare_lab.step.StepBatch` is made of them (:meth:`RolloutBatch.step_batch`), and every micro-batch
+core's :class:`~stare_lab.loss.step.StepBatch` is made of them (:meth:`RolloutBatch.step_batch`), and every micro-batch
 is a row slice (:meth:`RolloutBatch.micro_batch`). Nothing goes back to Python lists.
 """
 
@@ -100,9 +100,9 @@ class RolloutBatch:
                           valid.to(device))
 
     def step_batch(self, old_logprobs: Tensor, entropy: Tensor) -> Any:
-        """The core's :class:`~stare_lab.step.StepBatch` of this batch with the old-log-prob pass's ``[B, T]``
+        """The core's :class:`~stare_lab.loss.step.StepBatch` of this batch with the old-log-prob pass's ``[B, T]``
         ``old_logprobs`` and ``entropy`` (nats; 0 on padding)."""
-        from stare_lab.step import StepBatch
+        from stare_lab.loss.step import StepBatch
 
         return StepBatch(self.response_mask, self.advantages, old_logprobs, entropy=entropy,
                          rollout_logprobs=self.rollout_logprobs, group_ids=self.group_ids)
@@ -118,7 +118,7 @@ def build_rollout_batch(kept: Sequence[dict[str, Any]], cfg: Any, eos_id: int, s
         DataError: the engine returned no, too few or non-finite log-probs for a response, or a ``loss_mask`` of the
             wrong length.
     """
-    from stare_lab.advantages import group_advantages
+    from stare_lab.loss.advantages import group_advantages
 
     from trainer.step.importance import engine_logprobs
 

@@ -266,7 +266,7 @@ class Collector:
     def collect(self, step: int) -> list[dict[str, Any]]:
         """Rounds of generation with dynamic sampling; returns the kept groups of this DP group. Collective (one
         named reduction per round under dynamic sampling)."""
-        from stare_lab.advantages import filter_groups
+        from stare_lab.loss.advantages import filter_groups
 
         cfg = self.cfg
         self.acc, self.timers = {}, {"rollout": 0.0, "reward": 0.0}

@@ -19,7 +19,7 @@ Choice: truncated importance sampling (``loss.tis_cap``) with ``top_p < 1`` or `
 
 The diagnostics ``rollout/logprob_diff_{max,mean}`` and ``rollout/ratio_mean`` are logged in every run; with
 ``top_p < 1`` / ``top_k`` they include the support effect above (documented), but are always finite: every ratio is
-``exp`` of a log-ratio clamped to ±:data:`stare_lab.losses.LOG_RATIO_CLAMP` nats.
+``exp`` of a log-ratio clamped to ±:data:`stare_lab.loss.losses.LOG_RATIO_CLAMP` nats.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from stare_lab.errors import ConfigError, DataError
-from stare_lab.losses import LOG_RATIO_CLAMP
+from stare_lab.loss.losses import LOG_RATIO_CLAMP
 
 __all__ = ["check_importance_config", "engine_logprobs", "rollout_diagnostics"]
 

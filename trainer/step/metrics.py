@@ -3,7 +3,7 @@
 :func:`batch_stats` gives this rank's contributions, keyed by name; the step runner reduces
 them together with the collector's (:meth:`trainer.step.collect.Collector.local_sums`) in one sum and one max
 collective, and :func:`batch_row` turns the result into row entries. The loss-side entries (``entropy``, the gate,
-W/M, token and sequence counts, ``stare/…``) come from :meth:`stare_lab.step.PreparedStep.metrics`.
+W/M, token and sequence counts, ``stare/…``) come from :meth:`stare_lab.loss.step.PreparedStep.metrics`.
 """
 
 from __future__ import annotations

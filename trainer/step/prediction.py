@@ -26,19 +26,19 @@ Per step, on the step's batch (the tokens, masks and temperature of the pre-upda
   L+/L− are selected as STARE would (the run's ``stare.top_p_ratio``, scope global, exact over ranks) whatever the
   loss and the gate, so a GRPO run gives the conservative W* estimate and a STARE run the held-trajectory one
   (docs/theory.md §7).
-* the probe's row entries (:func:`stare_lab.probe.probe_row`): ``pred/d_ratio`` = D_L+/|D_GRPO|,
+* the probe's row entries (:func:`stare_lab.theory.probe.probe_row`): ``pred/d_ratio`` = D_L+/|D_GRPO|,
   ``pred/lplus_above_sstar`` (the share of the L+ probability mass above each token's critical surprisal s*) and
   ``pred/w_star`` = W*(t) = 1 − (D_GRPO + (M − 1)·D_L−)/D_L+ (M = ``stare.reweight_m`` for C2, else 1), the W at
   which this step's own Adam-linearised update would leave H̄ unchanged (null when no W does).
 
 How the D terms are computed. ZeRO 0–2 (every rank holds the full parameters): ONE backward for ∇θH̄ and ONE
-tangent pass (:mod:`stare_lab.probe`): ∇θH̄ is the backward of the old-log-prob forward (which then runs
+tangent pass (:mod:`stare_lab.theory.probe`): ∇θH̄ is the backward of the old-log-prob forward (which then runs
 through leaves of the parameters, :meth:`trainer.engines.policy.PolicyEngine.logprobs_and_entropy_grad`; a model
 with dropout gets a forward+backward of its own), θ_before is kept (one parameter-sized copy), the update runs, P is
 read from the optimizer state after it, and the logits' directional derivative at θ_before along v = P ⊙ ∇θH̄ gives
 every token's ∇θ log π_t·v and ∇θH_t·v. With ``schedule.probe_tangent`` graph (``auto``: a model of at most
 :data:`GRAPH_TANGENT_MAX_PARAMS` parameters) and one micro-batch per rank that derivative is one
-backward through the ∇θH̄ backward's kept graph (:class:`stare_lab.probe.GraphTangent`; the old-log-prob forward
+backward through the ∇θH̄ backward's kept graph (:class:`stare_lab.theory.probe.GraphTangent`; the old-log-prob forward
 then runs with the math attention kernel, so its log-probs equal the unprobed ones to rounding), else a
 ``torch.func.jvp`` at θ_before. Each D_X is then a weighted sum over the tokens with the elementwise derivatives
 of the core's objective X as weights (the three-backward values to float rounding, tested); the pass's logits give
@@ -70,11 +70,11 @@ import torch
 from torch import Tensor
 
 from stare_lab.config import LossConfig
-from stare_lab.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
-from stare_lab.decomposition import grpo_objective, part_objective, selected_parts
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
+from stare_lab.theory.decomposition import grpo_objective, part_objective, selected_parts
 from stare_lab.errors import ConfigError
-from stare_lab.adam_linear import adam_exp_avg_sq, adam_preconditioner, linearised_entropy_change, param_dot
-from stare_lab.probe import (
+from stare_lab.theory.adam_linear import adam_exp_avg_sq, adam_preconditioner, linearised_entropy_change, param_dot
+from stare_lab.theory.probe import (
     LPLUS_ABOVE_SUM,
     LPLUS_MASS_SUM,
     directional_terms,
@@ -86,7 +86,7 @@ from stare_lab.probe import (
 
 __all__ = ["EntropyPrediction", "KEY_PRED", "GRAPH_TANGENT_MAX_PARAMS"]
 
-#: The row key of ∇θH̄·Δθ (docs/design.md §4); the D terms' keys are :mod:`stare_lab.critical`'s.
+#: The row key of ∇θH̄·Δθ (docs/design.md §4); the D terms' keys are :mod:`stare_lab.theory.critical`'s.
 KEY_PRED = "pred_entropy_change"
 
 
@@ -110,7 +110,7 @@ class EntropyPrediction:
     """The probes of one step: :meth:`before_update` (∇θH̄, θ_before or the gradients, collective), then the
     update, then :meth:`after_update` (P, the D terms and the row entries; collective); or :meth:`probe` alone
     (``schedule.probe_only``). The objectives and the selection of L+/L− are the core's
-    (:mod:`stare_lab.decomposition`), shared with the transformer simulator.
+    (:mod:`stare_lab.theory.decomposition`), shared with the transformer simulator.
 
     Args:
         policy: the :class:`trainer.engines.policy.PolicyEngine`.
@@ -118,7 +118,7 @@ class EntropyPrediction:
         loss: the run's :class:`~stare_lab.config.LossConfig`.
         grad_clip: ``optim.grad_clip`` (0 = off).
         method: ``auto`` (forward mode unless the parameters are partitioned; with one micro-batch and ``tangent``
-            graph, a backward through the old-log-prob pass's graph instead: :class:`stare_lab.probe.GraphTangent`),
+            graph, a backward through the old-log-prob pass's graph instead: :class:`stare_lab.theory.probe.GraphTangent`),
             ``jvp`` (``torch.func.jvp`` always: the old log-probs bit for bit those of a run without the probe) or
             ``backward`` (one gradient per D term; the reference the forward-mode values are tested against).
         tangent: ``schedule.probe_tangent``: ``graph``, ``jvp`` or ``auto`` (graph for a model of at most
@@ -225,9 +225,9 @@ class EntropyPrediction:
     @staticmethod
     def _precond(exp_avg_sq: Sequence[Tensor | None], adam: dict[str, float], lr: float, step: float, clip: float,
                  grad: Sequence[Tensor] | None = None) -> Callable[[], Iterator[Tensor]]:
-        """P (:func:`stare_lab.adam_linear.adam_preconditioner`) per parameter tensor, one float64 tensor at a time
+        """P (:func:`stare_lab.theory.adam_linear.adam_preconditioner`) per parameter tensor, one float64 tensor at a time
         (never all of them at once). ``exp_avg_sq``: v_t after the step; with ``grad``: v_{t−1} (``None``: no
-        state) of a step not taken, v_t formed with :func:`stare_lab.adam_linear.adam_exp_avg_sq`."""
+        state) of a step not taken, v_t formed with :func:`stare_lab.theory.adam_linear.adam_exp_avg_sq`."""
         def gen() -> Iterator[Tensor]:
             for j, v in enumerate(exp_avg_sq):
                 if grad is not None:
@@ -302,7 +302,7 @@ class EntropyPrediction:
 
     def _update_loss(self, prep: Any) -> Any:
         """The run's loss of one micro-batch (the objective of the update the probe does not apply)."""
-        from stare_lab.losses import compute_policy_loss
+        from stare_lab.loss.losses import compute_policy_loss
 
         cfg = prep.config
 

@@ -4,7 +4,7 @@
 (:func:`trainer.step.batch.build_rollout_batch`: the engine's token lists become ``[B, …]`` tensors, once) →
 ``old_logprob`` (log-probs and entropies ``[B, T]``; when every rank's batch is one micro-batch and
 ``optim.fuse_old_logprob`` is on, this forward keeps its graph and is also the update's) → ``prepare``
-(:func:`stare_lab.step.prepare_step`: counts, H̄, the gate and W/M, ω over all ranks, each loss's global
+(:func:`stare_lab.loss.step.prepare_step`: counts, H̄, the gate and W/M, ω over all ranks, each loss's global
 statistics — the one place for them) → ``update``
 (:meth:`trainer.engines.policy.PolicyEngine.update`) → [``schedule.measure_entropy_change``: the first-order predictions
 of :mod:`trainer.step.prediction` and the measured change] → ``sync`` (:class:`trainer.engines.memory.ColocatedSchedule`) →
@@ -22,8 +22,8 @@ import logging
 import time
 from typing import Any
 
-from stare_lab.losses import loss_needs
-from stare_lab.step import prepare_step
+from stare_lab.loss.losses import loss_needs
+from stare_lab.loss.step import prepare_step
 
 from trainer.step.batch import build_rollout_batch
 from trainer.step.metrics import base_row, batch_row, batch_stats
@@ -46,7 +46,7 @@ class StepRunner:
         comm: the :class:`trainer.engines.comm.Comm`.
         policy: the :class:`trainer.engines.policy.PolicyEngine` (or a stand-in with the same methods).
         collector: the :class:`trainer.step.collect.Collector`.
-        controller: the run's :class:`stare_lab.stare.STAREController`.
+        controller: the run's :class:`stare_lab.loss.stare.STAREController`.
         schedule: the :class:`trainer.engines.memory.ColocatedSchedule`.
         memory: the :class:`trainer.engines.memory.PhaseMemory`.
         eos_id: the token that stands for an empty response (one masked token).

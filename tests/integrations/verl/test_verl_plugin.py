@@ -27,7 +27,7 @@ from verl.workers.utils.losses import ppo_loss
 from stare_lab.errors import ConfigError, DataError
 from stare_lab.integrations.verl import (GATE_KEY, M_KEY, W_KEY, WEIGHTS_KEY, StepContext, stare_ppo_loss,
                                          stare_step)
-from stare_lab.losses import PolicyLossInputs, compute_policy_loss
+from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
 from stare_lab.integrations.verl import loss_config_from_actor
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -54,7 +54,7 @@ def test_plugin_is_found_through_verls_entry_points_in_unmodified_verl():
     assert eps.get("stare_trainer") == "stare_lab.integrations.verl_trainer"
     probe = """
         import sys
-        import stare_lab, stare_lab.losses, stare_lab.step
+        import stare_lab, stare_lab.loss.losses, stare_lab.loss.step
         assert "verl" not in sys.modules
         import verl
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY

@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import agg_loss
 from stare_lab.config import LossConfig, STAREConfig
 from stare_lab.errors import DataError
 from stare_lab.integrations.verl import GATE_KEY, M_KEY, W_KEY, STAREStep, loss_config_from_actor
-from stare_lab.runs import REQUIRED_KEYS, RunWriter, read_run
+from stare_lab.platform.runs import REQUIRED_KEYS, RunWriter, read_run
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _verl_cases import brute_force_weights, make_batch  # noqa: E402

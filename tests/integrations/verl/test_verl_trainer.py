@@ -23,7 +23,7 @@ from stare_lab.errors import ConfigError
 from stare_lab.integrations.verl import GATE_KEY, M_KEY, W_KEY, WEIGHTS_KEY, STAREStep, loss_config_from_actor, \
     stare_ppo_loss
 from stare_lab.integrations.verl_trainer import STATE_FILE, STARETrainer
-from stare_lab.runs import read_run
+from stare_lab.platform.runs import read_run
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _verl_cases import STARE_OVERRIDES, brute_force_weights, compose, make_batch  # noqa: E402

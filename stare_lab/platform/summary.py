@@ -48,7 +48,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from stare_lab.errors import ConfigError
 
 __all__ = [
     "SUMMARY_KEYS",

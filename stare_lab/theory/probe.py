@@ -2,8 +2,8 @@
 ONE backward pass (∇θH̄) and ONE forward-mode pass (or one backward through the first's graph:
 :class:`GraphTangent`), and the two calibration targets.
 
-With P the AdamW preconditioner of the step (:func:`stare_lab.adam_linear.adam_preconditioner`) and
-v = P ⊙ ∇θH̄, the D term of an objective ℓ_X (X = GRPO, L+, L−; :mod:`stare_lab.decomposition`) is
+With P the AdamW preconditioner of the step (:func:`stare_lab.theory.adam_linear.adam_preconditioner`) and
+v = P ⊙ ∇θH̄, the D term of an objective ℓ_X (X = GRPO, L+, L−; :mod:`stare_lab.theory.decomposition`) is
 
     D_X = ∇θH̄ · (−P ⊙ ∇θℓ_X) = −v · ∇θℓ_X
         = −Σ_t [ ∂ℓ_X/∂log π_t · (∇θ log π_t · v) + ∂ℓ_X/∂H_t · (∇θ H_t · v) ]
@@ -11,16 +11,16 @@ v = P ⊙ ∇θH̄, the D term of an objective ℓ_X (X = GRPO, L+, L−; :mod:`
 by the chain rule: ℓ_X depends on θ only through the per-token log-probs (and, with an entropy bonus, the
 per-token entropies). One forward-mode pass (``torch.func.jvp``) along v gives the logits' directional derivative
 ż at every response position, hence every token's ∇θ log π_t · v = (ż_a − E_π ż)/τ
-(:func:`~stare_lab.first_order.logprob_change`) and ∇θ H_t · v = −Cov_π(log π, ż/τ)
-(:func:`~stare_lab.first_order.predicted_entropy_change`). The ∂ℓ_X/∂log π_t, ∂ℓ_X/∂H_t are elementwise
+(:func:`~stare_lab.theory.first_order.logprob_change`) and ∇θ H_t · v = −Cov_π(log π, ż/τ)
+(:func:`~stare_lab.theory.first_order.predicted_entropy_change`). The ∂ℓ_X/∂log π_t, ∂ℓ_X/∂H_t are elementwise
 derivatives of the core's objectives at the step's tokens (autograd on ``[b, t]`` tensors, no model pass). So
 D_GRPO, D_L+ and D_L− are weighted sums over the same per-token numbers, and equal the three-backward values
-(one gradient per objective, :func:`~stare_lab.adam_linear.linearised_entropy_change`) to float rounding.
+(one gradient per objective, :func:`~stare_lab.theory.adam_linear.linearised_entropy_change`) to float rounding.
 
-Per step the probe also gives (:func:`probe_row`): D_L+/|D_GRPO| (:data:`~stare_lab.critical.KEY_D_RATIO`), the
+Per step the probe also gives (:func:`probe_row`): D_L+/|D_GRPO| (:data:`~stare_lab.theory.critical.KEY_D_RATIO`), the
 share of the L+ probability mass above each token's critical surprisal s*
-(:data:`~stare_lab.critical.KEY_LPLUS_ABOVE`; :func:`~stare_lab.first_order.share_above_critical`) and W*(t)
-(:data:`~stare_lab.critical.KEY_W_STAR`; :func:`~stare_lab.critical.w_star`).
+(:data:`~stare_lab.theory.critical.KEY_LPLUS_ABOVE`; :func:`~stare_lab.theory.first_order.share_above_critical`) and W*(t)
+(:data:`~stare_lab.theory.critical.KEY_W_STAR`; :func:`~stare_lab.theory.critical.w_star`).
 
 Forward-mode AD: PyTorch's fused attention kernels (flash / memory-efficient ``scaled_dot_product_attention``) have
 no forward-mode derivative, so :func:`jvp_logits` runs the model with the math backend of
@@ -39,9 +39,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR, w_star
-from .errors import DataError
-from .first_order import mass_above_critical, token_first_order
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR, w_star
+from stare_lab.errors import DataError
+from stare_lab.theory.first_order import mass_above_critical, token_first_order
 
 __all__ = ["TokenTangents", "preconditioned_direction", "jvp_logits", "GraphTangent", "token_tangents",
            "objective_derivatives",
@@ -64,7 +64,7 @@ class TokenTangents:
         entropy: entropy of each position's distribution.
         d_logprobs: ∇θ log π_t · v.
         d_entropy: ∇θ H_t · v.
-        s_star: the critical surprisal of each position (:func:`~stare_lab.first_order.critical_surprisal`).
+        s_star: the critical surprisal of each position (:func:`~stare_lab.theory.first_order.critical_surprisal`).
     """
 
     logprobs: Tensor
@@ -84,7 +84,7 @@ def preconditioned_direction(
 
     Args:
         grad_entropy: ∇θH̄ per parameter tensor (``None``: H̄ does not depend on it, v = 0 there).
-        preconditioner: P per parameter tensor (:func:`~stare_lab.adam_linear.adam_preconditioner`).
+        preconditioner: P per parameter tensor (:func:`~stare_lab.theory.adam_linear.adam_preconditioner`).
         like: the parameters, same order and element counts.
 
     Returns:
@@ -194,7 +194,7 @@ def token_tangents(logits: Tensor, logits_dot: Tensor, tokens: Tensor, temperatu
         scale: the ``scale`` of :func:`preconditioned_direction`.
 
     Raises:
-        DataError / ConfigError: as :func:`~stare_lab.first_order.token_first_order` (one pass over the vocabulary).
+        DataError / ConfigError: as :func:`~stare_lab.theory.first_order.token_first_order` (one pass over the vocabulary).
 
     Source: docs/theory.md §2 (∂log π_a/∂z = (e_a − π)/τ, ∂H/∂z_k = −π_k(log π_k + H)/τ).
     """
@@ -236,7 +236,7 @@ def directional_terms(tangents: TokenTangents, objectives: Mapping[str, Objectiv
 
 def lplus_mass(tangents: TokenTangents, lplus: Tensor) -> dict[str, float]:
     """This micro-batch's two sums of the L+ share above s*: ``{LPLUS_ABOVE_SUM: Σ_{L+, s > s*} π_a,
-    LPLUS_MASS_SUM: Σ_{L+} π_a}`` (:func:`~stare_lab.first_order.mass_above_critical`; ``lplus``: ``[b, t]``
+    LPLUS_MASS_SUM: Σ_{L+} π_a}`` (:func:`~stare_lab.theory.first_order.mass_above_critical`; ``lplus``: ``[b, t]``
     0/1 indicator of L+ on the micro-batch's rows)."""
     above, total = mass_above_critical(-tangents.logprobs, tangents.s_star, lplus.to(tangents.logprobs.device) > 0)
     return {LPLUS_ABOVE_SUM: above, LPLUS_MASS_SUM: total}
@@ -244,9 +244,9 @@ def lplus_mass(tangents: TokenTangents, lplus: Tensor) -> dict[str, float]:
 
 def probe_row(sums: Mapping[str, float], reweight_m: float = 1.0) -> dict[str, float | None]:
     """The probe's row entries from the summed D terms (and, if present, the L+ mass sums): the D terms (nats),
-    :data:`~stare_lab.critical.KEY_D_RATIO` = D_L+/|D_GRPO| (``None`` when D_GRPO = 0),
-    :data:`~stare_lab.critical.KEY_LPLUS_ABOVE` (``None`` without the sums or when L+ is empty) and
-    :data:`~stare_lab.critical.KEY_W_STAR` = :func:`~stare_lab.critical.w_star` with M = ``reweight_m`` (1 for O1
+    :data:`~stare_lab.theory.critical.KEY_D_RATIO` = D_L+/|D_GRPO| (``None`` when D_GRPO = 0),
+    :data:`~stare_lab.theory.critical.KEY_LPLUS_ABOVE` (``None`` without the sums or when L+ is empty) and
+    :data:`~stare_lab.theory.critical.KEY_W_STAR` = :func:`~stare_lab.theory.critical.w_star` with M = ``reweight_m`` (1 for O1
     and GRPO; ``inf`` — written as null — when no W cancels the drift).
 
     Raises:

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterable
 
-from .errors import ConfigError
+from stare_lab.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ over many steps responds to.
 report, ``report.json``, ``stare-lab promote``) names a critical W as a :class:`CriticalStrength` of one of the
 kinds of :data:`STRENGTH_KINDS` — *measured* (the smallest W of a W sweep held on every seed,
 :func:`measured_strength`), *calibrated* (measured on a toy calibrated to the target model's probe,
-``calibration.json``: :mod:`stare_lab.regime`), *predicted* (first order along held runs) and *conservative* (W* where
+``calibration.json``: :mod:`stare_lab.theory.regime`), *predicted* (first order along held runs) and *conservative* (W* where
 GRPO crosses H_tgt) — and :func:`recommend` picks the one W to act on by that order of precedence.
 """
 
@@ -39,8 +39,8 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
-from .errors import ConfigError, DataError
-from .summary import band_held, held_band
+from stare_lab.errors import ConfigError, DataError
+from stare_lab.platform.summary import band_held, held_band
 
 __all__ = [
     "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS", "KEY_D_RATIO", "KEY_LPLUS_ABOVE", "KEY_W_STAR", "w_star", "w_star_series", "critical_w", "w_star_at_crossing",
@@ -178,7 +178,7 @@ def measured_critical_w(
 ) -> float | None:
     """The critical W measured on a grid from the band deviations alone: the smallest grid W whose every seed's
     mean |H − H_tgt| over the second half is below ``band`` (nats) — below the held band min(band, H_tgt/4)
-    (:func:`stare_lab.summary.held_band`) when ``target_entropy`` is given. ``deviations`` maps each grid W to the
+    (:func:`stare_lab.platform.summary.held_band`) when ``target_entropy`` is given. ``deviations`` maps each grid W to the
     per-seed deviations (``None`` = not measured: that W does not hold). ``None`` if no grid W holds. The full
     held test (final entropy too) needs the runs' summaries: :func:`measured_strength`."""
     if target_entropy is not None:
@@ -406,7 +406,7 @@ def measured_strength(
     held_by_w: Mapping[float, Sequence[bool | None]], m: float | None = None, source: str = "",
 ) -> CriticalStrength | None:
     """The *measured* critical strength of a W grid: the smallest grid W whose runs all held the band
-    (:func:`stare_lab.summary.band_held` of each run: ``True``; None or False is a miss), with ``low`` the largest
+    (:func:`stare_lab.platform.summary.band_held` of each run: ``True``; None or False is a miss), with ``low`` the largest
     grid W below it that did not hold. No grid W held: ``w`` None and ``low`` the largest grid W (the critical W is
     above it). None for an empty grid."""
     if not held_by_w:
@@ -458,10 +458,10 @@ def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]
     Args:
         groups: each ``{"label", "stare": bool (the loss uses the STARE gate and W/M), "m": C2's M or None (O1 and
             baselines), "runs": [run summaries]}``; a run summary has ``critical_w``, ``w_star_at_crossing`` and
-            the band keys of :func:`stare_lab.summary.band_held` (``summary.json`` of any source).
+            the band keys of :func:`stare_lab.platform.summary.band_held` (``summary.json`` of any source).
 
     Returns:
-        *predicted* for each M: the median over the runs that held the band (:func:`~stare_lab.summary.band_held`)
+        *predicted* for each M: the median over the runs that held the band (:func:`~stare_lab.platform.summary.band_held`)
         of every STARE group with that M of their ``critical_w`` (largest W*(t) over the second half);
         *conservative* for O1 (also without an O1 STARE group: a GRPO run alone gives it): the median over the
         baseline groups' runs (GRPO) of ``w_star_at_crossing``, else —

@@ -8,17 +8,17 @@
   into the weights' memory in the same pass, the fastest path when the sets are not needed (the losses' scope
   ``microbatch``).
 
-Both select with the radix select of :mod:`stare_lab.radix_select`: exact (exactly k tokens per set, a documented
+Both select with the radix select of :mod:`stare_lab.selection.radix`: exact (exactly k tokens per set, a documented
 tie rule), linear-time, free of host synchronisation unless asked to validate inputs, and identical between its
-tensor implementation (any device) and the fused CPU kernel (:mod:`stare_lab.native_select`).
+tensor implementation (any device) and the fused CPU kernel (:mod:`stare_lab.selection.native`).
 
 * :class:`STAREController` — the per-step state: the gate decision from the batch token-mean entropy and the
   optional adaptive W/M schedule, with ``state_dict()`` / ``load_state_dict()`` for checkpoint/resume.
 
 Scope (``STAREConfig.scope``) is a property of *where* the weights are computed, not of these functions: scope
 ``global`` means the caller passes the whole optimizer batch (all micro-batches, gathered across ranks) once per
-step (:func:`stare_lab.step.prepare_step`); scope ``microbatch`` means the loss calls it on each micro-batch
-(reference behaviour). See :mod:`stare_lab.losses`.
+step (:func:`stare_lab.loss.step.prepare_step`); scope ``microbatch`` means the loss calls it on each micro-batch
+(reference behaviour). See :mod:`stare_lab.loss.losses`.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from .config import STAREConfig, check_range
-from .errors import DataError
-from . import native_select
-from .radix_select import as_bool_mask, as_rows, float32_bits, p_scaled, select_into, select_top_surprisal
+from stare_lab.config import STAREConfig, check_range
+from stare_lab.errors import DataError
+from stare_lab.selection import native as native_select
+from stare_lab.selection.radix import as_bool_mask, as_rows, float32_bits, p_scaled, select_into, select_top_surprisal
 
 logger = logging.getLogger(__name__)
 

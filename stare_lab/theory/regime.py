@@ -15,7 +15,7 @@ only when the two are in the same regime. Three numbers describe it (docs/theory
 :func:`run_regime` reads them from a run's metrics rows and resolved config (``config.yaml``), :func:`regime_mismatches`
 compares two and says what differs, with the numbers. ``calibration.json`` (written by ``stare-lab calibrate``) is
 read by :func:`read_calibration`; :func:`calibrated_strengths` turns its ``critical`` block into *calibrated*
-:class:`stare_lab.critical.CriticalStrength` records. Its schema::
+:class:`stare_lab.theory.critical.CriticalStrength` records. Its schema::
 
     {"kind": "calibrated",
      "probe": {"run", "kind", "source", "model", "steps", "entropy", "d_ratio", "lplus_above_sstar", "balance_w",
@@ -33,9 +33,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, CriticalStrength
-from .errors import DataError, RunError
-from .files import read_json
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, CriticalStrength
+from stare_lab.errors import DataError, RunError
+from stare_lab.platform.files import read_json
 
 __all__ = [
     "REGIME_KEYS", "RATIO_FACTOR", "CALIBRATION_FILE", "run_regime", "regime_mismatches", "read_calibration",
@@ -70,9 +70,9 @@ def run_regime(
     (the ``window`` steps centred there; default 5 % of the run, at least 1) — or over every row when it never does
     or no target is given (a probe run: a few steps at the current weights, far from any target).
 
-    ``d_ratio`` = ΣD_L+ / |ΣD_GRPO| over those rows (ratio of sums, :data:`stare_lab.critical.KEY_D_LPLUS` /
-    ``KEY_D_GRPO``), else the mean of the logged :data:`~stare_lab.critical.KEY_D_RATIO`; ``lplus_above_sstar`` the
-    mean of :data:`~stare_lab.critical.KEY_LPLUS_ABOVE`; ``entropy`` the mean entropy there (nats);
+    ``d_ratio`` = ΣD_L+ / |ΣD_GRPO| over those rows (ratio of sums, :data:`stare_lab.theory.critical.KEY_D_LPLUS` /
+    ``KEY_D_GRPO``), else the mean of the logged :data:`~stare_lab.theory.critical.KEY_D_RATIO`; ``lplus_above_sstar`` the
+    mean of :data:`~stare_lab.theory.critical.KEY_LPLUS_ABOVE`; ``entropy`` the mean entropy there (nats);
     ``target_over_optimal`` = H_tgt / ``config["reward_optimal_entropy"]`` (the tabular simulator writes it) when
     both are known; ``mode`` = ``config["mode"]`` when it is one of :data:`MODES`, ``sampled`` for a trainer run
     (``config["source"] == "trainer"``), else None. Every value is None where the rows do not tell.

@@ -1,5 +1,5 @@
 """First-order entropy dynamics of softmax policies: Φ, s* and the predicted entropy change of an update
-(docs/theory.md §2). Diagnostics: chunked like :mod:`stare_lab.entropy`, no autograd, detached results (except
+(docs/theory.md §2). Diagnostics: chunked like :mod:`stare_lab.loss.entropy`, no autograd, detached results (except
 :func:`pred_param_update`, which differentiates the entropy it is given). Entropy and surprisal in nats.
 
 Temperature and the first-order predictors. Φ, :func:`predicted_entropy_change` and the ``pred_*`` functions
@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from .entropy import (
+from stare_lab.loss.entropy import (
     _check_chunk,
     _check_finite_values,
     _check_logits,
@@ -27,7 +27,7 @@ from .entropy import (
     _ranges,
     _row_max,
 )
-from .errors import DataError
+from stare_lab.errors import DataError
 
 __all__ = [
     "entropy_sensitivity",

@@ -9,7 +9,7 @@
   evaluation, a calibration) is refused whatever the options: no command writes over, resumes or removes another's
   output.
 
-The caller holds the directory's lock (:func:`stare_lab.runlock.lock_dir`) while it applies the policy and runs.
+The caller holds the directory's lock (:func:`stare_lab.platform.runlock.lock_dir`) while it applies the policy and runs.
 ``simulate`` applies the same rules per run directory of its sweep (:mod:`simulators.sweep`).
 """
 
@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from .errors import ConfigError, RunError
+from stare_lab.errors import ConfigError, RunError
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def held_kind(out: str | os.PathLike) -> tuple[str, str] | None:
     (``calibration.json``, ``stare-lab calibrate``), an analysis report (``report.json`` and ``report.md``,
     ``stare-lab analyze``). Unreadable files count
     as nothing recognised (the command's own reader reports them when it reads them)."""
-    from .files import read_json, read_yaml
+    from stare_lab.platform.files import read_json, read_yaml
 
     out = Path(out)
     cfg = out / "config.yaml"
@@ -141,14 +141,14 @@ LEVELS_ABOVE = 4
 
 def check_outside_writers(out: str | os.PathLike, option: str = "--out") -> None:
     """Refuse ``out`` inside a directory that another live process is writing (a sweep's method folder, a
-    calibration's ``fit/``): :func:`stare_lab.runlock.live_holder_above`; or inside another output (up to
+    calibration's ``fit/``): :func:`stare_lab.platform.runlock.live_holder_above`; or inside another output (up to
     :data:`LEVELS_ABOVE` folders up: a sweep, a run, an evaluation, a calibration — :func:`held_kind`), whose
     readers would count the new runs as its own.
 
     Raises:
         RunError: one line naming the directory and its holder or kind.
     """
-    from .runlock import live_holder_above
+    from stare_lab.platform.runlock import live_holder_above
 
     for parent in list(Path(os.path.abspath(out)).parents)[:LEVELS_ABOVE]:
         kind = held_kind(parent)

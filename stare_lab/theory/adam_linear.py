@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from .errors import DataError
+from stare_lab.errors import DataError
 
 __all__ = ["param_dot", "adam_preconditioner", "adam_exp_avg_sq", "linearised_entropy_change"]
 

@@ -1,14 +1,14 @@
 """The one-line verdict of a set of runs: which methods collapsed, which held the target band, at what reward.
 
 ``stare-lab simulate`` prints it as its headline and ``stare-lab analyze`` puts it at the top of every report, both
-from the same per-run statistics (:func:`stare_lab.summary.run_summary`), so the two say the same thing about the
+from the same per-run statistics (:func:`stare_lab.platform.summary.run_summary`), so the two say the same thing about the
 same runs. The wings cannot import each other, hence this function lives in the core.
 
 Definitions, per group of runs (one method or one setting, several seeds), from each run's summary:
 
 * a run **collapsed** when its ``steps_to_collapse`` is set (its entropy fell below ``collapse_frac`` × its initial
   entropy);
-* a run **held the band** when :func:`stare_lab.summary.band_held` says so: its mean |H − H_tgt| over the second
+* a run **held the band** when :func:`stare_lab.platform.summary.band_held` says so: its mean |H − H_tgt| over the second
   half is below min(``band``, H_tgt/4) (``band`` the half-width, 0.05 nats by default) and its final entropy is at
   least H_tgt/2 — a run whose entropy collapsed never counts as held, however small H_tgt (docs/theory.md §7); a
   group held it when every seed did;
@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from .completeness import status_clause
-from .summary import band_held
+from stare_lab.platform.completeness import status_clause
+from stare_lab.platform.summary import band_held
 
 __all__ = ["group_outcome", "verdict", "push_label", "near_cap", "cap_text", "NEAR_CAP", "CAP_SHARE"]
 
@@ -53,7 +53,7 @@ def _f(x: Any, spec: str = ".3g") -> str:
 
 
 def group_outcome(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The aggregates :func:`verdict` reads, from the runs' summaries (:func:`stare_lab.summary.run_summary` keys):
+    """The aggregates :func:`verdict` reads, from the runs' summaries (:func:`stare_lab.platform.summary.run_summary` keys):
     ``n`` runs, ``collapsed`` / ``held`` run counts (module docstring), and the means over the runs (None values
     skipped) of ``initial_entropy``, ``final_entropy``, ``target_entropy``, ``band``, ``final_reward``,
     ``mean_abs_dev_second_half``, ``steps_to_collapse`` (over the runs that collapsed), ``w_mean_second_half`` and
@@ -111,7 +111,7 @@ def verdict(groups: Sequence[Mapping[str, Any]], *, per_setting: bool = True) ->
 
     Args:
         groups: in display order, each ``{"label", "method", "stare"}``, optionally ``n_total`` and ``left_out``
-            (``(seed, reason)`` of the runs not counted: :func:`stare_lab.completeness.status_clause` names them
+            (``(seed, reason)`` of the runs not counted: :func:`stare_lab.platform.completeness.status_clause` names them
             first; a group with no counted run appears only there) — ``stare`` the group's ``loss.stare``
             settings when its loss uses the STARE gate and W/M, else None (a baseline) — plus
             :func:`group_outcome` of its runs and optionally ``slice`` (the values of non-STARE grid keys: the
@@ -122,7 +122,7 @@ def verdict(groups: Sequence[Mapping[str, Any]], *, per_setting: bool = True) ->
     Returns:
         The verdict, clauses joined by ``"; "``; ``"no runs"`` for no group.
     """
-    # runs left out (unfinished, not measurable: stare_lab.completeness) are named first and counted nowhere
+    # runs left out (unfinished, not measurable: stare_lab.platform.completeness) are named first and counted nowhere
     parts: list[str] = [c for g in groups
                         if (c := status_clause(g["label"], g.get("n_total", g["n"]), g.get("left_out") or ()))]
     groups = [g for g in groups if g["n"]]

@@ -1,6 +1,6 @@
 """The policy-loss registry: the inputs object, registration (with each loss's declared needs), validation and the
-wrapper every registered loss shares (docs/design.md §1). The losses themselves live in :mod:`stare_lab.losses`, which
-re-exports the public names of this module; import :mod:`stare_lab.losses` (it registers the built-in losses).
+wrapper every registered loss shares (docs/design.md §1). The losses themselves live in :mod:`stare_lab.loss.losses`, which
+re-exports the public names of this module; import :mod:`stare_lab.loss.losses` (it registers the built-in losses).
 
 A registered loss computes the per-token policy loss matrix ℓ ``[B, T]`` (plus its own metrics); the registry
 wraps it with what every loss shares, in this order:
@@ -10,7 +10,7 @@ wraps it with what every loss shares, in this order:
 3. truncated importance sampling (``tis_cap``): ℓ ← ℓ · min(exp(old − rollout), C), detached (per token, or per
    sequence with ``tis_level="sequence"``; ``tis_mode="mask"`` zeroes out-of-range ratios instead of capping);
    then a caller's own importance weights (``inputs.importance_weights``, e.g. TRL's vLLM correction): ℓ ← ℓ · w;
-4. aggregation (:func:`~stare_lab.aggregation.aggregate_loss`) with the global normalisers of the inputs;
+4. aggregation (:func:`~stare_lab.loss.aggregation.aggregate_loss`) with the global normalisers of the inputs;
 5. add-ons: L ← L − β·agg(entropy) (``entropy_coeff``) + λ·agg(KL to the reference) (``kl_coef``), aggregated
    with the same mode and normalisers;
 6. metrics: floats under ``loss/…`` and ``stare/…`` converted with a single host transfer.
@@ -19,7 +19,7 @@ Each registration declares what the loss reads beyond the always-present tensors
 the STARE gate and ω, global statistics of the whole step) and the names of the metrics it returns, each possibly as
 a function of the :class:`LossConfig`; :func:`loss_needs` adds what the shared add-ons need (entropy for
 ``entropy_coeff > 0``, …) and :func:`loss_metric_names` the add-ons' metrics. The step preparation
-(:func:`stare_lab.step.prepare_step`) and the trainer read these declarations, so a new loss is one registration plus
+(:func:`stare_lab.loss.step.prepare_step`) and the trainer read these declarations, so a new loss is one registration plus
 its config; :func:`unregister_policy_loss` removes one.
 """
 
@@ -32,9 +32,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .aggregation import _safe_div, aggregate_loss, masked_mean
-from .config import LossConfig, from_dict
-from .errors import ConfigError, DataError, LossError, StareLabError
+from stare_lab.loss.aggregation import _safe_div, aggregate_loss, masked_mean
+from stare_lab.config import LossConfig, from_dict
+from stare_lab.errors import ConfigError, DataError, LossError, StareLabError
 
 __all__ = ["PolicyLossInputs", "LossContext", "LossNeeds", "register_policy_loss", "unregister_policy_loss",
            "get_policy_loss", "available_policy_losses", "compute_policy_loss", "loss_needs", "loss_metric_names",
@@ -57,7 +57,7 @@ class PolicyLossInputs:
         entropy: per-token entropy (nats) of π_θ; needed by ``entropy_coeff > 0`` and ``forking_tokens``.
         rollout_logprobs: log-probs from the inference engine (for ``tis_cap``).
         token_weights: precomputed STARE weights ω (scope ``global``: computed once per step over the whole
-            batch by :func:`stare_lab.stare.stare_token_weights`), used by ``stare`` when the gate is on. Only its
+            batch by :func:`stare_lab.loss.stare.stare_token_weights`), used by ``stare`` when the gate is on. Only its
             valid entries are read (they must be finite); it is multiplied in by the aggregation.
         ref_logprobs: log π_ref of the reference policy (for ``kl_coef > 0``).
         global_num_tokens: valid tokens in the whole optimizer step (all micro-batches and ranks); default: this
@@ -73,11 +73,11 @@ class PolicyLossInputs:
         entropy_threshold: the forking-token entropy threshold of the whole step
             (:func:`forking_entropy_threshold`); default: computed over this call.
         generator: ``torch.Generator`` for Clip-Cov's random subset (determinism); default: torch's global RNG.
-        stare_stats: the ``stats`` that :func:`~stare_lab.stare.stare_token_weights` returned with
+        stare_stats: the ``stats`` that :func:`~stare_lab.loss.stare.stare_token_weights` returned with
             ``token_weights``; when given, ``stare`` reports their selection fractions (of the batch the weights
             were selected over) instead of recounting them from the weights.
-        global_stats: every global statistic of the step by name (:data:`stare_lab.step.GLOBAL_STATS`), as
-            :func:`stare_lab.step.prepare_step` computed them for the loss's declared ``LossNeeds.global_stats``;
+        global_stats: every global statistic of the step by name (:data:`stare_lab.loss.step.GLOBAL_STATS`), as
+            :func:`stare_lab.loss.step.prepare_step` computed them for the loss's declared ``LossNeeds.global_stats``;
             the way a loss registered outside the package reads a statistic that has no field of its own.
         importance_weights: ``[B, T]`` or ``[B, 1]`` (one per sequence) detached weights the per-token loss ℓ is
             multiplied by before aggregation: an importance correction the caller computed itself (e.g. TRL's
@@ -111,17 +111,17 @@ class LossNeeds:
     """What a loss reads beyond ``logprobs``, ``old_logprobs``, ``advantages`` and ``response_mask``.
 
     Declared at registration (:func:`register_policy_loss`), as a constant or as a function of the
-    :class:`LossConfig`; :func:`stare_lab.step.prepare_step` reads it to decide what to compute once per step.
+    :class:`LossConfig`; :func:`stare_lab.loss.step.prepare_step` reads it to decide what to compute once per step.
 
     Attributes:
         entropy: reads ``inputs.entropy`` (per-token entropy, nats); the old policy's entropies (detached) suffice.
         entropy_grad: differentiates through ``inputs.entropy``: the caller passes the current policy's entropy,
-            with its graph, to :meth:`stare_lab.step.PreparedStep.inputs` (implies ``entropy``).
+            with its graph, to :meth:`stare_lab.loss.step.PreparedStep.inputs` (implies ``entropy``).
         stare: uses the STARE gate and W/M of the step (decided once per step by the controller).
         token_weights: reads precomputed STARE weights ω (scope ``global``: selected once over the whole step).
         rollout_logprobs: reads ``inputs.rollout_logprobs``.
         ref_logprobs: reads ``inputs.ref_logprobs``.
-        global_stats: names of statistics of the whole step (:data:`stare_lab.step.GLOBAL_STATS`, e.g.
+        global_stats: names of statistics of the whole step (:data:`stare_lab.loss.step.GLOBAL_STATS`, e.g.
             ``logprob_mean``, ``entropy_threshold``, ``generator``) the loss reads.
     """
 
@@ -154,7 +154,7 @@ PolicyLoss = Callable[[PolicyLossInputs, "LossConfig | Mapping[str, Any]"], "tup
 _REGISTRY: dict[str, PolicyLoss] = {}
 _NEEDS: dict[str, Any] = {}
 _METRICS: dict[str, Any] = {}
-#: the losses this package registers (:mod:`stare_lab.losses`); they cannot be unregistered
+#: the losses this package registers (:mod:`stare_lab.loss.losses`); they cannot be unregistered
 BUILTIN_LOSSES = ("grpo", "stare", "clip_cov", "kl_cov", "forking_tokens")
 
 
@@ -170,7 +170,7 @@ def register_policy_loss(
     (``[B, 1]`` or ``[B, T]``), ``ctx.mask`` (bool), ``ctx.log_ratio``, ``ctx.ratio``) and returns the per-token loss
     ``[B, T]`` and a dict of metrics (0-dim tensors or floats) whose names it declared in ``metrics``; a core may
     also set ``ctx.token_weights`` (``[B, T]``, no gradient) to have them multiplied in on valid tokens by the
-    aggregation (STARE's ω). :func:`stare_lab.losses.clipped_surrogate` is the PPO/GRPO clipped surrogate a core
+    aggregation (STARE's ω). :func:`stare_lab.loss.losses.clipped_surrogate` is the PPO/GRPO clipped surrogate a core
     usually starts from. The registered (and returned) function is the full loss ``(inputs, config) -> (loss,
     metrics)``: validation, TIS, aggregation, entropy bonus, KL and metric conversion are added around the core, the
     same way for every loss.
@@ -180,7 +180,7 @@ def register_policy_loss(
         needs: what the loss reads beyond the four required tensors (:class:`LossNeeds`), or a function
             ``config -> LossNeeds`` when it depends on the settings (e.g. ω only for scope ``global``);
             ``None`` → nothing. What the shared add-ons need is added by :func:`loss_needs`.
-        metrics: the names of the metrics the core returns (e.g. ``stare_lab.losses.SURROGATE_METRICS`` plus its
+        metrics: the names of the metrics the core returns (e.g. ``stare_lab.loss.losses.SURROGATE_METRICS`` plus its
             own), or a function ``config -> names``. Callers learn a step's metric keys from them
             (:func:`loss_metric_names`) before any call; a core that returns an undeclared name is an error.
 
@@ -216,8 +216,8 @@ def register_policy_loss(
 
 def unregister_policy_loss(name: str) -> None:
     """Remove the loss ``name`` registered outside the package (e.g. to register a new version of it). A method that
-    selects it (``stare_lab.methods``) stays defined and fails with the unknown loss name when used: unregister it
-    too (``stare_lab.methods.unregister_method``).
+    selects it (``stare_lab.loss.methods``) stays defined and fails with the unknown loss name when used: unregister it
+    too (``stare_lab.loss.methods.unregister_method``).
 
     Raises:
         ConfigError: ``name`` is not registered, or is a built-in loss (:data:`BUILTIN_LOSSES`).

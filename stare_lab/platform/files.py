@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ConfigError, DataError, StareLabError
+from stare_lab.errors import ConfigError, DataError, StareLabError
 
 __all__ = ["MAX_CONFIG_BYTES", "check_file", "read_text", "iter_lines", "iter_jsonl", "read_json", "read_yaml",
            "yaml_error_where"]

@@ -1,6 +1,6 @@
 """A fused CPU kernel for the STARE selection (docs/theory.md §4), compiled on first use.
 
-The tensor implementation in :mod:`stare_lab.radix_select` is exact, linear-time and free of host synchronisation, which is
+The tensor implementation in :mod:`stare_lab.selection.radix` is exact, linear-time and free of host synchronisation, which is
 what an accelerator needs; on a CPU it still runs about sixteen separate tensor operations over the batch. This module
 does the same selection in three tight C loops over the batch (key + histogram of the high 16 bits; histogram of the
 low 15 bits inside the threshold bin; one row-major write that takes the ties in order), with the same keys, the same
@@ -10,7 +10,7 @@ There is no device to synchronise with on a CPU; the kernel reads no value back 
 The C source below is compiled with the system C compiler (``$CC``, split like a shell word list; default ``cc``) into a shared library cached under
 ``$STARE_LAB_CACHE_DIR`` (default ``~/.cache/stare_lab``, or the temp directory if that is not writable) and loaded
 with :mod:`ctypes`; building takes well under a second and happens once per source version. Without a working
-compiler :func:`available` is False and :mod:`stare_lab.radix_select` uses the tensor implementation (one warning is logged).
+compiler :func:`available` is False and :mod:`stare_lab.selection.radix` uses the tensor implementation (one warning is logged).
 ``STARE_LAB_NATIVE=0`` disables the kernel.
 """
 

@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .errors import RunError
+from stare_lab.errors import RunError
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,7 @@ def versions() -> dict[str, str]:
     """Versions of Python, stare_lab and the installed key libraries, for ``config.yaml``."""
     out = {"python": platform.python_version()}
     try:
-        from . import __version__
-
+        from stare_lab import __version__
         out["stare_lab"] = __version__
     except ImportError:  # pragma: no cover
         pass
@@ -284,7 +283,7 @@ def read_run(path: str | os.PathLike) -> Run:
             if not isinstance(loaded, dict):
                 warnings.append(f"{cfg_path}: not a mapping; ignored")
         except yaml.MarkedYAMLError as err:  # one line naming line and column
-            from .files import yaml_error_where
+            from stare_lab.platform.files import yaml_error_where
 
             line, column, what = yaml_error_where(err)
             where = f" at line {line}, column {column}" if line is not None else ""

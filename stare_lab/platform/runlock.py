@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .errors import RunError
+from stare_lab.errors import RunError
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .errors import ConfigError, DataError
+from stare_lab.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 

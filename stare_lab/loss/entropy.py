@@ -22,7 +22,7 @@ with finite (zero) gradients. A row whose logits are all ``-inf`` has no distrib
 :class:`~stare_lab.errors.DataError`, as does any NaN or ``+inf`` logit. A bad temperature or chunk size raises
 :class:`~stare_lab.errors.ConfigError` (both are ``ValueError`` subclasses).
 
-The first-order entropy dynamics (Φ, s*, the predictors) are in :mod:`stare_lab.first_order`.
+The first-order entropy dynamics (Φ, s*, the predictors) are in :mod:`stare_lab.theory.first_order`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .errors import ConfigError, DataError
+from stare_lab.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 

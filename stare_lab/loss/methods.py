@@ -1,10 +1,10 @@
 """Method names shared by simulators, trainer and analysis, and what each implies (docs/theory.md §3–4).
 
 A *method* (``grpo``, ``o1``, …) names a training recipe; :data:`METHODS` maps it onto the policy-loss registry
-(:mod:`stare_lab.losses`) plus the two switches that live outside the loss: DAPO dynamic sampling
+(:mod:`stare_lab.loss.losses`) plus the two switches that live outside the loss: DAPO dynamic sampling
 (``dynamic_sampling``) and the entropy bonus (``entropy_bonus``: the method needs ``loss.entropy_coeff > 0``).
 Simulators build configs from it (:func:`method_overrides`); the trainer checks a config against it
-(:func:`check_method`). A loss registered outside the package (``stare_lab.losses.register_policy_loss``) becomes a
+(:func:`check_method`). A loss registered outside the package (``stare_lab.loss.losses.register_policy_loss``) becomes a
 method with :func:`register_method` (and stops being one with :func:`unregister_method`); the wings read
 :data:`METHODS` when they validate, so nothing else is edited.
 """
@@ -15,8 +15,8 @@ import copy
 import dataclasses
 from typing import Any
 
-from .config import LossConfig, join_key
-from .errors import ConfigError
+from stare_lab.config import LossConfig, join_key
+from stare_lab.errors import ConfigError
 
 __all__ = ["METHODS", "BUILTIN_METHODS", "method_overrides", "check_method", "register_method", "unregister_method"]
 
@@ -52,7 +52,7 @@ def register_method(
 
     Args:
         name: the new method label (non-empty, not yet in :data:`METHODS`).
-        loss_mode: a registered policy-loss name (``stare_lab.losses.available_policy_losses()``).
+        loss_mode: a registered policy-loss name (``stare_lab.loss.losses.available_policy_losses()``).
         stare: ``loss.stare`` settings the method fixes (``STAREConfig`` field names), for STARE-based methods.
         dynamic_sampling: the method needs DAPO dynamic sampling.
         entropy_bonus: the method needs ``loss.entropy_coeff > 0``.
@@ -60,8 +60,8 @@ def register_method(
     Raises:
         ConfigError: an empty or taken name, an unregistered ``loss_mode``, or an unknown ``stare`` key.
     """
-    from .config import STAREConfig
-    from .losses import available_policy_losses  # registers the built-in losses
+    from stare_lab.config import STAREConfig
+    from stare_lab.loss.losses import available_policy_losses  # registers the built-in losses
 
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"method name {name!r} must be a non-empty string")

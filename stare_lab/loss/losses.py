@@ -1,8 +1,8 @@
 """The policy losses (docs/design.md §1): pure functions of one inputs object and a :class:`LossConfig`.
 
-The registry (inputs object, validation, TIS, aggregation, add-ons, metrics) is :mod:`stare_lab.loss_registry`;
+The registry (inputs object, validation, TIS, aggregation, add-ons, metrics) is :mod:`stare_lab.loss.registry`;
 this module defines the built-in losses, registers each with what it needs (:class:`LossNeeds`), and re-exports
-the registry's public names, so ``from stare_lab.losses import compute_policy_loss`` is the one import callers
+the registry's public names, so ``from stare_lab.loss.losses import compute_policy_loss`` is the one import callers
 need. With global normalisers (counts over the whole optimizer step), the sum of the losses of the micro-batches
 equals the loss of the whole batch, and so do the gradients (docs/theory.md §3).
 
@@ -14,7 +14,7 @@ Every built-in loss starts from :func:`clipped_surrogate` (PPO clip, clip-higher
 outside the package calls too (docs/extending.md); each declares the metric names it returns
 (:data:`SURROGATE_METRICS` plus its own).
 
-What each built-in loss needs from the step (:func:`stare_lab.step.prepare_step` computes it once per step):
+What each built-in loss needs from the step (:func:`stare_lab.loss.step.prepare_step` computes it once per step):
 ``stare`` the gate and W/M, and ω for scope ``global``; ``clip_cov`` the step's mean log-prob and advantage and a
 seeded generator; ``kl_cov`` the two means; ``forking_tokens`` the old entropies and the step's entropy threshold.
 """
@@ -27,11 +27,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .aggregation import aggregate_loss, masked_mean
-from .config import LossConfig
-from .errors import ConfigError, DataError
-from . import loss_registry
-from .loss_registry import (  # noqa: F401 - re-exported: the registry's public names
+from stare_lab.loss.aggregation import aggregate_loss, masked_mean
+from stare_lab.config import LossConfig
+from stare_lab.errors import ConfigError, DataError
+from stare_lab.loss import registry as loss_registry
+from stare_lab.loss.registry import (  # noqa: F401 - re-exported: the registry's public names
     BUILTIN_LOSSES,
     LOG_RATIO_CLAMP,
     LossContext,
@@ -46,7 +46,7 @@ from .loss_registry import (  # noqa: F401 - re-exported: the registry's public 
     register_policy_loss,
     unregister_policy_loss,
 )
-from .stare import stare_token_weights
+from stare_lab.loss.stare import stare_token_weights
 
 __all__ = [*loss_registry.__all__, "aggregate_loss", "masked_mean", "forking_entropy_threshold", "clipped_surrogate",
            "SURROGATE_METRICS"]
@@ -150,7 +150,7 @@ def grpo_loss(ctx: LossContext, cfg: LossConfig) -> tuple[Tensor, dict[str, Any]
 
 def _stare_gate(inputs: PolicyLossInputs, cfg: LossConfig) -> bool:
     """The gate this call applies: the step's decision passed in ``inputs.gate_on`` (made once per step by the
-    STAREController in :func:`stare_lab.step.prepare_step`), with the config's forced modes re-applied (the
+    STAREController in :func:`stare_lab.loss.step.prepare_step`), with the config's forced modes re-applied (the
     controller applies the same ones, so the two never disagree); None (a direct call without a decision) → on."""
     gate = cfg.stare.gate
     if gate == "never":

@@ -1,6 +1,6 @@
 """The statistics of a whole step that a policy loss can declare (``LossNeeds.global_stats``).
 
-:func:`stare_lab.step.prepare_step` computes each declared statistic once over the whole step (all micro-batches
+:func:`stare_lab.loss.step.prepare_step` computes each declared statistic once over the whole step (all micro-batches
 and ranks) and hands it to every micro-batch's loss inputs (``PolicyLossInputs.global_stats``, and the field of
 the same name where there is one). Three kinds: a token-mean of a step-batch field (:class:`TokenMean`), a top
 quantile value (:class:`TopQuantile`) and a seeded generator (:class:`StepGenerator`). The built-in losses' needs
@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .config import LossConfig
-from .errors import ConfigError
+from stare_lab.config import LossConfig
+from stare_lab.errors import ConfigError
 
 __all__ = ["TokenMean", "TopQuantile", "StepGenerator", "GlobalStat", "GLOBAL_STATS", "register_global_stat",
            "STEP_FIELDS"]
 
-#: The float ``[B, T]`` fields of :class:`stare_lab.step.StepBatch` a statistic can read (plus ``advantages``).
+#: The float ``[B, T]`` fields of :class:`stare_lab.loss.step.StepBatch` a statistic can read (plus ``advantages``).
 STEP_FIELDS = ("old_logprobs", "entropy", "rollout_logprobs", "ref_logprobs")
 
 
@@ -34,7 +34,7 @@ class TokenMean:
 class TopQuantile:
     """The k-th largest value of a :class:`StepBatch` field over the valid tokens of the whole step,
     k = max(1, ⌈q·N⌉) with q = ``quantile(config)`` ∈ (0, 1] and N the valid tokens (as
-    :func:`stare_lab.losses.forking_entropy_threshold`); +inf without valid tokens. A 0-dim float32 tensor."""
+    :func:`stare_lab.loss.losses.forking_entropy_threshold`); +inf without valid tokens. A 0-dim float32 tensor."""
 
     field: str
     quantile: Callable[[LossConfig], float]
@@ -49,7 +49,7 @@ class StepGenerator:
 GlobalStat = TokenMean | TopQuantile | StepGenerator
 
 #: name → definition of the statistics a loss can declare in ``LossNeeds.global_stats``. Names that are also
-#: fields of :class:`~stare_lab.losses.PolicyLossInputs` fill that field; every one is in ``inputs.global_stats``.
+#: fields of :class:`~stare_lab.loss.losses.PolicyLossInputs` fill that field; every one is in ``inputs.global_stats``.
 GLOBAL_STATS: dict[str, GlobalStat] = {
     "logprob_mean": TokenMean("old_logprobs"),
     "advantage_mean": TokenMean("advantages"),

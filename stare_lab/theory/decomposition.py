@@ -3,10 +3,10 @@
 
     D_X = ∇θH̄ · Δθ_X,   Δθ_X = −P ⊙ ∇θ loss_X      (X = GRPO, L+, L−)
 
-with P the optimizer's preconditioner of the step (:func:`stare_lab.adam_linear.adam_preconditioner`) and the
-products summed by :func:`stare_lab.adam_linear.linearised_entropy_change`. The trainer (``trainer/step/prediction.py``)
+with P the optimizer's preconditioner of the step (:func:`stare_lab.theory.adam_linear.adam_preconditioner`) and the
+products summed by :func:`stare_lab.theory.adam_linear.linearised_entropy_change`. The trainer (``trainer/step/prediction.py``)
 and the transformer simulator use these, so both split a step the same way; the tabular simulator computes the same
-split in closed form on logits and selects its sets with :func:`stare_lab.stare.select_stare_sets`.
+split in closed form on logits and selects its sets with :func:`stare_lab.loss.stare.select_stare_sets`.
 
 L+ (L−) are the tokens STARE would select with the run's ``stare.top_p_ratio`` — whatever the run's loss, variant and
 gate — so a GRPO run gives the conservative W* estimate and a STARE run the held-trajectory one (docs/theory.md §7).
@@ -19,10 +19,10 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from .config import LossConfig, STAREConfig
-from .critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
-from .losses import PolicyLossInputs, compute_policy_loss
-from .step import StepBatch, prepare_step
+from stare_lab.config import LossConfig, STAREConfig
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS
+from stare_lab.loss.losses import PolicyLossInputs, compute_policy_loss
+from stare_lab.loss.step import StepBatch, prepare_step
 
 __all__ = ["selection_stare", "selected_parts", "grpo_objective", "part_objective",
            "decomposition_keys", "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS"]
@@ -45,7 +45,7 @@ def decomposition_keys(loss: LossConfig) -> tuple[str, ...]:
 
 def selected_parts(step_batch: StepBatch, loss: LossConfig, collective=None) -> dict[str, Tensor]:
     """The indicator of L+ (and of L− for C2) over the step batch, as STARE with the run's settings would select
-    them (exact over ranks with ``collective``; :func:`stare_lab.step.prepare_step`).
+    them (exact over ranks with ``collective``; :func:`stare_lab.loss.step.prepare_step`).
 
     Returns:
         ``{pred/d_lplus: [B, T] float32 0/1, (pred/d_lminus: ...)}`` on the batch's device.
@@ -71,7 +71,7 @@ def part_objective(inputs: PolicyLossInputs, indicator: Tensor, loss: LossConfig
     global normaliser, no entropy bonus and no KL — the objective whose update gives D_L+ (D_L−).
 
     Args:
-        inputs: the step's (micro-batch's) :class:`~stare_lab.losses.PolicyLossInputs`.
+        inputs: the step's (micro-batch's) :class:`~stare_lab.loss.losses.PolicyLossInputs`.
         indicator: ``[b, t]`` 0/1 of the set on the same rows and columns as ``inputs.logprobs``.
         loss: the run's loss config.
     """

@@ -3,10 +3,10 @@
 The STARE sets L± (docs/theory.md §4) and the forking-token entropy threshold (docs/theory.md §3) are quantiles of the
 *whole* step's batch. Across ranks they are computed without gathering the tokens: every rank histograms its keys,
 the histograms are summed (:class:`~stare_lab.collective.Collective`), and every rank reads the same threshold off
-the sum — the two-pass radix select of :mod:`stare_lab.radix_select` (16 high bits, then the 16 low bits inside the
+the sum — the two-pass radix select of :mod:`stare_lab.selection.radix` (16 high bits, then the 16 low bits inside the
 threshold bin), distributed. Ties at the threshold are taken in global row-major order (rank 0's rows first, then
 rank 1's, …; within a rank, row-major), which is the order of the ranks' batches concatenated, so the selection is
-the one :func:`stare_lab.radix_select.select_top_surprisal` makes on the concatenated batch, token for token.
+the one :func:`stare_lab.selection.radix.select_top_surprisal` makes on the concatenated batch, token for token.
 
 Cost per call, whatever the batch size: three collectives (two histograms of ``S × 65536`` counts, int32 when
 they fit, and one ``S × world_size`` int64 tie count; ``S`` = number of sets) and linear-time local work.
@@ -19,9 +19,9 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from .collective import Collective
-from .errors import DataError
-from .radix_select import _threshold
+from stare_lab.collective import Collective
+from stare_lab.errors import DataError
+from stare_lab.selection.radix import _threshold
 
 __all__ = ["TopK", "distributed_top_k", "surprisal_keys", "ordered_keys", "key_to_float"]
 
@@ -48,7 +48,7 @@ class TopK(NamedTuple):
 
 
 def surprisal_keys(logprobs: Tensor) -> Tensor:
-    """int64 keys that order like the surprisal s = |log π| as float32, as :mod:`stare_lab.radix_select` ranks it: the bit
+    """int64 keys that order like the surprisal s = |log π| as float32, as :mod:`stare_lab.selection.radix` ranks it: the bit
     pattern of |fl32(log π)| (a non-negative float32 orders like its bit pattern), in ``[0, 2**31)`` (NaN above
     +inf)."""
     return torch.abs(logprobs.detach().to(torch.float32)).view(torch.int32).to(torch.int64)

@@ -6,17 +6,17 @@ rollouts — and calls :func:`prepare_step` once. Over the whole step (all ranks
 
 * the token and sequence counts (the loss normalisers ``global_num_tokens`` / ``global_num_sequences``) and the
   batch token-mean entropy H̄ — all the step's named sums in ONE collective;
-* the STARE gate and W/M, decided by the :class:`~stare_lab.stare.STAREController` (docs/theory.md §4 step 3) through
+* the STARE gate and W/M, decided by the :class:`~stare_lab.loss.stare.STAREController` (docs/theory.md §4 step 3) through
   :func:`step_gate`, the one place the gate is decided;
-* the STARE sets L± (kept, :class:`~stare_lab.stare.STARESelection`), ω and its statistics for scope ``global``
-  (docs/theory.md §4 step 4), exact over all ranks (:mod:`stare_lab.global_select` reduces radix histograms;
+* the STARE sets L± (kept, :class:`~stare_lab.loss.stare.STARESelection`), ω and its statistics for scope ``global``
+  (docs/theory.md §4 step 4), exact over all ranks (:mod:`stare_lab.selection.distributed` reduces radix histograms;
   nothing is gathered);
-* each global statistic the loss declared at registration (:class:`~stare_lab.loss_registry.LossNeeds`,
+* each global statistic the loss declared at registration (:class:`~stare_lab.loss.registry.LossNeeds`,
   :data:`GLOBAL_STATS`): token-means (Clip-Cov / KL-Cov's covariance centres), top quantiles (the forking-token
   entropy threshold), a seeded generator (Clip-Cov's random subset);
 
 and returns a :class:`PreparedStep` whose :meth:`~PreparedStep.inputs` builds the
-:class:`~stare_lab.losses.PolicyLossInputs` of any micro-batch (a row slice), so
+:class:`~stare_lab.loss.losses.PolicyLossInputs` of any micro-batch (a row slice), so
 ``compute_policy_loss(config.loss_mode, prepared.inputs(logprobs, rows), config)`` summed over the micro-batches
 and ranks is the loss of the whole step, whatever the micro-batch size or the number of ranks.
 
@@ -36,15 +36,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .collective import Collective, LocalCollective, reduce_named
-from .config import LossConfig
-from .errors import ConfigError, DataError
-from .global_select import distributed_top_k, key_to_float, ordered_keys, surprisal_keys
-from .global_stats import GLOBAL_STATS, STEP_FIELDS, StepGenerator, TokenMean, TopQuantile, register_global_stat
-from .loss_registry import LossNeeds, PolicyLossInputs, _as_config, loss_needs
-from .losses import forking_entropy_threshold  # also registers the built-in losses before their needs are read
-from .radix_select import num_selected
-from .stare import STAREController, STARESelection, select_stare_sets
+from stare_lab.collective import Collective, LocalCollective, reduce_named
+from stare_lab.config import LossConfig
+from stare_lab.errors import ConfigError, DataError
+from stare_lab.selection.distributed import distributed_top_k, key_to_float, ordered_keys, surprisal_keys
+from stare_lab.loss.global_stats import GLOBAL_STATS, STEP_FIELDS, StepGenerator, TokenMean, TopQuantile, register_global_stat
+from stare_lab.loss.registry import LossNeeds, PolicyLossInputs, _as_config, loss_needs
+from stare_lab.loss.losses import forking_entropy_threshold  # also registers the built-in losses before their needs are read
+from stare_lab.selection.radix import num_selected
+from stare_lab.loss.stare import STAREController, STARESelection, select_stare_sets
 
 __all__ = [
     "StepBatch",
@@ -200,7 +200,7 @@ class PreparedStep:
     Attributes:
         batch: this rank's :class:`StepBatch`.
         config: the :class:`LossConfig`; ``config.loss_mode`` names the loss.
-        needs: what the loss reads (:func:`stare_lab.losses.loss_needs`).
+        needs: what the loss reads (:func:`stare_lab.loss.losses.loss_needs`).
         num_tokens: valid tokens of the whole step (``global_num_tokens``).
         num_sequences: sequences with ≥ 1 valid token in the whole step (``global_num_sequences``).
         entropy: the batch token-mean entropy H̄ (nats) the gate saw (``batch_entropy`` if given), None when
@@ -213,7 +213,7 @@ class PreparedStep:
         global_stats: name → value of each declared global statistic.
         num_groups: prompt groups with ≥ 1 valid token over the whole step (when the batch has ``group_ids``).
         selection: the sets L+ (and L− for C2) behind ω, on this rank's rows
-            (:class:`~stare_lab.stare.STARESelection`), whenever ω was computed; else None.
+            (:class:`~stare_lab.loss.stare.STARESelection`), whenever ω was computed; else None.
     """
 
     batch: StepBatch
@@ -254,7 +254,7 @@ class PreparedStep:
         entropy: Tensor | None = None,
         ref_logprobs: Tensor | None = None,
     ) -> PolicyLossInputs:
-        """The :class:`~stare_lab.losses.PolicyLossInputs` of one micro-batch: rows ``rows`` of this rank's batch.
+        """The :class:`~stare_lab.loss.losses.PolicyLossInputs` of one micro-batch: rows ``rows`` of this rank's batch.
 
         Args:
             logprobs: ``[b, t]`` log π_θ of the micro-batch's sampled tokens (with their graph), ``t ≤ T``: a
@@ -389,8 +389,8 @@ def prepare_step(
     highest-surprisal tokens of T±, surprisal from ``old_logprobs``, ties by global position), kept as
     ``selection``, and ω from them; (4) declared top quantiles; (5) the seeded generator. Collectives (none on one
     rank): 1, plus 3 when (3) or (4) runs. On one rank the sets and the quantiles come from
-    :func:`stare_lab.stare.select_stare_sets` and
-    :func:`stare_lab.losses.forking_entropy_threshold` themselves; across ranks from :mod:`stare_lab.global_select`,
+    :func:`stare_lab.loss.stare.select_stare_sets` and
+    :func:`stare_lab.loss.losses.forking_entropy_threshold` themselves; across ranks from :mod:`stare_lab.selection.distributed`,
     which gives the same bits.
 
     Args:
@@ -522,7 +522,7 @@ def step_gate(
         config: the :class:`LossConfig` (or a mapping of its keys).
         controller: the run's controller; None → a fresh one (only without ``stare.adaptive``).
         batch_entropy: H̄ (nats) of the step, or None.
-        needs: :func:`~stare_lab.loss_registry.loss_needs` of the config, if the caller has it (saves the lookup).
+        needs: :func:`~stare_lab.loss.registry.loss_needs` of the config, if the caller has it (saves the lookup).
 
     Raises:
         ConfigError: unknown loss or bad config; ``stare.adaptive`` without a controller.

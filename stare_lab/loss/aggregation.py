@@ -1,6 +1,6 @@
 """Aggregation of a per-token loss ``[B, T]`` to a scalar with global normalisers (docs/theory.md §3; verl's modes).
 
-Used by every loss of :mod:`stare_lab.losses` (which re-exports :func:`aggregate_loss` and :func:`masked_mean`).
+Used by every loss of :mod:`stare_lab.loss.losses` (which re-exports :func:`aggregate_loss` and :func:`masked_mean`).
 With normalisers counted over the whole optimizer step (all micro-batches and ranks), the sum of the micro-batch
 losses equals the full-batch loss, and so do the gradients.
 """
@@ -12,8 +12,8 @@ import math
 import torch
 from torch import Tensor
 
-from .config import LossConfig
-from .errors import ConfigError, DataError
+from stare_lab.config import LossConfig
+from stare_lab.errors import ConfigError, DataError
 
 __all__ = ["aggregate_loss", "masked_mean"]
 

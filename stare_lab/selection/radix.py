@@ -4,10 +4,10 @@ A non-negative float32 surprisal s = |log π| orders like its bit pattern read a
 surprisals of a candidate set are found by two histogram passes over the bit patterns (the high 16 bits, then the low
 15 bits inside the threshold bin) and one write that takes the ties in row-major order — no sort, no top-k. Two
 implementations with identical results: tensor operations (any device, :func:`_select_tensor`) and, for CPU tensors,
-the fused C kernel of :mod:`stare_lab.native_select`. The public entry points are :func:`select_top_surprisal` (one
+the fused C kernel of :mod:`stare_lab.selection.native`. The public entry points are :func:`select_top_surprisal` (one
 set, a bool mask) and :func:`select_into` (one or two disjoint sets written as values into an int32 buffer: STARE's
-weights as float32 bit patterns, or set codes); :mod:`stare_lab.stare` builds the token weights and the selected
-sets on them, :mod:`stare_lab.global_select` distributes the same select over ranks.
+weights as float32 bit patterns, or set codes); :mod:`stare_lab.loss.stare` builds the token weights and the selected
+sets on them, :mod:`stare_lab.selection.distributed` distributes the same select over ranks.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import struct
 import torch
 from torch import Tensor
 
-from . import native_select
-from .errors import DataError
+from stare_lab.selection import native as native_select
+from stare_lab.errors import DataError
 
 __all__ = ["select_top_surprisal", "select_into", "num_selected", "p_scaled", "float32_bits", "as_rows", "as_bool_mask",
            "CHUNK_ELEMS"]
@@ -145,7 +145,7 @@ def select_into(
     Returns ``(out, k, n, k2, n2, num_valid)`` (k2 = n2 = 0 without a second set; num_valid, the number of valid
     tokens, only when ``count_valid``, else None).
 
-    On CPU the fused kernel of :mod:`stare_lab.native_select` runs when it is available (same keys, k and tie rule;
+    On CPU the fused kernel of :mod:`stare_lab.selection.native` runs when it is available (same keys, k and tie rule;
     identical result); otherwise, and on every other device, :func:`_select_tensor`.
     """
     rows, cols = lp2.shape
