@@ -41,7 +41,8 @@ from stare_lab.theory.critical import (
     STRENGTH_KINDS, CriticalStrength, recommend, recommendation_text, run_strengths, variant_label,
 )
 from stare_lab.loss.losses import loss_needs
-from stare_lab.platform.verdict import cap_text, push_label, verdict
+from stare_lab.platform.summary import w_cap
+from stare_lab.platform.verdict import cap_key, cap_text, push_label, verdict
 
 from simulators.grid import W_KEY, point_label
 from simulators.presets import METHODS
@@ -296,7 +297,7 @@ def _cap_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
         if text:
             notes.append(f"note: {label} held the band with W near its cap ({text}, seed means): the schedule has "
                          f"little headroom left, so a harder drift (another task, sampling noise, a longer run) can "
-                         f"break it; set stare.w_max above {_f(st.get('w_max'), 'g')} for a margin, or a fixed "
+                         f"break it; set stare.{cap_key(st)} above {_f(w_cap(st), 'g')} for a margin, or a fixed "
                          "stare.reweight_w at the recommended critical W (docs/theory.md §7)")
     return notes
 
@@ -304,7 +305,7 @@ def _cap_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
 def _raise_tip(st: dict[str, Any], w: float) -> str:
     """How to get a W of at least ``w``: the fixed weight, or the adaptive schedule's cap (which bounds W)."""
     if st.get("adaptive"):
-        return f"stare.w_max ≥ {w:.2f} (the adaptive schedule's cap on W, now {_f(st.get('w_max'), 'g')})"
+        return f"stare.{cap_key(st)} ≥ {w:.2f} (the adaptive schedule's cap on W, now {_f(w_cap(st), 'g')})"
     return f"stare.reweight_w ≥ {w:.2f} or o1-adaptive"
 
 
@@ -318,7 +319,7 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
                 "half over which the band is judged, so the controller had no time to settle; run more steps")
     w_now = _num(st.get("reweight_w")) or 1.0
     if st.get("adaptive"):
-        w_now = _num(st.get("w_max")) or w_now
+        w_now = _num(w_cap(st)) or w_now
     capped = cap_text({"stare": st, **g["mean"]}) if st.get("adaptive") else None
     cap = f" (its W sat near the cap: {capped})" if capped else ""
     strengths = _strengths(summary, g["point"])

@@ -146,11 +146,16 @@ class STAREConfig:
         reweight_w: W ≥ 1, the weight on L+ (paper: 1.1 for 7B, 1.05 for 14B/32B).
         reweight_m: M ∈ (0, 1], the weight on L− (C2 only; paper: 0.9 for 7B, 0.95 for 14B/32B).
         target_entropy: H_tgt ≥ 0 in nats; the gate is on when the batch token-mean entropy is below it.
-        adaptive: enable the adaptive W/M schedule W ← clip(W + α·sgn(H_tgt − H̄), [1, w_max]),
-            M ← clip(M − α·sgn(H_tgt − H̄), [m_min, 1]).
-        alpha: step α > 0 of the adaptive schedule.
-        w_max: upper bound of W under the adaptive schedule (≥ reweight_w when ``adaptive``).
-        m_min: lower bound of M under the adaptive schedule (≤ reweight_m when ``adaptive``, > 0).
+        adaptive: W (and M) change from step to step, by the rule ``schedule`` names.
+        schedule: the rule of an adaptive run: ``"paper"`` (the paper's W ← clip(W + α·sgn(H_tgt − H̄), [1, w_max]),
+            M ← clip(M − α·sgn(H_tgt − H̄), [m_min, 1])) or ``"auto"`` (the balance controller of
+            :mod:`stare_lab.loss.controller`: from the first crossing of H_tgt it finds the W that cancels the entropy
+            drift, in [1, auto_w_max], with M = 1/W for C2; docs/theory.md §9). ``"auto"`` needs ``adaptive``.
+        alpha: step α > 0 of the paper's schedule.
+        w_max: upper bound of W under the paper's schedule (≥ reweight_w when ``adaptive``).
+        m_min: lower bound of M under the paper's schedule (≤ reweight_m when ``adaptive``, > 0).
+        auto_w_max: upper bound of W under the auto schedule (> 1): a safety cap, not a guess of the answer; the run
+            reports the share of steps at it (``w_cap_share``).
         scope: ``"global"`` (selection over the whole optimizer batch; invariant to micro-batching) or
             ``"microbatch"`` (selection per loss call, as the reference implementation does).
         gate: ``"entropy"`` (the paper's gate, on iff H̄ < target_entropy), ``"always"`` (forced on) or
@@ -163,14 +168,24 @@ class STAREConfig:
     reweight_m: float = 0.9
     target_entropy: float = 0.3
     adaptive: bool = False
+    schedule: str = "paper"
     alpha: float = 0.01
     w_max: float = 1.5
     m_min: float = 0.5
+    auto_w_max: float = 20.0
     scope: str = "global"
     gate: str = "entropy"
 
     def __post_init__(self) -> None:
         self.validate(config_prefix("stare"))
+
+    @property
+    def w_cap(self) -> float | None:
+        """The cap on W of the adaptive schedule (``auto_w_max`` for ``auto``, ``w_max`` for ``paper``); None when W
+        is fixed."""
+        if not self.adaptive:
+            return None
+        return float(self.auto_w_max if self.schedule == "auto" else self.w_max)
 
     def validate(self, prefix: str = "stare") -> None:
         """Check every field; raise :class:`ConfigError` naming ``prefix.key``."""
@@ -187,16 +202,24 @@ class STAREConfig:
         check_range(f"{p}alpha", self.alpha, 0, None, lo_open=True)
         check_range(f"{p}w_max", self.w_max, 1, None)
         check_range(f"{p}m_min", self.m_min, 0, 1, lo_open=True)
-        if self.adaptive and self.w_max < self.reweight_w:
+        if self.adaptive and self.schedule == "paper" and self.w_max < self.reweight_w:
             raise ConfigError(
                 f"{p}w_max={self.w_max} is below {p}reweight_w={self.reweight_w}; need w_max >= reweight_w"
             )
-        if self.adaptive and self.m_min > self.reweight_m:
+        if self.adaptive and self.schedule == "paper" and self.m_min > self.reweight_m:
             raise ConfigError(
                 f"{p}m_min={self.m_min} is above {p}reweight_m={self.reweight_m}; need m_min <= reweight_m"
             )
         check_choice(f"{p}scope", self.scope, ["global", "microbatch"])
         check_choice(f"{p}gate", self.gate, ["entropy", "always", "never"])
+        check_choice(f"{p}schedule", self.schedule, ["paper", "auto"])
+        check_range(f"{p}auto_w_max", self.auto_w_max, 1, None, lo_open=True)
+        if self.schedule == "auto" and not self.adaptive:
+            raise ConfigError(f"{p}schedule='auto' adapts W: it needs {p}adaptive=true (the methods o1-auto and "
+                              "c2-auto set both)")
+        if self.schedule == "auto" and self.reweight_w > self.auto_w_max:
+            raise ConfigError(f"{p}reweight_w={self.reweight_w} (auto's starting W) is above "
+                              f"{p}auto_w_max={self.auto_w_max}")
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ __all__ = ["TabularSimConfig", "EXPECTED_METHODS", "LR_MAX", "resolve_target_ent
 LR_MAX = 1e3
 
 #: methods whose mean-field dynamics :mod:`simulators.tabular.expected` implements
-EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "entropy_bonus")
+EXPECTED_METHODS = ("grpo", "grpo-ds", "o1", "c2", "o1-adaptive", "o1-auto", "c2-auto", "entropy_bonus")
 
 
 def resolve_target_entropy(data: dict, explicit_target: bool, explicit_rel: bool) -> dict:

@@ -164,7 +164,7 @@ def summarize(rows: list[dict[str, Any]], config: TabularSimConfig, final_entrop
         rows, float(config.loss.stare.target_entropy), config.collapse_frac, config.band, final_entropy=final_entropy,
         reweight_m=config.loss.stare.reweight_m if config.is_stare and config.loss.stare.variant == "C2" else 1.0,
         window=critical_window(config),
-        w_max=config.loss.stare.w_max if config.is_stare and config.loss.stare.adaptive else None,
+        w_max=config.loss.stare.w_cap if config.is_stare else None,
         push_efficiency=1.0 if config.push_efficiency is None else float(config.push_efficiency),
     )
     return {"method": config.method, "seed": config.seed, "mode": config.mode, **stats}

@@ -28,7 +28,15 @@ METHODS: dict[str, dict[str, Any]] = {
     "o1": {"loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": False}}, "dynamic_sampling": False},
     "c2": {"loss": {"loss_mode": "stare", "stare": {"variant": "C2"}}, "dynamic_sampling": False},
     "o1-adaptive": {
-        "loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": True}},
+        "loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": True, "schedule": "paper"}},
+        "dynamic_sampling": False,
+    },
+    "o1-auto": {
+        "loss": {"loss_mode": "stare", "stare": {"variant": "O1", "adaptive": True, "schedule": "auto"}},
+        "dynamic_sampling": False,
+    },
+    "c2-auto": {
+        "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "adaptive": True, "schedule": "auto"}},
         "dynamic_sampling": False,
     },
     "clip_cov": {"loss": {"loss_mode": "clip_cov"}, "dynamic_sampling": False},

@@ -12,8 +12,8 @@ Both select with the radix select of :mod:`stare_lab.selection.radix`: exact (ex
 tie rule), linear-time, free of host synchronisation unless asked to validate inputs, and identical between its
 tensor implementation (any device) and the fused CPU kernel (:mod:`stare_lab.selection.native`).
 
-* :class:`STAREController` — the per-step state: the gate decision from the batch token-mean entropy and the
-  optional adaptive W/M schedule, with ``state_dict()`` / ``load_state_dict()`` for checkpoint/resume.
+* :class:`STAREController` (in :mod:`stare_lab.loss.controller`, named here too) — the per-step state: the gate
+  decision from the batch token-mean entropy and the W/M schedule, with ``state_dict()`` / ``load_state_dict()``.
 
 Scope (``STAREConfig.scope``) is a property of *where* the weights are computed, not of these functions: scope
 ``global`` means the caller passes the whole optimizer batch (all micro-batches, gathered across ranks) once per
@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import numbers
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from stare_lab.config import STAREConfig, check_range
+from stare_lab.loss.controller import STAREController  # noqa: F401 - named here too (its historical home)
 from stare_lab.errors import DataError
 from stare_lab.selection import native as native_select
 from stare_lab.selection.radix import as_bool_mask, as_rows, float32_bits, p_scaled, select_into, select_top_surprisal
@@ -276,118 +275,3 @@ def _check_values(logprobs: Tensor, adv: Tensor, mask: Tensor) -> None:
     if flags[1]:
         idx = bad_adv.nonzero()[0].tolist()
         raise DataError(f"advantages at valid token ({idx[0]}, {idx[1]}) is not finite (allowed: finite values)")
-
-
-class STAREController:
-    """The per-step STARE state: entropy gate and adaptive W/M schedule (docs/theory.md §4, step 3).
-
-    Call :meth:`update` once per training step, before the update, with the batch token-mean entropy H̄ (nats,
-    all-reduced across ranks), then pass ``gate_on``, ``reweight_w`` and ``reweight_m`` to the weights / loss.
-
-    * gate: ``config.gate == "entropy"`` → ``gate_on = H̄ < target_entropy``; ``"always"`` → True; ``"never"`` →
-      False (exact GRPO).
-    * adaptive (``config.adaptive``): W ← clip(W + α·sgn(H_tgt − H̄), [1, w_max]),
-      M ← clip(M − α·sgn(H_tgt − H̄), [m_min, 1]) with sgn(0) = 0; applied on every finite update, whatever the
-      gate mode.
-    * a non-finite H̄ (NaN/±inf) leaves the whole state unchanged; it is logged as a warning, counted in
-      ``num_skipped`` and flagged in ``last_update_skipped`` (True until the next finite update).
-
-    Before the first finite update ``gate_on`` is False for gate ``"entropy"`` (no entropy measured yet: plain
-    GRPO), True for ``"always"``, False for ``"never"``.
-
-    Attributes:
-        gate_on: the current gate decision.
-        reweight_w: current W (≥ 1).
-        reweight_m: current M (∈ (0, 1]).
-        last_entropy: the last finite H̄ seen (NaN before the first).
-        num_updates: number of finite updates applied.
-        num_skipped: number of non-finite updates ignored.
-        last_update_skipped: whether the most recent :meth:`update` call was ignored.
-    """
-
-    _STATE_KEYS = (
-        "gate_on",
-        "reweight_w",
-        "reweight_m",
-        "last_entropy",
-        "num_updates",
-        "num_skipped",
-        "last_update_skipped",
-    )
-
-    def __init__(self, config: STAREConfig | None = None) -> None:
-        self.config = STAREConfig() if config is None else config
-        self.gate_on = self.config.gate == "always"
-        self.reweight_w = float(self.config.reweight_w)
-        self.reweight_m = float(self.config.reweight_m)
-        self.last_entropy = float("nan")
-        self.num_updates = 0
-        self.num_skipped = 0
-        self.last_update_skipped = False
-
-    def update(self, batch_entropy: float | Tensor) -> bool:
-        """Apply one step's batch token-mean entropy H̄ (nats); return the gate decision for this step.
-
-        Raises:
-            DataError: if ``batch_entropy`` is not a real number (e.g. a string or a multi-element tensor).
-        """
-        if isinstance(batch_entropy, Tensor):
-            if batch_entropy.numel() != 1:
-                raise DataError(f"batch_entropy must be a scalar, got a tensor of shape {tuple(batch_entropy.shape)}")
-            batch_entropy = batch_entropy.item()
-        if isinstance(batch_entropy, bool) or not isinstance(batch_entropy, numbers.Real):
-            raise DataError(f"batch_entropy={batch_entropy!r} must be a real number (nats)")
-        h = float(batch_entropy)
-        if not math.isfinite(h):
-            self.num_skipped += 1
-            self.last_update_skipped = True
-            logger.warning("STAREController.update: batch entropy %r is not finite; state left unchanged", h)
-            return self.gate_on
-        cfg = self.config
-        self.last_update_skipped = False
-        self.last_entropy = h
-        self.num_updates += 1
-        if cfg.gate == "entropy":
-            self.gate_on = h < cfg.target_entropy
-        else:
-            self.gate_on = cfg.gate == "always"
-        if cfg.adaptive:
-            diff = cfg.target_entropy - h
-            sign = (diff > 0) - (diff < 0)
-            self.reweight_w = min(max(self.reweight_w + cfg.alpha * sign, 1.0), cfg.w_max)
-            self.reweight_m = min(max(self.reweight_m - cfg.alpha * sign, cfg.m_min), 1.0)
-        return self.gate_on
-
-    def state_dict(self) -> dict[str, Any]:
-        """The resumable state as plain Python values (JSON/YAML/torch.save friendly)."""
-        return {key: getattr(self, key) for key in self._STATE_KEYS}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state produced by :meth:`state_dict`.
-
-        Raises:
-            DataError: if a key is missing or unknown, or a value has the wrong type.
-        """
-        missing = [key for key in self._STATE_KEYS if key not in state]
-        unknown = sorted(set(state) - set(self._STATE_KEYS))
-        if missing or unknown:
-            raise DataError(
-                f"STAREController state: missing keys {missing}, unknown keys {unknown}; "
-                f"expected exactly {list(self._STATE_KEYS)}"
-            )
-        for key in ("gate_on", "last_update_skipped"):
-            if not isinstance(state[key], bool):
-                raise DataError(f"STAREController state: {key}={state[key]!r} must be a bool")
-        for key in ("num_updates", "num_skipped"):
-            if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
-                raise DataError(f"STAREController state: {key}={state[key]!r} must be a non-negative integer")
-        for key in ("reweight_w", "reweight_m", "last_entropy"):
-            if isinstance(state[key], bool) or not isinstance(state[key], numbers.Real):
-                raise DataError(f"STAREController state: {key}={state[key]!r} must be a number")
-        if not 1.0 <= float(state["reweight_w"]) < math.inf:
-            raise DataError(f"STAREController state: reweight_w={state['reweight_w']!r} must be finite and >= 1")
-        if not 0.0 < float(state["reweight_m"]) <= 1.0:
-            raise DataError(f"STAREController state: reweight_m={state['reweight_m']!r} must be in (0, 1]")
-        for key in self._STATE_KEYS:
-            value = state[key]
-            setattr(self, key, float(value) if key in ("reweight_w", "reweight_m", "last_entropy") else value)

@@ -32,6 +32,14 @@ The definitions, chosen once (where the three earlier copies differed, the choic
 * ``w_mean_second_half`` / ``w_cap_share`` (adaptive W schedule only, ``w_max`` given): the mean of the finite
   ``stare_w`` over the rows from ⌊n/2⌋ on, and the share of those rows whose W is at the cap (W ≥ w_max − 1e-9):
   a band held with W at its cap has no headroom left. None for a run without the adaptive schedule.
+* ``balance_w`` / ``balance_m``: the push that held, 1 + mean gate·(W − 1) and 1 − mean gate·(1 − M) over the rows
+  from ⌊n/2⌋ with finite ``gate_on`` and ``stare_w`` (``stare_m``) (docs/theory.md §9): for a run that held the
+  band, the strength this model needed at this target and learning rate (the W of a fixed-W run that would just
+  hold it). ``balance_m`` means something for C2 only. None without those keys.
+* ``crossing_step``: the ``step`` of the first row whose entropy is below H_tgt (strictly); None if none.
+* ``steps_to_band``: steps from ``crossing_step`` to the first step s ≥ it from which the mean |H − H_tgt| over the
+  next :data:`BAND_WINDOW` rows is within the held band (:func:`held_band`); None when there is no crossing or it
+  never is. The time a controller takes to bring the entropy into the band after the crossing.
 * ``pred_*``: :func:`fit_prediction` of the measured ``entropy_change`` on ``pred_entropy_change``: the line needs
   at least :data:`MIN_FIT_PAIRS` = 3 pairs (a line through 2 points fits them exactly: R² = 1 says nothing) and a
   non-constant prediction; R² as ``scipy.stats.linregress`` gives it (r², 0 for a constant measurement). (The
@@ -68,6 +76,7 @@ __all__ = [
     "first_step_below",
     "fraction_in_band",
     "number",
+    "w_cap",
 ]
 
 #: The keys of :func:`run_summary`, in order.
@@ -88,6 +97,10 @@ SUMMARY_KEYS = (
     "gate_on_frac",
     "w_mean_second_half",
     "w_cap_share",
+    "balance_w",
+    "balance_m",
+    "crossing_step",
+    "steps_to_band",
     "pred_n",
     "pred_slope",
     "pred_intercept",
@@ -110,6 +123,8 @@ BAND_REL = 0.25
 HELD_FINAL_FRAC = 0.5
 #: W within this of w_max counts as at the cap (the adaptive schedule clips W to exactly w_max)
 CAP_TOL = 1e-9
+#: rows over which ``steps_to_band`` averages |H − H_tgt|
+BAND_WINDOW = 10
 
 
 def number(value: Any) -> float | None:
@@ -237,6 +252,34 @@ def _w_stats(rows: Sequence[Mapping[str, Any]], w_max: Any) -> tuple[float | Non
     return sum(ws) / len(ws), sum(w >= cap - CAP_TOL for w in ws) / len(ws)
 
 
+def _balance(rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """``(balance_w, balance_m)`` of the module docstring."""
+    pw, pm = [], []
+    for r in rows[len(rows) // 2:]:
+        gate, w, m = number(r.get("gate_on")), number(r.get("stare_w")), number(r.get("stare_m"))
+        if gate is not None and w is not None:
+            pw.append(gate * (w - 1.0))
+        if gate is not None and m is not None:
+            pm.append(gate * (1.0 - m))
+    return (1.0 + sum(pw) / len(pw) if pw else None), (1.0 - sum(pm) / len(pm) if pm else None)
+
+
+def _steps_to_band(steps: Sequence[Any], entropies: Sequence[Any], target: float, band: float) -> tuple[Any, Any]:
+    """``(crossing_step, steps_to_band)`` of the module docstring."""
+    h = [number(v) for v in entropies]
+    cross = next((i for i, x in enumerate(h) if x is not None and x < target), None)
+    if cross is None:
+        return None, None
+    width = held_band(band, target)
+    for i in range(cross, len(h)):
+        window = [x for x in h[i:i + BAND_WINDOW] if x is not None]
+        if len(window) == min(BAND_WINDOW, len(h) - i) and window and \
+                sum(abs(x - target) for x in window) / len(window) < width:
+            start, at = number(steps[cross]), number(steps[i])
+            return steps[cross], (at - start if start is not None and at is not None else i - cross)
+    return steps[cross], None
+
+
 def _check_settings(target_entropy: Any, band: Any, collapse_frac: Any) -> float | None:
     if number(band) is None or band < 0:
         raise ConfigError(f"band={band!r} must be a finite number >= 0 (nats)")
@@ -283,6 +326,7 @@ def run_summary(
     walls = [x for x in (number(v) for v in col("time/step_s")) if x is not None]
     out["wall_s"] = sum(walls) if walls else None
     out["w_mean_second_half"], out["w_cap_share"] = _w_stats(rows, w_max)
+    out["balance_w"], out["balance_m"] = _balance(rows)
     fit = fit_prediction(col("pred_entropy_change"), col("entropy_change"))
     out.update(pred_n=fit["n"], pred_slope=fit["slope"], pred_intercept=fit["intercept"], pred_r2=fit["r2"],
                pred_rel_err=fit["rel_err"])
@@ -296,21 +340,31 @@ def run_summary(
         half = [x for x in (number(v) for v in ent_raw[len(rows) // 2:]) if x is not None]
         out["mean_abs_dev_second_half"] = sum(abs(x - target) for x in half) / len(half) if half else None
         out["held"] = band_held(out)
+        out["crossing_step"], out["steps_to_band"] = _steps_to_band(col("step"), ent_raw, target, float(band))
     return out
+
+
+def w_cap(stare: Mapping[str, Any] | None) -> float | None:
+    """The adaptive schedule's cap on W from a run's ``loss.stare`` settings (a dict of ``config.yaml``):
+    ``auto_w_max`` for ``schedule: auto``, ``w_max`` for the paper's schedule; None when ``adaptive`` is not true
+    (W fixed) or the cap is not a number. The dict form of :attr:`stare_lab.config.STAREConfig.w_cap`."""
+    if not isinstance(stare, Mapping) or stare.get("adaptive") is not True:
+        return None
+    return number(stare.get("auto_w_max" if stare.get("schedule") == "auto" else "w_max"))
 
 
 def summary_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """The summary settings of a run from its resolved config (``config.yaml`` as a dict, docs/design.md §4):
     ``target_entropy`` = ``loss.stare.target_entropy``; ``band`` and ``collapse_frac`` = the top-level keys of
     those names when the source has them (the tabular simulator), else :data:`DEFAULT_BAND` /
-    :data:`DEFAULT_COLLAPSE_FRAC`; ``w_max`` = ``loss.stare.w_max`` when ``loss.stare.adaptive`` is true, else None.
+    :data:`DEFAULT_COLLAPSE_FRAC`; ``w_max`` = the adaptive schedule's cap on W when ``loss.stare.adaptive`` is true
+    (``loss.stare.auto_w_max`` for ``schedule: auto``, else ``loss.stare.w_max``), else None.
     Pass the result to :func:`run_summary` as keywords."""
     config = config if isinstance(config, Mapping) else {}
     stare = (config.get("loss") or {}).get("stare") if isinstance(config.get("loss"), Mapping) else None
     target = stare.get("target_entropy") if isinstance(stare, Mapping) else None
     band, frac = config.get("band"), config.get("collapse_frac")
-    adaptive = isinstance(stare, Mapping) and stare.get("adaptive") is True
     return {"target_entropy": number(target),
             "band": float(band) if number(band) is not None else DEFAULT_BAND,
             "collapse_frac": float(frac) if number(frac) is not None else DEFAULT_COLLAPSE_FRAC,
-            "w_max": number(stare.get("w_max")) if adaptive else None}
+            "w_max": w_cap(stare)}

@@ -26,7 +26,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from stare_lab.platform.completeness import status_clause
-from stare_lab.platform.summary import band_held
+from stare_lab.platform.summary import band_held, w_cap
 
 __all__ = ["group_outcome", "verdict", "push_label", "near_cap", "cap_text", "NEAR_CAP", "CAP_SHARE"]
 
@@ -88,10 +88,15 @@ def cap_text(g: Mapping[str, Any]) -> str | None:
     """``mean W 1.46 over the second half, at the cap w_max=1.5 on 38% of those steps`` for an adaptive group
     (``stare.adaptive``, :func:`group_outcome` means) near its cap (:func:`near_cap`), else None."""
     st = g.get("stare") or {}
-    if not st.get("adaptive") or not near_cap(g.get("w_mean_second_half"), g.get("w_cap_share"), st.get("w_max")):
+    if not st.get("adaptive") or not near_cap(g.get("w_mean_second_half"), g.get("w_cap_share"), w_cap(st)):
         return None
-    return (f"mean W {_f(g.get('w_mean_second_half'))} over the second half, at the cap w_max={_f(st.get('w_max'), 'g')}"
+    return (f"mean W {_f(g.get('w_mean_second_half'))} over the second half, at the cap {cap_key(st)}={_f(w_cap(st), 'g')}"
             f" on {_f(g.get('w_cap_share'), '.0%')} of those steps")
+
+
+def cap_key(stare: Mapping[str, Any]) -> str:
+    """The config key of the adaptive schedule's cap on W: ``auto_w_max`` for ``schedule: auto``, else ``w_max``."""
+    return "auto_w_max" if stare.get("schedule") == "auto" else "w_max"
 
 
 def _fell(g: Mapping[str, Any]) -> bool:
