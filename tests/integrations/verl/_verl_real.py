@@ -29,40 +29,52 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
+#: ``cpu`` (the tests) or ``cuda`` (scripts/verl_gpu_check.sh on one GPU)
+DEVICE = os.environ.get("STARE_VERL_DEVICE", "cpu")
+#: steps of a run; a checkpoint every ``STEPS // 2``
+STEPS = int(os.environ.get("STARE_VERL_STEPS", "4"))
+#: the model and batch: 2 prompts × 2 responses and a 2-layer 64-wide model on CPU; 8 × 4 and 8 layers × 512 on GPU
+SIZES = {"cpu": {"prompts": 2, "n": 2, "model": {}},
+         "cuda": {"prompts": 8, "n": 4, "model": {"hidden_size": 512, "num_layers": 8, "head_dim": 64,
+                                                  "num_kv_heads": 2}}}[DEVICE]
 
 
 def _env() -> None:
-    """Before ``import verl``: the CPU platform (``_cpu_platform``) and a one-process gloo group."""
+    """Before ``import verl``: on CPU the CPU platform (``_cpu_platform``); a one-process process group; on GPU
+    deterministic kernels (the parity and resume checks compare parameters bit for bit)."""
     sys.path[:0] = [str(HERE), str(REPO)]
-    os.environ.update(VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_MODULES="_cpu_platform", VERL_ENGINE_DEVICE="cuda",
-                      RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if DEVICE == "cpu":
+        os.environ.update(VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_MODULES="_cpu_platform", VERL_ENGINE_DEVICE="cuda")
+    else:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
 def prepare(workdir: Path) -> tuple[Path, Path]:
-    """The tiny model (trainer/tiny.py) and 8 prompts in verl's RL-dataset Parquet format."""
+    """The tiny model (trainer/tiny.py) and 4 steps' worth of prompts in verl's RL-dataset Parquet format."""
     import pandas as pd
 
     from trainer.tiny import build_tiny_model
 
     model = workdir / "tiny"
     if not (model / "config.json").is_file():
-        build_tiny_model(model, seed=0)
+        build_tiny_model(model, seed=0, **SIZES["model"])
     data = workdir / "prompts.parquet"
     if not data.is_file():
         rows = [{"data_source": "synthetic", "prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}],
                  "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a + 1)},
-                 "extra_info": {"index": a}} for a in range(8)]
+                 "extra_info": {"index": a}} for a in range(4 * SIZES["prompts"])]
         pd.DataFrame(rows).to_parquet(data)
     return model, data
 
 
 def overrides(workdir: Path, model: Path, data: Path, **settings: str) -> list[str]:
-    """The documented STARE launch (``_verl_cases.STARE_OVERRIDES``) sized for CPU: 2 prompts × 2 responses a step,
-    4 steps, a checkpoint every 2, fp32, SDPA attention, FSDP2; ``settings`` override ``key=value``."""
+    """The documented STARE launch (``_verl_cases.STARE_OVERRIDES``) sized by :data:`SIZES` and :data:`STEPS` (a
+    checkpoint every ``STEPS // 2``), fp32 weights, SDPA attention, FSDP2; ``settings`` override ``key=value``."""
     from _verl_cases import STARE_OVERRIDES
 
     base = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in STARE_OVERRIDES}
@@ -71,10 +83,10 @@ def overrides(workdir: Path, model: Path, data: Path, **settings: str) -> list[s
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
         "actor_rollout_ref.actor.strategy": "fsdp2",
         "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": "2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "2",
-        "actor_rollout_ref.rollout.n": "2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": str(SIZES["prompts"]),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": str(SIZES["prompts"]),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": str(SIZES["prompts"]),
+        "actor_rollout_ref.rollout.n": str(SIZES["n"]),
         "actor_rollout_ref.rollout.calculate_log_probs": "False",
         "actor_rollout_ref.actor.optim.lr": "0.01",
         "actor_rollout_ref.actor.use_kl_loss": "False",
@@ -84,12 +96,12 @@ def overrides(workdir: Path, model: Path, data: Path, **settings: str) -> list[s
         "algorithm.use_kl_in_reward": "False",
         "data.train_files": f"['{data}']",
         "data.val_files": f"['{data}']",
-        "data.train_batch_size": "2",
+        "data.train_batch_size": str(SIZES["prompts"]),
         "data.max_prompt_length": "64",
         "data.max_response_length": "8",
         "data.dataloader_num_workers": "0",
-        "trainer.total_training_steps": "4",
-        "trainer.save_freq": "2",
+        "trainer.total_training_steps": str(STEPS),
+        "trainer.save_freq": str(STEPS // 2),
         "trainer.test_freq": "-1",
         "trainer.val_before_train": "False",
         "trainer.logger": "[]",
@@ -188,7 +200,7 @@ class InProcessActor:
         out = {}
         for name, p in self.worker.actor.engine.module.named_parameters():
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            out[name] = full.detach().clone()
+            out[name] = full.detach().cpu().clone()
         return out
 
 
@@ -257,8 +269,8 @@ def run_fit(workdir: Path, name: str, trainer_name: str, settings: dict[str, str
     torch.save(params, out_dir / "params.pt")
     seen = trainer.actor_rollout_wg.seen
     keep = ["response_mask", "old_log_probs", "advantages", "stare_token_weights"]
-    torch.save({k: seen[k].to_padded_tensor(0.0) if seen[k].is_nested else seen[k] for k in keep if k in seen.keys()},
-               out_dir / "seen.pt")
+    torch.save({k: (seen[k].to_padded_tensor(0.0) if seen[k].is_nested else seen[k]).cpu()
+                for k in keep if k in seen.keys()}, out_dir / "seen.pt")
     digest = hashlib.sha256(b"".join(p.float().numpy().tobytes() for _, p in sorted(params.items()))).hexdigest()
     return {"params_sha256": digest, "global_steps": int(trainer.global_steps)}
 
@@ -280,7 +292,12 @@ def main() -> None:
     import transfer_queue as tq
     from omegaconf import OmegaConf
 
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.set_device(0)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    dist.init_process_group("gloo" if DEVICE == "cpu" else "cpu:gloo,cuda:nccl", rank=0, world_size=1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     results = {}

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _verl_cases import brute_force_weights  # noqa: E402
+from _verl_real import STEPS  # noqa: E402  (4 here; 20 in scripts/verl_gpu_check.sh)
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +87,7 @@ def test_gate_off_trains_exactly_like_verls_vanilla_through_the_real_worker(runs
     assert all(torch.equal(vanilla[k], never[k]) for k in vanilla)
     assert result["vanilla"]["params_sha256"] == result["never"]["params_sha256"] != result["ref"]["params_sha256"]
     assert any(not torch.equal(vanilla[k], on[k]) for k in vanilla)
-    assert [r["gate_on"] for r in _rows(work / "never")] == [0, 0, 0, 0]
+    assert [r["gate_on"] for r in _rows(work / "never")] == [0] * STEPS
 
 
 def test_the_real_worker_receives_the_whole_step_omega(runs):
@@ -104,7 +105,7 @@ def test_the_real_worker_receives_the_whole_step_omega(runs):
     got = seen["stare_token_weights"]
     assert torch.equal(got[mask], omega[mask])
     assert int((got[mask] == torch.tensor(last["stare_w"], dtype=got.dtype)).sum()) == last["stare/num_pos_selected"]
-    assert [r["stare_w"] for r in rows] == pytest.approx([1.11, 1.12, 1.13, 1.14])
+    assert [r["stare_w"] for r in rows] == pytest.approx([1.1 + 0.01 * (i + 1) for i in range(STEPS)])
     assert all(r["gate_on"] == 1 for r in rows)
     assert all(abs(r["entropy"] - r["actor/entropy"]) < 0.05 for r in rows)
 
@@ -118,11 +119,12 @@ def test_kill_right_after_verls_checkpoint_then_resume_gives_one_row_per_step(ru
     again, test_verl_trainer.py::test_resume_keeps_rows_up_to_the_checkpoint.)"""
     work, result = runs
     spec = f"killed:stare:{ADAPTIVE}"
-    _drive(work, spec + ",kill=after_checkpoint:2", expect_kill=True)
-    assert [r["step"] for r in _rows(work / "killed")] == [1, 2]
+    half = STEPS // 2
+    _drive(work, spec + f",kill=after_checkpoint:{half}", expect_kill=True)
+    assert [r["step"] for r in _rows(work / "killed")] == list(range(1, half + 1))
     final = _drive(work, spec)
     rows, ref = _rows(work / "killed"), _rows(work / "ref")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for got, want in zip(rows, ref):
         assert {k: v for k, v in got.items() if not k.startswith(TIMING)} == \
             {k: v for k, v in want.items() if not k.startswith(TIMING)}
@@ -153,6 +155,6 @@ def test_real_setup_stops_at_verls_gpu_check(tmp_path):
             trainer.init()
     finally:
         ray.shutdown()
-    assert len(trainer.train_dataloader) == 4 and trainer.tokenizer.eos_token == "<|endoftext|>"
+    assert len(trainer.train_dataloader) == 4 and trainer.tokenizer.eos_token == "<|endoftext|>"  # 8 prompts, 2 a step
     assert trainer.resource_pool_manager.resource_pool_spec == {"global_pool": [1]}
     assert not hasattr(trainer, "actor_rollout_wg")
