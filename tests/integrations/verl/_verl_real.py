@@ -104,7 +104,7 @@ def overrides(workdir: Path, model: Path, data: Path, **settings: str) -> list[s
         "trainer.save_freq": str(STEPS // 2),
         "trainer.test_freq": "-1",
         "trainer.val_before_train": "False",
-        "trainer.logger": "[]",
+        "trainer.logger": "['file']",
         "trainer.n_gpus_per_node": "1",
         "trainer.nnodes": "1",
         "trainer.resume_mode": "auto",
@@ -244,7 +244,8 @@ def _maybe_kill(trainer, point: str) -> None:
 
 def run_fit(workdir: Path, name: str, trainer_name: str, settings: dict[str, str]) -> dict:
     """One training run of ``trainer_name`` (``stare`` or verl's ``sync``) in ``workdir/name`` to its end. Saves the
-    actor's final parameters (``params.pt``) and what the last ``update_actor`` received (``seen.pt``, padded)."""
+    actor's final parameters (``params.pt``), what the last ``update_actor`` received (``seen.pt``, padded) and verl's
+    own metrics (its file logger: ``verl_metrics.jsonl``)."""
     import hashlib
 
     import torch
@@ -263,6 +264,8 @@ def run_fit(workdir: Path, name: str, trainer_name: str, settings: dict[str, str
     cfg = compose(args)
     OmegaConf.resolve(cfg)
     trainer = harness(STARETrainer if trainer_name == "stare" else PPOTrainerSync)(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(out_dir / "verl_metrics.jsonl")  # verl's own file logger
     trainer.init()
     trainer.fit(ScriptedRollout(trainer.tokenizer, int(cfg.actor_rollout_ref.rollout.n)))
     params = trainer.actor_rollout_wg.params()

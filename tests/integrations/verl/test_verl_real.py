@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from stare_lab.platform.runs import read_run
+
 sys.path.insert(0, str(Path(__file__).parent))
 from _verl_cases import brute_force_weights  # noqa: E402
 from _verl_real import STEPS  # noqa: E402  (4 here; 20 in scripts/verl_gpu_check.sh)
@@ -94,7 +96,8 @@ def test_the_real_worker_receives_the_whole_step_omega(runs):
     """The last step's batch as verl's actor worker received it (through TransferQueue and verl's ``tqbridge``):
     ω equals a brute-force C2 selection (P 0.25) over the step's old log-probs and advantages with that step's W
     and M; the run's rows carry the controller's adaptive W (1.1 + 0.01 per step, H̄ below H_tgt) and H̄ equal
-    to verl's ``actor/entropy`` up to verl's bf16 accumulation."""
+    to verl's ``actor/entropy`` up to verl's bf16 accumulation; each row's reward is the step's
+    ``critic/score/mean`` in verl's own metrics (its file logger), and the run directory reads as a verl run."""
     work, _ = runs
     seen = torch.load(work / "ref" / "seen.pt")
     rows = _rows(work / "ref")
@@ -108,6 +111,12 @@ def test_the_real_worker_receives_the_whole_step_omega(runs):
     assert [r["stare_w"] for r in rows] == pytest.approx([1.1 + 0.01 * (i + 1) for i in range(STEPS)])
     assert all(r["gate_on"] == 1 for r in rows)
     assert all(abs(r["entropy"] - r["actor/entropy"]) < 0.05 for r in rows)
+    verl_rows = [json.loads(line) for line in (work / "ref" / "verl_metrics.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in verl_rows] == [r["step"] for r in rows]
+    assert [r["reward"] for r in rows] == pytest.approx([v["data"]["critic/score/mean"] for v in verl_rows])
+    assert [r["actor/pg_loss"] for r in rows] == [v["data"]["actor/pg_loss"] for v in verl_rows]
+    run = read_run(work / "ref" / "ckpt" / "stare_run")
+    assert (run.config["source"], run.config["method"]) == ("verl", "c2")
 
 
 def test_kill_right_after_verls_checkpoint_then_resume_gives_one_row_per_step(runs):
