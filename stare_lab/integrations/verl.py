@@ -113,17 +113,20 @@ def _stare_config(self: Any) -> STAREConfig:
     return from_dict(STAREConfig, {k: getattr(self, k) for k in STARE_KEYS}, prefix=POLICY_LOSS_KEY)
 
 
+_STARE_POLICY_LOSS_DOC = """verl's ``PolicyLossConfig`` plus every field of the core's
+:class:`stare_lab.config.STAREConfig` under the same name and default (derived from its ``dataclasses.fields``;
+docs/theory.md §4). Selected with
+``actor_rollout_ref.actor.policy_loss._target_=stare_lab.integrations.verl.STAREPolicyLossConfig``; keys that verl's
+YAML does not have are added with ``+``, e.g. ``+actor_rollout_ref.actor.policy_loss.variant=C2``.
+
+Raises:
+    ConfigError: a bad STARE value (one line naming ``actor_rollout_ref.actor.policy_loss.<key>``).
+"""
+
 STAREPolicyLossConfig = dataclasses.make_dataclass(
     "STAREPolicyLossConfig", _stare_fields(), bases=(PolicyLossConfig,),
-    namespace={"__module__": __name__, "__post_init__": _post_init, "stare_config": _stare_config, "__doc__": """verl's ``PolicyLossConfig`` plus
-    every field of the core's :class:`stare_lab.config.STAREConfig` under the same name and default (derived from
-    its ``dataclasses.fields``; docs/theory.md §4). Selected with
-    ``actor_rollout_ref.actor.policy_loss._target_=stare_lab.integrations.verl.STAREPolicyLossConfig``; keys that
-    verl's YAML does not have are added with ``+``, e.g. ``+actor_rollout_ref.actor.policy_loss.variant=C2``.
-
-    Raises:
-        ConfigError: a bad STARE value (one line naming ``actor_rollout_ref.actor.policy_loss.<key>``).
-    """})
+    namespace={"__module__": __name__, "__doc__": _STARE_POLICY_LOSS_DOC, "__post_init__": _post_init,
+               "stare_config": _stare_config})
 
 
 def loss_config_from_actor(config: Any, loss_agg_mode: str | None = None) -> LossConfig:
