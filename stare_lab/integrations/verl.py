@@ -5,9 +5,9 @@ verl imports this module in every process that imports verl (driver, task runner
 it as the ``verl.plugins`` entry point ``stare`` (verl's plugin discovery, ``VERL_USE_EXTERNAL_PLUGINS``, default
 ``auto``; listing it in ``VERL_USE_EXTERNAL_MODULES`` works too). ``import stare_lab`` never imports it. It provides
 
-* :class:`STAREPolicyLossConfig`: verl's ``PolicyLossConfig`` plus the reference's STARE keys (variant,
-  top_p_ratio, reweight_w, reweight_m, target_entropy, adaptive, alpha, w_max, m_min, scope, gate), chosen with
-  ``actor_rollout_ref.actor.policy_loss._target_``;
+* :class:`STAREPolicyLossConfig`: verl's ``PolicyLossConfig`` plus every field of the core's
+  :class:`~stare_lab.config.STAREConfig` (derived from its fields: variant, top_p_ratio, reweight_w, … under the
+  reference's names), chosen with ``actor_rollout_ref.actor.policy_loss._target_``;
 * the policy loss ``stare`` (:func:`compute_policy_loss_stare`, registered with verl's ``@register_policy_loss``):
   verl's arguments mapped onto :class:`~stare_lab.loss.losses.PolicyLossInputs` and the loss from the core's registry,
   ``compute_policy_loss("stare", …)``; ω from the core's :func:`~stare_lab.loss.stare.stare_token_weights` over the
@@ -34,6 +34,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import typing
 from typing import Any, Iterator
 
 from torch import Tensor
@@ -68,48 +69,64 @@ __all__ = [
     "WEIGHTS_KEY",
 ]
 
-#: The reference's STARE keys (hp-luo/STARE), fields of :class:`STAREPolicyLossConfig` and of the core's STAREConfig.
-STARE_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy", "adaptive", "alpha", "w_max",
-              "m_min", "scope", "gate")
 #: Where the STARE keys live in verl's config (errors name ``<this>.<key>``).
 POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss"
 #: Batch keys (``KVBatchMeta.extra_info`` / TransferQueue field) that carry the step's decision to the workers.
 GATE_KEY, W_KEY, M_KEY, WEIGHTS_KEY = "stare_gate_on", "stare_reweight_w", "stare_reweight_m", "stare_token_weights"
 _QUALNAME = f"{__name__}.STAREPolicyLossConfig"
+#: The STARE keys: the fields of the core's STAREConfig (the reference's names, hp-luo/STARE), in its order.
+STARE_KEYS = tuple(f.name for f in dataclasses.fields(STAREConfig))
 
 
-@dataclasses.dataclass
-class STAREPolicyLossConfig(PolicyLossConfig):
-    """verl's ``PolicyLossConfig`` plus the STARE settings under the reference's names (docs/theory.md §4; the
-    meaning of each key: :class:`stare_lab.config.STAREConfig`). Selected with
-    ``actor_rollout_ref.actor.policy_loss._target_=stare_lab.integrations.verl.STAREPolicyLossConfig``; keys that
-    verl's YAML does not have are added with ``+``, e.g. ``+actor_rollout_ref.actor.policy_loss.variant=C2``.
+def _stare_fields() -> list[tuple[str, Any, Any]]:
+    """``make_dataclass`` fields for every field of the core's :class:`~stare_lab.config.STAREConfig`: same name,
+    resolved type and default. Derived, not copied, so a field added to the core reaches verl's config.
 
     Raises:
-        ConfigError: a bad STARE value (one line naming ``actor_rollout_ref.actor.policy_loss.<key>``).
+        TypeError: a STARE field has no default, or its name is already a field of verl's ``PolicyLossConfig``.
     """
+    hints = typing.get_type_hints(STAREConfig)
+    taken = {f.name for f in dataclasses.fields(PolicyLossConfig)}
+    out = []
+    for f in dataclasses.fields(STAREConfig):
+        if f.name in taken:
+            raise TypeError(f"STAREConfig.{f.name} clashes with verl's PolicyLossConfig.{f.name}")
+        if f.default is not dataclasses.MISSING:
+            spec = dataclasses.field(default=f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            spec = dataclasses.field(default_factory=f.default_factory)
+        else:
+            raise TypeError(f"STAREConfig.{f.name} has no default; verl's config needs one")
+        out.append((f.name, hints[f.name], spec))
+    return out
 
-    variant: str = STAREConfig.variant
-    top_p_ratio: float = STAREConfig.top_p_ratio
-    reweight_w: float = STAREConfig.reweight_w
-    reweight_m: float = STAREConfig.reweight_m
-    target_entropy: float = STAREConfig.target_entropy
-    adaptive: bool = STAREConfig.adaptive
-    alpha: float = STAREConfig.alpha
-    w_max: float = STAREConfig.w_max
-    m_min: float = STAREConfig.m_min
-    scope: str = STAREConfig.scope
-    gate: str = STAREConfig.gate
 
-    def __post_init__(self) -> None:
-        parent = getattr(super(), "__post_init__", None)
-        if parent is not None:
-            parent()
-        self.stare_config()
+def _post_init(self: Any) -> None:
+    parent = getattr(PolicyLossConfig, "__post_init__", None)
+    if parent is not None:
+        parent(self)
+    self.stare_config()
 
-    def stare_config(self) -> STAREConfig:
-        """The core's :class:`~stare_lab.config.STAREConfig` of these keys (validated)."""
-        return from_dict(STAREConfig, {k: getattr(self, k) for k in STARE_KEYS}, prefix=POLICY_LOSS_KEY)
+
+def _stare_config(self: Any) -> STAREConfig:
+    """The core's :class:`~stare_lab.config.STAREConfig` of these keys (validated)."""
+    return from_dict(STAREConfig, {k: getattr(self, k) for k in STARE_KEYS}, prefix=POLICY_LOSS_KEY)
+
+
+_STARE_POLICY_LOSS_DOC = """verl's ``PolicyLossConfig`` plus every field of the core's
+:class:`stare_lab.config.STAREConfig` under the same name and default (derived from its ``dataclasses.fields``;
+docs/theory.md §4). Selected with
+``actor_rollout_ref.actor.policy_loss._target_=stare_lab.integrations.verl.STAREPolicyLossConfig``; keys that verl's
+YAML does not have are added with ``+``, e.g. ``+actor_rollout_ref.actor.policy_loss.variant=C2``.
+
+Raises:
+    ConfigError: a bad STARE value (one line naming ``actor_rollout_ref.actor.policy_loss.<key>``).
+"""
+
+STAREPolicyLossConfig = dataclasses.make_dataclass(
+    "STAREPolicyLossConfig", _stare_fields(), bases=(PolicyLossConfig,),
+    namespace={"__module__": __name__, "__doc__": _STARE_POLICY_LOSS_DOC, "__post_init__": _post_init,
+               "stare_config": _stare_config})
 
 
 def loss_config_from_actor(config: Any, loss_agg_mode: str | None = None) -> LossConfig:

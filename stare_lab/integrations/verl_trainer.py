@@ -11,11 +11,16 @@ between the advantages and the actor update (docs/theory.md §4 steps 2–4):
 3. ω goes back to TransferQueue as the field ``stare_token_weights`` and the gate, W and M ride in the batch's
    ``extra_info``: the workers' loss (:func:`~stare_lab.integrations.verl.stare_ppo_loss`, installed once with
    ``actor_rollout_wg.set_loss_fn``) reads both;
-4. the step's STARE metrics go to verl's logger (``stare/…``) and a stare_lab run directory (``metrics.jsonl``,
-   :class:`~stare_lab.platform.runs.RunWriter`): ``trainer.stare_run_dir`` (default ``<trainer.default_local_dir>/stare_run``).
+4. the step's STARE metrics go to verl's logger (``stare/…``) and, at the end of :meth:`STARETrainer.step` — before
+   verl's ``fit`` saves the step's checkpoint — one row to a stare_lab run directory (``metrics.jsonl``,
+   :class:`~stare_lab.platform.runs.RunWriter`): ``trainer.stare_run_dir`` (default
+   ``<trainer.default_local_dir>/stare_run``).
 
 The controller's state is saved as ``stare_state.json`` in each ``global_step_N`` checkpoint folder (before verl
-marks the checkpoint complete) and restored on resume, where the run directory keeps its rows up to that step.
+marks the checkpoint complete) and restored on resume, where the run directory keeps its rows up to that step and
+drops later ones (they are trained again). Since a step's row is written before its checkpoint, a crash at any point
+leaves every step with exactly one row after the resume (tests/integrations/verl/test_verl_real.py kills the run
+with SIGKILL right after verl's checkpoint save).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from functools import partial
 from typing import Any
 
@@ -59,7 +65,8 @@ class STARETrainer(PPOTrainerSync):
 
     Raises:
         ConfigError: the policy loss is not ``stare`` with :class:`~stare_lab.integrations.verl.STAREPolicyLossConfig`,
-            distillation is on, or ``trainer.v1.sync.parameter_sync_step`` is not 1 (one controller update per step).
+            distillation is on, ``trainer.v1.sync.parameter_sync_step`` is not 1 (one controller update per step), or
+            ``algorithm.rollout_correction.bypass_mode`` is on (verl then computes no entropy).
     """
 
     def __init__(self, config: Any) -> None:
@@ -74,6 +81,12 @@ class STARETrainer(PPOTrainerSync):
         if sync_step != 1:
             raise ConfigError(f"trainer.v1.sync.parameter_sync_step={sync_step}: the STARE trainer updates its "
                               "controller once per step; allowed: 1")
+        correction = config.algorithm.get("rollout_correction", None)
+        if correction is not None and correction.get("bypass_mode", False):
+            # verl's _compute_old_log_prob then copies rollout_log_probs and skips the pass that computes entropy
+            raise ConfigError("algorithm.rollout_correction.bypass_mode=True: verl then skips its old-log-prob pass, "
+                              "the only place it computes the token entropy, and the STARE trainer needs that entropy "
+                              "every step (gate, controller, metrics); set bypass_mode=False")
         self.stare = STAREStep(loss_config_from_actor(actor))
         # verl's base reads the mode to pick the synchronous replay buffer and schedule: STARE runs that schedule
         with open_dict(config):
@@ -85,6 +98,7 @@ class STARETrainer(PPOTrainerSync):
                 config.trainer.v1.trainer_mode = TRAINER_MODE
         self.stare_run: RunWriter | None = None
         self._stare_prepared = None
+        self._stare_reward: float | None = None
         self._stare_resume_step = 0  # the checkpoint step a resumed run continues from (0: a new run)
 
     # ---- setup: the workers' loss, the run directory
@@ -114,10 +128,28 @@ class STARETrainer(PPOTrainerSync):
         return self.stare_run
 
     # ---- the step
+    def step(self, metrics: dict, timing_raw: dict) -> Any:
+        """verl's step (sample, old log-probs, advantages, the STARE step, the actor update), then the step's row in
+        the run directory: ``fit`` saves the checkpoint right after this returns, so the row is on disk first.
+        ``time/step_s`` is this call's wall time (rollout to update; not the checkpoint or validation)."""
+        start = time.perf_counter()
+        batch = super().step(metrics, timing_raw)
+        if self._stare_prepared is not None:
+            extra = {k: float(v) for k, v in metrics.items() if k.startswith("actor/") and isinstance(v, (int, float))}
+            extra["time/step_s"] = time.perf_counter() - start
+            self._open_run().log(self.stare.row(self._stare_prepared, self.global_steps, self._stare_reward, extra))
+            self._stare_prepared, self._stare_reward = None, None
+        return batch
+
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(STAREStep.FIELDS))
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=[*STAREStep.FIELDS, "rm_scores"])
         response_mask = data["response_mask"]
-        prepared = self.stare.prepare(DataProto(batch=data.to_padded_tensor()), step=self.global_steps)
+        real = [not tag.get("is_padding", False) for tag in batch.tags]
+        scores = data["rm_scores"].to_padded_tensor(0.0).sum(-1)[real]  # verl's critic/score/mean, computed here
+        self._stare_reward = float(scores.mean()) if len(scores) else None
+        prepared = self.stare.prepare(DataProto(batch=data.select(*STAREStep.FIELDS).to_padded_tensor()),
+                                      step=self.global_steps)
         extra = dict(batch.extra_info)
         if prepared.token_weights is not None:
             weights = response_to_nested(prepared.token_weights, response_mask)
@@ -128,19 +160,6 @@ class STARETrainer(PPOTrainerSync):
         metrics.update(self.stare.verl_metrics(prepared))
         self._stare_prepared = prepared
         return super()._update_actor(batch, metrics)
-
-    def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> Any:
-        out = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
-        if self._stare_prepared is not None:
-            extra = {k: float(v) for k, v in metrics.items() if k.startswith("actor/") and isinstance(v, (int, float))}
-            if "step" in timing_raw:
-                extra["time/step_s"] = float(timing_raw["step"])
-            reward = metrics.get("critic/score/mean")
-            row = self.stare.row(self._stare_prepared, global_steps,
-                                 None if reward is None else float(reward), extra)
-            self._open_run().log(row)
-            self._stare_prepared = None
-        return out
 
     # ---- checkpoint and resume
     def _save_checkpoint(self) -> None:

@@ -62,6 +62,7 @@ calibration sweeps a toy for minutes, which promote does not start by itself).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -73,7 +74,8 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab import __version__
-from stare_lab.config import apply_overrides, expand_shorthand, load_yaml, parse_overrides, split_paths, to_dict
+from stare_lab.config import (STAREConfig, apply_overrides, expand_shorthand, load_yaml, parse_overrides, split_paths,
+                              to_dict)
 from stare_lab.theory.critical import CriticalStrength
 from stare_lab.platform.files import read_json
 from stare_lab.errors import ConfigError, DataError, RunError
@@ -86,10 +88,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["PROMOTED_KEYS", "collect_settings", "promote", "add_arguments", "main"]
 
-#: the STARE keys of verl's plugin config (``+actor_rollout_ref.actor.policy_loss.<key>``; the plugin's
-#: ``stare_lab.integrations.verl.STARE_KEYS``, which imports verl and so is not imported here)
-_VERL_STARE_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy", "adaptive", "alpha",
-                    "w_max", "m_min", "scope", "gate")
+#: the STARE keys of verl's plugin config (``+actor_rollout_ref.actor.policy_loss.<key>``): every field of the core's
+#: STAREConfig, as the plugin derives them (``stare_lab.integrations.verl.STARE_KEYS``, which imports verl)
+_VERL_STARE_KEYS = tuple(f.name for f in dataclasses.fields(STAREConfig))
 #: the plugin's policy-loss config class (``actor_rollout_ref.actor.policy_loss._target_``)
 VERL_POLICY_LOSS_TARGET = "stare_lab.integrations.verl.STAREPolicyLossConfig"
 #: the trainer keys ``--format verl`` writes a line for (:func:`_verl_lines`); other overrides are warned about
