@@ -110,11 +110,10 @@ def main() -> int:
                            out / "dump" / f"step{self.state.global_step + 1}_rank{self.accelerator.process_index}.pt")
             return prep
 
-        def _load_optimizer_and_scheduler(self, checkpoint):
-            super()._load_optimizer_and_scheduler(checkpoint)
-            if checkpoint is not None and hasattr(self, "stare_controller"):
-                path = out / f"resumed_controller_rank{self.accelerator.process_index}.json"
-                path.write_text(json.dumps(self.stare_controller.state_dict()))
+        def _stare_resume(self, checkpoint):
+            super()._stare_resume(checkpoint)
+            path = out / f"resumed_controller_rank{self.accelerator.process_index}.json"
+            path.write_text(json.dumps(self.stare_controller.state_dict()))
 
     class Kill(TrainerCallback):
         def on_save(self, a, state, control, **kw):
