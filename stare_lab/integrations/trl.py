@@ -327,23 +327,41 @@ def _hidden_states(model: torch.nn.Module) -> Iterator[list[Tensor]]:
         handle.remove()
 
 
+def _gathered(head: torch.nn.Module) -> Any:
+    """A context in which the LM head's weight (and bias) are whole: DeepSpeed ZeRO-3 partitions them (shape
+    ``(0,)``) and gathers them only inside the module's own forward, whose hooks fire collectives; entering this
+    context once per s* pass keeps every process's collectives in step whatever its token count. A null context
+    when nothing is partitioned."""
+    params = [p for p in (getattr(head, "weight", None), getattr(head, "bias", None)) if p is not None]
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    todo = {id(p): p for p in params if p.ds_status != ZeroParamStatus.AVAILABLE}
+    return deepspeed.zero.GatheredParameters(list(todo.values())) if todo else contextlib.nullcontext()
+
+
 def critical_surprisals(head: torch.nn.Module, hidden: Tensor, mask: Tensor, temperature: float,
                         autocast: Callable[[], Any] = contextlib.nullcontext, vocab_size: int | None = None) -> Tensor:
     """s* of every completion position (docs/theory.md §2, :func:`stare_lab.theory.first_order.critical_surprisal`)
     from the decoder's hidden states ``[B, L, H]`` whose last ``T`` positions (``mask`` ``[B, T]``) predict the
     completion: ``[B, T]`` float32, 0 outside ``mask``. The logits ``lm_head(h) / temperature`` are built
     ``default_chunk_rows(V)`` tokens at a time, never as a ``[B, T, V]`` tensor; V is ``vocab_size`` (None: from the
-    head, :func:`_vocab_size`, which reads ZeRO-3's ``ds_shape``). Raises ConfigError when V is unknown."""
+    head, :func:`_vocab_size`, which reads ZeRO-3's ``ds_shape``). Under ZeRO-3 the head is gathered once for the
+    whole pass (:func:`_gathered`), so every process must call this the same number of times. Raises ConfigError
+    when V is unknown."""
     t = mask.shape[1]
     valid = mask.bool()
     h = hidden[:, -t - 1:-1][valid]
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     rows = default_chunk_rows(vocab_size if vocab_size else _vocab_size(head))
+    linear = isinstance(head, torch.nn.Linear)
     parts = []
-    with torch.no_grad():
+    with torch.no_grad(), _gathered(head):
         for r in range(0, h.shape[0], rows):
             with autocast():
-                logits = head(h[r:r + rows])
+                logits = F.linear(h[r:r + rows], head.weight, head.bias) if linear else head(h[r:r + rows])
             parts.append(critical_surprisal(logits.float(), temperature))
     if parts:
         out[valid] = torch.cat(parts).to(out.device)

@@ -21,7 +21,7 @@ import torch
 
 HELPER = Path(__file__).with_name("_trl_run.py")
 sys.path.insert(0, str(HELPER.parent))
-from _trl_common import GSM8K, REPO, _micro_batch, _require  # noqa: E402
+from _trl_common import GSM8K, REPO, _micro_batch, _require, assert_weights_equal_core  # noqa: E402
 
 
 _require("trl", "transformers", "datasets", "accelerate")
@@ -273,20 +273,8 @@ def test_two_processes_three_steps_c2_gate_on(runs):
 def test_weights_equal_core_on_gathered_batch(runs):
     """ω of every step of the 2-process run equals the core's ``stare_token_weights`` on the batch gathered from
     both processes (rank 0's rows, then rank 1's), token for token."""
-    from stare_lab.config import STAREConfig
-
-    cfg = STAREConfig(variant="C2", top_p_ratio=0.2, reweight_w=1.2, reweight_m=0.8, target_entropy=100.0,
-                      adaptive=True, alpha=0.05, w_max=2.0, m_min=0.5)
     for step in (1, 2, 3):
-        dumps = [torch.load(runs["two"] / "dump" / f"step{step}_rank{r}.pt", weights_only=False) for r in (0, 1)]
-        width = max(d["mask"].shape[1] for d in dumps)
-        pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]))  # noqa: E731
-        lp, mask, w = (torch.cat([pad(d[k]) for d in dumps]) for k in ("logprobs", "mask", "weights"))
-        adv = torch.cat([d["advantages"] for d in dumps])
-        core, stats = stare_token_weights(lp, adv, mask, cfg, reweight_w=dumps[0]["w"], reweight_m=dumps[0]["m"])
-        assert torch.equal(torch.where(mask, w, 1.0), core), step
-        n_pos = int((mask & (adv[:, None] > 0)).sum())
-        assert int(stats["stare/num_pos_selected"]) == max(1, math.ceil(0.2 * n_pos))
+        assert_weights_equal_core(runs["two"] / "dump", step, ranks=2)
 
 
 @pytest.mark.slow
