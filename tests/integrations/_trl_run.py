@@ -71,14 +71,31 @@ def main() -> int:
     ap.add_argument("--resume", default=None)
     ap.add_argument("--dump", action="store_true")
     ap.add_argument("--plain", action="store_true", help="plain GRPOTrainer (same run without STARE)")
+    ap.add_argument("--quadrant-every", type=int, default=1)
+    ap.add_argument("--sstar-chunk-vocabs", type=int, default=0,
+                    help="K > 0: bound the s* pass's logits blocks to K x V elements and record every block's shape "
+                         "in OUT/sstar_chunks_rank<r>.json")
     args = ap.parse_args()
 
     from trl import GRPOConfig, GRPOTrainer
 
+    from stare_lab.integrations import trl as stare_trl
     from stare_lab.integrations.trl import STAREGRPOConfig, STAREGRPOTrainer
 
     out = Path(args.out)
     tok = AutoTokenizer.from_pretrained(args.model)
+    blocks: list[list[int]] = []
+    if args.sstar_chunk_vocabs:
+        import stare_lab.loss.entropy as entropy
+
+        entropy.DEFAULT_CHUNK_ELEMENTS = args.sstar_chunk_vocabs * len(tok)
+        inner = stare_trl.critical_surprisal
+
+        def recording(logits, *a, **k):  # one call per block of the s* pass
+            blocks.append(list(logits.shape))
+            return inner(logits, *a, **k)
+
+        stare_trl.critical_surprisal = recording
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     ds = Dataset.from_list([{"prompt": f"prompt {i}"} for i in range(16)])
     common = dict(output_dir=str(out), use_cpu=True, per_device_train_batch_size=args.per_device,
@@ -92,7 +109,7 @@ def main() -> int:
     else:
         cfg = STAREGRPOConfig(**common, variant=args.variant, top_p_ratio=0.2, reweight_w=1.2, reweight_m=0.8,
                               target_entropy=args.target, adaptive=True, alpha=0.05, w_max=2.0, m_min=0.5,
-                              scope=args.scope)
+                              scope=args.scope, quadrant_every=args.quadrant_every)
         cls = STAREGRPOTrainer
 
     class Dumping(cls):  # records what the tests compare
@@ -110,11 +127,10 @@ def main() -> int:
                            out / "dump" / f"step{self.state.global_step + 1}_rank{self.accelerator.process_index}.pt")
             return prep
 
-        def _load_optimizer_and_scheduler(self, checkpoint):
-            super()._load_optimizer_and_scheduler(checkpoint)
-            if checkpoint is not None and hasattr(self, "stare_controller"):
-                path = out / f"resumed_controller_rank{self.accelerator.process_index}.json"
-                path.write_text(json.dumps(self.stare_controller.state_dict()))
+        def _stare_resume(self, checkpoint):
+            super()._stare_resume(checkpoint)
+            path = out / f"resumed_controller_rank{self.accelerator.process_index}.json"
+            path.write_text(json.dumps(self.stare_controller.state_dict()))
 
     class Kill(TrainerCallback):
         def on_save(self, a, state, control, **kw):
@@ -128,6 +144,8 @@ def main() -> int:
     trainer.train(resume_from_checkpoint=args.resume)
     if trainer.accelerator.is_main_process:
         trainer.save_state()
+    if args.sstar_chunk_vocabs:
+        (out / f"sstar_chunks_rank{trainer.accelerator.process_index}.json").write_text(json.dumps(blocks))
     return 0
 
 

@@ -1,6 +1,6 @@
 """STARE inside TRL (stare_lab.integrations.trl) on CPU with the tiny local model (trainer/tiny.py; nothing downloaded).
 
-In-process: the config's validation, and the loss of one micro-batch against TRL's own ``GRPOTrainer._compute_loss``
+In-process: the config's validation, and the loss of one micro-batch against TRL's own ``GRPOTrainer.compute_loss``
 (gate off: bit for bit, loss and gradients, for every supported ``loss_type``; gate on: the closed form of the
 on-policy surrogate). Launched runs (``tests/integrations/_trl_run.py``, deterministic rollouts): run A, 2 processes
 (torchrun, gloo) of STARE C2 with the gate on and the adaptive schedule, killed right after checkpoint 2; run B
@@ -9,7 +9,6 @@ resumes A to step 3; run C, 1 process with 2 micro-batches per step, 3 steps, un
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -20,19 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("_trl_run.py")
-GSM8K = REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"
-
-
-def _require(*modules: str) -> None:
-    """Skip when an optional dependency is missing — but fail under CI=true, never skip silently there."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        msg = f"missing dependencies of the TRL integration: {', '.join(missing)} (pip install 'stare-lab[trl]')"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+sys.path.insert(0, str(HELPER.parent))
+from _trl_common import GSM8K, REPO, _micro_batch, _require, assert_weights_equal_core  # noqa: E402
 
 
 _require("trl", "transformers", "datasets", "accelerate")
@@ -129,26 +118,10 @@ def _trainer(cls, cfg, model_dir):
     return trainer
 
 
-def _micro_batch(vocab: int, rows: int = 8, prompt_len: int = 5, max_len: int = 12) -> dict:
-    """A fixed micro-batch: left-padded prompts, right-padded completions of lengths 3…12, advantages of both signs
-    (one exactly 0), num_items_in_batch twice the batch's tokens (as if a second micro-batch of the same size
-    followed)."""
-    g = torch.Generator().manual_seed(0)
-    lengths = [3, 12, 7, 5, 12, 9, 4, 10][:rows]
-    prompt = torch.randint(30, vocab, (rows, prompt_len), generator=g)
-    prompt_mask = torch.ones(rows, prompt_len, dtype=torch.long)
-    prompt_mask[1, :2] = 0
-    completion = torch.randint(30, vocab, (rows, max_len), generator=g)
-    mask = (torch.arange(max_len) < torch.tensor(lengths)[:, None]).long()
-    adv = torch.tensor([1.0, -0.5, 0.0, 2.0, -1.5, 0.7, -0.2, 0.3])[:rows]
-    return {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion, "completion_mask": mask,
-            "advantages": adv, "num_items_in_batch": 2 * mask.sum()}
-
-
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_gate_off_is_trl_loss_bit_for_bit(tmp_path, tiny_model, loss_type):
     """Gate off (target_entropy=0: H̄ < 0 never holds) ⇒ the loss of one micro-batch and its gradient are exactly
-    TRL's own ``GRPOTrainer._compute_loss`` of the same ``loss_type`` (torch.equal, 2 micro-batches per step, so
+    TRL's own ``GRPOTrainer.compute_loss`` of the same ``loss_type`` (torch.equal, 2 micro-batches per step, so
     the gradient-accumulation scaling is exercised too)."""
     from trl import GRPOConfig, GRPOTrainer
 
@@ -159,10 +132,10 @@ def test_gate_off_is_trl_loss_bit_for_bit(tmp_path, tiny_model, loss_type):
     stare = _trainer(stare_trl.STAREGRPOTrainer, stare_trl.STAREGRPOConfig(**kw, target_entropy=0.0, variant="C2"),
                      tiny_model)
     batch = _micro_batch(len(plain.processing_class))
-    expected = plain._compute_loss(plain.model, dict(batch))
+    expected = plain.compute_loss(plain.model, dict(batch))
     inputs = dict(batch)
-    stare._stare_start_step([inputs])  # what _prepare_inputs does when a step opens (one micro-batch here)
-    got = stare._compute_loss(stare.model, inputs)
+    stare._stare_open_step([inputs])  # what compute_loss does when a step opens (one micro-batch here)
+    got = stare.compute_loss(stare.model, inputs)
     assert not stare.stare_step.gate_on
     assert torch.equal(got, expected)
     expected.backward()
@@ -184,8 +157,8 @@ def test_gate_on_is_the_weighted_surrogate(tmp_path, tiny_model, micro_batches):
     full = _micro_batch(len(stare.processing_class))
     rows = 8 // micro_batches
     micro = [{k: (v[i * rows:(i + 1) * rows] if v.dim() else v) for k, v in full.items()} for i in range(micro_batches)]
-    stare._stare_start_step(micro)
-    loss = stare._compute_loss(stare.model, micro[0])
+    stare._stare_open_step(micro)
+    loss = stare.compute_loss(stare.model, micro[0])
     prep = stare.stare_step
     mask = full["completion_mask"].bool()
     with torch.no_grad():
@@ -217,11 +190,10 @@ def test_microbatch_scope_selects_per_loss_call(tmp_path, tiny_model):
     stare = _trainer(stare_trl.STAREGRPOTrainer, cfg, tiny_model)
     full = _micro_batch(len(stare.processing_class))
     micro = [{k: (v[i * 4:(i + 1) * 4] if v.dim() else v) for k, v in full.items()} for i in range(2)]
-    stare._stare_start_step(micro)
+    stare._stare_open_step(micro)
     expected_k = 0
     for i, mb in enumerate(micro):
-        stare._stare_left = 1 - i  # what _prepare_inputs counts down: the second call closes the step
-        loss = stare._compute_loss(stare.model, mb)
+        loss = stare.compute_loss(stare.model, mb)  # the second call closes the step
         mask = mb["completion_mask"].bool()
         lp = stare.stare_step.batch.old_logprobs[i * 4:(i + 1) * 4]
         omega, stats = stare_token_weights(lp, mb["advantages"], mask, cfg.loss_config().stare, reweight_w=1.5,
@@ -230,7 +202,7 @@ def test_microbatch_scope_selects_per_loss_call(tmp_path, tiny_model):
         expected = (omega * -mb["advantages"][:, None] * mask).sum() / mask.sum() / 2
         assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-7), i
     assert stare.stare_step.token_weights is None and stare.stare_step.gate_on
-    assert stare._metrics["train"]["stare/num_pos_selected"] == [expected_k]
+    assert stare._stare_logs["train"]["stare/num_pos_selected"] == [expected_k]
     assert expected_k == math.ceil(0.25 * 8) + math.ceil(0.25 * 19)  # T+ of the two halves: 3+5 and 9+10 tokens
 
 
@@ -301,20 +273,8 @@ def test_two_processes_three_steps_c2_gate_on(runs):
 def test_weights_equal_core_on_gathered_batch(runs):
     """ω of every step of the 2-process run equals the core's ``stare_token_weights`` on the batch gathered from
     both processes (rank 0's rows, then rank 1's), token for token."""
-    from stare_lab.config import STAREConfig
-
-    cfg = STAREConfig(variant="C2", top_p_ratio=0.2, reweight_w=1.2, reweight_m=0.8, target_entropy=100.0,
-                      adaptive=True, alpha=0.05, w_max=2.0, m_min=0.5)
     for step in (1, 2, 3):
-        dumps = [torch.load(runs["two"] / "dump" / f"step{step}_rank{r}.pt", weights_only=False) for r in (0, 1)]
-        width = max(d["mask"].shape[1] for d in dumps)
-        pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]))  # noqa: E731
-        lp, mask, w = (torch.cat([pad(d[k]) for d in dumps]) for k in ("logprobs", "mask", "weights"))
-        adv = torch.cat([d["advantages"] for d in dumps])
-        core, stats = stare_token_weights(lp, adv, mask, cfg, reweight_w=dumps[0]["w"], reweight_m=dumps[0]["m"])
-        assert torch.equal(torch.where(mask, w, 1.0), core), step
-        n_pos = int((mask & (adv[:, None] > 0)).sum())
-        assert int(stats["stare/num_pos_selected"]) == max(1, math.ceil(0.2 * n_pos))
+        assert_weights_equal_core(runs["two"] / "dump", step, ranks=2)
 
 
 @pytest.mark.slow
