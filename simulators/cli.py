@@ -46,6 +46,13 @@ __all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP", "register_calib
 REPORT_GROUP = "stare_lab.reports"
 
 
+class _Progress(tqdm):
+    """The progress bar without tqdm's monitor thread (``monitor_interval = 0``): the sweep forks its worker
+    processes while the bar is open, and a fork copies a lock that another thread holds as held for ever."""
+
+    monitor_interval = 0
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``simulate`` sub-parser to the front door's ``subparsers`` and set its handler."""
     p = subparsers.add_parser(
@@ -246,7 +253,7 @@ def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: 
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
     report = []  # the report function, loaded while the runs compute (it imports the plotting library)
     meanwhile = None if args.no_plots else lambda: report.append(_report_function())
-    with tqdm(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
+    with _Progress(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
         summary = run_sweep(plan, progress=bar.update, meanwhile=meanwhile)
     print(summary["headline"])
     grid = f" x {len(plan.groups)} group(s)" if plan.grid else ""
@@ -366,7 +373,7 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     window = _int_option("window", args.window)
     c2_m = _float_option("c2-m", args.c2_m)
     out = Path(args.out) if args.out else Path("runs") / "calibrate"
-    with tqdm(desc="calibrate", unit="step", disable=None, leave=False) as bar:
+    with _Progress(desc="calibrate", unit="step", disable=None, leave=False) as bar:
         result = calibrate(
             probe_args, out, target=_float_option("target", args.target),
             initial_entropy=_float_option("initial-entropy", args.initial_entropy), window=window, grid=grid,
