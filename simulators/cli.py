@@ -65,7 +65,8 @@ def register(subparsers) -> argparse.ArgumentParser:
             "KEY=VALUE (--list-keys lists them with their values and ranges)."
         ),
     )
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name (default {DEFAULT_PRESET})")
+    p.add_argument("--preset", default=None,
+                   help=f"preset name (default {DEFAULT_PRESET}; with --resume the sweep's own)")
     p.add_argument(
         "--methods",
         default=None,
@@ -81,7 +82,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="run a grid over KEY (repeatable: the product of all grids), e.g. stare.reweight_w=1.1,1.3,1.5")
     p.add_argument("--workers", default=None, help="processes for tabular runs (default: all cores)")
     p.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
-    p.add_argument("--resume", action="store_true", help="continue existing runs bit-exactly from their checkpoints")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in OUT as it was started: its preset, methods, seeds, steps, --sweep grid "
+                        "and overrides (OUT/sweep.json), each run bit-exactly from its checkpoint; options given with "
+                        "it that extend the sweep (methods, seeds, grid values, more steps) are said on screen before "
+                        "anything runs; leaving runs of the sweep out, another preset or another config is refused")
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing runs in OUT; runs of the previous sweep in OUT that this one drops are "
                         "removed (only those listed in OUT/summary.json)")
@@ -200,7 +205,7 @@ def handler(args: argparse.Namespace) -> int:
     if args.list_keys:
         from simulators.keys import format_keys
 
-        print(format_keys(args.preset))
+        print(format_keys(args.preset or DEFAULT_PRESET))
         return 0
     t0 = time.perf_counter()
     methods = None
@@ -210,22 +215,23 @@ def handler(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--methods={args.methods!r} names no method; give a comma-separated list from {{{', '.join(METHODS)}}}"
             )
+    preset = args.preset or DEFAULT_PRESET  # with --resume and no --preset: the sweep's own (simulators.sweep)
     if args.out is not None and not args.out.strip():
-        raise ConfigError(f"--out={args.out!r} is empty; give an output directory (default runs/{args.preset})")
+        raise ConfigError(f"--out={args.out!r} is empty; give an output directory (default runs/{preset})")
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: --resume continues the runs, --overwrite "
                           "replaces them")
     seeds = parse_seeds(args.seeds, args.seed)
     steps, workers = _int_option("steps", args.steps), _int_option("workers", args.workers)
-    get_preset(args.preset)  # an unknown preset or method: one line, before torch is imported
-    for m in methods or []:  # METHODS is the live table: built-ins and what the loaded plugins registered
-        if m not in METHODS:
+    get_preset(preset)  # an unknown preset or method: one line, before torch is imported
+    for m in [] if args.resume else methods or []:  # (a resume's: with the sweep's --plugin hint, simulators.sweep)
+        if m not in METHODS:  # METHODS is the live table: built-ins and what the loaded plugins registered
             raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}")
-    out = Path(args.out) if args.out is not None else Path("runs") / args.preset
+    out = Path(args.out) if args.out is not None else Path("runs") / preset
     if args.resume and not out.exists():  # a typo in the path would otherwise start afresh without a word
         print(f"note: --resume: {str(out)!r} does not exist yet; starting the sweep there", file=sys.stderr)
     # one writer per sweep directory, taken before anything in it is read for the plan, written or deleted
-    with lock_dir(out, command=f"stare-lab simulate --preset {args.preset}", option="--out"):
+    with lock_dir(out, command=f"stare-lab simulate --preset {preset}", option="--out"):
         return _run(args, t0, methods, seeds, steps, workers, out)
 
 
@@ -247,18 +253,20 @@ def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: 
         sweep=list(args.sweep),
         workers=workers,
     )
+    for note in plan.resume_notes:  # what --resume adds to the sweep, before anything runs
+        print(note, file=sys.stderr)
     from simulators.notes import critical_lines, plan_notes  # after the plan: they import torch
 
     notes = plan_notes(plan)
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
     report = []  # the report function, loaded while the runs compute (it imports the plotting library)
     meanwhile = None if args.no_plots else lambda: report.append(_report_function())
-    with _Progress(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
+    with _Progress(total=total, desc=f"simulate {plan.preset}", unit="step", disable=None, leave=False) as bar:
         summary = run_sweep(plan, progress=bar.update, meanwhile=meanwhile)
     print(summary["headline"])
     grid = f" x {len(plan.groups)} group(s)" if plan.grid else ""
     seeds_s = ",".join(map(str, plan.seeds))
-    print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
+    print(f"preset {plan.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
           f"[{seeds_s}] -> {out}")
     print(format_table(summary))
     for line in critical_lines(summary):
