@@ -518,7 +518,9 @@ def run_sweep(
         runs = {f"seed{s}": stats[(label, s)] for s in plan.seeds}
         mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
         outcome = group_outcome(list(runs.values()))  # the verdict's definitions (stare_lab.platform.verdict)
+        # each run counted once (held, collapsed, below the band): the table and the verdict agree
         mean["collapsed_runs"], mean["held_runs"] = outcome["collapsed"], outcome["held"]
+        mean["below_runs"], mean["steps_to_collapse"] = outcome["below"], outcome["steps_to_collapse"]
         per_group[label] = {
             "method": g["method"], "point": g["point"], "stare": g["stare"], "runs": runs, "mean": mean,
             "run_dirs": {f"seed{s}": plan.run_dirs[(label, s)].relative_to(plan.out).as_posix() for s in plan.seeds},
@@ -548,13 +550,15 @@ def run_sweep(
 
 
 def _push_of(config: Any) -> dict[str, Any]:
-    """``{"m": C2's M or None, "adaptive": bool}`` of a run config (the push a critical strength is for)."""
+    """``{"m": C2's M or None, "adaptive": bool, "sampled": bool}`` of a run config (the push a critical strength is
+    for, and whether its rollouts are sampled: a first-order W is then a lower bound)."""
     from stare_lab.loss.losses import loss_needs
 
     st = config.loss.stare
     stare = loss_needs(config.loss.loss_mode, config.loss).stare
     c2 = stare and str(st.variant).upper() == "C2" and float(st.reweight_m) != 1.0
-    return {"m": float(st.reweight_m) if c2 else None, "adaptive": bool(stare and st.adaptive)}
+    return {"m": float(st.reweight_m) if c2 else None, "adaptive": bool(stare and st.adaptive),
+            "sampled": getattr(config, "mode", "sampled") != "expected"}
 
 
 def _base_point(plan: SweepPlan) -> dict[str, Any]:
@@ -578,7 +582,9 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     """The end-of-sweep table: per group (mean over seeds) initial / final entropy (nats), H_tgt, steps to
-    collapse (mean over the seeds that collapsed, and how many did), final reward, time in band, the mean
+    collapse (mean over the seeds that collapsed and did not hold the band, and how many: a seed is counted as
+    collapsed or as held, never both, :func:`stare_lab.platform.verdict.group_outcome`), final reward, the fraction
+    of steps in the band, the mean
     |H − H_tgt| over the second half and how many seeds held the band (:func:`stare_lab.platform.summary.band_held`), the push ratio (STARE's measured
     one-step effect over its first-order size) and the R² of measured on predicted one-step ΔH."""
     n_seeds = len(summary["seeds"])
@@ -589,14 +595,14 @@ def format_table(summary: dict[str, Any]) -> str:
     for label, entry in summary["methods"].items():
         m = entry["mean"]
         collapse = (
-            f"{m['steps_to_collapse']:.0f} ({m['collapsed_runs']}/{n_seeds})" if m["steps_to_collapse"] is not None
-            else f"- (0/{n_seeds})"
+            f"{m['steps_to_collapse']:.0f} ({m['collapsed_runs']}/{n_seeds})"
+            if m.get("collapsed_runs") and m["steps_to_collapse"] is not None else f"- (0/{n_seeds})"
         )
         held = f"{m.get('held_runs', 0)}/{n_seeds}" if m.get("mean_abs_dev_second_half") is not None else "-"
         lines.append(
             f"{label:<{width}}{_fmt(m['initial_entropy']):>7}{_fmt(m['final_entropy']):>8}"
             f"{_fmt(m['target_entropy']):>7}{collapse:>13}{_fmt(m['final_reward']):>8}"
-            f"{_fmt(m['time_in_band'], '.0%'):>9}{_fmt(m['mean_abs_dev_second_half']):>8}{held:>6}"
+            f"{_fmt(m['time_in_band'], '.2f'):>9}{_fmt(m['mean_abs_dev_second_half']):>8}{held:>6}"
             f"{_fmt(m.get('push_ratio'), '.2f'):>7}{_fmt(m['pred_r2']):>8}"
         )
     lines.append(TABLE_LEGEND)
@@ -606,7 +612,7 @@ def format_table(summary: dict[str, Any]) -> str:
 #: Printed under the end-of-sweep table (definitions in :func:`simulators.run_stats.run_stats`).
 TABLE_LEGEND = (
     "H0 / H_end: entropy (nats) at the first / last step; collapse@: first step with H < 10 % of H0 (seeds that "
-    "collapsed / all); in_band: share of steps with |H - H_tgt| <= 0.05 nats; |H-Ht|: mean |H - H_tgt| over the "
+    "collapsed / all; a seed that held the band counts as held only); in_band: fraction of steps with |H - H_tgt| <= 0.05 nats (as in the report); |H-Ht|: mean |H - H_tgt| over the "
     "second half; held: seeds that held the band (|H-Ht| < min(0.05, H_tgt/4) and final H >= H_tgt/2, so a "
     "collapsed run never counts); push: STARE's measured one-step effect / its "
     "first-order size (median; below 0.8 the step size is outside the theory's regime; for runs whose gate never "
