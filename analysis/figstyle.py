@@ -364,7 +364,8 @@ def save_figures(
     No worker processes: a pool forked from the command (issue 29) could hang the command after its last figure —
     its workers inherited the command's Python-level SIGTERM handler, and ``Pool.terminate()`` signalled one while
     it was about to block on the pool's queue lock, so the handler never ran and the command waited for the worker
-    for ever. Drawing here costs no more than the pool did on 2 cores (docs/benchmarks.md, bench_simulate_exit)."""
+    for ever. Drawing here costs about 0.3–0.5 s more than the pool on an idle 2-core machine and nothing under load
+    (docs/benchmarks.md, "bench_simulate_exit.py")."""
     out: list[bytes | None] = []
     for fig, path in jobs:
         save_figure(fig, path, dpi)

@@ -21,7 +21,9 @@ the preset's simulator (``stare.*`` is short for ``loss.stare.*``; ``--list-keys
 method sets (use ``--methods``) and ``steps`` together with ``--steps``. On tabular presets an explicit
 ``stare.target_entropy=X`` replaces the preset's ``target_entropy_rel`` (giving both is an error unless
 ``target_entropy_rel=null``). ``--overwrite`` removes the previous sweep's runs that the new one drops (see
-:mod:`simulators.sweep`).
+:mod:`simulators.sweep`). ``--resume`` continues the sweep ``OUT`` holds as it was started (``OUT/sweep.json``:
+what the command does not give is the sweep's own, not the preset's); options that extend it are said on screen
+before anything runs (:mod:`simulators.sweep_out`).
 """
 
 from __future__ import annotations

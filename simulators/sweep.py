@@ -612,7 +612,8 @@ def format_table(summary: dict[str, Any]) -> str:
 #: Printed under the end-of-sweep table (definitions in :func:`simulators.run_stats.run_stats`).
 TABLE_LEGEND = (
     "H0 / H_end: entropy (nats) at the first / last step; collapse@: first step with H < 10 % of H0 (seeds that "
-    "collapsed / all; a seed that held the band counts as held only); in_band: fraction of steps with |H - H_tgt| <= 0.05 nats (as in the report); |H-Ht|: mean |H - H_tgt| over the "
+    "collapsed / all; a seed that held the band counts as held only); in_band: fraction of steps with "
+    "|H - H_tgt| <= 0.05 nats (as in the report); |H-Ht|: mean |H - H_tgt| over the "
     "second half; held: seeds that held the band (|H-Ht| < min(0.05, H_tgt/4) and final H >= H_tgt/2, so a "
     "collapsed run never counts); push: STARE's measured one-step effect / its "
     "first-order size (median; below 0.8 the step size is outside the theory's regime; for runs whose gate never "

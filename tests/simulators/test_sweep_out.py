@@ -198,7 +198,8 @@ def test_a_plugin_sweep_resumed_without_its_plugin_names_it(tmp_path):
     err = again.stderr.strip().splitlines()
     assert again.returncode == 1 and len(err) == 1, again.stderr
     assert "method 'half-grpo' is not one of" in err[0]
-    assert f"was run with --plugin {plugin}: give it again (stare-lab --plugin {plugin} simulate ... --resume)" in err[0]
+    flag = f"--plugin {plugin}"
+    assert f"was run with {flag}: give it again (stare-lab {flag} simulate ... --resume)" in err[0]
     ok = subprocess.run([*base, "--plugin", str(plugin), *args, "--resume"], capture_output=True, text=True,
                         timeout=300)
     assert ok.returncode == 0, ok.stderr

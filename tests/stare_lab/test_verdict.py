@@ -54,7 +54,8 @@ def test_a_target_at_grpos_floor_is_said_and_no_run_is_collapsed_and_held():
     holds the band (second-half deviation 0.037 < min(0.05, 0.2/4)) and crosses the collapse line: it counts as held
     only, and the verdict says that the target sits at GRPO's floor."""
     h = [1.74, 1.2, 0.8, 0.5, 0.3, 0.2] + [0.163] * 6
-    run = run_summary([{"step": i, "entropy": x, "reward": 0.9} for i, x in enumerate(h)], target_entropy=0.2, band=0.05)
+    run = run_summary([{"step": i, "entropy": x, "reward": 0.9} for i, x in enumerate(h)], target_entropy=0.2,
+                      band=0.05)
     assert run["steps_to_collapse"] is not None  # below 0.174: by itself a collapse
     out = group_outcome([run, run, run])
     assert (out["held"], out["collapsed"], out["steps_to_collapse"]) == (3, 0, None)
