@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 
 from stare_lab.errors import ConfigError
 
@@ -94,6 +95,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     for opt, val in (("--paper-setting", args.paper_setting), ("--paper-model", args.paper_model)):
         if val is not None and args.paper is None:
             raise ConfigError(f"{opt}={val!r} needs --paper CSV (it selects rows of the paper table)")
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:  # a report without some of the runs asked for would read as the whole picture
+        more = f" (nor {len(missing) - 1} more of the {len(args.paths)} paths)" if len(missing) > 1 else ""
+        raise ConfigError(f"{missing[0]!r} does not exist{more}: nothing analysed; give existing run directories or "
+                          "folders above them")
     # here, after the option checks (a bad option is one line before the plotting library loads), not at the top:
     # the front door imports every wing's cli to build its parser
     from .analyze import analyze

@@ -20,7 +20,6 @@ import dataclasses
 import io
 import logging
 import math
-import multiprocessing as mp
 import os
 import zlib
 from pathlib import Path
@@ -356,46 +355,25 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = DPI) -> Path:
     return path
 
 
-#: the figures a forked pool of :func:`save_figures` writes (set just before the fork, read by the children)
-_PENDING: list[tuple[Any, Path, int, bool]] = []
-
-
-def _save_pending(i: int) -> bytes | None:
-    fig, path, dpi, png = _PENDING[i]
-    save_figure(fig, path, dpi)
-    if not png:
-        return None
-    buf = io.BytesIO()
-    with style():
-        fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
 def save_figures(
     jobs: Sequence[tuple[Any, str | os.PathLike]], dpi: int = DPI, png_copies: bool = False,
-    workers: int | None = None,
 ) -> list[bytes | None]:
-    """Write several figures (``jobs``: ``(figure, path)``) — rendering them at once on the machine's cores: the
-    figures are built in this process, and forked worker processes (each inherits them) only draw and write them,
-    largest first. With ``png_copies`` also return each figure as PNG bytes (the HTML report embeds PNG renders of
-    PDF figures), else Nones. ``workers``: processes (default: the cores this process may use); 1, a single
-    figure, or no ``fork`` start method → one after the other here. The files are the same either way."""
-    global _PENDING
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    n = min(len(jobs), cores if workers is None else max(1, int(workers)))
-    _PENDING = [(fig, Path(path), dpi, png_copies) for fig, path in jobs]
-    try:
-        if n <= 1 or "fork" not in mp.get_all_start_methods():
-            return [_save_pending(i) for i in range(len(jobs))]
-        order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][0].axes))  # most panels first
-        with mp.get_context("fork").Pool(n) as pool:
-            done = pool.map(_save_pending, order, chunksize=1)
-        out: list[bytes | None] = [None] * len(jobs)
-        for i, res in zip(order, done):
-            out[i] = res
-        return out
-    finally:
-        _PENDING = []
+    """Write several figures (``jobs``: ``(figure, path)``), one after the other in this process, and return, with
+    ``png_copies``, each figure as PNG bytes too (the HTML report embeds PNG renders of PDF figures), else Nones.
+
+    No worker processes: a pool forked from the command (issue 29) could hang the command after its last figure —
+    its workers inherited the command's Python-level SIGTERM handler, and ``Pool.terminate()`` signalled one while
+    it was about to block on the pool's queue lock, so the handler never ran and the command waited for the worker
+    for ever. Drawing here costs about 0.3–0.5 s more than the pool on an idle 2-core machine and nothing under load
+    (docs/benchmarks.md, "bench_simulate_exit.py")."""
+    out: list[bytes | None] = []
+    for fig, path in jobs:
+        save_figure(fig, path, dpi)
+        if png_copies:
+            buf = io.BytesIO()
+            with style():
+                fig.savefig(buf, format="png", dpi=dpi)
+            out.append(buf.getvalue())
+        else:
+            out.append(None)
+    return out

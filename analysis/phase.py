@@ -266,8 +266,13 @@ def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = N
             if v:
                 runs.append({**_summary(r, summaries), **v})
         m = next((v["m"] for v in (_run_values(r) for r in g.runs[:1]) if v), None)
-        by_slice.setdefault(label, []).append({"label": g.label, "stare": uses_stare(g.runs[0]), "m": m,
-                                               "runs": runs})
+        stare = uses_stare(g.runs[0])
+        st = g.runs[0].config_value("loss.stare") or {}
+        w = st.get("reweight_w") if stare and not st.get("adaptive") else None
+        by_slice.setdefault(label, []).append({
+            "label": g.label, "stare": stare, "m": m, "runs": runs, "grpo": g.method in ("grpo", "grpo-ds"),
+            "w": w if isinstance(w, (int, float)) and not isinstance(w, bool) else None,
+            "sampled": g.runs[0].config_value("mode") != "expected"})
     out: dict[str, Any] = {"rule": " > ".join(critical.STRENGTH_KINDS) + " (docs/theory.md §7)", "slice": {},
                            "recommended": None, "slices": {}}
     for label, groups in by_slice.items():

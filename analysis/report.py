@@ -355,7 +355,7 @@ def _write(
     sweep: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
 ) -> ReportFiles:
     figures: dict[str, Path] = {}
-    built: list[tuple[Any, Path]] = []  # written together at the end (plots.save_figures: on all cores)
+    built: list[tuple[Any, Path]] = []  # written together at the end (plots.save_figures)
 
     def add_figure(doc: Doc, name: str, fig: Any, alt: str) -> None:
         if fig is None:

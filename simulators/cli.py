@@ -21,7 +21,9 @@ the preset's simulator (``stare.*`` is short for ``loss.stare.*``; ``--list-keys
 method sets (use ``--methods``) and ``steps`` together with ``--steps``. On tabular presets an explicit
 ``stare.target_entropy=X`` replaces the preset's ``target_entropy_rel`` (giving both is an error unless
 ``target_entropy_rel=null``). ``--overwrite`` removes the previous sweep's runs that the new one drops (see
-:mod:`simulators.sweep`).
+:mod:`simulators.sweep`). ``--resume`` continues the sweep ``OUT`` holds as it was started (``OUT/sweep.json``:
+what the command does not give is the sweep's own, not the preset's); options that extend it are said on screen
+before anything runs (:mod:`simulators.sweep_out`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ __all__ = ["register", "handler", "parse_seeds", "REPORT_GROUP", "register_calib
 REPORT_GROUP = "stare_lab.reports"
 
 
+class _Progress(tqdm):
+    """The progress bar without tqdm's monitor thread (``monitor_interval = 0``): the sweep forks its worker
+    processes while the bar is open, and a fork copies a lock that another thread holds as held for ever."""
+
+    monitor_interval = 0
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``simulate`` sub-parser to the front door's ``subparsers`` and set its handler."""
     p = subparsers.add_parser(
@@ -58,7 +67,8 @@ def register(subparsers) -> argparse.ArgumentParser:
             "KEY=VALUE (--list-keys lists them with their values and ranges)."
         ),
     )
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name (default {DEFAULT_PRESET})")
+    p.add_argument("--preset", default=None,
+                   help=f"preset name (default {DEFAULT_PRESET}; with --resume the sweep's own)")
     p.add_argument(
         "--methods",
         default=None,
@@ -74,7 +84,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="run a grid over KEY (repeatable: the product of all grids), e.g. stare.reweight_w=1.1,1.3,1.5")
     p.add_argument("--workers", default=None, help="processes for tabular runs (default: all cores)")
     p.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
-    p.add_argument("--resume", action="store_true", help="continue existing runs bit-exactly from their checkpoints")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in OUT as it was started: its preset, methods, seeds, steps, --sweep grid "
+                        "and overrides (OUT/sweep.json), each run bit-exactly from its checkpoint; options given with "
+                        "it that extend the sweep (methods, seeds, grid values, more steps) are said on screen before "
+                        "anything runs; leaving runs of the sweep out, another preset or another config is refused")
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing runs in OUT; runs of the previous sweep in OUT that this one drops are "
                         "removed (only those listed in OUT/summary.json)")
@@ -193,7 +207,7 @@ def handler(args: argparse.Namespace) -> int:
     if args.list_keys:
         from simulators.keys import format_keys
 
-        print(format_keys(args.preset))
+        print(format_keys(args.preset or DEFAULT_PRESET))
         return 0
     t0 = time.perf_counter()
     methods = None
@@ -203,22 +217,23 @@ def handler(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--methods={args.methods!r} names no method; give a comma-separated list from {{{', '.join(METHODS)}}}"
             )
+    preset = args.preset or DEFAULT_PRESET  # with --resume and no --preset: the sweep's own (simulators.sweep)
     if args.out is not None and not args.out.strip():
-        raise ConfigError(f"--out={args.out!r} is empty; give an output directory (default runs/{args.preset})")
+        raise ConfigError(f"--out={args.out!r} is empty; give an output directory (default runs/{preset})")
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: --resume continues the runs, --overwrite "
                           "replaces them")
     seeds = parse_seeds(args.seeds, args.seed)
     steps, workers = _int_option("steps", args.steps), _int_option("workers", args.workers)
-    get_preset(args.preset)  # an unknown preset or method: one line, before torch is imported
-    for m in methods or []:  # METHODS is the live table: built-ins and what the loaded plugins registered
-        if m not in METHODS:
+    get_preset(preset)  # an unknown preset or method: one line, before torch is imported
+    for m in [] if args.resume else methods or []:  # (a resume's: with the sweep's --plugin hint, simulators.sweep)
+        if m not in METHODS:  # METHODS is the live table: built-ins and what the loaded plugins registered
             raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}")
-    out = Path(args.out) if args.out is not None else Path("runs") / args.preset
+    out = Path(args.out) if args.out is not None else Path("runs") / preset
     if args.resume and not out.exists():  # a typo in the path would otherwise start afresh without a word
         print(f"note: --resume: {str(out)!r} does not exist yet; starting the sweep there", file=sys.stderr)
     # one writer per sweep directory, taken before anything in it is read for the plan, written or deleted
-    with lock_dir(out, command=f"stare-lab simulate --preset {args.preset}", option="--out"):
+    with lock_dir(out, command=f"stare-lab simulate --preset {preset}", option="--out"):
         return _run(args, t0, methods, seeds, steps, workers, out)
 
 
@@ -240,18 +255,20 @@ def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: 
         sweep=list(args.sweep),
         workers=workers,
     )
+    for note in plan.resume_notes:  # what --resume adds to the sweep, before anything runs
+        print(note, file=sys.stderr)
     from simulators.notes import critical_lines, plan_notes  # after the plan: they import torch
 
     notes = plan_notes(plan)
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
     report = []  # the report function, loaded while the runs compute (it imports the plotting library)
     meanwhile = None if args.no_plots else lambda: report.append(_report_function())
-    with tqdm(total=total, desc=f"simulate {args.preset}", unit="step", disable=None, leave=False) as bar:
+    with _Progress(total=total, desc=f"simulate {plan.preset}", unit="step", disable=None, leave=False) as bar:
         summary = run_sweep(plan, progress=bar.update, meanwhile=meanwhile)
     print(summary["headline"])
     grid = f" x {len(plan.groups)} group(s)" if plan.grid else ""
     seeds_s = ",".join(map(str, plan.seeds))
-    print(f"preset {args.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
+    print(f"preset {plan.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
           f"[{seeds_s}] -> {out}")
     print(format_table(summary))
     for line in critical_lines(summary):
@@ -366,7 +383,7 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     window = _int_option("window", args.window)
     c2_m = _float_option("c2-m", args.c2_m)
     out = Path(args.out) if args.out else Path("runs") / "calibrate"
-    with tqdm(desc="calibrate", unit="step", disable=None, leave=False) as bar:
+    with _Progress(desc="calibrate", unit="step", disable=None, leave=False) as bar:
         result = calibrate(
             probe_args, out, target=_float_option("target", args.target),
             initial_entropy=_float_option("initial-entropy", args.initial_entropy), window=window, grid=grid,

@@ -135,10 +135,10 @@ def critical_summary(
             held = [r for g in by_w.values() for r in g["runs"].values() if band_held(r)]
             grpo = [g for g in groups.values() if not g["is_stare"] and g["method"] in ("grpo", "grpo-ds")
                     and all(g["point"].get(k) == v for k, v in sl["point"].items())]
-            run_groups = [{"label": _group_label(g, method), "stare": True, "m": m, "runs": list(g["runs"].values())}
-                          for g in by_w.values()]
-            run_groups += [{"label": g["method"], "stare": False, "m": None, "runs": list(g["runs"].values())}
-                           for g in grpo]
+            run_groups = [{"label": _group_label(g, method), "stare": True, "m": m, "runs": list(g["runs"].values()),
+                           "sampled": g.get("sampled", True)} for g in by_w.values()]
+            run_groups += [{"label": g["method"], "stare": False, "m": None, "runs": list(g["runs"].values()),
+                            "grpo": True, "sampled": g.get("sampled", True)} for g in grpo]
             strengths = ([measured] if measured is not None else []) + [
                 s for s in run_strengths(run_groups) if _same(s.m, m)]
             entry = {

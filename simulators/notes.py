@@ -38,7 +38,8 @@ import statistics
 from typing import Any
 
 from stare_lab.theory.critical import (
-    STRENGTH_KINDS, CriticalStrength, recommend, recommendation_text, run_strengths, variant_label,
+    STRENGTH_KINDS, CriticalStrength, at_grpo_floor, lower_bound_reason, recommend, recommendation_text, run_strengths,
+    variant_label,
 )
 from stare_lab.loss.losses import loss_needs
 from stare_lab.platform.summary import w_cap
@@ -70,7 +71,8 @@ def _f(x: Any, spec: str = ".3g") -> str:
 def group_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per group label: ``method``, ``point``, ``stare`` (config dict of ``loss.stare`` when the group's loss uses
     the STARE gate and W/M — the group's ``stare`` flag of ``summary.json`` — else None), ``n`` seeds, ``held`` /
-    ``collapsed`` seed counts and the seed means (``mean``)."""
+    ``collapsed`` / ``below`` seed counts (each seed once, :func:`stare_lab.platform.verdict.group_outcome`;
+    ``below`` None in an older summary) and the seed means (``mean``)."""
     seed0 = (summary.get("seeds") or [0])[0]
     n = len(summary.get("seeds") or [0])
     out = {}
@@ -82,8 +84,9 @@ def group_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "method": entry.get("method", label), "point": entry.get("point") or {},
             "stare": (loss.get("stare") or {}) if entry.get("stare") else None,
             "n": n, "held": int(mean.get("held_runs") or 0), "collapsed": int(mean.get("collapsed_runs") or 0),
+            "below": None if mean.get("below_runs") is None else int(mean["below_runs"]),
             "mean": mean, "lr": cfg.get("lr"), "runs": list((entry.get("runs") or {}).values()),
-            "label": label,
+            "label": label, "sampled": cfg.get("mode") != "expected",
         }
     return out
 
@@ -101,9 +104,18 @@ def _same_slice(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in keys)
 
 
+#: the methods that are GRPO itself (a STARE group's reference; their runs give the conservative W*)
+GRPO_METHODS = ("grpo", "grpo-ds")
+
+
+def _fixed_w(stare: dict[str, Any] | None) -> float | None:
+    """The fixed W of a group's ``loss.stare`` settings; None for a baseline or the adaptive schedule."""
+    return None if not stare or stare.get("adaptive") else _num(stare.get("reweight_w"))
+
+
 def _grpo_for(facts: dict[str, dict[str, Any]], g: dict[str, Any]) -> dict[str, Any] | None:
     for f in facts.values():
-        if f["method"] in ("grpo", "grpo-ds") and _same_slice(f["point"], g["point"]):
+        if f["method"] in GRPO_METHODS and _same_slice(f["point"], g["point"]):
             return f
     return None
 
@@ -133,7 +145,8 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
     (:func:`stare_lab.theory.critical.run_strengths`) — and the recommended one per push (``O1``, ``C2 (M=0.9)``:
     :func:`stare_lab.theory.critical.recommend`); at the top ``recommended``, the one W the headline names (the preset's
     own slice, ``slice``; for a push the sweep ran, O1 first; O1 from GRPO alone when no STARE method ran), and
-    ``rule``, the precedence."""
+    ``rule``, the precedence. A slice where every GRPO seed ends inside the band has no strengths (``floor``: the
+    target sits at GRPO's floor, :func:`stare_lab.theory.critical.at_grpo_floor`)."""
     facts = group_facts(summary)
     stare_points = [_slice_of(f["point"]) for f in facts.values() if f["stare"] is not None]
     pts = stare_points or [_slice_of(f["point"]) for f in facts.values()]
@@ -141,7 +154,8 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
     base = _base_slice(summary, slices)
     out: dict[str, Any] = {"rule": STRENGTH_RULE, "slice": slices.get(base, {}), "recommended": None, "slices": {}}
     for label, sl in slices.items():
-        groups = [{"label": name, "stare": f["stare"] is not None, "m": _m_of(f["stare"]), "runs": f["runs"]}
+        groups = [{"label": name, "stare": f["stare"] is not None, "m": _m_of(f["stare"]), "runs": f["runs"],
+                   "grpo": f["method"] in GRPO_METHODS, "w": _fixed_w(f["stare"]), "sampled": f["sampled"]}
                   for name, f in facts.items() if _in_slice(f["point"], sl)]
         strengths: list[CriticalStrength] = []
         for c in (summary.get("critical") or {}).values():
@@ -149,11 +163,16 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
                 if _slice_of(entry.get("point") or {}) == sl:
                     strengths += [CriticalStrength.from_dict(d) for d in entry.get("strengths") or []
                                   if d.get("kind") == "measured"]
-        strengths += run_strengths(groups)
+        swept = [x.m for x in strengths]  # a W sweep's measured strength: the runs' own would repeat it
+        strengths += [x for x in run_strengths(groups) if not (x.kind == "measured" and x.m in swept)]
+        floor = at_grpo_floor(groups)  # GRPO ends inside the band: no W to recommend, not even a measured one
+        if floor:
+            strengths = []
         ms = list(dict.fromkeys(x.m for x in strengths))
         rec = {variant_label(m): recommend(strengths, m) for m in ms}
         out["slices"][label] = {"point": sl, "strengths": [x.to_dict() for x in strengths],
-                                "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None}}
+                                "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None},
+                                "floor": floor}
     chosen = out["slices"].get(base, {}).get("recommended") or {}
     ran = [variant_label(_m_of(f["stare"])) for f in facts.values() if f["stare"] is not None]
     order = sorted(dict.fromkeys(ran), key=lambda v: v != "O1") + ["O1"]  # a push that ran, O1 first
@@ -185,6 +204,10 @@ def critical_lines(summary: dict[str, Any]) -> list[str]:
     block = summary.get("critical_strength") or strength_block(summary)
     lines = []
     for label, entry in block["slices"].items():
+        if entry.get("floor"):
+            lines.append(f"critical W{' at ' + label if label else ''}: none: the target sits at GRPO's floor (every "
+                         "GRPO seed ends inside the band): nothing to hold")
+            continue
         strengths = [CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
         for m in dict.fromkeys(x.m for x in strengths):
             text = recommendation_text(strengths, m)
@@ -215,7 +238,8 @@ def headline(summary: dict[str, Any]) -> str:
     critical W with its kind (``critical_strength.recommended``, :func:`strength_block`)."""
     facts = group_facts(summary)
     groups = [{"label": label, "method": f["method"], "stare": f["stare"], "n": f["n"], "held": f["held"],
-               "collapsed": f["collapsed"], **{k: v for k, v in f["mean"].items() if k not in ("held", "collapsed")},
+               "collapsed": f["collapsed"], "below": f["below"],
+               **{k: v for k, v in f["mean"].items() if k not in ("held", "collapsed", "below")},
                "slice": {k: v for k, v in f["point"].items() if not k.startswith("loss.stare.")}}
               for label, f in facts.items()]
     parts = [verdict(groups, per_setting="critical" not in summary)] if groups else []
@@ -302,11 +326,21 @@ def _cap_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
     return notes
 
 
-def _raise_tip(st: dict[str, Any], w: float) -> str:
-    """How to get a W of at least ``w``: the fixed weight, or the adaptive schedule's cap (which bounds W)."""
+def _raise_tip(st: dict[str, Any], w: float, lower: str = "", above: bool = False) -> str:
+    """How to get a W of at least ``w`` (``above``: more than ``w``, which failed): the fixed weight, or the adaptive
+    schedule's cap (which bounds W). ``lower``: why ``w`` is only a lower bound of the critical W — then no W is
+    offered as enough: a W sweep from ``w`` up measures it."""
+    if lower:
+        grid = ",".join(f"{1 + (w - 1) * k:.3g}" for k in (1, 1.5, 2, 3))
+        if st.get("adaptive"):
+            return (f"stare.w_max well above {w:.2f} ({w:.2f} is only a lower bound here: {lower}; the adaptive "
+                    f"schedule's cap on W, now {_f(st.get('w_max'), 'g')})")
+        return (f"a W sweep from {w:.2f} up, e.g. --sweep stare.reweight_w={grid} ({w:.2f} is only a lower bound "
+                f"here, not a W that suffices: {lower}), or o1-adaptive")
+    rel = "above" if above else "≥"
     if st.get("adaptive"):
-        return f"stare.{cap_key(st)} ≥ {w:.2f} (the adaptive schedule's cap on W, now {_f(w_cap(st), 'g')})"
-    return f"stare.reweight_w ≥ {w:.2f} or o1-adaptive"
+        return f"stare.{cap_key(st)} {rel} {w:.2f} (the adaptive schedule's cap on W, now {_f(w_cap(st), 'g')})"
+    return f"stare.reweight_w {rel} {w:.2f} or o1-adaptive"
 
 
 def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict[str, Any] | None,
@@ -328,21 +362,25 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
         target = rec.w if rec.w is not None else rec.low
         also = recommendation_text(strengths, _m_of(st)).partition("; also: ")[2]
         return (f"{head}: at {push_label(st)} the push is below the critical strength{cap}: recommended W "
-                f"{rec.describe()}" + (f"; also: {also}" if also else "") + f"; try {_raise_tip(st, target)}"
-                " (docs/theory.md §7)")
+                f"{rec.describe()}" + (f"; also: {also}" if also else "")
+                + f"; try {_raise_tip(st, target, rec.lower_bound, above=rec.w is None)} (docs/theory.md §7)")
     c2 = st.get("variant") == "C2"
     # W* where the entropy first crosses H_tgt: the group's own value (with its M for C2; the trajectory equals
     # GRPO's up to the crossing), else GRPO's (M = 1)
-    est = _seed_median(g, "w_star_at_crossing")
+    est, src = _seed_median(g, "w_star_at_crossing"), g
     if est is None or not c2:
-        est = (_seed_median(ref, "w_star_at_crossing") if ref else None) or est
+        theirs = _seed_median(ref, "w_star_at_crossing") if ref else None
+        est, src = (theirs, ref) if theirs else (est, g)
     est_what = f"with M={_f(st.get('reweight_m'), 'g')}" if c2 and _seed_median(g, "w_star_at_crossing") else "for O1"
     own = _seed_median(g, "critical_w")  # the first-order critical W along this group's own runs (second half)
+    # a first-order W from sampled rollouts or an under-acting push is only a lower bound (docs/theory.md §7)
+    lower_own = lower_bound_reason(g["runs"] or [g["mean"]], g["sampled"])
+    lower_est = lower_bound_reason(src["runs"] or [src["mean"]], src["sampled"]) if src else ""
     if est is not None and est <= w_now and own is not None and own > w_now:
         return (f"{head}: at {push_label(st)} the push is below the critical strength along its own runs (first-order "
                 f"W* over the second half ≈ {own:.2f}, median over seeds), although W* where the entropy crosses "
-                f"H_tgt is {est:.2f}: the drift to cancel grew after the crossing; try {_raise_tip(st, own)} "
-                "(docs/theory.md §7)")
+                f"H_tgt is {est:.2f}: the drift to cancel grew after the crossing; try "
+                f"{_raise_tip(st, own, lower_own)} (docs/theory.md §7)")
     if est is not None and est <= w_now:  # the first order says this W suffices, and it did not: second order
         return (f"{head} although the first-order estimate where the entropy crosses H_tgt (W* ≈ {est:.2f} "
                 f"{est_what}, median over seeds) is below W={w_now:g}: the drift at H_tgt is then mostly second "
@@ -350,8 +388,9 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
                 f"({'stare.w_max / stare.m_min' if st.get('adaptive') else 'stare.reweight_w / reweight_m, o1-adaptive'})"
                 " or a smaller lr (docs/theory.md §7)")
     est_s = (f" (recommended: the conservative first-order estimate {est_what} where the entropy crosses H_tgt, "
-             f"median over seeds: W* ≈ {est:.2f})") if est is not None else ""
-    tip = _raise_tip(st, est) if est is not None else (
+             f"median over seeds: W* ≈ {est:.2f}" + (", a lower bound" if lower_est else "") + ")"
+             ) if est is not None else ""
+    tip = _raise_tip(st, est, lower_est) if est is not None else (
         "a larger stare.w_max" if st.get("adaptive") else "a larger stare.reweight_w / smaller reweight_m or o1-adaptive")
     return (f"{head}: at {push_label(st)} the push is below the critical strength{cap}{est_s}; try {tip} "
             "(docs/theory.md §7)")

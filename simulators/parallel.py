@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["run_many", "default_workers", "chunks", "peak_memory", "check_memory"]
 
 _GIB = 2**30
+#: seconds a worker process gets to exit (after reporting, or after SIGTERM) before it is killed (SIGKILL)
+JOIN_S = 30.0
 
 
 def default_workers() -> int:
@@ -257,10 +259,14 @@ def run_many(
             else:
                 crashes.append(msg[2])
     finally:
+        stop = bool(errors or crashes or len(results) < len(parts))
         for p in procs:
-            if p.is_alive() and (errors or crashes or len(results) < len(parts)):
+            if stop and p.is_alive():
                 p.terminate()
-            p.join()
+            p.join(timeout=JOIN_S)
+            if p.is_alive():  # a worker that does not exit (a signal it lost, say) is not waited for for ever
+                p.kill()
+                p.join()
     if crashes:
         raise RuntimeError(f"a simulation worker failed: {crashes[0]}")
     if errors:

@@ -6,6 +6,8 @@ Layout written under ``out``::
     out/<method>/seed<k>/          one run directory per (method, seed) (stare_lab.platform.runs format)
     out/<method>/<label>/seed<k>/  with ``--sweep`` grids: one per (method, grid point, seed), label ``W=1.2,lr=1``
                                    (:mod:`simulators.grid`; a method only sees the grid keys that change its runs)
+    out/sweep.json                 the request (preset, methods, seeds, steps, grid, overrides, plugins), written
+                                   when the sweep starts: what --resume continues (:mod:`simulators.sweep_out`)
     out/summary.json               per group (a method, or a method at one grid point): every seed's statistics
                                    (simulators.run_stats) and their mean over seeds; with a W grid the critical
                                    strength (``critical.<method>``, :func:`simulators.grid.critical_summary`); the
@@ -44,10 +46,12 @@ from stare_lab.errors import ConfigError, RunError
 from stare_lab.platform.verdict import group_outcome
 
 from simulators.grid import critical_summary, method_points, parse_grid, point_label
-from simulators.presets import DEFAULT_METHODS, MAX_SEEDS, METHODS, SEED_MAX, get_preset, method_overrides
+from simulators.presets import (DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, SEED_MAX, get_preset,
+                                method_overrides)
 from simulators.run_stats import STAT_KEYS
-from simulators.sweep_out import (check_previous_sweep, check_resumable, check_writable_dir, clear_run, remove_run,
-                                  stale_runs)
+from simulators.sweep_out import (check_out, check_previous_sweep, check_resumable, check_writable_dir, clear_run,
+                                  recorded_request, remove_run, resume_changes, stale_runs, write_request,
+                                  REQUEST_FILE)
 from simulators.tabular.config import TabularSimConfig, resolve_target_entropy
 from simulators.transformer.config import TransformerSimConfig
 
@@ -76,7 +80,9 @@ def simulator_module(kind: str) -> Any:
 class SweepPlan:
     """A validated sweep: ``groups[label] = {"method", "point"}`` (a method, or a method at one grid point),
     ``configs[(label, seed)]`` the built config dataclasses and ``run_dirs[(label, seed)]`` their directories;
-    ``grid`` the ``--sweep`` grid; ``module`` the simulator module (``run(config, run_dir, resume)``)."""
+    ``grid`` the ``--sweep`` grid; ``module`` the simulator module (``run(config, run_dir, resume)``); ``request``
+    what ``OUT/sweep.json`` records (:func:`simulators.sweep_out.write_request`); ``resume_notes`` what a resumed
+    request adds to the sweep (to be said on screen)."""
 
     preset: str
     kind: str
@@ -92,6 +98,8 @@ class SweepPlan:
     grid: list[tuple[str, list[Any]]] = dataclasses.field(default_factory=list)
     groups: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     workers: int | None = None
+    request: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resume_notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def group_label(method: str, point: dict[str, Any]) -> str:
@@ -211,7 +219,7 @@ def method_set_keys(method: str) -> set[str]:
 
 
 def plan_sweep(
-    preset: str,
+    preset: str | None,
     methods: list[str] | None,
     seeds: int | list[int] | None,
     out: str | os.PathLike,
@@ -225,36 +233,49 @@ def plan_sweep(
     """Validate a sweep request and build every run's config; creates nothing on disk.
 
     Args:
-        preset: preset name (``simulators.presets.get_preset``).
+        preset: preset name (``simulators.presets.get_preset``); None → with ``resume`` the sweep's own, else
+            :data:`~simulators.presets.DEFAULT_PRESET`.
         methods: method names (None → the preset's ``methods`` or ``DEFAULT_METHODS``).
         seeds: the first N seeds 0 … N−1 (an integer N ≥ 1) or a list of seeds (:func:`seed_list`); None → the
             preset's ``seeds`` or 0, 1, 2.
         out: the sweep directory.
         overrides: dotted ``key=value`` config overrides (``stare.*`` is short for ``loss.stare.*``).
         steps: number of steps (overrides the preset's), ≥ 1; not together with a ``steps=`` override.
-        resume: continue existing runs from their checkpoints.
+        resume: continue the sweep ``out`` holds, its runs from their checkpoints. What is not given (preset,
+            methods, seeds, steps, ``sweep``, ``overrides``: None or empty) is the sweep's own
+            (:func:`simulators.sweep_out.recorded_request`), not the preset's; what is given and extends the sweep
+            is listed in ``plan.resume_notes`` (:func:`simulators.sweep_out.resume_changes`).
         overwrite: replace existing runs (and remove the previous sweep's runs the new plan drops, see
             :func:`stale_runs`); not together with ``resume``.
         sweep: grid items ``KEY=V1,V2,…`` (:func:`simulators.grid.parse_grid`); the runs cover their product.
         workers: processes for tabular runs (None: all cores, :func:`simulators.parallel.default_workers`).
 
     Raises:
-        ConfigError: unknown preset / method / key, a value outside its range, zero or negative sizes, an empty
-            ``out``, ``resume`` with ``overwrite``, ``steps`` given twice, an override or grid key that one of the
-            methods sets (:func:`method_set_keys`: choose the method with ``methods`` instead), a key both
-            overridden and swept, an explicit ``loss.stare.target_entropy`` together with a (non-null)
-            ``target_entropy_rel`` (tabular presets: :func:`simulators.tabular.config.resolve_target_entropy`); an
-            error caused by a method's own settings names the method (e.g. ``o1-adaptive``, whose default
-            ``loss.stare.w_max`` caps W, with ``stare.reweight_w=2``); tabular runs whose estimated peak memory
-            exceeds the machine's available memory (:func:`simulators.parallel.check_memory`).
-        RunError: the output directory is not writable, or already holds runs (without resume / overwrite); with
-            resume, a run whose config or rows do not match its checkpoint
+        ConfigError: unknown preset / method / key (a grid key or value too: before torch is imported), a value
+            outside its range, zero or negative sizes, an empty ``out``, ``resume`` with ``overwrite``, ``steps``
+            given twice, an override or grid key that one of the methods sets (:func:`method_set_keys`: choose the
+            method with ``methods`` instead), a key both overridden and swept, an explicit
+            ``loss.stare.target_entropy`` together with a (non-null) ``target_entropy_rel`` (tabular presets:
+            :func:`simulators.tabular.config.resolve_target_entropy`); an error caused by a method's own settings
+            names the method (e.g. ``o1-adaptive``, whose default ``loss.stare.w_max`` caps W, with
+            ``stare.reweight_w=2``); tabular runs whose estimated peak memory exceeds the machine's available memory
+            (:func:`simulators.parallel.check_memory`); with ``resume``, another preset than the sweep's, or a
+            method of the sweep that no loaded plugin registers (naming the sweep's ``--plugin``).
+        RunError: the output directory is not writable, or already holds runs (without resume / overwrite: before
+            torch is imported); with resume, a run whose config or rows do not match its checkpoint
             (:func:`simulators.driver.check_resume`).
     """
     if str(out).strip() == "":
         raise ConfigError("out='' is empty: give an output directory (default runs/<preset>)")
     if resume and overwrite:
         raise ConfigError("resume and overwrite exclude each other: --resume continues the runs, --overwrite replaces them")
+    out = Path(out)
+    recorded = recorded_request(out) if resume else None
+    recorded_grid = None
+    if recorded is not None:
+        preset, methods, seeds, steps, recorded_grid, overrides = _resume_defaults(
+            recorded, out, preset, methods, seeds, steps, list(sweep), list(overrides))
+    preset = DEFAULT_PRESET if preset is None else preset
     spec = get_preset(preset)
     kind = spec["kind"]
     seeds = seed_list(seeds, spec.get("seeds", [0, 1, 2]))
@@ -265,11 +286,11 @@ def plan_sweep(
     methods = list(methods) if methods else list(spec.get("methods") or DEFAULT_METHODS)
     for m in methods:
         if m not in METHODS:
-            raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}")
+            raise ConfigError(f"method {m!r} is not one of {{{', '.join(METHODS)}}}" + _plugin_hint(recorded, out))
     if len(set(methods)) != len(methods):
         raise ConfigError(f"methods {','.join(methods)} lists a method twice")
     overrides = [_normalise_override(o) for o in overrides]
-    grid = parse_grid(list(sweep))
+    grid = parse_grid(list(sweep)) if recorded_grid is None else recorded_grid
     grid_keys = {k for k, _ in grid}
     for item in overrides + [f"{k}=" for k in grid_keys]:
         key = item.split("=", 1)[0].strip()
@@ -284,17 +305,31 @@ def plan_sweep(
                 f"{what}: {key} is set by method {setters[0]!r}; choose the method with --methods "
                 f"(one of {{{', '.join(METHODS)}}}) instead"
             )
+    both = grid_keys & {o.split("=", 1)[0].strip() for o in overrides}
+    if both:
+        raise ConfigError(f"{sorted(both)[0]} is both overridden and swept: give it once")
     cls = CONFIGS[kind]
     user_keys = {item.split("=", 1)[0].strip() for item in overrides}
-    for method in methods:  # the overrides' keys and values before the losses and simulators (torch) are imported
+    # the overrides' and the grid's keys and values before the losses and simulators (torch) are imported
+    for method in methods:
         _method_config(cls, _run_data(spec, kind, overrides, method, seeds[0], steps, user_keys), method)
+    for key, values in grid:
+        for value in values:
+            item = _grid_item(key, value)
+            try:
+                _method_config(cls, _run_data(spec, kind, overrides + [item], methods[0], seeds[0], steps,
+                                              user_keys | grid_keys), methods[0])
+            except ConfigError as err:
+                raise ConfigError(f"--sweep {key}: {err}") from None
+    # a used --out before torch too: every directory the plan can give a run (with or without the STARE keys)
+    candidates = [_run_dir(out, m, point, seed) for m in methods for stare in (True, False)
+                  for point in method_points(grid, stare) for seed in seeds]
+    check_writable_dir(out)
+    check_out(out, resume, overwrite, candidates)
     from simulators.driver import check_resume
     from simulators.parallel import check_memory
 
     check_grid_used(grid, methods)
-    both = grid_keys & {o.split("=", 1)[0].strip() for o in overrides}
-    if both:
-        raise ConfigError(f"{sorted(both)[0]} is both overridden and swept: give it once")
     if kind == "transformer":
         import importlib.util
 
@@ -305,29 +340,20 @@ def plan_sweep(
     module = simulator_module(kind)
     user_keys |= grid_keys
     configs, run_dirs, groups = {}, {}, {}
-    out = Path(out)
     for method in methods:
         stare = uses_stare(method)
         for point in method_points(grid, stare):
             label = group_label(method, point)
             groups[label] = {"method": method, "point": point, "stare": stare}
-            point_items = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in point.items()]
+            point_items = [_grid_item(k, v) for k, v in point.items()]
             for seed in seeds:
                 data = _run_data(spec, kind, overrides + point_items, method, seed, steps, user_keys)
                 configs[(label, seed)] = _method_config(cls, data, method)
-                sub = point_label(point)
-                run_dirs[(label, seed)] = out / method / sub / f"seed{seed}" if sub else out / method / f"seed{seed}"
+                run_dirs[(label, seed)] = _run_dir(out, method, point, seed)
     if kind == "tabular":  # before anything is created: a request the machine cannot hold is refused here
         check_memory(list(configs.values()), workers)
-    check_writable_dir(out)
     check_previous_sweep(out, run_dirs, resume, overwrite)
-    if not resume and not overwrite:
-        taken = [d for d in run_dirs.values() if (d / "metrics.jsonl").exists()]
-        if taken:
-            raise RunError(
-                f"{str(taken[0])!r} already holds a run; pass --resume to continue or --overwrite to replace "
-                f"({len(taken)} run(s) in {str(out)!r})"
-            )
+    saved_steps = []
     if resume:
         for key, run_dir in run_dirs.items():
             if kind == "tabular":
@@ -337,10 +363,91 @@ def plan_sweep(
             if done > want:
                 raise RunError(f"--resume: {str(run_dir)!r} has {done} steps done, more than steps={want}; a resume "
                                f"continues a run, it does not shorten it: give steps >= {done}, or --overwrite")
+            had = _saved_steps(run_dir)
+            if had is not None:
+                saved_steps.append((had, want))
+    run_steps = {int(getattr(c, "steps", 0)) for c in configs.values()}
+    request = {"preset": preset, "methods": methods, "seeds": seeds,
+               "steps": run_steps.pop() if len(run_steps) == 1 else None,
+               "grid": [[k, v] for k, v in grid], "overrides": list(overrides), "plugins": _plugins()}
+    notes = resume_changes(recorded, request, saved_steps) if recorded is not None else []
     return SweepPlan(
         preset, kind, out, methods, seeds, configs, run_dirs, module, resume, overwrite,
-        list(overrides), grid, groups, workers,
+        list(overrides), grid, groups, workers, request,
+        [f"note: --resume {str(out)!r}: this request {c}" for c in notes],
     )
+
+
+def _grid_item(key: str, value: Any) -> str:
+    """``key=value`` of one grid value (a string quoted, as an override)."""
+    return f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+
+
+def _run_dir(out: Path, method: str, point: dict[str, Any], seed: int) -> Path:
+    """``out/<method>[/<grid point label>]/seed<k>``."""
+    sub = point_label(point)
+    return out / method / sub / f"seed{seed}" if sub else out / method / f"seed{seed}"
+
+
+def _saved_steps(run_dir: Path) -> int | None:
+    """``steps`` of a run directory's ``config.yaml`` (None: no run there, or no readable value)."""
+    import yaml
+
+    try:
+        steps = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("steps")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def _plugins() -> list[str]:
+    """The ``--plugin`` modules loaded in this process, as given (the installed entry points load by themselves)."""
+    from stare_lab.platform.plugins import loaded_plugins
+
+    return [name for name in loaded_plugins() if " = " not in name]
+
+
+def _plugin_hint(recorded: dict[str, Any] | None, out: Path) -> str:
+    """For ``--resume``: the sweep's ``--plugin`` modules to give again (a method they registered is unknown)."""
+    if recorded is None:
+        return ""
+    plugins = [str(p) for p in recorded.get("plugins") or []]
+    if plugins:
+        flags = " ".join(f"--plugin {p}" for p in plugins)
+        return (f"; the sweep in {str(out)!r} was run with {flags}: give it again "
+                f"(stare-lab {flags} simulate ... --resume)")
+    return (f"; the sweep in {str(out)!r} ran it: load the plugin that registers it "
+            "(stare-lab --plugin MODULE simulate ... --resume)")
+
+
+def _resume_defaults(recorded: dict[str, Any], out: Path, preset: str | None, methods: list[str] | None,
+                     seeds: int | list[int] | None, steps: int | None, sweep: list[str], overrides: list[str]
+                     ) -> tuple:
+    """``--resume``: what the request does not give, the sweep's own (:func:`plan_sweep`); returns ``(preset,
+    methods, seeds, steps, grid, overrides)`` with ``grid`` the recorded grid (parsed) when ``sweep`` is empty and
+    the sweep had one, else None (``sweep`` is parsed as given). The sweep's steps count unless ``steps``, a
+    ``steps=`` override or a grid over steps is given.
+
+    Raises:
+        ConfigError: a preset other than the sweep's.
+    """
+    rec_preset = recorded.get("preset")
+    if preset is not None and rec_preset is not None and preset != rec_preset:
+        raise ConfigError(f"--resume: {str(out)!r} holds a sweep of preset {rec_preset!r}, not {preset!r}: leave "
+                          f"--preset out (or give --preset {rec_preset}), or choose another --out")
+    preset = preset if preset is not None else rec_preset
+    methods = methods if methods else recorded.get("methods")
+    seeds = seeds if seeds is not None else recorded.get("seeds")
+    grid = None
+    if not sweep and recorded.get("grid"):
+        grid = [(str(k), list(v)) for k, v in recorded["grid"]]
+    if not overrides and recorded.get("overrides"):
+        overrides = [o for o in recorded["overrides"] if o.split("=", 1)[0].strip() != "steps"]
+    keys = {o.split("=", 1)[0].strip() for o in overrides} | {k for k, _ in grid or []}
+    keys |= {item.split("=", 1)[0].strip() for item in sweep}
+    if steps is None and "steps" not in keys:
+        steps = recorded.get("steps")
+    return preset, methods, seeds, steps, grid, overrides
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -367,6 +474,9 @@ def run_sweep(
     parents = {d.parent for d in dirs} | {d.parent.parent for d in dirs if d.parent.parent != plan.out.parent}
     created = [d for d in [plan.out, *parents] if not d.exists()]
     plan.out.mkdir(parents=True, exist_ok=True)
+    had_request = (plan.out / REQUEST_FILE).is_file()
+    if plan.request:  # what --resume continues (simulators.sweep_out.recorded_request)
+        write_request(plan.out, plan.request)
     if plan.overwrite:
         for run_dir in stale_runs(plan):
             logger.info("--overwrite: removing %s (a run of the previous sweep that this one drops)", run_dir)
@@ -395,6 +505,8 @@ def run_sweep(
                 # the run's own summary.json numbers (one definition: run_stats with the run's M and window)
                 stats[k] = {**{x: summary.get(x) for x in STAT_KEYS}, "run_summary": summary}
     except BaseException:
+        if not had_request and not any(d.exists() for d in dirs):  # nothing of this sweep is left to resume
+            (plan.out / REQUEST_FILE).unlink(missing_ok=True)
         for d in sorted(created, key=lambda p: len(p.parts), reverse=True):  # deepest first
             try:
                 d.rmdir()
@@ -406,7 +518,9 @@ def run_sweep(
         runs = {f"seed{s}": stats[(label, s)] for s in plan.seeds}
         mean = {k: _mean([r.get(k) for r in runs.values()]) for k in STAT_KEYS if k != "steps"}
         outcome = group_outcome(list(runs.values()))  # the verdict's definitions (stare_lab.platform.verdict)
+        # each run counted once (held, collapsed, below the band): the table and the verdict agree
         mean["collapsed_runs"], mean["held_runs"] = outcome["collapsed"], outcome["held"]
+        mean["below_runs"], mean["steps_to_collapse"] = outcome["below"], outcome["steps_to_collapse"]
         per_group[label] = {
             "method": g["method"], "point": g["point"], "stare": g["stare"], "runs": runs, "mean": mean,
             "run_dirs": {f"seed{s}": plan.run_dirs[(label, s)].relative_to(plan.out).as_posix() for s in plan.seeds},
@@ -436,13 +550,15 @@ def run_sweep(
 
 
 def _push_of(config: Any) -> dict[str, Any]:
-    """``{"m": C2's M or None, "adaptive": bool}`` of a run config (the push a critical strength is for)."""
+    """``{"m": C2's M or None, "adaptive": bool, "sampled": bool}`` of a run config (the push a critical strength is
+    for, and whether its rollouts are sampled: a first-order W is then a lower bound)."""
     from stare_lab.loss.losses import loss_needs
 
     st = config.loss.stare
     stare = loss_needs(config.loss.loss_mode, config.loss).stare
     c2 = stare and str(st.variant).upper() == "C2" and float(st.reweight_m) != 1.0
-    return {"m": float(st.reweight_m) if c2 else None, "adaptive": bool(stare and st.adaptive)}
+    return {"m": float(st.reweight_m) if c2 else None, "adaptive": bool(stare and st.adaptive),
+            "sampled": getattr(config, "mode", "sampled") != "expected"}
 
 
 def _base_point(plan: SweepPlan) -> dict[str, Any]:
@@ -466,7 +582,9 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     """The end-of-sweep table: per group (mean over seeds) initial / final entropy (nats), H_tgt, steps to
-    collapse (mean over the seeds that collapsed, and how many did), final reward, time in band, the mean
+    collapse (mean over the seeds that collapsed and did not hold the band, and how many: a seed is counted as
+    collapsed or as held, never both, :func:`stare_lab.platform.verdict.group_outcome`), final reward, the fraction
+    of steps in the band, the mean
     |H − H_tgt| over the second half and how many seeds held the band (:func:`stare_lab.platform.summary.band_held`), the push ratio (STARE's measured
     one-step effect over its first-order size) and the R² of measured on predicted one-step ΔH."""
     n_seeds = len(summary["seeds"])
@@ -477,14 +595,14 @@ def format_table(summary: dict[str, Any]) -> str:
     for label, entry in summary["methods"].items():
         m = entry["mean"]
         collapse = (
-            f"{m['steps_to_collapse']:.0f} ({m['collapsed_runs']}/{n_seeds})" if m["steps_to_collapse"] is not None
-            else f"- (0/{n_seeds})"
+            f"{m['steps_to_collapse']:.0f} ({m['collapsed_runs']}/{n_seeds})"
+            if m.get("collapsed_runs") and m["steps_to_collapse"] is not None else f"- (0/{n_seeds})"
         )
         held = f"{m.get('held_runs', 0)}/{n_seeds}" if m.get("mean_abs_dev_second_half") is not None else "-"
         lines.append(
             f"{label:<{width}}{_fmt(m['initial_entropy']):>7}{_fmt(m['final_entropy']):>8}"
             f"{_fmt(m['target_entropy']):>7}{collapse:>13}{_fmt(m['final_reward']):>8}"
-            f"{_fmt(m['time_in_band'], '.0%'):>9}{_fmt(m['mean_abs_dev_second_half']):>8}{held:>6}"
+            f"{_fmt(m['time_in_band'], '.2f'):>9}{_fmt(m['mean_abs_dev_second_half']):>8}{held:>6}"
             f"{_fmt(m.get('push_ratio'), '.2f'):>7}{_fmt(m['pred_r2']):>8}"
         )
     lines.append(TABLE_LEGEND)
@@ -494,7 +612,8 @@ def format_table(summary: dict[str, Any]) -> str:
 #: Printed under the end-of-sweep table (definitions in :func:`simulators.run_stats.run_stats`).
 TABLE_LEGEND = (
     "H0 / H_end: entropy (nats) at the first / last step; collapse@: first step with H < 10 % of H0 (seeds that "
-    "collapsed / all); in_band: share of steps with |H - H_tgt| <= 0.05 nats; |H-Ht|: mean |H - H_tgt| over the "
+    "collapsed / all; a seed that held the band counts as held only); in_band: fraction of steps with "
+    "|H - H_tgt| <= 0.05 nats (as in the report); |H-Ht|: mean |H - H_tgt| over the "
     "second half; held: seeds that held the band (|H-Ht| < min(0.05, H_tgt/4) and final H >= H_tgt/2, so a "
     "collapsed run never counts); push: STARE's measured one-step effect / its "
     "first-order size (median; below 0.8 the step size is outside the theory's regime; for runs whose gate never "

@@ -1,6 +1,12 @@
 """The simulators' output directories (the one ``--out`` policy of :mod:`stare_lab.platform.outdir`): for a sweep, what
 ``--out`` may hold, what ``--resume`` may continue, the runs of a previous sweep that ``--overwrite`` removes, and
-their removal (only what a simulator run wrote); for a calibration, the same rules over what it writes."""
+their removal (only what a simulator run wrote); for a calibration, the same rules over what it writes.
+
+A sweep records its request — preset, methods, seeds, steps, grid, overrides and the ``--plugin`` modules — in
+``OUT/sweep.json`` when it starts (:func:`write_request`). ``--resume`` continues the sweep the folder holds: what
+the resumed command does not give is taken from that record (:func:`recorded_request`; for a sweep written before
+the record existed, from its ``summary.json`` or its runs' ``config.yaml``), and what it gives that extends the
+sweep (methods, seeds, grid values, steps) is said on screen (:func:`resume_changes`)."""
 
 from __future__ import annotations
 
@@ -19,8 +25,11 @@ from stare_lab.errors import RunError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_writable_dir", "check_previous_sweep", "check_resumable", "stale_runs", "remove_run", "clear_run",
-           "claim_calibration_out"]
+__all__ = ["check_writable_dir", "check_out", "check_previous_sweep", "check_resumable", "stale_runs", "remove_run",
+           "clear_run", "claim_calibration_out", "REQUEST_FILE", "write_request", "recorded_request", "resume_changes"]
+
+#: the file in a sweep's folder that records its request (:func:`write_request`)
+REQUEST_FILE = "sweep.json"
 
 
 def check_writable_dir(out: Path) -> None:
@@ -49,13 +58,12 @@ def check_writable_dir(out: Path) -> None:
         raise RunError(f"output directory {str(out)!r} is not writable ({reason})") from None
 
 
-def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, overwrite: bool) -> None:
-    """The one ``--out`` policy at the sweep's level (:mod:`stare_lab.platform.outdir`): ``out`` holding another kind of
-    output (a trainer or single run, an evaluation) is refused whatever the options; a previous sweep
-    (``summary.json``) is refused without ``--resume`` / ``--overwrite``, and ``--resume`` must cover every run it
-    lists (its summary would otherwise lose them), or for an interrupted sweep without a summary every simulator
-    run directory under ``out``; a directory inside a sweep that another process is writing is
-    refused.
+def check_out(out: Path, resume: bool, overwrite: bool, candidates: Sequence[Path] = ()) -> None:
+    """The part of the ``--out`` policy that needs no plan (torch-free, so a used ``--out`` is refused in well under a
+    second): ``out`` holding another kind of output (a trainer or single run, an evaluation) is refused whatever
+    the options, as is a directory inside a sweep that another process is writing; a previous sweep
+    (``summary.json``) or a run at one of ``candidates`` (the run directories the request may write) is refused
+    without ``--resume`` / ``--overwrite``.
 
     Raises:
         RunError: one line naming what ``out`` holds and what to do.
@@ -64,6 +72,32 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
 
     check_kind(out, SWEEP)
     check_outside_writers(out)
+    if resume or overwrite:
+        return
+    summary = out / "summary.json"
+    if summary.is_file():
+        try:
+            previous = json.loads(summary.read_text(encoding="utf-8"))
+            listed = _previous_run_dirs(previous) if isinstance(previous, dict) else []
+        except (OSError, ValueError, AttributeError):
+            listed = []
+        raise RunError(f"--out {str(out)!r} already holds a sweep (summary.json, {len(listed)} run(s)); pass --resume "
+                       "to continue it or --overwrite to replace it, or choose another --out")
+    taken = [d for d in candidates if (d / "metrics.jsonl").exists()]
+    if taken:
+        raise RunError(f"{str(taken[0])!r} already holds a run; pass --resume to continue or --overwrite to replace "
+                       f"({len(taken)} run(s) in {str(out)!r})")
+
+
+def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, overwrite: bool) -> None:
+    """The one ``--out`` policy at the sweep's level (:mod:`stare_lab.platform.outdir`): :func:`check_out`, and
+    ``--resume`` must cover every run the previous sweep's ``summary.json`` lists (its summary would otherwise lose
+    them), or for an interrupted sweep without a summary every simulator run directory under ``out``.
+
+    Raises:
+        RunError: one line naming what ``out`` holds and what to do.
+    """
+    check_out(out, resume, overwrite, list(run_dirs.values()))
     summary = out / "summary.json"
     if not summary.is_file():
         if resume:  # an interrupted sweep has no summary yet: its run directories say what it holds
@@ -72,24 +106,23 @@ def check_previous_sweep(out: Path, run_dirs: dict[Any, Path], resume: bool, ove
                           if c.parent != out and c.parent.resolve() not in planned and _simulator_run(c))
             if left:
                 raise RunError(f"--resume: {str(out)!r} holds {len(left)} run(s) of an interrupted sweep this "
-                               f"request leaves out (e.g. {left[0]}), which would stay unfinished beside it: give "
-                               "the sweep's --methods, --seeds and --sweep again, or --overwrite to replace it")
+                               f"request leaves out (e.g. {left[0]}), which would stay unfinished beside it: resume "
+                               "without --methods, --seeds and --sweep (the sweep's own are taken), or give them "
+                               "all again, or --overwrite to replace it")
         return
     try:
         previous = json.loads(summary.read_text(encoding="utf-8"))
         listed = _previous_run_dirs(previous) if isinstance(previous, dict) else []
     except (OSError, ValueError, AttributeError):
         listed = []
-    if not resume and not overwrite:
-        raise RunError(f"--out {str(out)!r} already holds a sweep (summary.json, {len(listed)} run(s)); pass --resume "
-                       "to continue it or --overwrite to replace it, or choose another --out")
     if resume:
         planned = {d.resolve() for d in run_dirs.values()}
         missing = [rel for rel in listed if (out / rel).resolve() not in planned and (out / rel).is_dir()]
         if missing:
             raise RunError(f"--resume: {str(out)!r} holds a sweep with {len(missing)} run(s) this request leaves out "
-                           f"(e.g. {missing[0]}), which its summary would lose: give the sweep's --methods, --seeds "
-                           "and --sweep again, or --overwrite to replace it")
+                           f"(e.g. {missing[0]}), which its summary would lose: resume without --methods, --seeds "
+                           "and --sweep (the sweep's own are taken), or give them all again, or --overwrite to "
+                           "replace it")
 
 
 def _simulator_run(config_path: Path) -> bool:
@@ -219,3 +252,90 @@ def claim_calibration_out(out: Path, overwrite: bool, outputs: Sequence[str]) ->
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         except OSError as err:
             raise RunError(f"--overwrite: cannot remove {str(path)!r}: {err.strerror or err}") from None
+
+
+def write_request(out: Path, request: dict[str, Any]) -> None:
+    """Record a sweep's request in ``out/sweep.json`` (atomically): ``preset``, ``methods``, ``seeds`` (the list),
+    ``steps`` (``--steps``, or None: the preset's or an override's), ``grid`` (``[[key, values], ...]``),
+    ``overrides`` (normalised ``key=value`` items) and ``plugins`` (the ``--plugin`` modules loaded, as given)."""
+    tmp = out / (REQUEST_FILE + ".tmp")
+    tmp.write_text(json.dumps(request, indent=1, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, out / REQUEST_FILE)
+
+
+def recorded_request(out: Path) -> dict[str, Any] | None:
+    """The request of the sweep ``out`` holds, with the keys of :func:`write_request` (None where unknown): its
+    ``sweep.json``; for a sweep written before that record existed, what its ``summary.json`` says (preset,
+    methods, seeds, grid, and the steps its runs share) or, interrupted before its summary, its runs'
+    ``config.yaml`` (methods, seeds, steps). None when ``out`` holds no sweep; an unreadable record counts as none
+    (the other checks of ``--resume`` still apply)."""
+    empty: dict[str, Any] = dict.fromkeys(("preset", "methods", "seeds", "steps", "grid", "overrides"), None)
+    empty["plugins"] = []
+    try:
+        data = json.loads((out / REQUEST_FILE).read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("methods"), list):
+            return {**empty, **{k: data.get(k) for k in empty if k in data}}
+    except (OSError, ValueError):
+        pass
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = None
+    if isinstance(summary, dict) and isinstance(summary.get("methods"), dict):
+        groups = [e for e in summary["methods"].values() if isinstance(e, dict)]
+        steps = {c.get("steps") for c in (summary.get("config") or {}).values() if isinstance(c, dict)}
+        grid = (summary.get("sweep") or {}).get("grid") if isinstance(summary.get("sweep"), dict) else None
+        return {**empty, "preset": summary.get("preset"),
+                "methods": list(dict.fromkeys(str(e.get("method")) for e in groups if e.get("method"))) or None,
+                "seeds": summary.get("seeds") if isinstance(summary.get("seeds"), list) else None,
+                "steps": steps.pop() if len(steps) == 1 else None, "grid": grid or []}
+    configs = []
+    for path in sorted(out.glob("**/config.yaml")):
+        if path.parent == out:
+            continue
+        try:
+            cfg = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(cfg, dict) and cfg.get("source") == "simulator":
+            configs.append(cfg)
+    if not configs:
+        return None
+    steps = {c.get("steps") for c in configs}
+    return {**empty, "methods": list(dict.fromkeys(str(c.get("method")) for c in configs)),
+            "seeds": sorted({c.get("seed") for c in configs if isinstance(c.get("seed"), int)}),
+            "steps": steps.pop() if len(steps) == 1 else None}
+
+
+def resume_changes(recorded: dict[str, Any], request: dict[str, Any], saved_steps: Sequence[tuple[int, int]] = ()
+                   ) -> list[str]:
+    """What a resumed request adds to the sweep it continues, one phrase each (empty: it continues it as it is):
+    methods, seeds, grid keys or values it adds, and runs it takes further (``saved_steps``: ``(steps in the run's
+    config.yaml, steps planned)`` of the runs already there)."""
+    out = []
+
+    def added(key: str) -> list[Any]:
+        before = recorded.get(key)
+        return [] if before is None else [x for x in request.get(key) or [] if x not in before]
+
+    if added("methods"):
+        out.append(f"adds method(s) {', '.join(map(str, added('methods')))} (the sweep ran "
+                   f"{', '.join(map(str, recorded['methods']))})")
+    if added("seeds"):
+        out.append(f"adds seed(s) {', '.join(map(str, added('seeds')))} (the sweep ran "
+                   f"{', '.join(map(str, recorded['seeds']))})")
+    if recorded.get("grid") is not None:
+        before = {k: v for k, v in recorded["grid"]}
+        for key, values in request.get("grid") or []:
+            new = [v for v in values if v not in before.get(key, [])]
+            if key not in before:
+                out.append(f"adds the grid key {key} ({', '.join(map(str, values))})")
+            elif new:
+                out.append(f"adds {key} = {', '.join(map(str, new))} to the grid")
+    longer = sorted({(a, b) for a, b in saved_steps if b > a})
+    if longer:
+        out.append(f"runs {len([1 for a, b in saved_steps if b > a])} run(s) on to "
+                   f"{', '.join(str(b) for b in sorted({b for _, b in longer}))} steps (they had "
+                   f"{', '.join(str(a) for a in sorted({a for a, _ in longer}))}; each continues from its last "
+                   "checkpoint)")
+    return out

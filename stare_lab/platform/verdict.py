@@ -6,17 +6,19 @@ same runs. The wings cannot import each other, hence this function lives in the 
 
 Definitions, per group of runs (one method or one setting, several seeds), from each run's summary:
 
-* a run **collapsed** when its ``steps_to_collapse`` is set (its entropy fell below ``collapse_frac`` × its initial
-  entropy);
 * a run **held the band** when :func:`stare_lab.platform.summary.band_held` says so: its mean |H − H_tgt| over the second
   half is below min(``band``, H_tgt/4) (``band`` the half-width, 0.05 nats by default) and its final entropy is at
   least H_tgt/2 — a run whose entropy collapsed never counts as held, however small H_tgt (docs/theory.md §7); a
   group held it when every seed did;
+* a run **collapsed** when its ``steps_to_collapse`` is set (its entropy fell below ``collapse_frac`` × its initial
+  entropy) and it did not hold the band: each run is counted once, so no screen says "collapsed" and "held" of the
+  same run (at a target whose band reaches below ``collapse_frac`` × H0 a run can do both);
+* a baseline's runs (a group whose loss does not use STARE) are told seed by seed, each once: collapsed, **inside
+  the band** (held it: the target sits at the baseline's floor, so there is nothing for STARE to hold), **below
+  the band** (final entropy below H_tgt − band, not collapsed) or none of these (did not collapse);
 * an adaptive group (``stare.adaptive``) that held the band **with W near its cap** — mean W over the second half
   at least :data:`NEAR_CAP` of the way from 1 to ``w_max``, or W at the cap on at least :data:`CAP_SHARE` of those
   steps (:func:`near_cap`) — is said so, with the mean W and the share of steps at the cap: it has no headroom;
-* a baseline (a group whose loss does not use STARE) **fell below the band** when it did not collapse but its mean
-  final entropy ended below H_tgt − band;
 * rewards are the seeds' mean ``final_reward`` (the mean over the last 10 % of each run's steps).
 """
 
@@ -54,17 +56,19 @@ def _f(x: Any, spec: str = ".3g") -> str:
 
 def group_outcome(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The aggregates :func:`verdict` reads, from the runs' summaries (:func:`stare_lab.platform.summary.run_summary` keys):
-    ``n`` runs, ``collapsed`` / ``held`` run counts (module docstring), and the means over the runs (None values
-    skipped) of ``initial_entropy``, ``final_entropy``, ``target_entropy``, ``band``, ``final_reward``,
-    ``mean_abs_dev_second_half``, ``steps_to_collapse`` (over the runs that collapsed), ``w_mean_second_half`` and
-    ``w_cap_share`` (adaptive runs)."""
+    ``n`` runs, ``held`` / ``collapsed`` / ``below`` run counts (module docstring: each run in at most one), and the
+    means over the runs (None values skipped) of ``initial_entropy``, ``final_entropy``, ``target_entropy``,
+    ``band``, ``final_reward``, ``mean_abs_dev_second_half``, ``steps_to_collapse`` (over the runs counted as
+    collapsed), ``w_mean_second_half`` and ``w_cap_share`` (adaptive runs)."""
     runs = list(runs)
-    held = sum(band_held(r) is True for r in runs)
-    out: dict[str, Any] = {"n": len(runs), "held": held,
-                           "collapsed": sum(r.get("steps_to_collapse") is not None for r in runs)}
+    held = [band_held(r) is True for r in runs]
+    collapsed = [not h and r.get("steps_to_collapse") is not None for r, h in zip(runs, held)]
+    out: dict[str, Any] = {"n": len(runs), "held": sum(held), "collapsed": sum(collapsed),
+                           "below": sum(not h and not c and _fell(r) for r, h, c in zip(runs, held, collapsed))}
     for key in ("initial_entropy", "final_entropy", "target_entropy", "band", "final_reward",
-                "mean_abs_dev_second_half", "steps_to_collapse", "w_mean_second_half", "w_cap_share"):
+                "mean_abs_dev_second_half", "w_mean_second_half", "w_cap_share"):
         out[key] = _mean([r.get(key) for r in runs])
+    out["steps_to_collapse"] = _mean([r.get("steps_to_collapse") for r, c in zip(runs, collapsed) if c])
     return out
 
 
@@ -111,6 +115,32 @@ def _reference(groups: Sequence[Mapping[str, Any]], g: Mapping[str, Any]) -> Map
     return (grpo or same or [None])[0]
 
 
+def _baseline_clause(g: Mapping[str, Any]) -> str:
+    """One clause for a baseline group, each seed told once (module docstring): ``grpo collapsed on 3/3 seeds (H
+    1.74 -> 0.163 nats, ~step 256)``; ``grpo fell below the band on 2/3 seeds, ended inside the band on 1/3 (H …; no
+    seed collapsed)``; every seed inside the band: ``… : the target sits at GRPO's floor: nothing to hold``. A group
+    without a ``below`` count (an older summary) counts as below the band when its mean final entropy is."""
+    n, held, coll = g["n"], g.get("held") or 0, g.get("collapsed") or 0
+    below = g.get("below")
+    if below is None:
+        below = n - held - coll if _fell(g) else 0
+    rest = n - held - coll - below
+    h = f"H {_f(g.get('initial_entropy'))} -> {_f(g.get('final_entropy'))} nats"
+    parts = []
+    for count, text in ((coll, "collapsed on"), (below, "fell below the band on"), (held, "ended inside the band on"),
+                        (rest, "did not collapse on")):
+        if count:
+            parts.append(f"{text} {count}/{n}" + (" seeds" if not parts else ""))
+    if rest == n:
+        return f"{g['label']} did not collapse ({h})"
+    if held == n:
+        who = "GRPO" if g.get("method") in ("grpo", "grpo-ds") else g["label"]
+        return (f"{g['label']} ended inside the band on {n}/{n} seeds ({h}): the target sits at {who}'s floor: "
+                "nothing to hold")
+    tail = f", ~step {_f(g.get('steps_to_collapse'), '.0f')}" if coll else "; no seed collapsed"
+    return f"{g['label']} {', '.join(parts)} ({h}{tail})"
+
+
 def verdict(groups: Sequence[Mapping[str, Any]], *, per_setting: bool = True) -> str:
     """One line that says what happened to ``groups`` (module docstring).
 
@@ -131,17 +161,7 @@ def verdict(groups: Sequence[Mapping[str, Any]], *, per_setting: bool = True) ->
     parts: list[str] = [c for g in groups
                         if (c := status_clause(g["label"], g.get("n_total", g["n"]), g.get("left_out") or ()))]
     groups = [g for g in groups if g["n"]]
-    for g in groups:
-        if g.get("stare") is not None:
-            continue
-        h = f"H {_f(g.get('initial_entropy'))} -> {_f(g.get('final_entropy'))} nats"
-        if g["collapsed"]:
-            parts.append(f"{g['label']} collapsed on {g['collapsed']}/{g['n']} seeds ({h}, ~step "
-                         f"{_f(g.get('steps_to_collapse'), '.0f')})")
-        elif _fell(g):
-            parts.append(f"{g['label']} fell below the band ({h}; no seed collapsed)")
-        else:
-            parts.append(f"{g['label']} did not collapse ({h})")
+    parts += [_baseline_clause(g) for g in groups if g.get("stare") is None]
     stare = [g for g in groups if g.get("stare") is not None and _num(g.get("target_entropy")) is not None]
     held = [g for g in stare if g["n"] and g["held"] == g["n"]]
     missed = [g for g in stare if g not in held]

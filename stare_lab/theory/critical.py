@@ -46,7 +46,8 @@ __all__ = [
     "KEY_D_GRPO", "KEY_D_LPLUS", "KEY_D_LMINUS", "KEY_D_RATIO", "KEY_LPLUS_ABOVE", "KEY_W_STAR", "w_star", "w_star_series", "critical_w", "w_star_at_crossing",
     "measured_critical_w", "tolerance", "applied_push", "decomposition_summary", "DECOMPOSITION_KEYS", "REGIME_RATIO",
     "STRENGTH_KINDS", "KIND_MEANING", "CriticalStrength", "recommend", "measured_strength", "strength_from_values",
-    "recommendation_text", "variant_label", "run_strengths",
+    "recommendation_text", "variant_label", "run_strengths", "lower_bound_reason", "FULL_PUSH",
+    "at_grpo_floor",
 ]
 
 KEY_D_GRPO = "pred/d_grpo"
@@ -261,7 +262,7 @@ def decomposition_summary(
 STRENGTH_KINDS = ("measured", "calibrated", "predicted", "conservative")
 #: what each kind is, as every output says it
 KIND_MEANING = {
-    "measured": "smallest W held on every seed of a W sweep",
+    "measured": "smallest fixed W held on every seed (a W sweep, or runs at one W)",
     "calibrated": "measured on a toy calibrated to the target model's probe",
     "predicted": "first order: largest W*(t) over the second half of held runs",
     "conservative": "first order: W* where GRPO crosses H_tgt",
@@ -292,6 +293,10 @@ class CriticalStrength:
             *conservative*: the least and largest value over the runs (seeds); *calibrated*: the calibration's
             uncertainty range.
         source: where the number comes from, in words (method, slice, runs, file).
+        lower_bound: why the value is only a lower bound of the critical W ("" when it is not): a first-order
+            number (*predicted*, *conservative*) from sampled rollouts (the sampling noise adds a drift the first
+            order leaves out) or from runs whose push acted below its first-order size (:func:`lower_bound_reason`);
+            every output then says "at least".
 
     Raises:
         ConfigError: an unknown kind, or a value that is not a number.
@@ -303,6 +308,7 @@ class CriticalStrength:
     low: float | None = None
     high: float | None = None
     source: str = ""
+    lower_bound: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in STRENGTH_KINDS:
@@ -313,6 +319,7 @@ class CriticalStrength:
         object.__setattr__(self, "low", _opt_number("low", self.low, True))
         object.__setattr__(self, "high", _opt_number("high", self.high, True))
         object.__setattr__(self, "source", str(self.source))
+        object.__setattr__(self, "lower_bound", str(self.lower_bound or ""))
 
     @property
     def variant(self) -> str:
@@ -331,11 +338,12 @@ class CriticalStrength:
         return f"{f(self.low)}–{f(self.high)}"
 
     def value_text(self, with_m: bool = True) -> str:
-        """``1.3``, ``1.3 at M=0.9``, ``above 1.5`` (measured, no grid W held) or ``inf`` (no W cancels the drift)."""
+        """``1.3``, ``1.3 at M=0.9``, ``at least 1.3`` (a lower bound), ``above 1.5`` (measured, no grid W held) or
+        ``inf`` (no W cancels the drift)."""
         if self.w is None:
             w = f"above {self.low:.3g}" if self.low is not None else "none"
         else:
-            w = f"{self.w:.3g}"
+            w = ("at least " if self.lower_bound and math.isfinite(self.w) else "") + f"{self.w:.3g}"
         return w + (f" at M={self.m:g}" if with_m and self.m is not None else "")
 
     def describe(self, with_m: bool = True) -> str:
@@ -348,11 +356,13 @@ class CriticalStrength:
             parts.append(f"range {rng}")
         if self.source:
             parts.append(self.source)
+        if self.lower_bound:
+            parts.append(f"a lower bound: {self.lower_bound}")
         return f"{self.value_text(with_m)} ({self.kind}: {'; '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"kind", "w", "m", "low", "high", "source", "meaning"}`` (the form of ``summary.json`` / ``report.json``
-        / the promote provenance; ``meaning`` = :data:`KIND_MEANING` of the kind)."""
+        """``{"kind", "w", "m", "low", "high", "source", "lower_bound", "meaning"}`` (the form of ``summary.json`` /
+        ``report.json`` / the promote provenance; ``meaning`` = :data:`KIND_MEANING` of the kind)."""
         return {**dataclasses.asdict(self), "meaning": KIND_MEANING[self.kind]}
 
     @classmethod
@@ -367,7 +377,7 @@ class CriticalStrength:
                             f"{', '.join(STRENGTH_KINDS)})")
         try:
             return cls(data["kind"], data.get("w"), data.get("m"), data.get("low"), data.get("high"),
-                       data.get("source") or "")
+                       data.get("source") or "", data.get("lower_bound") or "")
         except ConfigError as err:
             raise DataError(str(err)) from None
 
@@ -452,36 +462,86 @@ def _labels(names: Sequence[str]) -> str:
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
+#: a push that acted below this share of its first-order size makes a first-order W a lower bound (2 %: the
+#: median push ratio of a mean-field run is exact, a sampled run's is labelled a lower bound anyway)
+FULL_PUSH = 0.98
+
+
+def lower_bound_reason(runs: Sequence[Mapping[str, Any]], sampled: bool) -> str:
+    """Why a first-order critical W from ``runs`` (run summaries with ``push_ratio``) is only a lower bound, or "":
+    ``sampled`` rollouts (finite G: the sampling noise adds a second-order drift that the first order leaves out,
+    docs/theory.md §7), and/or a median push ratio below :data:`FULL_PUSH` (the push acted below its first-order size,
+    so more W than the first order says is needed)."""
+    why = []
+    if sampled:
+        why.append("sampled rollouts add a noise-driven drift the first order leaves out")
+    ratios = [float(r["push_ratio"]) for r in runs if _finite(r.get("push_ratio"))]
+    if ratios and statistics.median(ratios) < FULL_PUSH:
+        why.append(f"the push acted at {statistics.median(ratios):.0%} of its first-order size")
+    return " and ".join(why)
+
+
+def at_grpo_floor(groups: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the target sits at GRPO's floor: the groups include GRPO (``"grpo": True``) and every GRPO run held
+    the band by itself (:func:`stare_lab.platform.summary.band_held`) — there is no drift below the band for STARE
+    to cancel, so no critical W describes these runs."""
+    runs = [r for g in groups if g.get("grpo") and not g.get("stare") for r in g.get("runs") or []]
+    return bool(runs) and all(band_held(r) is True for r in runs)
+
+
 def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]:
-    """The *predicted* and *conservative* strengths of a set of runs (no W sweep needed), per M.
+    """The *measured* (runs at a fixed W), *predicted* and *conservative* strengths of a set of runs, per M.
 
     Args:
         groups: each ``{"label", "stare": bool (the loss uses the STARE gate and W/M), "m": C2's M or None (O1 and
-            baselines), "runs": [run summaries]}``; a run summary has ``critical_w``, ``w_star_at_crossing`` and
-            the band keys of :func:`stare_lab.platform.summary.band_held` (``summary.json`` of any source).
+            baselines), "runs": [run summaries]}``, optionally ``"grpo": bool`` (the group is GRPO itself — only
+            GRPO's runs give the conservative estimate; another baseline, a plugin's method say, follows its own
+            trajectory), ``"w"`` (a STARE group's fixed W; None or absent: adaptive, or not given) and
+            ``"sampled"`` (its rollouts are sampled: finite G). A run summary has ``critical_w``,
+            ``w_star_at_crossing``, ``push_ratio`` and the band keys of :func:`stare_lab.platform.summary.band_held`
+            (``summary.json`` of any source).
 
     Returns:
+        *measured* for each M with STARE groups at a fixed W (``"w"`` given): :func:`measured_strength` over
+        their W values (seeds of one W pooled) — with a single W that held, an upper bound (range ≤ W);
         *predicted* for each M: the median over the runs that held the band (:func:`~stare_lab.platform.summary.band_held`)
         of every STARE group with that M of their ``critical_w`` (largest W*(t) over the second half);
         *conservative* for O1 (also without an O1 STARE group: a GRPO run alone gives it): the median over the
-        baseline groups' runs (GRPO) of ``w_star_at_crossing``, else —
-        without a baseline — over the O1 STARE groups' runs (the gate is off until the crossing, so their trajectory
+        GRPO groups' runs of ``w_star_at_crossing``, else —
+        without GRPO — over the O1 STARE groups' runs (the gate is off until the crossing, so their trajectory
         is GRPO's up to there); for C2 at M: over the C2 groups' own runs (W* with their M). Low / high: the range
-        over those runs.
+        over those runs. A first-order strength is labelled a lower bound (:func:`lower_bound_reason`). None at
+        all when the target sits at GRPO's floor (:func:`at_grpo_floor`).
     """
     out: list[CriticalStrength] = []
-    ms: list[float | None] = [None] if any(not g.get("stare") for g in groups) else []
+    if at_grpo_floor(groups):
+        return out
+    ms: list[float | None] = [None] if any(not g.get("stare") and g.get("grpo") for g in groups) else []
     for g in groups:
         if g.get("stare") and not any(_same_m(g.get("m"), x) for x in ms):
             ms.append(None if g.get("m") in (None, 1.0) else float(g["m"]))
     for m in ms:
         mine = [g for g in groups if g.get("stare") and _same_m(g.get("m"), m)]
-        held = [(g["label"], r) for g in mine for r in g.get("runs") or [] if band_held(r)]
+        fixed = [g for g in mine if _finite(g.get("w")) and g.get("runs")]
+        if fixed:
+            held_by_w: dict[float, list[bool | None]] = {}
+            for g in fixed:
+                held_by_w.setdefault(float(g["w"]), []).extend(band_held(r) for r in g.get("runs") or [])
+            seeds = max(len(v) for v in held_by_w.values())
+            meas = measured_strength(held_by_w, m, f"runs at a fixed W: {_labels([g['label'] for g in fixed])}; "
+                                                   f"W {', '.join(f'{w:g}' for w in sorted(held_by_w))}; {seeds} seeds")
+            if meas is not None and meas.w is not None and meas.low is None:  # held at the smallest W it ran
+                meas = dataclasses.replace(meas, source=f"{meas.source}: held on every seed at the smallest W run, "
+                                                        "an upper bound of the critical W")
+            if meas is not None:
+                out.append(meas)
+        held = [(g, r) for g in mine for r in g.get("runs") or [] if band_held(r)]
         pred = strength_from_values("predicted", [r.get("critical_w") for _, r in held], m,
-                                    f"{len(held)} held runs of {_labels([lab for lab, _ in held])}")
+                                    f"{len(held)} held runs of {_labels([g['label'] for g, _ in held])}")
         if pred is not None:
-            out.append(pred)
-        base = [g for g in groups if not g.get("stare")] if m is None else []
+            why = lower_bound_reason([r for _, r in held], any(g.get("sampled") for g, _ in held))
+            out.append(dataclasses.replace(pred, lower_bound=why))
+        base = [g for g in groups if not g.get("stare") and g.get("grpo")] if m is None else []
         src = base or mine
         runs = [r for g in src for r in g.get("runs") or []]
         cons = strength_from_values(
@@ -489,5 +549,6 @@ def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]
             f"{len(runs)} runs of {_labels([g['label'] for g in src])}"
             + (" (GRPO's trajectory up to the crossing: the gate is off until then)" if not base else ""))
         if cons is not None:
-            out.append(cons)
+            why = lower_bound_reason(runs, any(g.get("sampled") for g in src))
+            out.append(dataclasses.replace(cons, lower_bound=why))
     return out

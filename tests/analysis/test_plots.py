@@ -226,3 +226,30 @@ def test_report_figures_are_150_dpi_and_shown_at_their_size(tmp_path):
     assert width == 1200
     html = (out / "report.html").read_text()
     assert re.search(r'<img src="data:image/png;base64,[^"]+" width="768" alt="entropy, reward', html)
+
+
+def test_figures_are_written_in_this_process(tmp_path, monkeypatch):
+    """Issue 29: the figures were drawn by a pool forked from the command, whose exit could hang for ever (a worker
+    that inherited the command's SIGTERM handler lost the pool's SIGTERM). save_figures forks nothing now, whatever
+    the cores: os.fork raises here (with 4 cores the old code forked a pool of 3). The files are PNGs, and the PNG
+    copies are those of the figures."""
+    from matplotlib.figure import Figure
+
+    from analysis.figstyle import save_figures
+
+    def no_fork():
+        raise AssertionError("save_figures forked a process")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    jobs = []
+    for i in range(3):
+        fig = Figure(figsize=(1 + i, 1))
+        fig.subplots().plot([0, 1], [i, 1])
+        jobs.append((fig, tmp_path / f"f{i}.png"))
+    pngs = save_figures(jobs, dpi=50, png_copies=True)
+    for (fig, path), png in zip(jobs, pngs):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert int.from_bytes(png[16:20], "big") == round(fig.get_figwidth() * 50)  # its own width in pixels
+    assert save_figures(jobs[:1], dpi=50) == [None]

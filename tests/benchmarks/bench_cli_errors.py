@@ -3,8 +3,9 @@
 Run:  python tests/benchmarks/bench_cli_errors.py [--repeats 5]
 
 Each command is run with this environment's `stare-lab` from an empty temporary folder; the time includes the
-interpreter's start and the front door's parser (every wing's cli). The last case, an unknown simulator config key,
-is checked by the simulator's config classes, which import no torch.
+interpreter's start and the front door's parser (every wing's cli). The simulator's config keys (overrides and
+``--sweep`` keys and values) are checked by its config classes, which import no torch, and so is a used ``--out``
+(a finished sweep, or a run of a stopped one); ``analyze`` refuses a missing path before it loads matplotlib.
 """
 
 from __future__ import annotations
@@ -28,7 +29,19 @@ CASES = [
     ["promote", "sw", "--method", "c2", "--base", "nope.yaml", "--out", "o.yaml"],
     ["plan", "nope.yaml"],
     ["simulate", "bogus=1"],
+    ["simulate", "--sweep", "bogus=1,2"],
+    ["simulate", "--out", "used"],
+    ["simulate", "--methods", "grpo", "--seeds", "1", "--out", "stopped"],
+    ["analyze", "used", "nope", "--out", "r"],
 ]
+
+
+def _fixtures(tmp: Path) -> None:
+    """A finished sweep (``used``) and one stopped before its summary (``stopped``): the used ``--out`` cases."""
+    (tmp / "used").mkdir()
+    (tmp / "used" / "summary.json").write_text('{"preset": "demo", "methods": {}}')
+    (tmp / "stopped" / "grpo" / "seed0").mkdir(parents=True)
+    (tmp / "stopped" / "grpo" / "seed0" / "metrics.jsonl").write_text('{"step": 1}\n')
 
 
 def main() -> int:
@@ -39,6 +52,7 @@ def main() -> int:
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"median of {args.repeats}")
     with tempfile.TemporaryDirectory() as tmp:
+        _fixtures(Path(tmp))
         for case in CASES:
             times = []
             for _ in range(args.repeats):

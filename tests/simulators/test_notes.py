@@ -9,16 +9,18 @@ from simulators.notes import headline, sweep_notes
 W_KEY = "loss.stare.reweight_w"
 
 
-def summary(groups, lr=1.0, seeds=3):
-    """groups: label → (method, point, mean-stats dict, stare dict or None)."""
+def summary(groups, lr=1.0, seeds=3, mode="expected"):
+    """groups: label → (method, point, mean-stats dict, stare dict or None); mean field (``mode``) and pushes at
+    their first-order size unless given: first-order Ws that are not lower bounds."""
     methods, config = {}, {}
     for label, (method, point, mean, stare) in groups.items():
-        base = {"initial_entropy": 1.74, "target_entropy": 0.4, "gate_on_frac": 0.6, "push_ratio": 0.97,
+        base = {"initial_entropy": 1.74, "target_entropy": 0.4, "gate_on_frac": 0.6, "push_ratio": 1.0,
                 "held_runs": 0, "collapsed_runs": 0, "final_reward": 0.9}
         methods[label] = {"method": method, "point": point, "stare": stare is not None, "mean": {**base, **mean}}
         loss = {"loss_mode": "stare", "stare": {"reweight_w": 1.1, "reweight_m": 0.9, "variant": "O1",
                                                  "adaptive": False, "gate": "entropy", **(stare or {})}}
-        config[f"{label}/seed0"] = {"lr": lr, "loss": loss if stare is not None else {"loss_mode": "grpo"}}
+        config[f"{label}/seed0"] = {"lr": lr, "mode": mode,
+                                    "loss": loss if stare is not None else {"loss_mode": "grpo"}}
     return {"seeds": list(range(seeds)), "methods": methods, "config": config}
 
 
@@ -200,3 +202,35 @@ def test_headline_and_note_name_one_recommended_w_with_its_kind():
     note = next(n for n in sweep_notes(s) if n.startswith("note: o1 did not hold"))
     assert "recommended W 1.3 (predicted: " in note and "also: conservative 1.35" in note
     assert "try stare.reweight_w ≥ 1.30 or o1-adaptive" in note
+
+
+def test_recommendation_agrees_with_promote_on_a_w_that_held():
+    """Issue 29: simulate recommended W 1.12 while promote called the W 1.1 that held on every seed "an upper bound of
+    the critical W". c2 at W 1.1, M 0.9 held 3/3 (its runs' first-order critical W 1.10–1.14, predicted 1.12): the
+    headline now recommends 1.1 at M 0.9 as an upper bound, the words promote uses for the same runs."""
+    from trainer.planning.promote_sources import own_w_text
+
+    held = {"mean_abs_dev_second_half": 0.001, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4,
+            "push_ratio": 1.0}
+    s = summary({"grpo": GRPO_COLLAPSED,
+                 "c2": ("c2", {}, {"final_entropy": 0.4, "held_runs": 3, "mean_abs_dev_second_half": 0.001},
+                        {"variant": "C2"})})
+    s["methods"]["c2"]["runs"] = {f"seed{i}": {**held, "critical_w": w} for i, w in enumerate((1.10, 1.12, 1.14))}
+    line = headline(s)
+    assert "recommended W for C2 (M=0.9): 1.1 at M=0.9 (measured: " in line and "range ≤ 1.1" in line
+    assert "an upper bound of the critical W" in line and "1.12 (predicted" not in line
+    promote = own_w_text({"held": [True] * 3, "stare": {"reweight_w": 1.1, "reweight_m": 0.9, "variant": "C2"}},
+                         "c2", ["runs/c2"])
+    assert promote.startswith("1.1 at M=0.9") and "an upper bound of the critical W" in promote
+
+
+def test_a_plugin_baseline_is_not_pooled_into_grpos_conservative_w():
+    """Issue 29: "1.6 (… 4 runs of grpo, half-grpo)" where GRPO alone gives 1.43: the sweep's critical-W block takes
+    GRPO's runs only (W* 1.4, 1.43, 1.46 → 1.43), not a plugin baseline's (2.0, 2.1)."""
+    from simulators.notes import strength_block
+
+    s = summary({"grpo": GRPO_COLLAPSED, "half-grpo": ("half-grpo", {}, {"final_entropy": 0.2}, None)})
+    s["methods"]["grpo"]["runs"] = {f"seed{i}": {"w_star_at_crossing": w} for i, w in enumerate((1.4, 1.43, 1.46))}
+    s["methods"]["half-grpo"]["runs"] = {f"seed{i}": {"w_star_at_crossing": w} for i, w in enumerate((2.0, 2.1))}
+    rec = strength_block(s)["recommended"]
+    assert rec["kind"] == "conservative" and rec["w"] == 1.43 and rec["source"] == "3 runs of grpo"

@@ -594,3 +594,67 @@ def test_transformer_preset_without_transformers_is_one_line(tmp_path, monkeypat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "transformers is not installed" in err[0] and "make install" in err[0], err
     assert not (tmp_path / "tf").exists()
+
+
+def _table_row(text: str, label: str) -> dict[str, str]:
+    """Column → cell of ``label``'s row of simulate's end table (right-aligned under the header's names)."""
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("method "))
+    header, line = lines[at], next(x for x in lines[at + 2:] if x.startswith(label + " "))
+    cells, start = {}, len(header.split()[0])
+    for name in header.split()[1:]:
+        end = header.index(name, start) + len(name)
+        cells[name] = line[start:end].strip()
+        start = end
+    return cells
+
+
+def test_in_band_is_the_same_fraction_in_the_table_and_the_report(tmp_path, capsys):
+    """Issue 29: in_band printed as 2 % in simulate's table and 0.03 in analyze's. Both print the fraction of steps
+    in the band now: the table's cell is analysis' seed mean (analysis.compare, the report's number) to 2 places,
+    as `stare-lab analyze` prints it."""
+    from analysis.compare import compare
+
+    out = tmp_path / "band"
+    assert simulate("--methods", "grpo,o1", "--seeds", "2", "--steps", "30", "--out", str(out), "--no-plots",
+                    *SMALL, "stare.target_entropy=0.9") == 0
+    text = capsys.readouterr().out
+    rows = {r["label"]: r for r in compare([str(out)]).summary_rows()}
+    for label in ("grpo", "o1"):
+        cell = _table_row(text, label)["in_band"]
+        assert cell == f"{rows[label]['frac_in_band'][0]:.2f}", (cell, rows[label]["frac_in_band"])
+
+
+def test_a_target_at_grpos_floor_is_said_once(tmp_path, capsys):
+    """Issue 29: at H_tgt 0.2 on demo, GRPO was "collapsed 3/3" and "held 3/3" at once (its end point 0.163 lies in
+    the band [0.15, 0.25] and below 10 % of its initial 1.74). The headline says the target sits at GRPO's floor,
+    and the table counts the seed as held, not collapsed."""
+    out = tmp_path / "floor"
+    assert simulate("--methods", "grpo", "--seeds", "1", "--out", str(out), "--no-plots",
+                    "stare.target_entropy=0.2") == 0
+    text = capsys.readouterr().out
+    head = text.splitlines()[0]
+    assert head.startswith("grpo ended inside the band on 1/1 seeds (H ") and "collapsed" not in head
+    assert "nats): the target sits at GRPO's floor: nothing to hold" in head
+    cells = _table_row(text, "grpo")
+    assert cells["collapse@"] == "- (0/1)" and cells["held"] == "1/1", cells
+    assert "recommended W" not in text  # no critical W either: there is no drift to cancel
+    assert "critical W: none: the target sits at GRPO's floor" in text
+
+
+@pytest.mark.slow
+def test_a_first_order_w_from_sampled_runs_is_a_lower_bound_on_collapse(tmp_path, capsys):
+    """Issue 29: on `collapse` (G = 8 sampled responses) the screen said "try stare.reweight_w ≥ 1.32", and a sweep
+    then held at 1.5 only. The first-order W is labelled a lower bound ("at least", why) on every line, and the
+    note offers a W sweep from it instead of a W that suffices."""
+    out = tmp_path / "collapse"
+    assert simulate("--preset", "collapse", "--methods", "grpo,o1", "--seeds", "2", "--steps", "400", "--out",
+                    str(out), "--no-plots") == 0
+    text = capsys.readouterr().out
+    crit = next(x for x in text.splitlines() if x.startswith("critical W: recommended W for O1: "))
+    assert crit.startswith("critical W: recommended W for O1: at least ") and "a lower bound: sampled rollouts" in crit
+    note = next(x for x in text.splitlines() if x.startswith("note: o1 did not hold the band"))
+    assert "≥" not in note and "is only a lower bound here, not a W that suffices" in note
+    assert "try a W sweep from " in note and "--sweep stare.reweight_w=" in note
+    rec = json.loads((out / "summary.json").read_text())["critical_strength"]["recommended"]
+    assert rec["lower_bound"].startswith("sampled rollouts")

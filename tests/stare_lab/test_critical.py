@@ -132,7 +132,8 @@ def test_run_strengths_by_hand():
     held = {"mean_abs_dev_second_half": 0.001, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4}
     missed = {**held, "mean_abs_dev_second_half": 0.1}
     groups = [
-        {"label": "grpo", "stare": False, "m": None, "runs": [{"w_star_at_crossing": 1.3}, {"w_star_at_crossing": 1.4}]},
+        {"label": "grpo", "stare": False, "m": None, "grpo": True,
+         "runs": [{"w_star_at_crossing": 1.3}, {"w_star_at_crossing": 1.4}]},
         {"label": "o1-adaptive", "stare": True, "m": None,
          "runs": [{**held, "critical_w": 1.28}, {**held, "critical_w": 1.32}, {**missed, "critical_w": 1.9}]},
         {"label": "c2", "stare": True, "m": 0.9, "runs": [{**held, "critical_w": 1.1, "w_star_at_crossing": 1.2}]},
@@ -158,3 +159,55 @@ def test_decomposition_with_a_share_of_the_push_by_hand():
     assert half["crossing_step"] == 4  # entropy 0.4 < 0.5 first at index 3
     c2 = decomposition_summary(rows, 0.5, reweight_m=0.5, push_efficiency=0.5)
     assert c2["critical_w"] == pytest.approx(6.75) and c2["w_star_at_crossing"] == pytest.approx(6.75)
+
+
+HELD = {"mean_abs_dev_second_half": 0.001, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4}
+
+
+def test_a_plugins_baseline_is_not_pooled_with_grpo():
+    """Issue 29: a plugin method's runs (a baseline, not GRPO) were pooled with GRPO's in the conservative W: "1.6 (…
+    4 runs of grpo, half-grpo)" where GRPO alone gives 1.43. GRPO's W* 1.4, 1.43, 1.46 → 1.43 from 3 runs of grpo;
+    half-grpo's 2.0, 2.1 are not in it."""
+    groups = [
+        {"label": "grpo", "stare": False, "m": None, "grpo": True,
+         "runs": [{"w_star_at_crossing": w} for w in (1.4, 1.43, 1.46)]},
+        {"label": "half-grpo", "stare": False, "m": None, "grpo": False,
+         "runs": [{"w_star_at_crossing": w} for w in (2.0, 2.1)]},
+    ]
+    (cons,) = run_strengths(groups)
+    assert cons.kind == "conservative" and cons.w == pytest.approx(1.43) and (cons.low, cons.high) == (1.4, 1.46)
+    assert cons.source == "3 runs of grpo"
+    assert run_strengths(groups[1:]) == []  # a baseline that is not GRPO gives no conservative W
+
+
+def test_a_fixed_w_held_on_every_seed_bounds_the_recommendation():
+    """Issue 29: simulate recommended W 1.12 (predicted) where promote called the W 1.1 that held on every seed "an
+    upper bound". c2 at W 1.1, M 0.9 held 3/3 seeds; its runs' first-order critical W 1.10, 1.12, 1.14 → predicted
+    1.12; the measured record of its W says ≤ 1.1 and is the recommendation (measurement first), "an upper bound of
+    the critical W" as promote says it. A W that failed on a seed is a lower bound: "above 1.1"."""
+    runs = [{**HELD, "critical_w": w, "push_ratio": 1.0} for w in (1.10, 1.12, 1.14)]
+    got = run_strengths([{"label": "c2", "stare": True, "m": 0.9, "w": 1.1, "runs": runs, "sampled": False}])
+    rec = recommend(got, 0.9)
+    assert rec.kind == "measured" and rec.w == 1.1 and rec.low is None and rec.range_text() == "≤ 1.1"
+    assert "an upper bound of the critical W" in rec.describe()
+    assert next(s for s in got if s.kind == "predicted").w == pytest.approx(1.12)
+    failed = [{**HELD, "mean_abs_dev_second_half": 0.1}] + runs[1:]
+    (meas, *_) = run_strengths([{"label": "o1", "stare": True, "m": None, "w": 1.1, "runs": failed}])
+    assert meas.kind == "measured" and meas.w is None and meas.low == 1.1 and meas.value_text() == "above 1.1"
+
+
+def test_first_order_strengths_from_sampled_runs_or_a_weak_push_are_lower_bounds():
+    """Issue 29: on collapse (G = 8 sampled) the screen said "try stare.reweight_w ≥ 1.32" and a sweep then held at
+    1.5 only. A first-order W from sampled rollouts, or from runs whose push acted below 98 % of its first-order size,
+    is labelled a lower bound ("at least"); from mean-field runs at a full push it is not."""
+    runs = [{**HELD, "critical_w": 1.32, "push_ratio": 0.99}]
+    (pred,) = run_strengths([{"label": "o1-adaptive", "stare": True, "m": None, "runs": runs, "sampled": True}])
+    assert pred.lower_bound.startswith("sampled rollouts") and pred.value_text() == "at least 1.32"
+    assert "a lower bound: sampled rollouts" in pred.describe()
+    assert CriticalStrength.from_dict(pred.to_dict()) == pred
+    weak = [{**HELD, "critical_w": 1.3, "push_ratio": 0.94}]
+    (pred,) = run_strengths([{"label": "o1-adaptive", "stare": True, "m": None, "runs": weak, "sampled": False}])
+    assert pred.lower_bound == "the push acted at 94% of its first-order size" and pred.value_text() == "at least 1.3"
+    full = [{**HELD, "critical_w": 1.3, "push_ratio": 0.99}]
+    (pred,) = run_strengths([{"label": "o1-adaptive", "stare": True, "m": None, "runs": full, "sampled": False}])
+    assert pred.lower_bound == "" and pred.value_text() == "1.3"

@@ -23,6 +23,13 @@ CASES = [
     (["simulate", "--preset", "transformer", "task.num_digits=20"], "task.num_digits=20 is outside [2, 9]"),
     (["simulate", "--methods", "o1-adaptive", "stare.reweight_w=2"], "method 'o1-adaptive' (which sets"),
     (["simulate", "lr=-1"], "lr=-1"),
+    # issue 29: a bad --sweep key or value and a used --out were refused after torch was imported (5-43 s)
+    (["simulate", "--sweep", "bogus=1,2"], "--sweep bogus: unknown config key bogus"),
+    (["simulate", "--sweep", "stare.reweight_w=1.1,x"], "loss.stare.reweight_w='x' must be a number"),
+    (["simulate", "--out", "used"], "--out 'used' already holds a sweep (summary.json, 1 run(s)); pass --resume"),
+    (["simulate", "--methods", "grpo", "--seeds", "1", "--out", "stopped"],
+     "'stopped/grpo/seed0' already holds a run; pass --resume"),
+    (["analyze", "used", "nope", "--out", "r"], "'nope' does not exist: nothing analysed"),
     (["train"], "give a CONFIG file or --preset tiny-cpu"),
     (["train", "nope.yaml"], "config file 'nope.yaml' does not exist"),
     (["train", "--preset", "tiny-cpu", "--train-data", "d.jsonl", "--out", "o", "bogus.key=1"], "bogus"),
@@ -39,6 +46,11 @@ CASES = [
 @pytest.mark.parametrize("argv, message", CASES, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_error_before_heavy_imports(tmp_path, argv, message):
     (tmp_path / "d.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n')
+    (tmp_path / "used").mkdir()  # a finished sweep, and one stopped before its summary
+    (tmp_path / "used" / "summary.json").write_text('{"preset": "demo", "methods": {"grpo": {"run_dirs": '
+                                                    '{"seed0": "grpo/seed0"}}}}')
+    (tmp_path / "stopped" / "grpo" / "seed0").mkdir(parents=True)
+    (tmp_path / "stopped" / "grpo" / "seed0" / "metrics.jsonl").write_text('{"step": 1}\n')
     proc = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     lines = proc.stderr.strip().splitlines()
