@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
-from stare_lab.errors import ConfigError
+from stare_lab.errors import ConfigError, RunError
 
 __all__ = ["register", "run_analyze"]
 # The work is in analysis.analyze (imported by the handler): this module only parses the command line.
@@ -94,6 +95,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     for opt, val in (("--paper-setting", args.paper_setting), ("--paper-model", args.paper_model)):
         if val is not None and args.paper is None:
             raise ConfigError(f"{opt}={val!r} needs --paper CSV (it selects rows of the paper table)")
+    missing = [p for p in args.paths if not os.path.exists(p)]
+    if missing:  # a mistyped path is not a smaller analysis
+        raise RunError(f"{missing[0]!r} does not exist" + (f" (nor {', '.join(map(repr, missing[1:]))})"
+                                                           if len(missing) > 1 else ""))
     # here, after the option checks (a bad option is one line before the plotting library loads), not at the top:
     # the front door imports every wing's cli to build its parser
     from .analyze import analyze

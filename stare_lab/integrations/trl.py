@@ -23,7 +23,7 @@ Per optimizer step (every process the same, before the step's first micro-batch 
    and, from the main process, to a stare_lab run directory (``config.yaml`` + ``metrics.jsonl``, docs/design.md §4).
 
 The controller state is saved as ``stare_controller.json`` in every TRL checkpoint folder and restored with
-``resume_from_checkpoint``. Importing this module imports TRL (``pip install 'stare-lab[trl]'``).
+``resume_from_checkpoint``. Importing this module imports TRL (``pip install -e ".[trl]"`` in a clone).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ try:
     from trl import GRPOConfig, GRPOTrainer
     from trl.models.utils import disable_gradient_checkpointing
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError(f"stare_lab.integrations.trl needs TRL >= 1.16 ({err}): pip install 'stare-lab[trl]'") from err
+    raise ImportError(f"stare_lab.integrations.trl needs TRL >= 1.16 ({err}): pip install -e '.[trl]' in a clone of "
+                      "stare-lab") from err
 
 from stare_lab.config import LossConfig, STAREConfig, _fmt, check_range, from_dict, to_dict
 from stare_lab.loss.entropy import default_chunk_rows

@@ -29,7 +29,7 @@ def _require(*modules: str) -> None:
     """Skip when an optional dependency is missing — but fail under CI=true, never skip silently there."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        msg = f"missing dependencies of the TRL integration: {', '.join(missing)} (pip install 'stare-lab[trl]')"
+        msg = f"missing dependencies of the TRL integration: {', '.join(missing)} (pip install -e '.[trl]')"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(msg)
         pytest.skip(msg)
