@@ -110,6 +110,8 @@ class Comparison:
         left_out: ``str(run.path)`` → why the run is not sound evidence, in short (:mod:`analysis.progress`:
             unfinished, not measurable, damaged, a summary its rows do not reproduce); such runs are left out of
             the verdict's held / collapsed counts, which says so (:meth:`mark_left_out`).
+        unread: ``"PATH (why)"`` of each run directory found that has no readable row: not drawn, and named first
+            in the verdict.
     """
 
     groups: list[Group]
@@ -121,6 +123,7 @@ class Comparison:
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
+    unread: list[str] = dataclasses.field(default_factory=list)
 
     def mark_left_out(self, planned: dict | None = None) -> None:
         """Find the runs that are not sound evidence (:func:`analysis.progress.left_out`: the evidence check of each
@@ -461,8 +464,9 @@ def compare(
     runs = list(runs)
     loaded = [r for r in runs if isinstance(r, RunData)]
     paths = [r for r in runs if not isinstance(r, RunData)]
+    unread: list[str] = []
     if paths or not loaded:
-        loaded += load_runs(paths, warnings)
+        loaded += load_runs(paths, warnings, unread)
     for r in loaded:
         warnings.extend(r.warnings)
 
@@ -541,5 +545,6 @@ def compare(
         warnings=warnings,
         notes=notes,
     )
+    cmp.unread = unread
     cmp.mark_left_out()
     return cmp

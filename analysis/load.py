@@ -295,7 +295,8 @@ def _run_data(p: Path, config: dict, rows: list[dict], summary: dict | None, war
     )
 
 
-def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: list[str] | None = None) -> list[RunData]:
+def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: list[str] | None = None,
+              unread: list[str] | None = None) -> list[RunData]:
     """Find every run directory at or below ``paths`` and read it.
 
     Args:
@@ -303,6 +304,8 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
             files such as verl's file logger, or folders holding them: :mod:`analysis.foreign`).
         warnings: if given, warnings that concern no single run (a path that does not exist, a folder without
             runs, a run that could not be read) are appended to it; they are always logged.
+        unread: if given, ``"PATH (why)"`` of each run directory that could not be read is appended to it (a run
+            whose ``metrics.jsonl`` has no readable row: :func:`stare_lab.platform.evidence.check_run`).
 
     Returns:
         The runs, sorted by (method, seed, path). Per-run warnings are in :attr:`RunData.warnings`.
@@ -336,6 +339,8 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
             runs.append(load_run(d))
         except (RunError, OSError) as err:
             unreadable.append(f"{d}: not readable as a run ({err})")
+            if unread is not None:
+                unread.append(f"{d} ({str(err).removeprefix(f'run {d}: ')})")
     notes += [f"{u}; skipped" for u in unreadable]
     if not runs:  # one line: why nothing was read (the notes are not printed before it)
         listed = ", ".join(str(p) for p in paths) or "(none given)"

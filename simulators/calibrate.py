@@ -256,9 +256,9 @@ def _run_rows(path: str | os.PathLike) -> tuple[Any, list[dict[str, Any]]]:
     run = read_run(path, log=False)  # the evidence check below says what reading skipped
     if run.config_error is not None or not run.config:
         why = f" (it is {run.config_error})" if run.config_error else ""
-        raise DataError(f"probe run {str(path)!r} has no readable config.yaml{why}: its loss (GRPO or STARE), "
-                        "schedule and target entropy are unknown, so its window and kind cannot be read; restore the "
-                        "run's config.yaml")
+        raise DataError(f"probe run {str(path)!r} has no readable config.yaml: its loss (GRPO or STARE), schedule "
+                        f"and target entropy are unknown, so its window and kind cannot be read; restore the run's "
+                        f"config.yaml{why}")
     evidence = check_run(run)  # the one evidence check (stare_lab.platform.evidence): parses, complete, consistent
     if not evidence.sound:
         raise DataError(f"probe {evidence.reason()}: not sound evidence")

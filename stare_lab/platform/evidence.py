@@ -6,7 +6,8 @@ A run directory (docs/design.md §4) is sound evidence when
 1. its ``config.yaml`` is a readable mapping (without it the method, the target and the steps are unknown);
 2. its ``metrics.jsonl`` parses: it has rows, and every line is a JSON object — except a last line cut short (a crash
    mid-write loses at most one row; the completeness check then sees the missing step). Random bytes, a text file
-   or a half-overwritten file are damage, however many rows survive;
+   or a half-overwritten file are damage, however many rows survive; so is a step logged twice (a resume that kept
+   the rows past its checkpoint: the statistics would count them twice);
 3. it is complete (:func:`stare_lab.platform.completeness.run_status`): every step its config asks for is there,
    and as many as its sweep's ``summary.json`` planned (the sweep is found above the run: :func:`sweep_plan`);
 4. its ``summary.json``, where there is one, agrees with what ``metrics.jsonl`` recomputes
@@ -172,7 +173,11 @@ def check_run(run: Run, *, sweep_steps: int | None = None, find_sweep: bool = Tr
     if sweep_steps is None and find_sweep:
         sweep_steps = sweep_plan(run.path)
     rows = run.metrics
-    steps = {s for s in (r.get("step") for r in rows) if isinstance(s, int) and not isinstance(s, bool)}
+    numbered = [s for s in (r.get("step") for r in rows) if isinstance(s, int) and not isinstance(s, bool)]
+    steps = set(numbered)
+    if len(numbered) > len(steps):  # its statistics would count those steps twice
+        problems.append(f"metrics.jsonl repeats {len(numbered) - len(steps)} step(s) (a resume that did not drop "
+                        "the rows past its checkpoint?)")
     has_entropy = any(number(r.get("entropy")) is not None for r in rows)
     if rows and not metric_problems and run.config_error is None:
         status = run_status(run.config, max(steps) if steps else None, len(steps), has_entropy=has_entropy,

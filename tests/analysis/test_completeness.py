@@ -89,7 +89,8 @@ def test_core_rules():
 
 def test_damaged_and_mismatched_runs_are_left_out(sweep, tmp_path):
     """Issue 29, item 2: every reader of run evidence goes through one check (stare_lab.platform.evidence). In a
-    3-seed sweep, grpo/seed2's metrics.jsonl replaced by random bytes is not read (named in the report's warnings),
+    3-seed sweep, grpo/seed2's metrics.jsonl replaced by random bytes is not read (named first in the verdict and in
+    the report's warnings),
     and c2/seed0 with a summary.json its rows do not reproduce (held flipped, final entropy changed: a summary left
     from another run) is drawn but left out of the verdict's counts, named "not sound"."""
     import random
@@ -104,6 +105,7 @@ def test_damaged_and_mismatched_runs_are_left_out(sweep, tmp_path):
     p.write_text(json.dumps(s))
     res = analyze([out], tmp_path / "rep")
     v = res.verdict
+    assert v.startswith(f"1 run not read: {out / 'grpo' / 'seed2'} (metrics.jsonl is damaged: "), v
     assert "c2: 2/3 seeds sound; seed 0 summary.json does not match its metrics.jsonl" in v, v
     warnings = res.comparison.warnings
     assert any(w.startswith(f"{out / 'grpo' / 'seed2'}: not readable as a run (run {out / 'grpo' / 'seed2'}: "

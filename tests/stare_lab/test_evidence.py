@@ -88,3 +88,13 @@ def test_an_unreadable_config_is_a_problem(tmp_path):
     assert _check(run).problems == ("config.yaml is not a mapping (a YAML list)",)
     (run / "config.yaml").unlink()
     assert _check(run).problems == ("config.yaml is missing",)
+
+
+def test_a_step_logged_twice_is_a_problem(tmp_path):
+    """A resume that kept the rows past its checkpoint logs steps 3 and 4 twice: the statistics would count them
+    twice (its summary.json cannot be told from the rows: none is written here)."""
+    run = _run(tmp_path / "r", summary=False)
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(lines + lines[2:]))
+    assert _check(run).problems == ("metrics.jsonl repeats 2 step(s) (a resume that did not drop the rows past its "
+                                    "checkpoint?)",)

@@ -634,3 +634,12 @@ def test_promote_into_a_folder_it_cannot_write_is_one_line(sweep, base, tmp_path
     assert err == [f"stare-lab promote: error: cannot write {str(out)!r}: Permission denied"]
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "sweep"]
+
+
+def test_an_unreadable_sweep_summary_is_named(tmp_path, base):
+    """A W sweep whose summary.json is not JSON was taken for "no sweep" (its runs then looked ambiguous); the file
+    is named."""
+    sw = _w_sweep(tmp_path)
+    (sw / "summary.json").write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(RunError, match=r"summary\.json"):
+        promote([sw], "o1", base)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength
-from stare_lab.errors import ConfigError, RunError, StareLabError
+from stare_lab.errors import ConfigError, RunError
 from stare_lab.platform.files import read_json
 from stare_lab.theory.regime import (
     CALIBRATION_FILE, POOR_FIT_RESIDUAL, calibrated_strengths, read_calibration, regime_mismatches, run_regime,
@@ -209,15 +209,13 @@ def _sweep_measured(sources: list[str | Path], method: str) -> tuple[CriticalStr
 
     Raises:
         ConfigError: the sweep found no grid W that held the band on every seed.
+        RunError: a source's ``summary.json`` cannot be read (one line naming the file and why).
     """
     for src in sources:
         path = Path(src) / "summary.json"
         if not path.is_file():
             continue
-        try:
-            data = read_json(path, "sweep summary", RunError)
-        except StareLabError:
-            continue
+        data = read_json(path, "sweep summary", RunError)  # an unreadable one is named, not taken for "no sweep"
         c = ((data.get("critical") or {}) if isinstance(data, dict) else {}).get(method)
         if not isinstance(c, dict) or not any(d.get("kind") == "measured" for d in c.get("strengths") or []):
             continue
