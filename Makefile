@@ -3,6 +3,7 @@
 # (`.[sim]`, well under a minute), the tests everything (`.[sim,trainer,cpu,dev]`, about 4 minutes). One .venv
 # serves both: `make demo` then `make test` adds the rest. docs/install.md explains each step.
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -18,6 +19,11 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
+# pip prints, once for each package that one of the machine's local package indexes lacks, "WARNING: Location
+# 'file:///…/simple/NAME/' is ignored: it is neither a file nor a directory." (about 200 lines for `make install`).
+# Those lines alone are dropped: every other warning and every error is shown, and pip's exit status is kept
+# (.SHELLFLAGS: pipefail).
+QUIET_PIP := 2>&1 | { grep -v "^WARNING: Location 'file://.*' is ignored: it is neither a file nor a directory\.$$" || true; }
 
 .PHONY: install install-sim install-verl demo test test-verl test-trl-compat bench clean
 
@@ -26,12 +32,11 @@ install-sim: $(VENV)/.installed-sim
 
 # What the demo needs: torch 2.13.0 first (the local CPU wheel; an unpinned torch would pull a multi-GB CUDA build),
 # then the project with the `sim` extra (matplotlib, scipy). --no-compile: byte-compiling all of torch at install
-# time costs more than compiling, on first import, the modules a run uses. -qq: the venv's bundled pip warns about
-# every missing folder of the local package index.
+# time costs more than compiling, on first import, the modules a run uses.
 $(VENV)/.installed-sim: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -qq --no-compile torch==2.13.0
-	$(PIP) install -qq --no-compile -e ".[sim]"
+	$(PIP) install -q --no-compile torch==2.13.0 $(QUIET_PIP)
+	$(PIP) install -q --no-compile -e ".[sim]" $(QUIET_PIP)
 	touch $@
 
 # Everything (the tests, the trainer): on top of the above, the project with all extras; then remove the CUDA builds
@@ -40,8 +45,8 @@ $(VENV)/.installed: $(VENV)/.installed-sim
 	@# bubblewrap: the sandbox of tool-use rollouts (trainer/tools/sandbox.py); root on this machine kind
 	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) || \
 	  echo "WARNING: could not install bubblewrap; the tool-use sandbox will be unavailable"
-	$(PIP) install -q -U pip
-	$(PIP) install -q -e ".[sim,trainer,cpu,dev]"
+	$(PIP) install -q -U pip $(QUIET_PIP)
+	$(PIP) install -q -e ".[sim,trainer,cpu,dev]" $(QUIET_PIP)
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PY) -c "import stare_lab, transformers, deepspeed, vllm, math_verify; print('install ok')"
 	touch $@
@@ -54,9 +59,9 @@ install-verl: $(VERL_VENV)/.installed
 
 $(VERL_VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VERL_VENV)
-	$(VPY) -m pip install -q -U pip
-	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e ".[verl]"
+	$(VPY) -m pip install -q -U pip $(QUIET_PIP)
+	$(VPY) -m pip install -q torch==2.13.0 $(QUIET_PIP)
+	$(VPY) -m pip install -q -e ".[verl]" $(QUIET_PIP)
 	$(VPY) -c "import verl, stare_lab.integrations.verl; from verl.trainer.ppo.v1 import get_trainer_cls; \
 	  get_trainer_cls('stare'); print('verl install ok', verl.__version__)"
 	touch $@

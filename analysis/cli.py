@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
-from stare_lab.errors import ConfigError
+from stare_lab.errors import ConfigError, RunError
 
 __all__ = ["register", "run_analyze"]
 # The work is in analysis.analyze (imported by the handler): this module only parses the command line.

@@ -107,8 +107,11 @@ class Comparison:
         confidence: confidence level of the seed bands (0.95).
         group_by: the dotted config keys that split methods into groups.
         warnings: warnings from reading and aggregating (the report lists them).
-        left_out: ``str(run.path)`` → why the run is unfinished or not measurable (:mod:`analysis.progress`); such
-            runs are left out of the verdict's held / collapsed counts, which says so (:meth:`mark_left_out`).
+        left_out: ``str(run.path)`` → why the run is not sound evidence, in short (:mod:`analysis.progress`:
+            unfinished, not measurable, damaged, a summary its rows do not reproduce); such runs are left out of
+            the verdict's held / collapsed counts, which says so (:meth:`mark_left_out`).
+        unread: ``"PATH (why)"`` of each run directory found that has no readable row: not drawn, and named first
+            in the verdict.
     """
 
     groups: list[Group]
@@ -120,16 +123,23 @@ class Comparison:
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
+    unread: list[str] = dataclasses.field(default_factory=list)
 
     def mark_left_out(self, planned: dict | None = None) -> None:
-        """Find the unfinished and not measurable runs (:func:`analysis.progress.left_out`: steps against each run's
-        config and ``planned``, a sweep's steps per run directory) and add one warning per run."""
-        from .progress import left_out
+        """Find the runs that are not sound evidence (:func:`analysis.progress.left_out`: the evidence check of each
+        run, and its steps against ``planned``, a sweep's steps per run directory) and add one warning per run
+        (replacing an earlier one for the same run)."""
+        from .progress import clause, left_out
 
-        for path, reason in left_out(self.runs, planned).items():
-            if self.left_out.get(path) != reason:
-                self.left_out[path] = reason
-                self.warnings.append(f"{path}: {reason}; left out of the verdict's held/collapsed counts")
+        for path, problems in left_out(self.runs, planned).items():
+            warning = f"{path}: {'; '.join(problems)}; left out of the verdict's held/collapsed counts"
+            if warning in self.warnings:
+                continue
+            self.warnings[:] = [w for w in self.warnings
+                                if not (w.startswith(f"{path}: ") and w.endswith("left out of the verdict's "
+                                                                                 "held/collapsed counts"))]
+            self.left_out[path] = clause(problems)
+            self.warnings.append(warning)
 
     # ------------------------------------------------------------------------------------------------ basics
     @property
@@ -454,8 +464,9 @@ def compare(
     runs = list(runs)
     loaded = [r for r in runs if isinstance(r, RunData)]
     paths = [r for r in runs if not isinstance(r, RunData)]
+    unread: list[str] = []
     if paths or not loaded:
-        loaded += load_runs(paths, warnings)
+        loaded += load_runs(paths, warnings, unread)
     for r in loaded:
         warnings.extend(r.warnings)
 
@@ -534,5 +545,6 @@ def compare(
         warnings=warnings,
         notes=notes,
     )
+    cmp.unread = unread
     cmp.mark_left_out()
     return cmp

@@ -23,6 +23,7 @@ import numpy as np
 
 from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LMINUS, KEY_D_LPLUS, KEY_D_RATIO, KEY_LPLUS_ABOVE, KEY_W_STAR
 from stare_lab.errors import RunError
+from stare_lab.platform.evidence import check_run
 from stare_lab.platform.runs import find_runs, read_run
 
 from .foreign import SOURCES as FOREIGN_SOURCES
@@ -124,6 +125,9 @@ class RunData:
         columns: key → ``[S]`` float64 values aligned with ``steps``; NaN where a row lacked the key or held
             null/NaN/±inf/a non-number. Keys with no numeric value at all are left out.
         warnings: what was skipped or assumed while reading.
+        problems: why the run is not sound evidence (:func:`stare_lab.platform.evidence.check_run`: damaged metrics,
+            unfinished against its config or its sweep, a ``summary.json`` its rows do not reproduce, an unreadable
+            config); empty for a sound run. Such a run is drawn but left out of the verdict's counts.
     """
 
     path: Path
@@ -137,6 +141,7 @@ class RunData:
     steps: np.ndarray
     columns: dict[str, np.ndarray]
     warnings: list[str]
+    problems: tuple[str, ...] = ()
 
     @property
     def n_steps(self) -> int:
@@ -205,13 +210,19 @@ def load_run(path: str | os.PathLike) -> RunData:
             row with a valid step.
     """
     run = read_foreign_run(path)
+    logged = 0 if run is None else len(run.warnings)  # a foreign reader logs its own warnings
     if run is None:
         if Path(path).is_file():
             raise RunError(f"{str(path)!r} is not a log any reader recognises (analysis.foreign: {', '.join(READERS)})")
-        run = read_run(path)  # raises RunError for a non-run directory
+        run = read_run(path, log=False)  # raises RunError for a non-run directory; its warnings are logged below
+    evidence = check_run(run)  # the one evidence check (stare_lab.platform.evidence)
+    if not run.metrics:
+        raise RunError(evidence.reason())
     warnings = list(run.warnings)
     config = run.config if isinstance(run.config, dict) else {}
-    return _run_data(run.path, config, run.metrics, run.summary, warnings, len(run.warnings))
+    data = _run_data(run.path, config, run.metrics, run.summary, warnings, logged)
+    data.problems = evidence.problems
+    return data
 
 
 def _run_data(p: Path, config: dict, rows: list[dict], summary: dict | None, warnings: list[str],
@@ -284,7 +295,8 @@ def _run_data(p: Path, config: dict, rows: list[dict], summary: dict | None, war
     )
 
 
-def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: list[str] | None = None) -> list[RunData]:
+def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: list[str] | None = None,
+              unread: list[str] | None = None) -> list[RunData]:
     """Find every run directory at or below ``paths`` and read it.
 
     Args:
@@ -292,6 +304,8 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
             files such as verl's file logger, or folders holding them: :mod:`analysis.foreign`).
         warnings: if given, warnings that concern no single run (a path that does not exist, a folder without
             runs, a run that could not be read) are appended to it; they are always logged.
+        unread: if given, ``"PATH (why)"`` of each run directory that could not be read is appended to it (a run
+            whose ``metrics.jsonl`` has no readable row: :func:`stare_lab.platform.evidence.check_run`).
 
     Returns:
         The runs, sorted by (method, seed, path). Per-run warnings are in :attr:`RunData.warnings`.
@@ -319,17 +333,23 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], warnings: 
                          "verl file logger) found; skipped")
         dirs.extend(found)
     runs: list[RunData] = []
+    unreadable: list[str] = []
     for d in sorted(set(dirs)):
         try:
             runs.append(load_run(d))
         except (RunError, OSError) as err:
-            notes.append(f"{d}: not readable as a run ({err}); skipped")
+            unreadable.append(f"{d}: not readable as a run ({err})")
+            if unread is not None:
+                unread.append(f"{d} ({str(err).removeprefix(f'run {d}: ')})")
+    notes += [f"{u}; skipped" for u in unreadable]
+    if not runs:  # one line: why nothing was read (the notes are not printed before it)
+        listed = ", ".join(str(p) for p in paths) or "(none given)"
+        why = f"; {unreadable[0]}" + (f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else "") \
+            if unreadable else ""
+        raise RunError(f"no runs found under {listed} (a run directory holds a metrics.jsonl){why}")
     for n in notes:
         logger.warning(n)
     if warnings is not None:
         warnings.extend(notes)
-    if not runs:
-        listed = ", ".join(str(p) for p in paths) or "(none given)"
-        raise RunError(f"no runs found under {listed} (a run directory holds a metrics.jsonl)")
     runs.sort(key=lambda r: (r.method, -1 if r.seed is None else r.seed, str(r.path)))
     return runs

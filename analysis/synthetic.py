@@ -17,6 +17,7 @@ import numpy as np
 from stare_lab.config import LossConfig, STAREConfig, to_dict
 from stare_lab.errors import ConfigError
 from stare_lab.platform.runs import RunWriter
+from stare_lab.platform.summary import run_summary, summary_settings
 
 __all__ = ["write_synthetic_run", "write_synthetic_sweep"]
 
@@ -64,12 +65,13 @@ def write_synthetic_run(
     loss = LossConfig(loss_mode="stare" if method in _STARE else "grpo", stare=stare)
     config = {"source": source, "method": method, "seed": seed, "steps": steps, "loss": to_dict(loss)}
     counts = rng.poisson([40, 400, 40, 400], size=(steps, 4))
+    rows = []
     with RunWriter(run_dir, config, overwrite=True) as w:
         for i in range(steps):
             gate = int(method in _STARE and h[i] < target_entropy)
             reward = 0.2 + 0.6 * (1 - np.exp(-i / 300.0)) + 0.05 * rng.standard_normal()
             row = {
-                "step": i,
+                "step": i + 1,  # rows 1 … steps (docs/design.md §4)
                 "entropy": h[i],
                 "reward": reward,
                 "gate_on": gate,
@@ -86,7 +88,8 @@ def write_synthetic_run(
                 row[f"quadrant/{q}/count"] = int(c)
                 row[f"quadrant/{q}/dH"] = sign * 1e-4 * c
             w.log(row)
-        w.write_summary({"final_entropy": h[steps - 1], "wall_time_s": 0.01 * steps})
+            rows.append(row)
+        w.write_summary(run_summary(rows, **summary_settings(w.config)))  # as every writer: from the rows
     return Path(run_dir)
 
 

@@ -42,7 +42,8 @@ def uses_m(run: RunData) -> bool:
 def comparison_verdict(cmp: Comparison, summaries: Mapping[int, dict[str, Any]], *, per_setting: bool = True) -> str:
     """The verdict of ``cmp``'s groups; ``summaries`` maps ``id(run)`` to the run's summary statistics. The reward
     of a STARE group is compared with the baseline of the same experiment (:func:`reference_slices`); none is
-    named when there is no such baseline, or several that cannot be told apart."""
+    named when there is no such baseline, or several that cannot be told apart. Run directories found but not
+    readable (:attr:`analysis.compare.Comparison.unread`) are named first."""
     groups = []
     left = getattr(cmp, "left_out", {})
     for g in cmp.groups:
@@ -54,7 +55,10 @@ def comparison_verdict(cmp: Comparison, summaries: Mapping[int, dict[str, Any]],
                        "left_out": [(r.seed, left[str(r.path)]) for r in g.runs if str(r.path) in left]})
     for info, sl in zip(groups, reference_slices(cmp)):
         info["slice"] = sl
-    return verdict(groups, per_setting=per_setting)
+    unread = getattr(cmp, "unread", [])
+    head = (f"{len(unread)} run{'s' * (len(unread) != 1)} not read: {unread[0]}"
+            + (f" and {len(unread) - 1} more" if len(unread) > 1 else "") + "; ") if unread else ""
+    return head + verdict(groups, per_setting=per_setting)
 
 
 def reference_slices(cmp: Comparison) -> list[dict[str, Any]]:

@@ -95,6 +95,7 @@ from typing import Any, Callable, Sequence
 
 from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.errors import ConfigError, DataError
+from stare_lab.platform.evidence import check_run
 from stare_lab.platform.runlock import lock_dir
 from stare_lab.platform.runs import read_run
 from stare_lab.platform.summary import band_held, run_summary, summary_settings
@@ -252,13 +253,15 @@ def _schedule(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_rows(path: str | os.PathLike) -> tuple[Any, list[dict[str, Any]]]:
-    d = Path(path)
-    missing = d.is_dir() and (d / "metrics.jsonl").is_file() and not (d / "config.yaml").exists()
-    run = None if missing else read_run(path)
-    if run is None or not run.config:  # read_run has logged why (unreadable, not a mapping)
+    run = read_run(path, log=False)  # the evidence check below says what reading skipped
+    if run.config_error is not None or not run.config:
+        why = f" (it is {run.config_error})" if run.config_error else ""
         raise DataError(f"probe run {str(path)!r} has no readable config.yaml: its loss (GRPO or STARE), schedule "
-                        "and target entropy are unknown, so its window and kind cannot be read; restore the run's "
-                        "config.yaml")
+                        f"and target entropy are unknown, so its window and kind cannot be read; restore the run's "
+                        f"config.yaml{why}")
+    evidence = check_run(run)  # the one evidence check (stare_lab.platform.evidence): parses, complete, consistent
+    if not evidence.sound:
+        raise DataError(f"probe {evidence.reason()}: not sound evidence")
     rows = [r for r in run.metrics if _num(r.get("entropy")) is not None]
     if not rows or not any(_num(r.get(KEY_D_GRPO)) is not None and _num(r.get(KEY_D_LPLUS)) is not None
                            for r in rows):
@@ -283,8 +286,9 @@ def read_probe(
         kind: ``crossing``, ``held`` (:data:`PROBE_KINDS`) or ``auto``: :func:`probe_kind` of the runs.
 
     Raises:
-        DataError: a path is not a run directory (``RunError``), a run has no readable ``config.yaml``, a run has
-            no rows with ``entropy``,
+        DataError: a path is not a run directory (``RunError``), a run has no readable ``config.yaml``, a run is
+            not sound evidence (:func:`stare_lab.platform.evidence.check_run`: no rows, damaged or unfinished
+            metrics, a summary its rows do not reproduce), a run has no rows with ``entropy``,
             ``pred/d_grpo`` and ``pred/d_lplus`` (the message says how to log them), the pooled ΣD_GRPO is 0, the
             runs disagree on whether they cross the target, on their kind (``auto``) or on their schedule (held), or
             a held probe run did not hold the band.

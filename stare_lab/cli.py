@@ -118,7 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _HANDLER_PID.append(os.getpid())
     try:
         from stare_lab.platform.plugins import load_plugins
+        from stare_lab.selection import native_enabled
 
+        native_enabled()  # a bad STARE_LAB_NATIVE is one line before any work (it is read mid-run otherwise)
         load_plugins(args.plugin)
         return int(args.func(args) or 0)
     except StareLabError as err:

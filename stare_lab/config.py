@@ -513,9 +513,16 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     Intermediate mappings are created as needed; unknown keys are caught later by :func:`from_dict`.
 
     Raises:
-        ConfigError: if an override descends into a key that holds a non-mapping value.
+        ConfigError: if an override descends into a key that holds a non-mapping value, or a key is given twice
+            (``lr=1 lr=2``: which one was meant is not known, so neither is taken).
     """
-    for key, value in parse_overrides(overrides):
+    items = list(overrides)
+    seen: dict[str, str] = {}
+    for item, (key, _) in zip(items, parse_overrides(items)):
+        if key in seen:
+            raise ConfigError(f"override {key} is given twice ({seen[key]} and {item.strip()}); give it once")
+        seen[key] = item.strip()
+    for key, value in parse_overrides(items):
         node = data
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):

@@ -62,11 +62,18 @@ def run_status(config: Mapping[str, Any] | None, last_step: int | None, n_steps:
 
 def status_clause(label: str, n_total: int, left_out: Sequence[tuple[Any, str]]) -> str | None:
     """The verdict's clause for a group whose runs ``left_out`` (``(seed, reason)``, reasons of
-    :func:`run_status`) are not counted: ``grpo: 2/3 seeds complete; seed 1 stopped at step 411 of 2000``
-    (``measurable`` instead of ``complete`` when every reason is a missing field). None when nothing is left out."""
+    :func:`run_status` or of the evidence check, :mod:`stare_lab.platform.evidence`) are not counted: ``grpo: 2/3
+    seeds complete; seed 1 stopped at step 411 of 2000`` (``measurable`` instead of ``complete`` when every reason is
+    a missing field, ``sound`` when a reason is neither). None when nothing is left out."""
     if not left_out:
         return None
-    word = "measurable" if all(r.startswith("not measurable") for _, r in left_out) else "complete"
+    steps = ("stopped at step", "has ", "ran ")
+    if all(r.startswith("not measurable") for _, r in left_out):
+        word = "measurable"
+    elif all(r.startswith(steps) or r.startswith("not measurable") for _, r in left_out):
+        word = "complete"
+    else:
+        word = "sound"
     parts = [f"{label}: {n_total - len(left_out)}/{n_total} seeds {word}"]
     parts += [f"seed {'?' if s is None else s} {reason}" for s, reason in left_out]
     return "; ".join(parts)

@@ -227,13 +227,20 @@ class RunWriter:
 @dataclasses.dataclass
 class Run:
     """A run directory read back: ``config`` (dict), ``metrics`` (list of row dicts), ``summary`` (dict or None)
-    and ``warnings`` (what was skipped while reading)."""
+    and ``warnings`` (what was skipped while reading). What the reader could not use, for
+    :mod:`stare_lab.platform.evidence`: ``skipped`` (``(line number, why)`` of each ``metrics.jsonl`` line that is
+    not a JSON object), ``lines`` (the number of the last non-empty line), ``config_error`` / ``summary_error`` (why
+    ``config.yaml`` / ``summary.json`` was not read; None when it was, or for ``summary.json`` when there is none)."""
 
     path: Path
     config: dict
     metrics: list[dict]
     summary: dict | None
     warnings: list[str]
+    skipped: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    lines: int = 0
+    config_error: str | None = None
+    summary_error: str | None = None
 
     def column(self, key: str) -> list[Any]:
         """Values of ``key`` over the rows (``None`` where a row lacks it)."""
@@ -257,10 +264,12 @@ def find_runs(roots: Iterable[str | os.PathLike]) -> list[Path]:
     return sorted(found)
 
 
-def read_run(path: str | os.PathLike) -> Run:
+def read_run(path: str | os.PathLike, *, log: bool = True) -> Run:
     """Read a run directory, tolerating damage: a truncated or non-JSON line in ``metrics.jsonl`` is skipped with a
-    warning (recorded in ``Run.warnings`` and logged), a missing/invalid ``config.yaml`` or ``summary.json`` gives
-    an empty dict / ``None`` with a warning.
+    warning (recorded in ``Run.warnings`` and ``Run.skipped``; more than :data:`LINE_WARNINGS` such lines are one
+    warning), a missing/invalid ``config.yaml`` or ``summary.json`` gives an empty dict / ``None`` with a warning.
+    ``log``: log the warnings (a caller that reports them itself, e.g. through
+    :func:`stare_lab.platform.evidence.check_run`, passes False).
 
     Raises:
         RunError: if ``path`` is not a directory or has no ``metrics.jsonl``.
@@ -273,6 +282,7 @@ def read_run(path: str | os.PathLike) -> Run:
         raise RunError(f"{str(p)!r} is not a run directory (no metrics.jsonl)")
     warnings: list[str] = []
     config: dict = {}
+    config_error = None
     cfg_path = p / CONFIG_FILE
     if cfg_path.is_file():
         try:
@@ -281,40 +291,66 @@ def read_run(path: str | os.PathLike) -> Run:
             loaded = yaml.safe_load(cfg_path.read_text(encoding="utf-8", errors="replace"))
             config = loaded if isinstance(loaded, dict) else {}
             if not isinstance(loaded, dict):
-                warnings.append(f"{cfg_path}: not a mapping; ignored")
+                config_error = f"not a mapping (a YAML {_yaml_kind(loaded)})"
         except yaml.MarkedYAMLError as err:  # one line naming line and column
             from stare_lab.platform.files import yaml_error_where
 
             line, column, what = yaml_error_where(err)
             where = f" at line {line}, column {column}" if line is not None else ""
-            warnings.append(f"{cfg_path}: not valid YAML{where} ({what}); config ignored")
+            config_error = f"not valid YAML{where} ({what})"
         except Exception as err:  # noqa: BLE001 - any other failure is reported, not raised
-            warnings.append(f"{cfg_path}: unreadable ({err}); ignored")
+            config_error = f"unreadable ({err})"
     else:
-        warnings.append(f"{cfg_path}: missing")
+        config_error = "missing"
+    if config_error is not None:
+        warnings.append(f"{cfg_path}: {config_error}" + ("" if config_error == "missing" else "; config ignored"))
     metrics: list[dict] = []
+    skipped: list[tuple[int, str]] = []
+    last = 0
     with open(metrics_path, encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            last = lineno
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 why = "not valid UTF-8" if "\ufffd" in line else "not valid JSON (truncated write?)"
-                warnings.append(f"{metrics_path}:{lineno}: {why}; skipped")
+                skipped.append((lineno, why))
                 continue
             if not isinstance(row, dict):
-                warnings.append(f"{metrics_path}:{lineno}: not a JSON object; skipped")
+                skipped.append((lineno, "not a JSON object"))
                 continue
             metrics.append(row)
+    if len(skipped) <= LINE_WARNINGS:
+        warnings += [f"{metrics_path}:{n}: {why}; skipped" for n, why in skipped]
+    else:
+        n, why = skipped[0]
+        warnings.append(f"{metrics_path}: {len(skipped)} lines are not JSON objects (the first, line {n}: {why}); "
+                        "skipped")
     summary = None
+    summary_error = None
     sum_path = p / SUMMARY_FILE
     if sum_path.is_file():
         try:
-            loaded = json.loads(sum_path.read_text())
+            loaded = json.loads(sum_path.read_text(encoding="utf-8"))
             summary = loaded if isinstance(loaded, dict) else None
-        except (json.JSONDecodeError, OSError) as err:
-            warnings.append(f"{sum_path}: unreadable ({err}); ignored")
-    for w in warnings:
-        logger.warning(w)
-    return Run(path=p, config=config, metrics=metrics, summary=summary, warnings=warnings)
+            if summary is None:
+                summary_error = "not a JSON object"
+        except (ValueError, OSError) as err:  # ValueError: JSON and UTF-8 errors
+            summary_error = f"unreadable ({err})"
+        if summary_error is not None:
+            warnings.append(f"{sum_path}: {summary_error}; ignored")
+    if log:
+        for w in warnings:
+            logger.warning(w)
+    return Run(path=p, config=config, metrics=metrics, summary=summary, warnings=warnings, skipped=skipped,
+               lines=last, config_error=config_error, summary_error=summary_error)
+
+
+#: more unreadable ``metrics.jsonl`` lines than this are one warning (a file of random bytes is not 1000 warnings)
+LINE_WARNINGS = 3
+
+
+def _yaml_kind(value: Any) -> str:
+    return {list: "list", str: "string", type(None): "empty document"}.get(type(value), type(value).__name__)

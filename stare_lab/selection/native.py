@@ -11,7 +11,7 @@ The C source below is compiled with the system C compiler (``$CC``, split like a
 ``$STARE_LAB_CACHE_DIR`` (default ``~/.cache/stare_lab``, or the temp directory if that is not writable) and loaded
 with :mod:`ctypes`; building takes well under a second and happens once per source version. Without a working
 compiler :func:`available` is False and :mod:`stare_lab.selection.radix` uses the tensor implementation (one warning is logged).
-``STARE_LAB_NATIVE=0`` disables the kernel.
+``STARE_LAB_NATIVE=0`` disables the kernel (another value than 0/1, on/off, true/false, yes/no is an error).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from stare_lab.selection import native_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -320,9 +322,10 @@ def _build() -> ctypes.CDLL:
 
 
 def available() -> bool:
-    """Whether the kernel is enabled (``STARE_LAB_NATIVE`` is not ``0``) and built; builds it on the first call."""
+    """Whether the kernel is enabled (``STARE_LAB_NATIVE`` is not ``0``: :func:`stare_lab.selection.native_enabled`,
+    which raises ConfigError for a value that is neither) and built; builds it on the first call."""
     global _lib, _error, _tried
-    if os.environ.get("STARE_LAB_NATIVE", "1") == "0":
+    if not native_enabled():
         return False
     if not _tried:
         with _lock:

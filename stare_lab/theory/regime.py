@@ -38,7 +38,8 @@ from stare_lab.errors import DataError, RunError
 from stare_lab.platform.files import read_json
 
 __all__ = [
-    "REGIME_KEYS", "RATIO_FACTOR", "CALIBRATION_FILE", "run_regime", "regime_mismatches", "read_calibration",
+    "REGIME_KEYS", "RATIO_FACTOR", "CALIBRATION_FILE", "POOR_FIT_RESIDUAL", "run_regime", "regime_mismatches",
+    "read_calibration",
     "calibrated_strengths", "calibrated_w_max", "MODES",
 ]
 
@@ -51,6 +52,9 @@ MODES = ("sampled", "expected")
 RATIO_FACTOR = 2.0
 #: the file ``stare-lab calibrate`` writes into its output folder
 CALIBRATION_FILE = "calibration.json"
+#: a calibration's fit residual (``fit.residual``) above this is a poor reproduction of the probe
+#: (docs/calibration.md, step 3)
+POOR_FIT_RESIDUAL = 0.5
 
 
 def _num(x: Any) -> float | None:

@@ -48,8 +48,11 @@ def test_interrupted_sweep_is_flagged_in_the_verdict(sweep, tmp_path):
                         "c2: 2/3 seeds measurable; seed 2 not measurable (no entropy); "), v
     assert "(W=1.1, M=0.9: 0/2 seeds" in v  # counted over the 2 measurable c2 seeds only
     warnings = res.comparison.warnings
-    assert f"{out / 'grpo' / 'seed1'}: stopped at step 41 of 60; left out of the verdict's held/collapsed counts" \
-        in warnings
+    # the whole reason of the evidence check (stare_lab.platform.evidence): its summary.json is the finished run's
+    (cut,) = [w for w in warnings if w.startswith(f"{out / 'grpo' / 'seed1'}: ")]
+    assert cut.startswith(f"{out / 'grpo' / 'seed1'}: stopped at step 41 of 60; summary.json does not match its "
+                          "metrics.jsonl: steps 60 there, 41 from the rows; ")
+    assert cut.endswith("; left out of the verdict's held/collapsed counts")
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "seed 1 stopped at step 41 of 60" in md
 
@@ -82,3 +85,31 @@ def test_core_rules():
     assert status_clause("grpo", 3, [(1, "stopped at step 411 of 2000")]) == \
         "grpo: 2/3 seeds complete; seed 1 stopped at step 411 of 2000"
     assert status_clause("grpo", 3, []) is None
+
+
+def test_damaged_and_mismatched_runs_are_left_out(sweep, tmp_path):
+    """Issue 29, item 2: every reader of run evidence goes through one check (stare_lab.platform.evidence). In a
+    3-seed sweep, grpo/seed2's metrics.jsonl replaced by random bytes is not read (named first in the verdict and in
+    the report's warnings),
+    and c2/seed0 with a summary.json its rows do not reproduce (held flipped, final entropy changed: a summary left
+    from another run) is drawn but left out of the verdict's counts, named "not sound"."""
+    import random
+    import shutil
+
+    out = tmp_path / "sw"
+    shutil.copytree(sweep, out)
+    (out / "grpo" / "seed2" / "metrics.jsonl").write_bytes(random.Random(0).randbytes(5000))
+    p = out / "c2" / "seed0" / "summary.json"
+    s = json.loads(p.read_text())
+    s.update(held=not s["held"], final_entropy=s["final_entropy"] + 0.1)
+    p.write_text(json.dumps(s))
+    res = analyze([out], tmp_path / "rep")
+    v = res.verdict
+    assert v.startswith(f"1 run not read: {out / 'grpo' / 'seed2'} (metrics.jsonl is damaged: "), v
+    assert "c2: 2/3 seeds sound; seed 0 summary.json does not match its metrics.jsonl" in v, v
+    warnings = res.comparison.warnings
+    assert any(w.startswith(f"{out / 'grpo' / 'seed2'}: not readable as a run (run {out / 'grpo' / 'seed2'}: "
+                            "metrics.jsonl is damaged: ") for w in warnings), warnings
+    assert [r.seed for r in res.comparison.runs if r.method == "grpo"] == [0, 1]
+    (mismatch,) = [w for w in warnings if w.startswith(f"{out / 'c2' / 'seed0'}: ")]
+    assert "held " in mismatch and "from the rows" in mismatch

@@ -32,7 +32,8 @@ TINY = [
 
 
 def _cfg(tmp_path, *extra, **fields):
-    over = TINY + [f"warm_start.cache_dir={tmp_path / 'cache'}", *extra]
+    given = {e.split("=", 1)[0] for e in extra}  # a key given twice is refused: the extra value replaces TINY's
+    over = [t for t in TINY if t.split("=", 1)[0] not in given] + [f"warm_start.cache_dir={tmp_path / 'cache'}", *extra]
     return T.config_from_preset(None, over, **fields)
 
 

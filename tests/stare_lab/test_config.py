@@ -145,3 +145,16 @@ def test_missing_and_bad_yaml(tmp_path):
     lst.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(lst)
+
+
+def test_a_key_given_twice_is_refused():
+    """Issue 29, item 7: `lr=1 lr=2` was taken silently (the last won); now one line names the key and both
+    values. parse_overrides itself still takes repeated keys (a sweep grid parses its values through it)."""
+    from stare_lab.config import apply_overrides, parse_overrides
+
+    with pytest.raises(ConfigError, match=r"^override lr is given twice \(lr=1 and lr=2\); give it once$"):
+        apply_overrides({}, ["lr=1", "lr=2"])
+    with pytest.raises(ConfigError, match="override a.b is given twice"):
+        apply_overrides({}, ["a.b=1", "c=2", " a.b =3"])
+    assert apply_overrides({}, ["a.b=1", "a.c=2"]) == {"a": {"b": 1, "c": 2}}
+    assert parse_overrides(["w=1", "w=2"]) == [("w", 1), ("w", 2)]

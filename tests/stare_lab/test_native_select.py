@@ -64,6 +64,27 @@ def test_disabled_by_environment(monkeypatch):
                                   1, 1, 0)
 
 
+@pytest.mark.parametrize("value, on", [("", True), ("1", True), ("ON", True), ("0", False), ("off", False),
+                                       ("False", False)])
+def test_the_switch_values(monkeypatch, value, on):
+    from stare_lab.selection import native_enabled
+
+    monkeypatch.setenv("STARE_LAB_NATIVE", value)
+    assert native_enabled() is on
+
+
+def test_a_bad_switch_value_is_refused_not_ignored(monkeypatch):
+    """Issue 29, item 7: STARE_LAB_NATIVE=banana was silently the default (on); it is a ConfigError naming the
+    value, from the kernel's own check and before any command runs (the front door)."""
+    from stare_lab.cli import main
+    from stare_lab.errors import ConfigError
+
+    monkeypatch.setenv("STARE_LAB_NATIVE", "banana")
+    with pytest.raises(ConfigError, match=r"STARE_LAB_NATIVE='banana' is not one of 1, 0"):
+        native_select.available()
+    assert main(["simulate", "--steps", "1", "--out", "/nonexistent/never-written"]) == 1
+
+
 def test_rejects_a_bad_output_buffer(monkeypatch):
     monkeypatch.setenv("STARE_LAB_NATIVE", "1")
     if not native_select.available():

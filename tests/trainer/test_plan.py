@@ -233,3 +233,68 @@ def test_plan_names_the_smallest_node_count_that_fits(capsys):
         check_fits(cfg, one)
     assert main(["plan", str(cfg_path), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["smallest_fitting_nodes"] == 2
+
+
+SHIPPED = sorted((REPO / "papers" / "stare_2606.19236" / "models").glob("*/config.json"))
+VARIANTS = {  # the counted families with every bias and norm switch the arithmetic reads
+    "qwen2_tied": {**SMALL, "tie_word_embeddings": True},
+    "qwen3_bias": {**SMALL, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "attention_bias": True},
+    "llama": {**SMALL, "model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+    "llama_bias": {**SMALL, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "attention_bias": True,
+                   "mlp_bias": True, "tie_word_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("name", [p.parent.name for p in SHIPPED] + list(VARIANTS))
+def test_counted_architecture_equals_the_model_built_on_meta(require, tmp_path, name):
+    """Issue 29, item 7: plan counts parameters from config.json by arithmetic (no torch / transformers import);
+    every count equals the model transformers builds on the meta device (the shipped paper models, and small
+    configs with each bias / norm / tying switch)."""
+    require("transformers")
+    from trainer.planning.plan import _counted_arch, _meta_arch
+
+    if name in VARIANTS:
+        path = tmp_path / name / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(VARIANTS[name]))
+    else:
+        path = next(p for p in SHIPPED if p.parent.name == name)
+    counted, meta = _counted_arch(json.loads(path.read_text()), path), _meta_arch(path)
+    assert counted == meta
+
+
+def test_deepspeed_estimators_restated_exactly(require):
+    """plan's ZeRO-2/3 model-state estimates (no DeepSpeed import) equal DeepSpeed's own functions over a grid of
+    sizes, node counts and offload settings."""
+    require("deepspeed")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    from trainer.planning.plan import zero2_model_states, zero3_model_states
+
+    for P, largest in ((3465472, 256000), (7_615_616_512, 544_997_376), (32_763_876_352, 778_567_680)):
+        for gpn, nodes in ((1, 1), (8, 1), (8, 2), (4, 3)):
+            for off, off_p in ((False, False), (True, False), (True, True)):
+                ds = estimate_zero3_model_states_mem_needs(P, largest, num_gpus_per_node=gpn, num_nodes=nodes,
+                                                           cpu_offload=off, cpu_offload_params=off_p, zero_init=True)
+                assert zero3_model_states(P, largest, gpn, nodes, off, off_p) == ds[:2]
+            for off in (False, True):
+                ds = estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=gpn, num_nodes=nodes, cpu_offload=off)
+                assert zero2_model_states(P, gpn, nodes, off) == tuple(ds)
+
+
+def test_an_empty_config_or_no_model_is_named_as_such(tmp_path, capsys):
+    """Issue 29, item 7: `plan` on an empty YAML blamed `model.path`; now it says the file is empty. A config
+    without model.path (and no --arch) says that, not "no architecture of that name"."""
+    from stare_lab.cli import main
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    assert main(["plan", str(empty)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"config file {str(empty)!r} is empty (no keys)" in err[0], err
+    nomodel = tmp_path / "nomodel.yaml"
+    nomodel.write_text("optim:\n  lr: 1.0e-6\n")
+    assert main(["plan", str(nomodel)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.path is not set" in err[0], err

@@ -17,6 +17,7 @@ from stare_lab.cli import main as cli_main
 from stare_lab.config import LossConfig, STAREConfig, to_dict
 from stare_lab.errors import ConfigError, RunError
 from stare_lab.platform.runs import RunWriter
+from stare_lab.platform.summary import run_summary, summary_settings
 from trainer.config import load_trainer_config
 from trainer.planning.promote import PROMOTED_KEYS, promote
 
@@ -26,13 +27,16 @@ ROW = dict(step=0, entropy=1.0, reward=0.5, gate_on=1, stare_w=1.3, stare_m=0.8,
 
 def sim_run(path: Path, method: str, stare: dict | None = None, loss_mode: str = "stare", dev: float | None = 0.01,
             band: float = 0.05, seed: int = 0) -> Path:
+    """A finished run of two rows at entropy H_tgt + ``dev`` (so its mean |H - H_tgt| is ``dev``; ``dev`` None: no
+    entropy logged), with the summary.json its writer would write (recomputed from the rows, as every source
+    does: docs/design.md §4)."""
     loss = to_dict(LossConfig(loss_mode=loss_mode, stare=STAREConfig(**(stare or {}))))
+    h = None if dev is None else loss["stare"]["target_entropy"] + dev
+    rows = [{**ROW, "step": step, "entropy": h} for step in (1, 2)]
     with RunWriter(path, {"source": "simulator", "method": method, "seed": seed, "band": band, "loss": loss}) as w:
-        w.log(ROW)
-        summary = {"initial_entropy": 1.7, "final_entropy": 0.9}
-        if dev is not None:
-            summary["mean_abs_dev_second_half"] = dev
-        w.write_summary(summary)
+        for row in rows:
+            w.log(row)
+        w.write_summary(run_summary(rows, **summary_settings(w.config)))
     return path
 
 
@@ -163,8 +167,8 @@ def test_band_failure_refused_unless_forced(tmp_path, base):
         promote([run], "o1", base)
     text, prov, notices = promote([run], "o1", base, force=True)
     assert prov["forced"] and "FORCED" in text
-    incomplete = sim_run(tmp_path / "r2", "o1", dev=None)
-    with pytest.raises(ConfigError, match="no band result"):
+    incomplete = sim_run(tmp_path / "r2", "o1", dev=None)  # no entropy: not sound evidence
+    with pytest.raises(RunError, match="not measurable"):
         promote([incomplete], "o1", base)
 
 
@@ -259,7 +263,8 @@ def d_run(path: Path, method: str, d_grpo: float, d_lplus: float, *, source: str
           mode: str | None = "expected", stare: dict | None = None, h_opt: float | None = 0.693,
           seed: int = 0) -> Path:
     """A run whose entropy falls 1.0, 0.8, 0.6, 0.35, 0.3 (first below H_tgt 0.4 at the 4th row) with the same D terms
-    on every row, so D_L+/|D_GRPO| anywhere is d_lplus/|d_grpo|."""
+    on every row, so D_L+/|D_GRPO| anywhere is d_lplus/|d_grpo|; a STARE run (``stare`` given) then holds 0.4 for
+    five more rows (its second half is in the band), with the summary its writer would write."""
     loss = to_dict(LossConfig(loss_mode="stare" if stare is not None else "grpo",
                               stare=STAREConfig(**{"target_entropy": 0.4, **(stare or {})})))
     cfg = {"source": source, "method": method, "seed": seed, "band": 0.05, "loss": loss}
@@ -267,11 +272,13 @@ def d_run(path: Path, method: str, d_grpo: float, d_lplus: float, *, source: str
         cfg["mode"] = mode
     if h_opt is not None:
         cfg["reward_optimal_entropy"] = h_opt
+    entropies = (1.0, 0.8, 0.6, 0.35, 0.3) + ((0.4,) * 5 if stare is not None else ())
+    rows = [{**ROW, "step": i, "entropy": h, "pred/d_grpo": d_grpo, "pred/d_lplus": d_lplus}
+            for i, h in enumerate(entropies)]
     with RunWriter(path, cfg) as w:
-        for i, h in enumerate((1.0, 0.8, 0.6, 0.35, 0.3)):
-            w.log({**ROW, "step": i, "entropy": h, "pred/d_grpo": d_grpo, "pred/d_lplus": d_lplus})
-        w.write_summary({"initial_entropy": 1.0, "final_entropy": 0.4, "mean_abs_dev_second_half": 0.01,
-                         "target_entropy": 0.4})
+        for row in rows:
+            w.log(row)
+        w.write_summary(run_summary(rows, **summary_settings(w.config)))
     return path
 
 
@@ -525,3 +532,114 @@ def test_runs_without_a_w_sweep_are_not_labelled_measured(sweep, base):
                       f"calibration under {sweep}; c2 held the band on 2/2 runs at it: an upper bound of the critical "
                       "W)"]
     assert "measured" not in text and prov["w_from"] == header[0][len("# W: "):]
+
+
+def finished_run(path: Path, steps: int, seed: int = 0) -> Path:
+    """An o1 run of ``steps`` rows (1 … steps) that held the band (H = H_tgt 0.3 + 0.01 throughout), its config
+    asking for ``steps`` steps, with the summary.json its writer would write."""
+    loss = to_dict(LossConfig(loss_mode="stare", stare=STAREConfig(reweight_w=1.3)))
+    rows = [{**ROW, "step": s, "entropy": 0.31} for s in range(1, steps + 1)]
+    cfg = {"source": "simulator", "method": "o1", "seed": seed, "band": 0.05, "steps": steps, "loss": loss}
+    with RunWriter(path, cfg) as w:
+        for row in rows:
+            w.log(row)
+        w.write_summary(run_summary(rows, **summary_settings(w.config)))
+    return path
+
+
+def test_a_run_whose_metrics_are_random_bytes_is_refused(tmp_path, base, capsys):
+    """Issue 29, item 2: metrics.jsonl replaced by random bytes (its old summary.json says it held): exit 0 and a
+    config "held the band on 1/1 runs" before. Now one line naming the run and why, exit 1, nothing written; with
+    --force the run is left out, and with no other run there is nothing to promote."""
+    import random
+
+    run = finished_run(tmp_path / "sw" / "o1" / "seed0", 600)
+    assert promote([run], "o1", base)[1]["source_runs"][0]["summary"]["held"] is True  # sound before the damage
+    (run / "metrics.jsonl").write_bytes(random.Random(0).randbytes(20000))
+    out = tmp_path / "o.yaml"
+    args = ["promote", str(run), "--method", "o1", "--base", str(base), "--out", str(out)]
+    assert cli_main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"run {run}: metrics.jsonl is damaged" in err[0] and "not sound evidence" in err[0], err
+    assert not out.exists()
+    with pytest.raises(RunError, match="no sound run of method 'o1'"):
+        promote([run], "o1", base, force=True)
+
+
+def test_a_run_cut_to_301_of_600_rows_is_refused_or_left_out(tmp_path, base):
+    """Issue 29, item 2: a run cut to 301 of its 600 rows (summary.json still the finished run's). Refused, naming
+    the step it stopped at and the summary that does not match; with --force it is left out (recorded) and the
+    other seed is promoted."""
+    sw = tmp_path / "sw"
+    cut = finished_run(sw / "o1" / "seed0", 600)
+    finished_run(sw / "o1" / "seed1", 600, seed=1)
+    lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (cut / "metrics.jsonl").write_text("".join(lines[:301]))
+    with pytest.raises(RunError, match=r"run .*seed0: stopped at step 301 of 600; summary.json does not match its "
+                                       r"metrics.jsonl: steps 600 there, 301 from the rows"):
+        promote([sw], "o1", base)
+    text, prov, notices = promote([sw], "o1", base, force=True)
+    assert [Path(r["path"]).name for r in prov["source_runs"]] == ["seed1"]
+    assert prov["forced"] and len(prov["left_out"]) == 1 and "stopped at step 301 of 600" in prov["left_out"][0]
+    assert any(n.startswith("left out with --force, not sound evidence: run ") for n in notices)
+    assert "on 1/1 runs" in prov["w_from"]
+
+
+def test_a_cut_run_of_a_sweep_is_refused_against_the_sweeps_steps(tmp_path, base):
+    """A run whose own config lacks `steps` is complete against what its sweep's summary.json planned for it
+    (stare_lab.platform.evidence.sweep_plan): 301 of the 600 planned rows is refused."""
+    sw = tmp_path / "sw"
+    run = sim_run(sw / "o1" / "seed0", "o1", {"reweight_w": 1.3})  # 2 rows, no `steps` in its config
+    (sw / "summary.json").write_text(json.dumps({"methods": {"o1": {"run_dirs": {"seed0": "o1/seed0"}}},
+                                                 "config": {"o1/seed0": {"steps": 600}}}))
+    with pytest.raises(RunError, match=rf"run {run}: stopped at step 2 of 600"):
+        promote([sw], "o1", base)
+
+
+def test_measured_w_wins_over_a_calibration_that_disagrees(tmp_path, base):
+    """Issue 29, item 3: a W sweep measured 1.3 (W 1.1 held on 0 of 3 seeds: range (1.1, 1.3]) and a calibration
+    gives 1.05 with a poor fit (residual 0.74 > 0.5): 1.05 lies outside the measured range, so the two disagree and
+    the measured W is written; the header says so with both numbers and the residual. A calibrated W inside the
+    range (1.2) agrees with the sweep and is promoted as before."""
+    sw = _w_sweep(tmp_path)
+    cal = calibration(tmp_path / "cal.json", o1={"w": 1.05, "low": 1.0, "high": 1.05})
+    data = json.loads(cal.read_text())
+    data["fit"]["residual"] = 0.74
+    cal.write_text(json.dumps(data))
+    text, prov, _ = promote([sw], "o1", base, calibration=cal)
+    assert load_trainer_config(yaml.safe_load(text)).loss.stare.reweight_w == 1.3
+    assert prov["strength"]["kind"] == "measured"
+    (warn,) = [w for w in prov["warnings"] if "disagree" in w]
+    assert "measured a critical W of 1.3 (range (1.1, 1.3]" in warn and "gives 1.05" in warn
+    assert "residual 0.74 > 0.5" in warn and "the measured W 1.3 is promoted" in warn
+    assert f"# WARNING: {warn}" in text
+    assert prov["evidence_conflict"]["residual"] == 0.74 and prov["evidence_conflict"]["poor_fit"] is True
+    inside = calibration(tmp_path / "cal2.json", o1={"w": 1.2, "low": 1.1, "high": 1.2})
+    text, prov, _ = promote([sw], "o1", base, calibration=inside)
+    assert load_trainer_config(yaml.safe_load(text)).loss.stare.reweight_w == 1.2
+    assert prov["strength"]["kind"] == "calibrated" and prov["evidence_conflict"] is None
+
+
+def test_promote_into_a_folder_it_cannot_write_is_one_line(sweep, base, tmp_path, monkeypatch, capsys):
+    """Issue 29, item 7: --out in a read-only folder printed a 16-line traceback. The write fails as a read-only
+    folder makes it fail for a user (EACCES; monkeypatched, as root may write anywhere): one line naming the file,
+    exit 1, no file left behind."""
+    def denied(self, *a, **k):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_text", denied)
+    out = tmp_path / "o.yaml"
+    assert cli_main(["promote", str(sweep), "--method", "c2", "--base", str(base), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stare-lab promote: error: cannot write {str(out)!r}: Permission denied"]
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "sweep"]
+
+
+def test_an_unreadable_sweep_summary_is_named(tmp_path, base):
+    """A W sweep whose summary.json is not JSON was taken for "no sweep" (its runs then looked ambiguous); the file
+    is named."""
+    sw = _w_sweep(tmp_path)
+    (sw / "summary.json").write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(RunError, match=r"summary\.json"):
+        promote([sw], "o1", base)

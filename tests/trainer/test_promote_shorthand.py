@@ -9,8 +9,9 @@ import yaml
 from stare_lab.cli import main as cli_main
 from stare_lab.config import LossConfig, STAREConfig, expand_shorthand, split_paths, to_dict
 from stare_lab.platform.runs import RunWriter
+from stare_lab.platform.summary import run_summary, summary_settings
 
-ROW = dict(step=1, entropy=1.0, reward=0.5, gate_on=1, stare_w=1.3, stare_m=0.8, pred_entropy_change=0.0,
+ROW = dict(step=1, entropy=0.96, reward=0.5, gate_on=1, stare_w=1.3, stare_m=0.8, pred_entropy_change=0.0,
            entropy_change=0.0)
 
 
@@ -21,7 +22,7 @@ def write_runs(root):
         with RunWriter(root / f"seed{seed}",
                        {"source": "simulator", "method": "c2", "seed": seed, "band": 0.05, "loss": loss}) as w:
             w.log(ROW)
-            w.write_summary({"mean_abs_dev_second_half": 0.01})
+            w.write_summary(run_summary([ROW], **summary_settings(w.config)))  # as every writer: from the rows
     base = root.parent / "base.yaml"
     base.write_text(yaml.safe_dump({"model": {"path": "models/Qwen2.5-Math-7B"}, "loss": {"stare": {
         "target_entropy": 0.3}}}))

@@ -24,8 +24,10 @@ micro-batch of its own):
 
 Model states are DeepSpeed's own estimate: ``deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs``
 (ZeRO-3; GPU part = 18·P/N + 4·largest layer, or with ``offload_optimizer`` / ``offload_param`` what it leaves on
-the GPU) and ``stage_1_and_2.estimate_zero2_model_states_mem_needs`` (ZeRO-2); ZeRO-0/1 by our arithmetic (18·P
-replicated, resp. 4·P + 14·P/N). They assume mixed precision with Adam (the paper configs' setting).
+the GPU) and ``stage_1_and_2.estimate_zero2_model_states_mem_needs`` (ZeRO-2), restated here
+(:func:`zero3_model_states`, :func:`zero2_model_states`; tested equal to DeepSpeed's) so that a plan imports neither
+DeepSpeed nor torch; ZeRO-0/1 by our arithmetic (18·P replicated, resp. 4·P + 14·P/N). They assume mixed precision
+with Adam (the paper configs' setting).
 
 Activations per token and decoder layer saved for backward (HF Qwen2/Qwen3 decoder layer with SDPA, worked out
 from the modules' autograd: each RMSNorm keeps its float32 input, its b-byte output and a float32 1/rms; attention
@@ -43,8 +45,10 @@ generation round; the weight sync and the reward are not included.
 
 Architecture: the model's ``config.json`` (``model.path``), or — for the paper configs, whose model directories are
 local copies a user provides — the public ``config.json`` of the paper's models shipped in ``papers/*/models/``
-(found by the model directory's name, or the longest shipped name it starts with). The parameter count comes from
-the architecture itself (the model built on PyTorch's ``meta`` device: no weights, no memory).
+(found by the model directory's name, or the longest shipped name it starts with). The parameter counts come from
+the architecture itself: arithmetic on ``config.json`` for Qwen2, Qwen3 and Llama (:data:`COUNTED_FAMILIES`, equal
+to the model's own count), else the model built on PyTorch's ``meta`` device (no weights, no memory; this imports
+torch and transformers).
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ from trainer.engines.launch import effective_zero_stage
 logger = logging.getLogger(__name__)
 
 __all__ = ["Arch", "Cluster", "load_arch", "plan", "plan_line", "format_plan", "check_fits", "smallest_fitting_nodes",
-           "fit_hint", "MAX_NODES", "add_arguments", "main"]
+           "fit_hint", "MAX_NODES", "COUNTED_FAMILIES", "zero2_model_states", "zero3_model_states", "add_arguments",
+           "main"]
 
 GIB = 2**30
 #: Per-process GPU memory outside PyTorch's allocator: CUDA context, NCCL buffers, cuBLAS workspaces (GiB; ours).
@@ -130,22 +135,77 @@ def _find_config(model_path: str) -> Path:
 
 
 def load_arch(model_path: str, arch_file: str | None = None) -> Arch:
-    """The architecture of ``model_path`` (or of ``arch_file``, a ``config.json``), see the module docstring.
+    """The architecture of ``model_path`` (or of ``arch_file``, a ``config.json``), see the module docstring: for the
+    decoder families of :data:`COUNTED_FAMILIES` the parameter counts are arithmetic on ``config.json``
+    (:func:`_counted_arch`; no torch, no transformers), for any other the model is built on torch's ``meta`` device.
 
     Raises:
-        ConfigError: no ``config.json`` found, or transformers cannot build the architecture.
+        ConfigError: no ``config.json`` found or it is not a JSON object, or transformers cannot build the
+            architecture.
     """
-    import torch
-
-    try:
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError as err:
-        raise ConfigError(f"stare-lab plan builds the model's architecture with transformers, which cannot be "
-                          f"imported ({err}): `make install`, or pip install -e '.[trainer]'") from None
+    from stare_lab.platform.files import read_json
 
     path = Path(arch_file) if arch_file else _find_config(model_path)
     if not path.is_file():
         raise ConfigError(f"--arch {str(path)!r} does not exist")
+    hf = read_json(path, "architecture file", ConfigError)  # encoding, JSON: one line naming the file and line
+    if not isinstance(hf, dict):
+        raise ConfigError(f"architecture file {str(path)!r} holds a JSON {type(hf).__name__}, not an object")
+    if hf.get("model_type") in COUNTED_FAMILIES:
+        try:
+            return _counted_arch(hf, path)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"cannot read the architecture of {str(path)!r}: {type(err).__name__}: {err}") from None
+    return _meta_arch(path)
+
+
+#: the decoder families whose parameters :func:`_counted_arch` counts from ``config.json`` (transformers' modelling
+#: code: Qwen2 has q/k/v biases; Qwen3 adds per-head q/k RMSNorms; Llama's biases follow ``attention_bias`` and
+#: ``mlp_bias``); tests/trainer/test_plan.py checks each against the model built on the meta device
+COUNTED_FAMILIES = ("qwen2", "qwen3", "llama")
+
+
+def _counted_arch(hf: dict[str, Any], path: Path) -> Arch:
+    """:class:`Arch` from a ``config.json`` of :data:`COUNTED_FAMILIES` by arithmetic: per decoder layer the
+    q/k/v/o projections (h·a·d, h·kv·d, h·kv·d, a·d·h, plus their biases), the SwiGLU MLP (3·h·f, plus biases) and
+    two RMSNorms (2·h), Qwen3's q/k norms (2·d); the embedding V·h, the final norm h and an untied LM head V·h.
+    ``largest_layer_params`` is the largest module's own parameters (a Linear's weight and bias), as DeepSpeed's
+    estimator takes it."""
+    family = hf["model_type"]
+    h, layers, heads = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
+    kv = int(hf.get("num_key_value_heads") or heads)
+    d = int(hf.get("head_dim") or h // heads)
+    f, vocab = int(hf["intermediate_size"]), int(hf["vocab_size"])
+    tied = bool(hf.get("tie_word_embeddings", False))
+    qkv_bias = family == "qwen2" or bool(hf.get("attention_bias", False))
+    o_bias = family != "qwen2" and bool(hf.get("attention_bias", False))
+    mlp_bias = family == "llama" and bool(hf.get("mlp_bias", False))
+    modules = {"q_proj": h * heads * d + (heads * d if qkv_bias else 0),
+               "k_proj": h * kv * d + (kv * d if qkv_bias else 0),
+               "v_proj": h * kv * d + (kv * d if qkv_bias else 0),
+               "o_proj": heads * d * h + (h if o_bias else 0),
+               "gate_proj": h * f + (f if mlp_bias else 0), "up_proj": h * f + (f if mlp_bias else 0),
+               "down_proj": f * h + (h if mlp_bias else 0), "norms": 2 * h}
+    qk_norm = family == "qwen3"
+    if qk_norm:
+        modules["qk_norms"] = 2 * d
+    params = vocab * h + layers * sum(modules.values()) + h + (0 if tied else vocab * h)
+    return Arch(
+        name=path.parent.name, source=str(path), params=params,
+        largest_layer_params=max(vocab * h, *(v for k, v in modules.items() if not k.endswith("norms"))),
+        largest_param=max(vocab * h, h * heads * d, h * f), hidden=h, layers=layers, heads=heads, kv_heads=kv,
+        head_dim=d, intermediate=f, vocab=vocab, tied=tied, qk_norm=qk_norm)
+
+
+def _meta_arch(path: Path) -> Arch:
+    """:class:`Arch` of any architecture transformers knows: the model built on torch's ``meta`` device."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as err:
+        raise ConfigError(f"stare-lab plan builds the architecture of {str(path)!r} (not one of "
+                          f"{', '.join(COUNTED_FAMILIES)}) with transformers, which cannot be imported ({err}): "
+                          "`make install`, or pip install -e '.[trainer]'") from None
     try:
         hf = AutoConfig.from_pretrained(str(path.parent) if path.name == "config.json" else str(path))
         with torch.device("meta"):
@@ -169,44 +229,56 @@ def _dtype_bytes(name: str) -> int:
     return 4 if name in ("float32", "fp32") else 2
 
 
-def model_states_bytes(cfg: Any, arch: Arch, cluster: Cluster) -> int:
-    """DeepSpeed's estimate of the per-GPU model-state bytes (see the module docstring), for the ZeRO stage the run
-    will use (:func:`trainer.engines.launch.effective_zero_stage`: stage 0 on one GPU without offload by default)."""
+def zero3_model_states(total_params: int, largest_layer_params: int, gpus_per_node: int, nodes: int,
+                       cpu_offload: bool, cpu_offload_params: bool, buffer_factor: float = 1.5) -> tuple[int, int]:
+    """``(host bytes per node, GPU bytes per GPU)`` of the ZeRO-3 model states: DeepSpeed's
+    ``estimate_zero3_model_states_mem_needs`` (``deepspeed/runtime/zero/stage3.py``, with ``zero_init=True``)
+    restated, so that the plan is arithmetic without importing DeepSpeed (tests/trainer/test_plan.py compares the
+    two over a grid)."""
+    total, per_node = nodes * gpus_per_node, 1 / nodes
+    largest = 4 * largest_layer_params
+    if cpu_offload and cpu_offload_params:
+        return int(total_params * 18 * per_node * buffer_factor), int(largest)
+    if cpu_offload:
+        return int(total_params * 16 * per_node * buffer_factor), int(largest + int(2 * total_params / total))
+    return int(largest_layer_params * 4 * gpus_per_node * buffer_factor), int(largest + int(18 * total_params / total))
+
+
+def zero2_model_states(total_params: int, gpus_per_node: int, nodes: int, cpu_offload: bool,
+                       buffer_factor: float = 1.5) -> tuple[int, int]:
+    """``(host bytes per node, GPU bytes per GPU)`` of the ZeRO-2 model states: DeepSpeed's
+    ``estimate_zero2_model_states_mem_needs`` (``deepspeed/runtime/zero/stage_1_and_2.py``) restated (see
+    :func:`zero3_model_states`)."""
+    total = nodes * gpus_per_node
+    if cpu_offload:
+        return int(total_params * max(4 * total, 16) * buffer_factor), int(2 * total_params)
+    return (int(total_params * 4 * gpus_per_node * buffer_factor),
+            int(2 * total_params + int(18 * total_params / total)))
+
+
+def _states(cfg: Any, arch: Arch, cluster: Cluster) -> tuple[int, int]:
+    """``(host bytes per node, GPU bytes per GPU)`` of DeepSpeed's model states for the ZeRO stage the run will use
+    (:func:`trainer.engines.launch.effective_zero_stage`); ZeRO-0/1 by our arithmetic, no host part."""
     ds = cfg.deepspeed
     P, N = arch.params, cluster.gpus
     stage = effective_zero_stage(ds, N)
     if stage == 3:
-        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-
-        return estimate_zero3_model_states_mem_needs(
-            P, arch.largest_layer_params, num_gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.nodes,
-            cpu_offload=ds.offload_optimizer or ds.offload_param, cpu_offload_params=ds.offload_param,
-            zero_init=True)[1]
+        return zero3_model_states(P, arch.largest_layer_params, cluster.gpus_per_node, cluster.nodes,
+                                  ds.offload_optimizer or ds.offload_param, ds.offload_param)
     if stage == 2:
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+        return zero2_model_states(P, cluster.gpus_per_node, cluster.nodes, ds.offload_optimizer)
+    return 0, 18 * P if stage == 0 else 4 * P + (14 * P) // N
 
-        return estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=cluster.gpus_per_node,
-                                                     num_nodes=cluster.nodes, cpu_offload=ds.offload_optimizer)[1]
-    return 18 * P if stage == 0 else 4 * P + (14 * P) // N
+
+def model_states_bytes(cfg: Any, arch: Arch, cluster: Cluster) -> int:
+    """DeepSpeed's estimate of the per-GPU model-state bytes (see the module docstring), for the ZeRO stage the run
+    will use (:func:`trainer.engines.launch.effective_zero_stage`: stage 0 on one GPU without offload by default)."""
+    return _states(cfg, arch, cluster)[1]
 
 
 def _deepspeed_cpu_bytes(cfg: Any, arch: Arch, cluster: Cluster) -> int:
     """DeepSpeed's estimate of the host memory per node (ZeRO-3 / ZeRO-2 estimators; 0 for ZeRO-0/1)."""
-    ds = cfg.deepspeed
-    stage = effective_zero_stage(ds, cluster.gpus)
-    if stage == 3:
-        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-
-        return estimate_zero3_model_states_mem_needs(
-            arch.params, arch.largest_layer_params, num_gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.nodes,
-            cpu_offload=ds.offload_optimizer or ds.offload_param, cpu_offload_params=ds.offload_param,
-            zero_init=True)[0]
-    if stage == 2:
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
-        return estimate_zero2_model_states_mem_needs(arch.params, num_gpus_per_node=cluster.gpus_per_node,
-                                                     num_nodes=cluster.nodes, cpu_offload=ds.offload_optimizer)[0]
-    return 0
+    return _states(cfg, arch, cluster)[0]
 
 
 def layer_activation_bytes(arch: Arch, b: int) -> int:
@@ -458,6 +530,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``stare-lab plan``: exit 0 if the run fits, 1 if not (the plan is printed either way)."""
+    from stare_lab.config import load_yaml
     from trainer.output import configure_output
     from trainer.config import load_trainer_config
 
@@ -473,7 +546,13 @@ def main(args: argparse.Namespace) -> int:
         if not 0 < getattr(args, name) <= 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be in (0, 1]")
     overrides = list(args.overrides or []) + list(getattr(args, "extra_overrides", None) or [])
+    if not load_yaml(args.config):  # not the defaults of every key: a plan of nothing
+        raise ConfigError(f"config file {str(args.config)!r} is empty (no keys): give a trainer config YAML, e.g. "
+                          "papers/stare_2606.19236/configs/<setting>.yaml")
     cfg = load_trainer_config(args.config, overrides)
+    if not str(cfg.model.path or "").strip() and not args.arch:
+        raise ConfigError(f"{args.config}: model.path is not set: give the model's folder (model.path=DIR, with its "
+                          "config.json) or the architecture (--arch config.json)")
     cluster = Cluster(args.nodes, args.gpus_per_node, args.gpu_memory_gib, args.gpu_tflops)
     arch = load_arch(cfg.model.path, args.arch)
     p = plan(cfg, cluster, arch, mfu=args.mfu, rollout_mfu=args.rollout_mfu)

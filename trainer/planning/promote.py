@@ -29,6 +29,12 @@ command-line W or ``w_max`` below (M above) the evidence's critical value, the l
 source runs all share one seed. A command-line W, M or ``w_max`` wins over the evidence: the header, the notices and
 the provenance's ``overridden`` name both values.
 
+Every source run (and a ``--probe`` run directory) goes through the evidence check
+(:func:`stare_lab.platform.evidence.check_run`): its ``metrics.jsonl`` parses, it is complete against its config
+and its sweep, its ``summary.json`` matches its rows. A run that fails it is refused (one line naming the run and
+why), or with ``--force`` left out and recorded (the provenance's ``left_out``); a probe that fails it is refused.
+The band criterion and the header's facts are computed from the rows.
+
 Refusals (override with ``--force``, recorded in the provenance): a run whose config is incomplete (no
 ``loss.stare`` or missing keys), a method without STARE settings (``loss.loss_mode`` is not ``stare``), or a run
 whose summary shows it failed its own band criterion (:func:`stare_lab.platform.summary.band_held`: mean |H − H_tgt| over the
@@ -41,11 +47,16 @@ a critical strength of a named kind (:class:`stare_lab.theory.critical.CriticalS
 
 * *calibrated* — ``--calibration PATH`` (``calibration.json`` or the folder ``stare-lab calibrate`` wrote), or a
   source folder that holds a ``calibration.json``: the critical W of a toy calibrated to a probe of the target model
-  (:mod:`stare_lab.theory.regime`). It wins over a toy's measured W: it is evidence about the model you will train; the
-  source runs then give only the other STARE settings (variant, P, scope, …), and neither the size guidance nor the
-  push warning applies to the calibrated values.
+  (:mod:`stare_lab.theory.regime`): evidence about the model you will train; the source runs then give only the other
+  STARE settings (variant, P, scope, …), and neither the size guidance nor the push warning applies to the
+  calibrated values.
 * *measured* — a W sweep (a source folder whose ``summary.json`` has ``critical.<method>``): its measured critical
   W, the smallest grid W held on every seed (the top-level slice); the runs at that W give the settings.
+
+With both, the calibrated W is promoted when it lies in the measured W's range (low, W] (the sweep cannot tell
+them apart); when it does not, the two disagree and the measurement wins: the measured W is promoted, and the
+header's ``WARNING`` line (and stderr) gives both numbers with the calibration's fit residual, named poor above
+:data:`stare_lab.theory.regime.POOR_FIT_RESIDUAL` (the provenance's ``evidence_conflict``).
 
 Without either, W is the source runs' own setting — no critical strength of any kind (``strength`` null; the
 header's ``W:`` line and ``w_from`` say so), an upper bound of the critical W when they all held the band.
@@ -62,6 +73,7 @@ calibration sweeps a toy for minutes, which promote does not start by itself).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -80,9 +92,10 @@ from stare_lab.theory.critical import CriticalStrength
 from stare_lab.platform.files import read_json
 from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.theory.regime import calibrated_w_max
-from stare_lab.platform.runs import read_run
 
-from trainer.planning.promote_sources import PROMOTED_KEYS, collect_settings, evidence, own_w_text, regime_check
+from trainer.planning.promote_sources import (
+    PROMOTED_KEYS, collect_settings, evidence, own_w_text, read_probe_run, regime_check,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +136,7 @@ def _probe_entropy(probe: str | Path) -> float:
 def _probe_value(probe: str | Path) -> float:
     p = Path(probe)
     if p.is_dir():
-        run = read_run(p)
+        run = read_probe_run(p)
         values = [row.get("entropy") for row in run.metrics if isinstance(row.get("entropy"), (int, float))]
         if not values:
             raise RunError(f"probe run {str(p)!r} has no entropy in its metrics")
@@ -176,10 +189,11 @@ def promote(
     if not data:
         raise ConfigError(f"--base {str(base)!r}: the base config file is empty (no keys); give a trainer config "
                           "YAML, e.g. papers/stare_2606.19236/configs/<setting>.yaml")
-    found, strength, candidates, cal = evidence(sources, method, force, calibration)
+    found, strength, candidates, cal, conflict = evidence(sources, method, force, calibration)
     base_stare = load_trainer_config(data).loss.stare  # the base itself must be valid
     base_w, base_m = float(base_stare.reweight_w), float(base_stare.reweight_m)
     notices = [f"refused without --force, promoted anyway: {msg}" for msg in found["refusals"]]
+    notices += [f"left out with --force, not sound evidence: {msg}" for msg in found["left_out"]]
 
     loss = data.setdefault("loss", {})
     loss["loss_mode"] = "stare"
@@ -241,7 +255,7 @@ def promote(
     notices[:0] = [v["note"] for v in overridden.values()]
     warnings = (_push_warnings(cfg.loss.stare, base_w, base_m, model_calibrated - _keys(user_keys), _keys(user_keys))
                 + _weaker_warnings(overridden, strength, calibrated) + _seed_warnings(found["runs"])
-                + (probed[2] if probed is not None else []))
+                + (probed[2] if probed is not None else []) + ([conflict["text"]] if conflict else []))
     regime = regime_check(found, cal, probe, notices)
     warnings += [f"regime: {w}" for w in regime["warnings"]]
     if fmt == "verl" and _verl_dropped(user_keys):
@@ -261,11 +275,13 @@ def promote(
         "overridden": {k: {"value": v["value"], "evidence": v["evidence"]} for k, v in overridden.items()},
         "evidence": [x.to_dict() for x in candidates],
         "calibration": None if cal is None else cal.get("path"),
+        "evidence_conflict": None if conflict is None else {k: v for k, v in conflict.items() if k != "text"},
         "regime": regime,
         "target_entropy": {"value": tgt, "from": tgt_source},
         "overrides": list(overrides),
-        "forced": bool(found["refusals"]),
+        "forced": bool(found["refusals"] or found["left_out"]),
         "forced_refusals": found["refusals"],
+        "left_out": found["left_out"],
         "warnings": warnings,
         "format": fmt,
     }
@@ -470,6 +486,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(extra_overrides=[])
 
 
+def _write_outputs(files: dict[Path, str]) -> None:
+    """Write each file beside itself first, then rename them into place: both or neither (a rename within a folder
+    does not fail for lack of space or permission once the temporary files exist).
+
+    Raises:
+        RunError: a file cannot be written (a read-only folder, a full disk): one line naming it.
+    """
+    tmps: list[Path] = []
+    try:
+        for path, text in files.items():
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmps.append(tmp)
+            tmp.write_text(text, encoding="utf-8")
+        for (path, _), tmp in zip(files.items(), tmps):
+            os.replace(tmp, path)
+    except OSError as err:
+        for tmp in tmps:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        raise RunError(f"cannot write {str(next(iter(files)))!r}: {err.strerror or err}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``stare-lab promote``; print notices; write the output and ``OUT.provenance.json`` (both formats).
 
@@ -503,8 +541,8 @@ def main(args: argparse.Namespace) -> int:
         target_entropy=args.target_entropy, target_entropy_frac=args.target_entropy_frac, probe=args.probe,
         force=args.force, calibration=getattr(args, "calibration", None),
     )
-    out.write_text(text)
-    out.with_name(out.name + ".provenance.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+    _write_outputs({out: text, out.with_name(out.name + ".provenance.json"):
+                    json.dumps(provenance, indent=2, default=str) + "\n"})
     if args.fmt == "verl" and out.suffix.lower() in (".yaml", ".yml"):
         notices.append(f"{out.name} holds Hydra override lines for verl, not YAML: a name such as "
                        f"{out.stem}.overrides says so")

@@ -3,8 +3,9 @@ promoted W comes from, and the regime check (docs/theory.md §7–8).
 
 * :func:`collect_settings`: the common STARE settings of a method's runs under the sources, with the band refusals.
 * :func:`evidence`: the critical strength the promoted W (and M, ``w_max``) comes from — *calibrated* (a
-  ``calibration.json``: evidence about the target model) > *measured* (a W sweep's smallest W held on every seed)
-  — and every candidate seen (:class:`stare_lab.theory.critical.CriticalStrength`); without either, the runs' own W
+  ``calibration.json``: evidence about the target model) where a W sweep's *measured* W (its smallest W held on
+  every seed) agrees with it or there is none, the measured W where the two disagree (recorded with both numbers) —
+  and every candidate seen (:class:`stare_lab.theory.critical.CriticalStrength`); without either, the runs' own W
   (:func:`own_w_text`: no critical strength, an upper bound when they all held).
 * :func:`regime_check`: the source's regime against the target's (:mod:`stare_lab.theory.regime`), and the proposal to
   calibrate when a probe run of the target is given without a calibration.
@@ -17,15 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength
-from stare_lab.errors import ConfigError, RunError, StareLabError
+from stare_lab.errors import ConfigError, RunError
 from stare_lab.platform.files import read_json
 from stare_lab.theory.regime import (
-    CALIBRATION_FILE, calibrated_strengths, read_calibration, regime_mismatches, run_regime,
+    CALIBRATION_FILE, POOR_FIT_RESIDUAL, calibrated_strengths, read_calibration, regime_mismatches, run_regime,
 )
+from stare_lab.platform.evidence import check_run
 from stare_lab.platform.runs import find_runs, read_run
 from stare_lab.platform.summary import band_held
 
-__all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "own_w_text", "regime_check"]
+__all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "own_w_text", "read_probe_run", "regime_check"]
 
 #: The STARE keys carried from a simulation into the trainer config (``loss.stare.*``); target_entropy is not.
 PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope")
@@ -51,13 +53,10 @@ def _matches(config: dict[str, Any], point: dict[str, Any]) -> bool:
     return True
 
 
-def _held(r: Any) -> bool | None:
-    """:func:`stare_lab.platform.summary.band_held` of a run, its summary completed from its config (target, band)."""
-    s = dict(r.summary or {})
-    if s.get("target_entropy") is None:
-        s["target_entropy"] = _dotted(r.config, "loss.stare.target_entropy")
-    s.setdefault("band", r.config.get("band", _DEFAULT_BAND))
-    return band_held(s)
+def _held(summary: dict[str, Any] | None) -> bool | None:
+    """:func:`stare_lab.platform.summary.band_held` of a run's summary recomputed from its rows
+    (:func:`stare_lab.platform.evidence.check_run`: its own target and band)."""
+    return band_held(summary or {})
 
 
 def _merged_regime(runs: list[Any]) -> dict[str, Any]:
@@ -84,13 +83,20 @@ def collect_settings(
         free_keys: :data:`PROMOTED_KEYS` that come from a calibration: the runs may differ in them, and their band
             criterion is not checked (the promoted W is not theirs).
 
+    Every run of ``method`` (and every run whose ``config.yaml`` cannot be read) goes through the evidence check
+    (:func:`stare_lab.platform.evidence.check_run`: its metrics parse, it is complete against its config and its
+    sweep, its ``summary.json`` matches its rows); a run that is not sound is refused, or with ``force`` left out
+    (recorded in ``left_out``). The summaries used (band criterion, provenance) are those recomputed from the rows.
+
     Returns:
         ``{"stare": {key: value for PROMOTED_KEYS}, "runs": [{"path", "seed", "summary"}], "refusals": [...],
-        "held": [bool | None per run], "regime": ...}`` (``refusals`` lists what ``force`` overrode; ``regime``
+        "left_out": [...], "held": [bool | None per run], "regime": ...}`` (``refusals`` lists what ``force``
+        overrode, ``left_out`` the runs it left out as not sound, each ``run PATH: why``; ``regime``
         the runs' :func:`_merged_regime`; in ``stare`` a free key holds the first run's value).
 
     Raises:
-        RunError: no run directory under the sources, or no run of ``method`` (the message lists the methods found).
+        RunError: no run directory under the sources, no run of ``method`` (the message lists the methods found),
+            a run that is not sound evidence (without ``force``), or no sound run left (with it).
         ConfigError: the runs of ``method`` disagree on the STARE settings (ambiguous), a run's config is incomplete,
             its method has no STARE settings, or it failed its band criterion — the last three only without
             ``force``.
@@ -101,12 +107,25 @@ def collect_settings(
     paths = find_runs(sources)
     if not paths:
         raise RunError(f"no run directories (with metrics.jsonl) under {', '.join(map(str, sources))}")
-    runs = [read_run(p) for p in paths]
-    matching = [r for r in runs if r.config.get("method") == method]
-    if not matching:
+    runs = [read_run(p, log=False) for p in paths]  # what reading skipped is in each run's evidence check
+    # a run whose config cannot be read may be one of the method's: it is checked (and refused) with them
+    candidates = [r for r in runs if r.config.get("method") == method or r.config_error is not None]
+    if not candidates:
         found = sorted({str(r.config.get("method")) for r in runs})
         raise RunError(f"no run of method {method!r} under {', '.join(map(str, sources))}; methods found: "
                        + ", ".join(found))
+    checked = {r.path: check_run(r) for r in candidates}
+    unsound = [checked[r.path] for r in candidates if not checked[r.path].sound]
+    left_out: list[str] = []
+    if unsound:  # never used as evidence: refused, or with --force left out and recorded
+        more = f" (and {len(unsound) - 1} more run(s) of {method!r} that are not sound)" if len(unsound) > 1 else ""
+        if not force:
+            raise RunError(f"{unsound[0].reason()}{more}: not sound evidence (use --force to leave such runs out)")
+        left_out = [e.reason() for e in unsound]
+    matching = [r for r in candidates if checked[r.path].sound and r.config.get("method") == method]
+    if not matching:
+        raise RunError(f"no sound run of method {method!r} under {', '.join(map(str, sources))}"
+                       + (f": {unsound[0].reason()}" if unsound else ""))
     if point:
         matching = [r for r in matching if _matches(r.config, point)]
         if not matching:
@@ -130,14 +149,15 @@ def collect_settings(
             raise ConfigError(f"run {r.path} has an incomplete config: loss.stare lacks {', '.join(missing)}")
         if loss.get("loss_mode") != "stare":
             refuse(f"method {method!r} has no STARE settings (run {r.path} uses loss_mode={loss.get('loss_mode')!r})")
-        summary = r.summary or {}
+        summary = checked[r.path].summary or {}
         dev = summary.get("mean_abs_dev_second_half")
         band = r.config.get("band", _DEFAULT_BAND)
         if "reweight_w" in free_keys:
             pass  # the promoted W comes from a calibration: this run's band says nothing about it
         elif dev is None:
-            refuse(f"run {r.path} has no band result in summary.json (mean_abs_dev_second_half); incomplete run?")
-        elif _held(r) is False:
+            refuse(f"run {r.path} has no band result (mean |H - H_tgt| over the second half): its config has no "
+                   "target entropy (loss.stare.target_entropy)")
+        elif _held(summary) is False:
             refuse(f"run {r.path} failed its band criterion: mean |H - H_tgt| over the second half = {dev:.4g} "
                    f"(held below min(band {band:g}, H_tgt/4), with a final entropy >= H_tgt/2)")
         key = tuple(None if k in free_keys else stare[k] for k in PROMOTED_KEYS)
@@ -153,10 +173,11 @@ def collect_settings(
     return {
         "stare": {k: first[k] for k in PROMOTED_KEYS},
         "runs": [
-            {"path": str(r.path), "seed": r.config.get("seed"), "summary": r.summary} for r in matching
+            {"path": str(r.path), "seed": r.config.get("seed"), "summary": checked[r.path].summary} for r in matching
         ],
         "refusals": refusals,
-        "held": [_held(r) for r in matching],
+        "left_out": left_out,
+        "held": [_held(checked[r.path].summary) for r in matching],
         "regime": _merged_regime(matching),
     }
 
@@ -188,15 +209,13 @@ def _sweep_measured(sources: list[str | Path], method: str) -> tuple[CriticalStr
 
     Raises:
         ConfigError: the sweep found no grid W that held the band on every seed.
+        RunError: a source's ``summary.json`` cannot be read (one line naming the file and why).
     """
     for src in sources:
         path = Path(src) / "summary.json"
         if not path.is_file():
             continue
-        try:
-            data = read_json(path, "sweep summary", RunError)
-        except StareLabError:
-            continue
+        data = read_json(path, "sweep summary", RunError)  # an unreadable one is named, not taken for "no sweep"
         c = ((data.get("critical") or {}) if isinstance(data, dict) else {}).get(method)
         if not isinstance(c, dict) or not any(d.get("kind") == "measured" for d in c.get("strengths") or []):
             continue
@@ -240,12 +259,25 @@ def _calibrated_choice(cal: dict[str, Any], stare: dict[str, Any]) -> CriticalSt
     return pick[0]
 
 
+def read_probe_run(probe: str | Path) -> Any:
+    """The ``--probe`` run directory, read and checked as evidence (:func:`stare_lab.platform.evidence.check_run`).
+
+    Raises:
+        RunError: not a run directory, or not sound evidence (the one line names the run and why).
+    """
+    run = read_run(probe, log=False)
+    ev = check_run(run)
+    if not ev.sound:
+        raise RunError(f"--probe: {ev.reason()}: not sound evidence")
+    return run
+
+
 def _probe_regime(probe: str | Path | None) -> dict[str, Any] | None:
     """The target model's regime from a ``--probe`` run directory that logs the D terms or ``pred/d_ratio``
     (:func:`stare_lab.theory.regime.run_regime` over all its rows), else None."""
     if probe is None or not Path(probe).is_dir():
         return None
-    run = read_run(probe)
+    run = read_probe_run(probe)
     if not any(k in row for row in run.metrics for k in (KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO)):
         return None
     reg = run_regime(run.metrics, None, {**run.config, "mode": "sampled"})
@@ -262,12 +294,43 @@ def _calibrate_available() -> bool:
         return False
 
 
+def _agrees(calibrated: CriticalStrength, measured: CriticalStrength) -> bool:
+    """Whether a calibrated W lies in a measured critical W's range (low, w] (≤ w when the smallest grid W held):
+    the sweep cannot tell the two apart."""
+    if measured.w is None:
+        return False
+    return calibrated.w <= measured.w + 1e-9 and (measured.low is None or calibrated.w > measured.low + 1e-9)
+
+
+def _conflict(cal: dict[str, Any], calibrated: CriticalStrength, measured: CriticalStrength) -> dict[str, Any]:
+    """The record of a measured and a calibrated critical W that disagree (:func:`evidence`): both values, the
+    calibration's fit residual, and the sentence the header and stderr print."""
+    fit = cal.get("fit") if isinstance(cal.get("fit"), dict) else {}
+    res = fit.get("residual")
+    res = float(res) if isinstance(res, (int, float)) and not isinstance(res, bool) and math.isfinite(res) else None
+    poor = res is not None and res > POOR_FIT_RESIDUAL
+    fit_text = (f"; its fit is poor: residual {res:.3g} > {POOR_FIT_RESIDUAL:g}, the toy reproduces the probe poorly"
+                if poor else f"; fit residual {res:.3g}" if res is not None else "")
+    text = (f"measured and calibrated evidence disagree: the W sweep measured a critical W of {measured.w:g} "
+            f"(range {measured.range_text()}; {measured.source}), the calibration ({cal.get('path')}) gives "
+            f"{calibrated.w:g} (range {calibrated.range_text()}{fit_text}); the measured W {measured.w:g} is promoted")
+    return {"measured": measured.to_dict(), "calibrated": calibrated.to_dict(), "calibration": cal.get("path"),
+            "residual": res, "poor_fit": poor, "text": text}
+
+
 def evidence(sources: list[str | Path], method: str, force: bool, calibration: str | Path | None
-              ) -> tuple[dict[str, Any], CriticalStrength | None, list[CriticalStrength], dict[str, Any] | None]:
-    """``(found, strength, evidence, calibration)``: the source runs' settings (:func:`collect_settings`), the
-    critical strength the promoted W comes from (calibrated > a W sweep's measured W; None without either: the runs'
-    own W, :func:`own_w_text`), every candidate seen, and the calibration dict (or None). A source folder that
-    ``stare-lab calibrate`` wrote counts with its ``sweep/`` runs only."""
+             ) -> tuple[dict[str, Any], CriticalStrength | None, list[CriticalStrength], dict[str, Any] | None,
+                        dict[str, Any] | None]:
+    """``(found, strength, evidence, calibration, conflict)``: the source runs' settings (:func:`collect_settings`),
+    the critical strength the promoted W comes from, every candidate seen, the calibration dict the promoted W comes
+    from (None when it does not) and, when a W sweep's measured critical W and a calibration disagree, their
+    record (:func:`_conflict`; else None).
+
+    Precedence: a calibration's W when no W sweep measured one, or when the measured W's range holds it (the sweep
+    cannot tell them apart); a measured W when there is no calibration, or when the two disagree — a measurement
+    wins over a model of it, and the conflict is recorded with both numbers and the calibration's fit residual;
+    neither: the runs' own W (:func:`own_w_text`). A source folder that ``stare-lab calibrate`` wrote counts with
+    its ``sweep/`` runs only."""
     cal = _find_calibration(sources, calibration)
     # a calibration folder's fit runs (toys that lost the fit) are not evidence: its sweep/ is
     sources = [Path(s) / "sweep" if (Path(s) / CALIBRATION_FILE).is_file() and (Path(s) / "sweep").is_dir() else s
@@ -276,13 +339,17 @@ def evidence(sources: list[str | Path], method: str, force: bool, calibration: s
     if cal is not None:
         found = collect_settings(sources, method, force=force, free_keys=("reweight_w", "reweight_m", "w_max"))
         chosen = _calibrated_choice(cal, found["stare"])
-        evidence = calibrated_strengths(cal) + ([measured[0]] if measured else [])
-        return found, chosen, evidence, cal
+        candidates = calibrated_strengths(cal) + ([measured[0]] if measured else [])
+        if measured is None or _agrees(chosen, measured[0]):
+            return found, chosen, candidates, cal, None
+        conflict = _conflict(cal, chosen, measured[0])
+        found = collect_settings(sources, method, force=force, point=measured[1])
+        return found, measured[0], candidates, None, conflict
     if measured is not None:
         found = collect_settings(sources, method, force=force, point=measured[1])
-        return found, measured[0], [measured[0]], None
+        return found, measured[0], [measured[0]], None, None
     found = collect_settings(sources, method, force=force)
-    return found, None, [], None  # the runs' own W: no critical strength (own_w_text)
+    return found, None, [], None, None  # the runs' own W: no critical strength (own_w_text)
 
 
 def regime_check(found: dict[str, Any], cal: dict[str, Any] | None, probe: str | Path | None,
