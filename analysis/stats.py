@@ -305,9 +305,7 @@ def fraction_in_band(
 def run_rows(run) -> list[dict]:
     """The metrics rows of a loaded run (:class:`analysis.load.RunData`) as the core summary reads them: one dict
     per step (sorted, one row per step) with ``step`` and every key the summary uses; NaN → None."""
-    keys = ("entropy", "entropy_change", "pred_entropy_change", "reward", "accuracy", "gate_on", "time/step_s",
-            "stare_w")
-    cols = {k: run.columns[k].tolist() for k in keys if k in run.columns}
+    cols = {k: run.columns[k].tolist() for k in core.ROW_KEYS if k in run.columns}
     rows = []
     for i, step in enumerate(run.steps.tolist()):
         row = {"step": int(step)}

@@ -347,9 +347,6 @@ def _floats(name: str, text: str) -> list[float]:
         raise ConfigError(f"--{name}={text!r} must be a comma-separated list of numbers") from None
 
 
-#: a fit residual above this is reported as a poor reproduction of the probe (docs/calibration.md, step 3)
-POOR_FIT = 0.5
-
 
 def calibrate_handler(args: argparse.Namespace) -> int:
     """Run :func:`simulators.calibrate.calibrate` and print the probe, the fit and the critical W; returns 0."""
@@ -402,6 +399,8 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     print(f"probe ({pr['kind']}): {pr['run']} ({pr['source']}, {pr['model'] or '-'}): steps {pr['steps'][0]}-"
           f"{pr['steps'][-1]}, H {f(pr['entropy'])} nats, D_L+/|D_GRPO| {f(pr['d_ratio'])}, L+ above s* "
           f"{f(pr['lplus_above_sstar'])}" + (f", held balance W {f(pr['balance_w'])}" if held else ""))
+    from stare_lab.theory.regime import POOR_FIT_RESIDUAL as POOR_FIT  # the one threshold (promote uses it too)
+
     if fit["residual"] is not None and fit["residual"] > POOR_FIT:
         print(f"note: the best toy reproduces the probe poorly (residual {f(fit['residual'])} > {POOR_FIT:g}; "
               "0.2 is about the tolerance of a critical W near 7): read its W with care, or widen --grid")

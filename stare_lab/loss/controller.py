@@ -9,20 +9,25 @@ H̄ (nats, reduced over ranks), and decides the step's gate and W/M:
   M ← clip(M − α·sgn(H_tgt − H̄), [m_min, 1]);
 * the auto schedule (``adaptive``, ``schedule="auto"``): the balance controller below.
 
-The auto schedule (docs/theory.md §9). Near the target the entropy moves as ΔH ≈ D_GRPO + u·D_push per step, with
-u = gate·(W − 1) the applied push; the band holds where the mean push cancels the drift. The controller reads only
-the H̄ of each step (what every consumer already measures) and acts on x = ln(W − 1), so that a W of 1.1 and one of
-10 are found equally fast:
+**The auto schedule** (docs/theory.md §9). Near the target the entropy moves by ΔH ≈ D_GRPO + u·D_push per step,
+with u = gate·(W − 1) the push applied; the band holds where the mean push cancels the drift, and 1 + that mean push
+is the W this model needs (the run's ``balance_w``). The gate stays the paper's (STARE acts only below H_tgt), so
+any W above the critical one holds the band; the controller's job is to get there fast, then to bring W down to
+just above the push that holds, where the realised balance is the model's critical W rather than an overshoot's (a
+pushed step is clipped and saturates, so a large W's balance overstates the W that is needed). It reads only H̄ and
+acts on x = ln(W − 1), so a W of 1.1 and one of 10 are found equally fast. With e = (H_tgt − H̄)/b, the error in
+held bands b = min(0.05, H_tgt/4) (docs/theory.md §7), clipped to ±:data:`AUTO_ERROR_CLIP`:
 
-* before the first crossing of H_tgt it does nothing (the gate is off anyway);
-* from the crossing on, every step: e = (H_tgt − H̄)/b, the error in units of the held band b = min(0.05,
-  H_tgt/4) (docs/theory.md §7), clipped to ±:data:`AUTO_ERROR_CLIP`; the integral x ← x + k_i·e and
-  W = 1 + exp(x + k_p·e), clipped to [1, auto_w_max]; C2 applies M = 1/W.
+* before the first crossing of H_tgt: nothing (the gate is off); at the crossing, W = :data:`AUTO_W0`;
+* *acquire* (from the crossing until H̄ is back at H_tgt): x ← x + :data:`AUTO_K_ACQUIRE`·e;
+* *hold* (from then on): the realised push p̂, an exponential mean of gate·(W − 1) over ~:data:`AUTO_WINDOW` steps,
+  is what holds the band, so x relaxes towards ln(κ·p̂) at rate :data:`AUTO_K_BALANCE` per step, κ =
+  :data:`AUTO_MARGIN` (W − 1 a quarter above the push that held: the gate opens on ~80 % of the steps); and while
+  H̄ is more than :data:`AUTO_DEADBAND` band below the target (the drift grew, or W came down too far)
+  x ← x + :data:`AUTO_K_RESCUE`·(e − :data:`AUTO_DEADBAND`);
+* W = 1 + eˣ, clipped to [1, auto_w_max]; C2 applies M = 1/W (the paper's pairs 1.1/0.9 and 1.05/0.95 within 1 %).
 
-The integral term is what holds the band: it moves W until the mean error is zero, so the mean push over the hold
-equals the drift, whatever the model: 1 + mean gate·(W − 1) over the hold is the W this model needed (the run's
-``balance_w``). The gains are fixed constants (:data:`AUTO_KI`, :data:`AUTO_KP`), chosen once on the validation panel
-(docs/benchmarks.md), not per task.
+The constants were chosen once, on the validation panel of docs/benchmarks.md, not per task.
 """
 
 from __future__ import annotations
@@ -39,19 +44,30 @@ from stare_lab.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["STAREController", "AUTO_KI", "AUTO_KP", "AUTO_ERROR_CLIP", "AUTO_X_MIN", "auto_band"]
+__all__ = ["STAREController", "auto_band", "AUTO_W0", "AUTO_K_ACQUIRE", "AUTO_K_BALANCE", "AUTO_MARGIN",
+           "AUTO_WINDOW", "AUTO_K_RESCUE", "AUTO_DEADBAND", "AUTO_ERROR_CLIP", "AUTO_X_MIN"]
 
-#: integral gain of the auto schedule: ln(W − 1) moves by AUTO_KI per band of error per step
-AUTO_KI = 0.1
-#: proportional gain of the auto schedule (ln(W − 1) per band of error)
-AUTO_KP = 0.2
+#: W at the first crossing of H_tgt (the acquisition starts from it)
+AUTO_W0 = 2.0
+#: acquisition gain: ln(W − 1) per band of error per step, from the crossing until H̄ is back at H_tgt
+AUTO_K_ACQUIRE = 0.2
+#: hold: the rate per step at which ln(W − 1) relaxes towards ln(AUTO_MARGIN · the realised push)
+AUTO_K_BALANCE = 0.1
+#: hold: W − 1 is kept this factor above the realised push (the gate then opens on ~1/AUTO_MARGIN of the steps)
+AUTO_MARGIN = 1.25
+#: hold: steps of the exponential mean of the realised push (and steps of hold before it is used)
+AUTO_WINDOW = 20
+#: hold: rescue gain, ln(W − 1) per band of error beyond the dead band per step
+AUTO_K_RESCUE = 0.3
+#: hold: the dead band of the rescue, in bands below H_tgt
+AUTO_DEADBAND = 1.0
 #: the error (in bands) the auto schedule acts on at most, per step
 AUTO_ERROR_CLIP = 3.0
 #: the floor of x = ln(W − 1): W ≥ 1 + e^AUTO_X_MIN ≈ 1.0001 (W − 1 stays positive so that x can rise again)
 AUTO_X_MIN = math.log(1e-4)
-import os as _os  # EXPERIMENT
-_EXP = {k: float(_os.environ.get("STARE_AUTO_" + k, d)) for k, d in
-        {"KI": AUTO_KI, "KP": AUTO_KP, "LATCH": 0, "OFFSET": 0, "W0": -1, "KG": 0, "PSTAR": 0.8, "KUP": 0, "DEAD": 1, "BAL": 0, "KAPPA": 1.25, "KB": 0.05, "NB": 20, "KACQ": 0}.items()}
+
+_FLOAT_KEYS = ("reweight_w", "reweight_m", "last_entropy", "auto_push", "auto_x")
+_COUNT_KEYS = ("num_updates", "num_skipped", "crossed_at", "auto_hold_steps")
 
 
 def auto_band(target_entropy: float) -> float:
@@ -79,43 +95,39 @@ class STAREController:
         num_skipped: number of non-finite updates ignored.
         last_update_skipped: whether the most recent :meth:`update` call was ignored.
         crossed_at: the update (1-based count of finite updates) at which H̄ first fell below H_tgt; 0 before.
-        auto_x: the auto schedule's integral state x = ln(W − 1) (NaN before the crossing, or without it).
+        auto_x: the auto schedule's x = ln(W − 1); None before the crossing (and without the auto schedule).
+        auto_push: the auto schedule's exponential sum behind :meth:`realised_push` (0 before the hold).
+        auto_hold_steps: updates since the auto schedule entered its hold (0 while acquiring).
     """
 
-    _STATE_KEYS = (
-        "gate_on",
-        "reweight_w",
-        "reweight_m",
-        "last_entropy",
-        "num_updates",
-        "num_skipped",
-        "last_update_skipped",
-        "crossed_at",
-        "auto_x",
-    )
+    _STATE_KEYS = ("gate_on", "reweight_w", "reweight_m", "last_entropy", "num_updates", "num_skipped",
+                   "last_update_skipped", "crossed_at", "auto_x", "auto_push", "auto_hold_steps")
     #: keys a checkpoint written before the auto schedule lacks: restored as their initial values
-    _OPTIONAL_KEYS = ("crossed_at", "auto_x")
+    _OPTIONAL_KEYS = ("crossed_at", "auto_x", "auto_push", "auto_hold_steps")
 
     def __init__(self, config: STAREConfig | None = None) -> None:
         self.config = STAREConfig() if config is None else config
         self.gate_on = self.config.gate == "always"
         self.reweight_w = float(self.config.reweight_w)
         self.reweight_m = float(self.config.reweight_m)
-        if self._auto:
-            self.reweight_m = self._auto_m(self.reweight_w)
         self.last_entropy = float("nan")
         self.num_updates = 0
         self.num_skipped = 0
         self.last_update_skipped = False
         self.crossed_at = 0
-        self.auto_x = float("nan")
+        self.auto_x: float | None = None
+        self.auto_push = 0.0
+        self.auto_hold_steps = 0
+        if self._auto:
+            self.reweight_w = min(AUTO_W0, float(self.config.auto_w_max))
+            self.reweight_m = self._auto_m(self.reweight_w)
 
     @property
     def _auto(self) -> bool:
         return self.config.adaptive and self.config.schedule == "auto"
 
     def _auto_m(self, w: float) -> float:
-        """C2 under the auto schedule: M = 1/W (the paper's pairs 1.1/0.9 and 1.05/0.95 within 1 %); O1: M as set."""
+        """M under the auto schedule: 1/W for C2; O1 keeps the configured M (which it never applies)."""
         return 1.0 / w if self.config.variant == "C2" else float(self.config.reweight_m)
 
     def update(self, batch_entropy: float | Tensor) -> bool:
@@ -146,8 +158,6 @@ class STAREController:
             self.gate_on = cfg.gate == "always"
         if not self.crossed_at and h < cfg.target_entropy:
             self.crossed_at = self.num_updates
-        if self._auto and self.crossed_at and _EXP["LATCH"] and cfg.gate == "entropy":
-            self.gate_on = True
         if not cfg.adaptive:
             return self.gate_on
         if self._auto:
@@ -164,49 +174,43 @@ class STAREController:
         cfg = self.config
         if not self.crossed_at:
             return
-        if math.isnan(self.auto_x):  # the crossing step: start from the configured W
-            w0 = _EXP["W0"] if _EXP["W0"] > 0 else float(cfg.reweight_w)
-            self.auto_x = math.log(max(w0 - 1.0, math.exp(AUTO_X_MIN)))
-        e = (cfg.target_entropy - _EXP["OFFSET"] * auto_band(cfg.target_entropy) - h) / auto_band(cfg.target_entropy)
-        e = min(max(e, -AUTO_ERROR_CLIP), AUTO_ERROR_CLIP)
-        x_max = math.log(cfg.auto_w_max - 1.0)
-        up = _EXP["KUP"] * max(0.0, e - _EXP["DEAD"]) if _EXP["KUP"] > 0 else _EXP["KI"] * e
-        if _EXP["BAL"]:
-            # realized push of the previous step (gate and W as applied then)
-            if not hasattr(self, "_bal"):
-                self._bal, self._nbal, self._back = 0.0, 0, False
-            lam = 1.0 - 1.0 / _EXP["NB"]
-            if h >= cfg.target_entropy:
-                self._back = True
-            if not self._back and _EXP["KACQ"] > 0:
-                up = _EXP["KACQ"] * e
-            xt = self.auto_x + up
-            if self._back and self._nbal >= _EXP["NB"] and self._bal > 0:
-                xt += _EXP["KB"] * (math.log(_EXP["KAPPA"] * self._bal) - xt)
-            self.auto_x = min(max(xt, AUTO_X_MIN), x_max)
+        e = min(max((cfg.target_entropy - h) / auto_band(cfg.target_entropy), -AUTO_ERROR_CLIP), AUTO_ERROR_CLIP)
+        if self.auto_x is None:  # the crossing step
+            x = math.log(self.reweight_w - 1.0)
+        elif self.auto_hold_steps == 0 and e > 0:  # acquiring: below the target ever since the crossing
+            x = self.auto_x + AUTO_K_ACQUIRE * e
         else:
-            self.auto_x = min(max(self.auto_x + up + _EXP["KG"] * (float(self.gate_on) - _EXP["PSTAR"]), AUTO_X_MIN), x_max)
-        x = min(max(self.auto_x + _EXP["KP"] * e, AUTO_X_MIN), x_max)
-        self.reweight_w = min(1.0 + math.exp(x), float(cfg.auto_w_max))
+            self.auto_hold_steps += 1
+            x = self.auto_x + AUTO_K_RESCUE * max(0.0, e - AUTO_DEADBAND)
+            if self.auto_hold_steps > AUTO_WINDOW and self.auto_push > 0:
+                x += AUTO_K_BALANCE * (math.log(AUTO_MARGIN * self.realised_push()) - x)
+        self.auto_x = min(max(x, AUTO_X_MIN), math.log(cfg.auto_w_max - 1.0))
+        self.reweight_w = min(1.0 + math.exp(self.auto_x), float(cfg.auto_w_max))
         self.reweight_m = self._auto_m(self.reweight_w)
-        if _EXP["BAL"]:
-            lam = 1.0 - 1.0 / _EXP["NB"]
-            self._bal = lam * self._bal + (1 - lam) * (float(self.gate_on) * (self.reweight_w - 1.0))
-            self._nbal += 1
+        if self.auto_hold_steps:
+            decay = 1.0 - 1.0 / AUTO_WINDOW
+            self.auto_push = decay * self.auto_push + (1.0 - decay) * float(self.gate_on) * (self.reweight_w - 1.0)
+
+    def realised_push(self) -> float:
+        """p̂: the mean push gate·(W − 1) of the hold so far, exponentially weighted over ~AUTO_WINDOW steps (the
+        bias-corrected exponential mean of ``auto_push``); 0 before the hold."""
+        if not self.auto_hold_steps:
+            return 0.0
+        return self.auto_push / (1.0 - (1.0 - 1.0 / AUTO_WINDOW) ** self.auto_hold_steps)
 
     def state_dict(self) -> dict[str, Any]:
         """The resumable state as plain Python values (JSON/YAML/torch.save friendly)."""
         return {key: getattr(self, key) for key in self._STATE_KEYS}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state produced by :meth:`state_dict` (one written before the auto schedule existed, without
-        ``crossed_at`` / ``auto_x``, restores them as their initial values).
+        """Restore a state produced by :meth:`state_dict` (one written before the auto schedule existed, without the
+        auto keys, restores them as their initial values).
 
         Raises:
             DataError: if a key is missing or unknown, or a value has the wrong type.
         """
-        state = {**{k: getattr(STAREController(self.config), k) for k in self._OPTIONAL_KEYS
-                    if k not in state}, **state}
+        fresh = STAREController(self.config)
+        state = {**{k: getattr(fresh, k) for k in self._OPTIONAL_KEYS if k not in state}, **state}
         missing = [key for key in self._STATE_KEYS if key not in state]
         unknown = sorted(set(state) - set(self._STATE_KEYS))
         if missing or unknown:
@@ -217,10 +221,12 @@ class STAREController:
         for key in ("gate_on", "last_update_skipped"):
             if not isinstance(state[key], bool):
                 raise DataError(f"STAREController state: {key}={state[key]!r} must be a bool")
-        for key in ("num_updates", "num_skipped", "crossed_at"):
+        for key in _COUNT_KEYS:
             if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
                 raise DataError(f"STAREController state: {key}={state[key]!r} must be a non-negative integer")
-        for key in ("reweight_w", "reweight_m", "last_entropy", "auto_x"):
+        for key in _FLOAT_KEYS:
+            if key == "auto_x" and state[key] is None:
+                continue
             if isinstance(state[key], bool) or not isinstance(state[key], numbers.Real):
                 raise DataError(f"STAREController state: {key}={state[key]!r} must be a number")
         if not 1.0 <= float(state["reweight_w"]) < math.inf:
@@ -229,4 +235,4 @@ class STAREController:
             raise DataError(f"STAREController state: reweight_m={state['reweight_m']!r} must be in (0, 1]")
         for key in self._STATE_KEYS:
             value = state[key]
-            setattr(self, key, float(value) if key in ("reweight_w", "reweight_m", "last_entropy", "auto_x") else value)
+            setattr(self, key, float(value) if key in _FLOAT_KEYS and value is not None else value)

@@ -36,7 +36,8 @@ The definitions, chosen once (where the three earlier copies differed, the choic
   from ⌊n/2⌋ with finite ``gate_on`` and ``stare_w`` (``stare_m``) (docs/theory.md §9): for a run that held the
   band, the strength this model needed at this target and learning rate (the W of a fixed-W run that would just
   hold it). ``balance_m`` means something for C2 only. None without those keys.
-* ``crossing_step``: the ``step`` of the first row whose entropy is below H_tgt (strictly); None if none.
+* ``crossing_step``: the ``step`` of the first row whose entropy is below H_tgt (strictly); None if none, or if the
+  first finite entropy is already below it (no drift carried the run there).
 * ``steps_to_band``: steps from ``crossing_step`` to the first step s ≥ it from which the mean |H − H_tgt| over the
   next :data:`BAND_WINDOW` rows is within the held band (:func:`held_band`); None when there is no crossing or it
   never is. The time a controller takes to bring the entropy into the band after the crossing.
@@ -60,6 +61,7 @@ from stare_lab.errors import ConfigError
 
 __all__ = [
     "SUMMARY_KEYS",
+    "ROW_KEYS",
     "FINAL_FRACTION",
     "MIN_FIT_PAIRS",
     "DEFAULT_BAND",
@@ -108,6 +110,9 @@ SUMMARY_KEYS = (
     "pred_rel_err",
     "wall_s",
 )
+#: The metrics-row keys :func:`run_summary` reads (besides ``step``).
+ROW_KEYS = ("entropy", "entropy_change", "pred_entropy_change", "reward", "accuracy", "gate_on", "time/step_s",
+            "stare_w", "stare_m")
 #: ``final_reward`` / ``final_accuracy`` average the last max(1, ⌊FINAL_FRACTION · n⌋) rows.
 FINAL_FRACTION = 0.1
 #: A fitted line needs at least this many (predicted, measured) pairs.
@@ -268,7 +273,8 @@ def _steps_to_band(steps: Sequence[Any], entropies: Sequence[Any], target: float
     """``(crossing_step, steps_to_band)`` of the module docstring."""
     h = [number(v) for v in entropies]
     cross = next((i for i, x in enumerate(h) if x is not None and x < target), None)
-    if cross is None:
+    first = next((i for i, x in enumerate(h) if x is not None), None)
+    if cross is None or cross == first:
         return None, None
     width = held_band(band, target)
     for i in range(cross, len(h)):

@@ -197,7 +197,7 @@ def tolerance(measured_w: float, grid_step: float) -> float:
 REGIME_RATIO = 0.8
 
 #: the keys of :func:`decomposition_summary`, in order
-DECOMPOSITION_KEYS = ("push_ratio", "critical_w", "critical_w_measured_drift", "crossing_step", "w_star_at_crossing")
+DECOMPOSITION_KEYS = ("push_ratio", "critical_w", "critical_w_measured_drift", "w_star_at_crossing")
 
 
 def applied_push(d: Sequence[float | None], push_efficiency: float | None) -> list[float | None]:
@@ -221,8 +221,8 @@ def decomposition_summary(
       the run's M for C2, 1 for O1), meaningful for a run that holds the band.
     * ``critical_w_measured_drift``: the same with the measured one-step change of the ω ≡ 1 update
       (``stare/grpo_measured``: second order included) in place of D_GRPO.
-    * ``crossing_step`` / ``w_star_at_crossing``: :func:`w_star_at_crossing` at ``target_entropy`` (the
-      conservative estimate from a GRPO run).
+    * ``w_star_at_crossing``: :func:`w_star_at_crossing` at ``target_entropy`` (the conservative estimate from a
+      GRPO run; the crossing's step is the run summary's ``crossing_step``).
 
     ``push_efficiency`` e: the share of the push the step applies (a tabular toy's knob, docs/calibration.md; 1 for
     a model): the W* of the critical W keys then cancel the drift with the applied push e·((W − 1)·D_L+ +
@@ -248,8 +248,7 @@ def decomposition_summary(
         measured = [num(r.get("stare/grpo_measured")) for r in rows]
         out["critical_w_measured_drift"] = num(critical_w(measured, dl, dm, m, window))
     if target_entropy is not None:
-        step, w = w_star_at_crossing([num(r.get("entropy")) for r in rows], target_entropy, dg, dl, dm, m, window)
-        out["crossing_step"] = rows[step].get("step") if step is not None else None
+        _, w = w_star_at_crossing([num(r.get("entropy")) for r in rows], target_entropy, dg, dl, dm, m, window)
         out["w_star_at_crossing"] = num(w)
     return out
 

@@ -8,7 +8,6 @@ mean gate·(W − 1) = (H_end − H_start − n·D_GRPO) / (n·D_L+) exactly (a 
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -57,11 +56,11 @@ def test_auto_finds_the_closed_form_balance_and_holds_the_band(w_star):
 
 @pytest.mark.parametrize("w_star", [1.3, 3.0, 7.0])
 def test_auto_holds_through_measurement_noise_and_a_lagged_push(w_star):
-    """H̄ measured with noise (σ = 0.6 of the band) and the push acting through a lag of ~10 steps (as Adam's
+    """H̄ measured with noise (σ = 0.6 of the band) and the push acting through a lag of ~5 steps (as Adam's
     momentum does on the small transformer): still held on every seed, balance W within 25 % of W* − 1."""
     target = 0.7
     for seed in range(3):
-        rows = toy_rows(auto(target), d_grpo=-0.02, w_star=w_star, steps=300, h0=1.45, noise=0.03, lag=0.9,
+        rows = toy_rows(auto(target), d_grpo=-0.02, w_star=w_star, steps=300, h0=1.45, noise=0.03, lag=0.8,
                         seed=seed)
         s = run_summary(rows, target_entropy=target)
         assert s["held"] is True, (seed, s["mean_abs_dev_second_half"])
@@ -126,7 +125,7 @@ def test_a_checkpoint_from_before_the_auto_schedule_loads():
     old = {k: v for k, v in ctl.state_dict().items() if k not in ("crossed_at", "auto_x")}
     fresh = STAREController(STAREConfig(target_entropy=0.3))
     fresh.load_state_dict(old)
-    assert fresh.gate_on is True and fresh.crossed_at == 0 and math.isnan(fresh.auto_x)
+    assert fresh.gate_on is True and fresh.crossed_at == 0 and fresh.auto_x is None
     with pytest.raises(DataError, match="crossed_at"):
         fresh.load_state_dict({**ctl.state_dict(), "crossed_at": -1})
 

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from stare_lab.platform.summary import run_summary
+
 from stare_lab.theory.critical import (
     KIND_MEANING, CriticalStrength, critical_w, decomposition_summary, measured_critical_w, measured_strength,
     recommend, recommendation_text, run_strengths, tolerance, w_star, w_star_at_crossing, w_star_series,
@@ -156,7 +158,7 @@ def test_decomposition_with_a_share_of_the_push_by_hand():
     assert whole["critical_w"] == pytest.approx(4.0) and whole["w_star_at_crossing"] == pytest.approx(4.0)
     half = decomposition_summary(rows, 0.5, push_efficiency=0.5)
     assert half["critical_w"] == pytest.approx(7.0) and half["w_star_at_crossing"] == pytest.approx(7.0)
-    assert half["crossing_step"] == 4  # entropy 0.4 < 0.5 first at index 3
+    assert run_summary(rows, target_entropy=0.5)["crossing_step"] == 4  # entropy 0.4 < 0.5 first at index 3
     c2 = decomposition_summary(rows, 0.5, reweight_m=0.5, push_efficiency=0.5)
     assert c2["critical_w"] == pytest.approx(6.75) and c2["w_star_at_crossing"] == pytest.approx(6.75)
 
