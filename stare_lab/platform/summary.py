@@ -36,6 +36,9 @@ The definitions, chosen once (where the three earlier copies differed, the choic
   from ⌊n/2⌋ with finite ``gate_on`` and ``stare_w`` (``stare_m``) (docs/theory.md §9): for a run that held the
   band, the strength this model needed at this target and learning rate (the W of a fixed-W run that would just
   hold it). ``balance_m`` means something for C2 only. None without those keys.
+* ``balance_w_max``: the largest balance W over windows of max(5, ⌊n/10⌋) consecutive rows of the second half:
+  the push the strongest stretch of the hold needed. The fixed W an auto run recommends (docs/theory.md §9): a
+  fixed W must cover the strongest drift, not the mean one. None without the keys.
 * ``crossing_step``: the ``step`` of the first row whose entropy is below H_tgt (strictly); None if none, or if the
   first finite entropy is already below it (no drift carried the run there).
 * ``steps_to_band``: steps from ``crossing_step`` to the first step s ≥ it from which the mean |H − H_tgt| over the
@@ -101,6 +104,7 @@ SUMMARY_KEYS = (
     "w_cap_share",
     "balance_w",
     "balance_m",
+    "balance_w_max",
     "crossing_step",
     "steps_to_band",
     "pred_n",
@@ -257,8 +261,8 @@ def _w_stats(rows: Sequence[Mapping[str, Any]], w_max: Any) -> tuple[float | Non
     return sum(ws) / len(ws), sum(w >= cap - CAP_TOL for w in ws) / len(ws)
 
 
-def _balance(rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
-    """``(balance_w, balance_m)`` of the module docstring."""
+def _balance(rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None, float | None]:
+    """``(balance_w, balance_m, balance_w_max)`` of the module docstring."""
     pw, pm = [], []
     for r in rows[len(rows) // 2:]:
         gate, w, m = number(r.get("gate_on")), number(r.get("stare_w")), number(r.get("stare_m"))
@@ -266,7 +270,11 @@ def _balance(rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | N
             pw.append(gate * (w - 1.0))
         if gate is not None and m is not None:
             pm.append(gate * (1.0 - m))
-    return (1.0 + sum(pw) / len(pw) if pw else None), (1.0 - sum(pm) / len(pm) if pm else None)
+    if not pw:
+        return None, (1.0 - sum(pm) / len(pm) if pm else None), None
+    width = min(len(pw), max(5, len(rows) // 10))
+    windows = [sum(pw[i:i + width]) / width for i in range(len(pw) - width + 1)]
+    return 1.0 + sum(pw) / len(pw), (1.0 - sum(pm) / len(pm) if pm else None), 1.0 + max(windows)
 
 
 def _steps_to_band(steps: Sequence[Any], entropies: Sequence[Any], target: float, band: float) -> tuple[Any, Any]:
@@ -332,7 +340,7 @@ def run_summary(
     walls = [x for x in (number(v) for v in col("time/step_s")) if x is not None]
     out["wall_s"] = sum(walls) if walls else None
     out["w_mean_second_half"], out["w_cap_share"] = _w_stats(rows, w_max)
-    out["balance_w"], out["balance_m"] = _balance(rows)
+    out["balance_w"], out["balance_m"], out["balance_w_max"] = _balance(rows)
     fit = fit_prediction(col("pred_entropy_change"), col("entropy_change"))
     out.update(pred_n=fit["n"], pred_slope=fit["slope"], pred_intercept=fit["intercept"], pred_r2=fit["r2"],
                pred_rel_err=fit["rel_err"])

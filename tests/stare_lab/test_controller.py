@@ -169,6 +169,8 @@ def test_summary_balance_crossing_and_time_to_band_by_hand():
     assert s["balance_w"] == pytest.approx(1 + sum(r["gate_on"] * (r["stare_w"] - 1) for r in second) / 10)
     assert s["balance_w"] == pytest.approx(1 + 5 * 1.0 / 10)  # rows 11..20: gate on at the 5 rows with W 2
     assert s["balance_m"] == pytest.approx(1 - 5 * 0.2 / 10)
+    # windows of max(5, 20 // 10) = 5 rows over rows 11..20: 2 or 3 gated W-2 rows each → the largest 1 + 3/5
+    assert s["balance_w_max"] == pytest.approx(1 + 3 / 5)
     assert s["crossing_step"] == 3
     # from row 3 (H 0.9): rows 3..12 average |H − 1| = (0.1 + 0.4 + 0.3 + 7·0.01)/10 = 0.087 > 0.05; row 4: 0.077;
     # row 5: (0.3 + 9·0.01)/10 = 0.039 < 0.05 → step 5, two steps after the crossing
