@@ -145,7 +145,8 @@ def test_figures_come_from_one_call_of_the_analysis_function(tmp_path, monkeypat
         (["--seeds", "2", "--seed", "1"], "--seeds='2' and --seed='1' both choose the seeds: give one of them"),
         # issue 16: an error caused by a method's own defaults names the method
         (["--methods", "grpo,o1-adaptive", "stare.reweight_w=2"],
-         "method 'o1-adaptive' (which sets loss.loss_mode=stare, loss.stare.variant=O1, loss.stare.adaptive=True): "
+         "method 'o1-adaptive' (which sets loss.loss_mode=stare, loss.stare.variant=O1, loss.stare.adaptive=True, "
+             "loss.stare.schedule=paper): "
          "loss.stare.w_max=1.5 is below loss.stare.reweight_w=2.0"),
         (["--steps", "two"], "--steps='two' must be an integer >= 1"),
         # review item 15: no silent fallback / silently ignored settings
@@ -551,7 +552,7 @@ def test_stare_overrides_without_a_stare_method_get_a_note(tmp_path, capsys):
     assert simulate("--methods", "grpo", "--out", str(tmp_path / "a"), *base, "stare.reweight_w=3") == 0
     notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
     assert notes == ["note: stare.reweight_w=3 changes no update: none of the methods run (grpo) uses the STARE "
-                     "loss; add one of o1,c2,o1-adaptive to --methods"]
+                     "loss; add one of o1,c2,o1-adaptive,o1-auto,c2-auto to --methods"]
     assert simulate("--methods", "grpo,o1", "--out", str(tmp_path / "b"), *base, "stare.reweight_w=3") == 0
     assert "changes no update" not in capsys.readouterr().out
     assert simulate("--methods", "grpo", "--out", str(tmp_path / "c"), *base) == 0

@@ -30,7 +30,8 @@ def test_a_mistyped_method_label_is_refused(tmp_path, capsys):
     cfg.write_text("method: o2\nloss:\n  loss_mode: stare\n  stare: {variant: C2}\n")
     assert main(["train", str(cfg)]) == 1
     assert _one_line(capsys) == (
-        "stare-lab train: error: method='o2' is not a known method (grpo, grpo-ds, o1, c2, o1-adaptive, clip_cov, "
+        "stare-lab train: error: method='o2' is not a known method (grpo, grpo-ds, o1, c2, o1-adaptive, o1-auto, "
+        "c2-auto, clip_cov, "
         "kl_cov, entropy_bonus, forking_tokens); the loss settings amount to 'c2': omit method to use that, or write "
         "custom:NAME for a setup of your own")
     # a known label that contradicts the loss config: named with the key to change

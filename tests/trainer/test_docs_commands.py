@@ -71,13 +71,17 @@ def test_command_exists(doc, cmd):
         sub = args[0]
         assert sub in _subcommands(), f"{doc}: stare-lab {sub} is not a subcommand"
     elif words[0] in ("python", "bash"):
-        if words[1] == "-m":
+        if words[0] == "python" and words[1] == "-c":  # a one-liner (maybe for another environment): valid Python
+            compile(words[2], cmd, "exec")
+        elif words[1] == "-m":
             assert importlib.util.find_spec(words[2]) is not None, cmd
         else:
             assert (REPO / words[1]).is_file(), cmd
     elif words[0] in ("torchrun", "deepspeed"):
         mod = words[words.index("-m") + 1] if "-m" in words else words[words.index("--module") + 1]
         assert importlib.util.find_spec(mod) is not None, cmd
+    elif words[0] == "accelerate":  # accelerate launch --config_file FILE USER_SCRIPT: the config file (above)
+        assert words[1] == "launch" and "--config_file" in words, cmd
     elif words[0] in ("pytest",):
         assert (REPO / words[1]).exists(), cmd
     else:
