@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SweepPlan", "plan_sweep", "run_sweep", "format_table", "check_writable_dir", "stale_runs", "method_set_keys",
-    "group_label", "seed_list", "uses_stare", "check_grid_used",
+    "group_label", "seed_list", "uses_stare", "check_grid_used", "inert_keys", "AUTO_INERT_KEYS",
 ]
 
 #: the config class of each preset kind (torch-free: a request is validated before the simulators are imported)
@@ -117,9 +117,22 @@ def uses_stare(method: str) -> bool:
     return loss_needs(loss["loss_mode"]).stare
 
 
+#: the ``loss.stare`` keys the auto schedule ignores: it sets W (and M = 1/W for C2) itself (docs/theory.md §9)
+AUTO_INERT_KEYS = frozenset(f"loss.stare.{k}" for k in ("reweight_w", "reweight_m", "w_max", "m_min", "alpha"))
+
+
+def inert_keys(method: str) -> frozenset[str]:
+    """The ``loss.stare.*`` keys whose value does not change ``method``'s runs: :data:`AUTO_INERT_KEYS` for a method
+    with the auto schedule (``o1-auto``, ``c2-auto``), none otherwise. A ``--sweep`` over them runs such a method
+    once."""
+    st = method_overrides(method)["loss"].get("stare") or {}
+    return AUTO_INERT_KEYS if st.get("adaptive") and st.get("schedule") == "auto" else frozenset()
+
+
 def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> None:
     """Every ``--sweep`` key must change the runs of at least one of ``methods``: ``loss.stare.*`` keys are seen by
-    STARE methods only (:func:`uses_stare`), ``loss.stare.reweight_m`` only by variant C2 (docs/theory.md §1).
+    STARE methods only (:func:`uses_stare`), ``loss.stare.reweight_m`` only by variant C2 (docs/theory.md §1), the
+    fixed-W keys not by the auto schedule (:func:`inert_keys`).
 
     Raises:
         ConfigError: naming the key, the methods and which methods would use it.
@@ -127,8 +140,9 @@ def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> No
     for key, _ in grid:
         if not key.startswith("loss.stare."):
             continue
-        users = [m for m in methods if uses_stare(m)]
-        need = "STARE methods (e.g. o1, c2)"
+        users = [m for m in methods if uses_stare(m) and key not in inert_keys(m)]
+        need = "STARE methods (e.g. o1, c2; not the auto schedule, which sets W itself)" if key in AUTO_INERT_KEYS \
+            else "STARE methods (e.g. o1, c2)"
         if key == "loss.stare.reweight_m":
             users = [m for m in users if str(method_overrides(m)["loss"]["stare"].get("variant", "")).upper() == "C2"]
             need = "variant C2 (e.g. c2)"
@@ -235,7 +249,9 @@ def plan_sweep(
     Args:
         preset: preset name (``simulators.presets.get_preset``); None → with ``resume`` the sweep's own, else
             :data:`~simulators.presets.DEFAULT_PRESET`.
-        methods: method names (None → the preset's ``methods`` or ``DEFAULT_METHODS``).
+        methods: method names (None → the preset's ``methods`` or ``DEFAULT_METHODS``; with neither ``methods`` nor
+            ``sweep`` given, and not resumed, the preset's own grid ``sweep`` too — without the keys ``overrides``
+            set — e.g. the ``demo`` preset's W sweep of o1).
         seeds: the first N seeds 0 … N−1 (an integer N ≥ 1) or a list of seeds (:func:`seed_list`); None → the
             preset's ``seeds`` or 0, 1, 2.
         out: the sweep directory.
@@ -283,6 +299,7 @@ def plan_sweep(
         raise ConfigError(f"steps={steps!r} must be an integer >= 1")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers={workers!r} must be an integer >= 1")
+    story = not methods and not sweep and recorded is None  # the preset's own request: its methods and its grid
     methods = list(methods) if methods else list(spec.get("methods") or DEFAULT_METHODS)
     for m in methods:
         if m not in METHODS:
@@ -291,6 +308,9 @@ def plan_sweep(
         raise ConfigError(f"methods {','.join(methods)} lists a method twice")
     overrides = [_normalise_override(o) for o in overrides]
     grid = parse_grid(list(sweep)) if recorded_grid is None else recorded_grid
+    if story and spec.get("sweep"):  # a key the user overrides leaves the preset's grid
+        given = {o.split("=", 1)[0].strip() for o in overrides}
+        grid = [(k, v) for k, v in parse_grid(list(spec["sweep"])) if k not in given]
     grid_keys = {k for k, _ in grid}
     for item in overrides + [f"{k}=" for k in grid_keys]:
         key = item.split("=", 1)[0].strip()
@@ -323,7 +343,8 @@ def plan_sweep(
                 raise ConfigError(f"--sweep {key}: {err}") from None
     # a used --out before torch too: every directory the plan can give a run (with or without the STARE keys)
     candidates = [_run_dir(out, m, point, seed) for m in methods for stare in (True, False)
-                  for point in method_points(grid, stare) for seed in seeds]
+                  for inert in (frozenset(), AUTO_INERT_KEYS) for point in method_points(grid, stare, inert)
+                  for seed in seeds]
     check_writable_dir(out)
     check_out(out, resume, overwrite, candidates)
     from simulators.driver import check_resume
@@ -342,7 +363,7 @@ def plan_sweep(
     configs, run_dirs, groups = {}, {}, {}
     for method in methods:
         stare = uses_stare(method)
-        for point in method_points(grid, stare):
+        for point in method_points(grid, stare, inert_keys(method)):
             label = group_label(method, point)
             groups[label] = {"method": method, "point": point, "stare": stare}
             point_items = [_grid_item(k, v) for k, v in point.items()]
