@@ -48,8 +48,8 @@ from stare_lab.loss.losses import loss_needs
 from stare_lab.platform.summary import w_cap
 from stare_lab.platform.verdict import cap_key, cap_text, push_label, verdict
 
-from simulators.grid import W_KEY, point_label
-from simulators.presets import METHODS
+from simulators.grid import W_KEY, parse_grid, point_label
+from simulators.presets import METHODS, get_preset
 from simulators.run_stats import REGIME_RATIO
 from simulators.tabular.runner import init_state, target_warning
 from simulators.tabular.tasks import reward_optimal_entropy
@@ -544,9 +544,20 @@ def plan_notes(plan) -> list[str]:
       = 1): ρ ≡ 1, so log ρ = 0 and the gradient of its penalty β·|log ρ| is 0 — it equals GRPO.
     * ``loss.stare.*`` overrides when no method of the sweep uses the STARE loss: they change no update.
     * a STARE target above the reward-optimal entropy of a tabular task
-      (:func:`simulators.tabular.runner.target_warning`).
+      (:func:`simulators.tabular.runner.target_warning`);
+    * an auto-schedule method in a sweep over a key it ignores (:func:`simulators.sweep.inert_keys`): it runs once
+      (not said for the preset's own grid, whose description says it).
     """
+    from simulators.sweep import inert_keys
+
     notes = []
+    own = parse_grid(list(get_preset(plan.preset).get("sweep") or []))  # the preset's own story says it elsewhere
+    swept = [k for k, _ in plan.grid] if plan.grid != own else []
+    for m in plan.methods:
+        unused = [k for k in swept if k in inert_keys(m)]
+        if unused:
+            notes.append(f"note: {m} ran once per point of the other grid keys: the auto schedule sets W itself, so "
+                         f"--sweep {', '.join(unused)} does not change its runs")
     first = {}
     for (label, seed), c in plan.configs.items():
         first.setdefault(plan.groups.get(label, {}).get("method", label), c)

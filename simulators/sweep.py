@@ -141,13 +141,14 @@ def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> No
         if not key.startswith("loss.stare."):
             continue
         users = [m for m in methods if uses_stare(m) and key not in inert_keys(m)]
-        need = "STARE methods (e.g. o1, c2; not the auto schedule, which sets W itself)" if key in AUTO_INERT_KEYS \
-            else "STARE methods (e.g. o1, c2)"
+        need = "STARE methods (e.g. o1, c2)"
+        auto = [m for m in methods if key in inert_keys(m)]
         if key == "loss.stare.reweight_m":
             users = [m for m in users if str(method_overrides(m)["loss"]["stare"].get("variant", "")).upper() == "C2"]
             need = "variant C2 (e.g. c2)"
+        extra = f"; the auto schedule of {', '.join(auto)} sets W itself" if auto else ""
         if not users:
-            raise ConfigError(f"--sweep {key}: none of the methods {','.join(methods)} uses {key} (only {need} do), "
+            raise ConfigError(f"--sweep {key}: none of the methods {','.join(methods)} uses {key} (only {need} do{extra}), "
                               "so every grid point would be the same run; add such a method to --methods or sweep "
                               "another key")
 

@@ -56,7 +56,7 @@ def test_analyze_a_sweep_directory(sweep_dir, tmp_path, capsys):
     paras = [line for line in md[1:] if line.strip()]
     assert paras[0] == f"**Verdict:** {report['verdict']}"
     # the recommended W with its kind, the headline's slice (the preset's own lr 2) first, then every other slice
-    assert paras[1].startswith("**Critical W:** at lr=2: recommended W for O1: 2 (measured: ") and "at lr=1: " in paras[1]
+    assert paras[1].startswith("**Critical W:** recommended W at lr=2: O1 2 (measured: ") and "at lr=1: " in paras[1]
     headline = read_sweep_summary(sweep_dir)["headline"]
     numbers = lambda text: re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?", re.sub(r"[\[(][^\])]*=[^\])]*[\])]", "", text))  # noqa: E731
     assert len(numbers(report["verdict"])) >= 6  # labels removed, the entropies etc. stay
@@ -123,7 +123,7 @@ def test_analyze_prints_the_critical_w_line_of_the_report(sweep_dir, tmp_path, c
     printed = capsys.readouterr().out.splitlines()
     crit = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("**Critical W:** "))
     assert printed[1] == "critical W: " + crit[len("**Critical W:** "):] and printed[0].startswith("verdict: ")
-    assert "recommended W for O1: 2 (measured: " in printed[1]
+    assert "recommended W at lr=2: O1 2 (measured: " in printed[1]
 
 
 def test_a_calibration_is_its_own_slice():
@@ -137,7 +137,7 @@ def test_a_calibration_is_its_own_slice():
     cal = {"kind": "calibrated", "path": "cal/calibration.json", "probe": {"run": "runs/probe", "model": "SmolLM2-135M"},
            "critical": {"o1": {"w": 1.12, "low": 1.08, "high": 1.2}}}
     lines = strength_lines(add_calibration(block, cal))
-    assert lines[0].startswith("recommended W for O1: 1.3 (measured: ")
+    assert lines[0].startswith("recommended W: O1 1.3 (measured: range (1.1, 1.3]; o1 W sweep)")
     assert lines[1].startswith("at target model (SmolLM2-135M): recommended W for O1: 1.12 (calibrated: ")
     assert "range 1.08–1.2" in lines[1] and "cal/calibration.json, probe runs/probe" in lines[1]
     rows = strength_rows(add_calibration(block, cal))

@@ -465,16 +465,17 @@ def test_sweep_grid_layout_and_critical(tmp_path, capsys):
     crit = summary["critical"]["o1"]
     for key in ("measured_w", "predicted_w", "predicted_w_grpo", "predicted_w_measured_drift", "deviation_by_w"):
         assert key in crit
-    assert "critical W: recommended W for O1: " in text
+    assert "; recommended W: O1 " in text.splitlines()[0]  # said once, in the headline
     block = summary["critical_strength"]
-    assert block["rule"].startswith("measured > calibrated > predicted > conservative")
+    assert block["rule"].startswith("measured > auto > calibrated > predicted > conservative")
     kinds = {d["kind"] for d in block["slices"][""]["strengths"]}
     assert "conservative" in kinds  # GRPO's crossing is always there; measured / predicted when a W held
 
 
 def test_a_two_key_sweep_lists_every_slice(tmp_path, capsys):
     """Review finding: with two --sweep keys the terminal's critical-W line reported one slice only (and left
-    lr=1 out). Every slice of W × lr gets its own line, with its recommended W and kind, as summary.json has it."""
+    lr=1 out). Every slice of W × lr gets its recommended W and kind, as summary.json has it: the preset's own
+    (lr=2) in the headline, the other on a line of its own."""
     out = tmp_path / "g2"
     assert simulate("--preset", "demo", "--methods", "grpo,o1", "--seeds", "2", "--steps", "60", "--out", str(out),
                     "--no-plots", "--sweep", "stare.reweight_w=1.1,1.3", "--sweep", "lr=1,2", *SMALL) == 0
@@ -482,11 +483,12 @@ def test_a_two_key_sweep_lists_every_slice(tmp_path, capsys):
     lines = [ln for ln in text if ln.startswith("critical W")]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["critical"]["o1"]["by_slice"]) == {"lr=1", "lr=2"}
-    assert [ln.split(":")[0] for ln in lines] == ["critical W at lr=1", "critical W at lr=2"]
-    for ln, label in zip(lines, ("lr=1", "lr=2")):
+    assert [ln.split(":")[0] for ln in lines] == ["critical W at lr=1"]
+    for ln, label, head in ((lines[0], "lr=1", "recommended W for O1: "), (text[0], "lr=2", "recommended W at lr=2: O1 ")):
         rec = summary["critical_strength"]["slices"][label]["recommended"]["O1"]
         w = "above " + format(rec["low"], ".3g") if rec["w"] is None else format(rec["w"], ".3g")
-        assert f"recommended W for O1: {w} ({rec['kind']}: " in ln
+        assert f"{head}{w} ({rec['kind']}" in ln, (label, ln)
+    assert "every slice below" in text[0]
 
 
 def test_workers_do_not_change_results(tmp_path):
@@ -646,14 +648,14 @@ def test_a_target_at_grpos_floor_is_said_once(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_first_order_w_from_sampled_runs_is_a_lower_bound_on_collapse(tmp_path, capsys):
     """Issue 29: on `collapse` (G = 8 sampled responses) the screen said "try stare.reweight_w ≥ 1.32", and a sweep
-    then held at 1.5 only. The first-order W is labelled a lower bound ("at least", why) on every line, and the
-    note offers a W sweep from it instead of a W that suffices."""
+    then held at 1.5 only. The first-order W is labelled a lower bound ("at least", why) where the recommendation is
+    said (the headline), and the note offers a W sweep from it instead of a W that suffices."""
     out = tmp_path / "collapse"
     assert simulate("--preset", "collapse", "--methods", "grpo,o1", "--seeds", "2", "--steps", "400", "--out",
                     str(out), "--no-plots") == 0
     text = capsys.readouterr().out
-    crit = next(x for x in text.splitlines() if x.startswith("critical W: recommended W for O1: "))
-    assert crit.startswith("critical W: recommended W for O1: at least ") and "a lower bound: sampled rollouts" in crit
+    crit = text.splitlines()[0].partition("; recommended W: ")[2]
+    assert crit.startswith("O1 at least ") and "a lower bound: sampled rollouts" in crit
     note = next(x for x in text.splitlines() if x.startswith("note: o1 did not hold the band"))
     assert "≥" not in note and "is only a lower bound here, not a W that suffices" in note
     assert "try a W sweep from " in note and "--sweep stare.reweight_w=" in note
