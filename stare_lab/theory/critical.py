@@ -402,18 +402,23 @@ def recommend(strengths: Iterable[CriticalStrength], m: float | None = None) -> 
     system (task, lr, sampling): by precedence measured > auto > calibrated > predicted > conservative
     (:data:`STRENGTH_KINDS`, docs/theory.md §7), within one kind the largest W (the safe side). A measured record
     with no held grid W (``w`` None, ``low`` = the largest W tried) rules out every estimate at or below ``low``;
-    when it rules them all out it is itself returned (its W: "above ``low``").
+    so does an *auto* record that is a lower bound (its runs did not all hold: the push they applied while failing,
+    at or below its ``w``). When the bounds rule every estimate out, the bound itself is returned — the measured
+    record first (its W: "above ``low``"), else the largest auto one ("at least").
 
     Returns:
         The chosen record, or None when ``strengths`` holds none for this M.
     """
     cands = [s for s in strengths if _same_m(s.m, m)]
-    bound = max((s.low for s in cands if s.kind == "measured" and s.w is None and s.low is not None), default=None)
+    failed = [s for s in cands if s.kind == "auto" and s.lower_bound and s.w is not None]
+    bound = max([s.low for s in cands if s.kind == "measured" and s.w is None and s.low is not None]
+                + [s.w for s in failed], default=None)
     for kind in STRENGTH_KINDS:
-        ok = [s for s in cands if s.kind == kind and s.w is not None and (bound is None or s.w > bound)]
+        ok = [s for s in cands if s.kind == kind and s.w is not None and s not in failed
+              and (bound is None or s.w > bound)]
         if ok:
             return max(ok, key=lambda s: s.w)
-    return next((s for s in cands if s.kind == "measured"), None)
+    return next((s for s in cands if s.kind == "measured"), None) or max(failed, key=lambda s: s.w, default=None)
 
 
 def measured_strength(

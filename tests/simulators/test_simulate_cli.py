@@ -661,3 +661,54 @@ def test_a_first_order_w_from_sampled_runs_is_a_lower_bound_on_collapse(tmp_path
     assert "try a W sweep from " in note and "--sweep stare.reweight_w=" in note
     rec = json.loads((out / "summary.json").read_text())["critical_strength"]["recommended"]
     assert rec["lower_bound"].startswith("sampled rollouts")
+
+
+def _rows_of(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_recommendation_is_said_once_and_auto_says_the_w_it_found(tmp_path, capsys):
+    """Issue 28: the screen said the same critical-W sentence 3-4 times. The demo task with grpo, an o1 W sweep
+    (1.1, 1.3) and o1-auto, seed 0: the recommendation (measured 1.3, the smallest W that held) is said once, in
+    the headline; the note on o1 at W 1.1 refers to it; o1-auto's line gives the W it found — its balance W over
+    the strongest stretch of the second half, 1 + the largest mean of gate·(W − 1) over 30 consecutive rows (max(5,
+    300 // 10)), computed here from its rows — next to the measured 1.3."""
+    out = tmp_path / "d"
+    assert simulate("--preset", "demo", "--methods", "grpo,o1,o1-auto", "--seeds", "1", "--out", str(out),
+                    "--no-plots", "--sweep", "stare.reweight_w=1.1,1.3") == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    summary = json.loads((out / "summary.json").read_text())
+    rec = summary["critical_strength"]["recommended"]
+    assert (rec["kind"], rec["w"], rec["low"]) == ("measured", 1.3, 1.1)
+    said = "O1 1.3 (measured: range (1.1, 1.3]; o1 W sweep: grid 1.1, 1.3; 1 seeds)"
+    assert text.count("recommended W:") == 1 and text.count(said) == 1 and said in lines[0]
+    assert text.count("1.3 (measured") == 1  # no other line repeats it (with or without its source)
+    note = next(ln for ln in lines if ln.startswith("note: o1 at W=1.1 did not hold the band"))
+    assert "below the recommended W for O1 (first line)" in note and "(measured" not in note
+    push = [r["gate_on"] * (r["stare_w"] - 1.0) for r in _rows_of(out / "o1-auto" / "seed0")[150:]]
+    found = 1.0 + max(sum(push[i:i + 30]) / 30 for i in range(len(push) - 29))
+    auto = next(ln for ln in lines if ln.startswith("o1-auto: "))
+    assert auto.startswith(f"o1-auto: held 1/1 seeds; the W it found: {found:.3g} (")
+    assert "from an auto run" in auto and auto.endswith("; measured critical W 1.3 (W sweep)")
+    assert not any(d.name.startswith("W=") for d in (out / "o1-auto").iterdir())  # the auto schedule ran once
+
+
+def test_an_auto_cap_that_binds_is_said_on_the_screen_and_in_the_summary(tmp_path, capsys):
+    """o1-auto on the demo task with auto_w_max 1.35 (seed 0): W starts at the cap at the crossing and stays there
+    while the schedule acquires; the summary's w_cap_share is the share of the rows from the first one below H_tgt
+    on whose W is at 1.35 (computed here from the rows), > 0 although W is below the cap over the second half; the
+    screen's o1-auto line says it with the same percentage."""
+    out = tmp_path / "cap"
+    assert simulate("--preset", "demo", "--methods", "grpo,o1-auto", "--seeds", "1", "--out", str(out), "--no-plots",
+                    "stare.auto_w_max=1.35") == 0
+    text = capsys.readouterr().out
+    rows = _rows_of(out / "o1-auto" / "seed0")
+    first = next(i for i, r in enumerate(rows) if r["entropy"] < 0.4)
+    after = [r["stare_w"] for r in rows[first:]]
+    share = sum(w >= 1.35 - 1e-9 for w in after) / len(after)
+    assert 0 < share and not any(w >= 1.35 - 1e-9 for w in (r["stare_w"] for r in rows[150:]))
+    run = json.loads((out / "o1-auto" / "seed0" / "summary.json").read_text())
+    assert run["w_cap_share"] == pytest.approx(share) and run["balance_m"] is None  # O1 applies no M
+    auto = next(ln for ln in text.splitlines() if ln.startswith("o1-auto: "))
+    assert f"W at its cap auto_w_max=1.35 on {share:.0%} of the steps from the crossing on" in auto

@@ -235,6 +235,11 @@ def test_recommendation_precedence_with_the_auto_kind():
     assert recommend([cons, pred, cal]) is cal
     none_held = CriticalStrength("measured", None, None, 1.3, None, "o1 W sweep")
     assert recommend([none_held, auto, cal]) is cal
+    # an auto run that did not hold is a bound, like a sweep in which no W held: a larger estimate of a later kind
+    # wins (conservative 1.6 above at least 1.29), a smaller one is ruled out (it is returned itself then)
+    failed = CriticalStrength("auto", 1.29, None, 1.27, 1.29, "1/3 runs", "the band did not hold on 2/3 seeds")
+    assert recommend([failed, cons]) is cons and recommend([failed, CriticalStrength("predicted", 1.2)]) is failed
+    assert recommend([failed, meas]) is meas
     assert "from an auto run" in auto.describe() and "from an auto run" in auto.describe(meaning=False)
     assert auto.describe(meaning=False) == "1.29 (auto: from an auto run; range 1.27–1.29; 3/3 runs of o1-auto held " \
                                            "the band)"
