@@ -143,3 +143,23 @@ def test_a_calibration_is_its_own_slice():
     rows = strength_rows(add_calibration(block, cal))
     assert rows[1][:5] == ["target model (SmolLM2-135M)", "O1", "calibrated", 1.12, "1.08–1.2"]
     assert rows[1][6] == "recommended" and block["slices"].keys() == {""}  # the input block is left alone
+
+
+def test_the_report_says_what_the_screen_says_of_an_auto_run(tmp_path, capsys):
+    """grpo and o1-auto on the demo task (seed 0): ``stare-lab analyze`` of the two run directories alone (no sweep
+    summary: the report computes from the runs) writes the screen's o1-auto line and its recommendation — the auto
+    kind, from an auto run — word for word into report.md, and the same W into report.json."""
+    out = tmp_path / "s"
+    assert main(["simulate", "--preset", "demo", "--methods", "grpo,o1-auto", "--seeds", "1", "--out", str(out),
+                 "--no-plots"]) == 0
+    screen = capsys.readouterr().out.splitlines()
+    auto = next(ln for ln in screen if ln.startswith("o1-auto: held 1/1 seeds; the W it found: "))
+    clause = screen[0].partition("; recommended W: ")[2]
+    assert clause.startswith("O1 ") and "(auto: from an auto run" in clause
+    rep = tmp_path / "rep"
+    assert main(["analyze", str(out / "grpo" / "seed0"), str(out / "o1-auto" / "seed0"), "--out", str(rep)]) == 0
+    md = (rep / "report.md").read_text()
+    assert f"**Auto schedule:** {auto}" in md and f"**Critical W:** recommended W: {clause}" in md
+    block = json.loads((rep / "report.json").read_text())["tables"]["critical_strength"]
+    swept = json.loads((out / "summary.json").read_text())["critical_strength"]
+    assert block["recommended"]["kind"] == "auto" and block["recommended"]["w"] == swept["recommended"]["w"]
