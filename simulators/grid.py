@@ -2,7 +2,7 @@
 
 A grid is a list of ``(dotted key, values)``; its points are the cartesian product. A method only sees the keys that
 can change its runs (``loss.stare.*`` keys are dropped for methods without the STARE loss, and the fixed-W keys for
-the auto schedule, which sets W itself: :func:`simulators.sweep.inert_keys`), so GRPO runs once per point of the
+the auto schedule, which sets W itself: :func:`inert_keys`), so GRPO runs once per point of the
 other keys. Run directories: ``OUT/<method>/<label>/seed<k>`` with ``label`` = ``W=1.2,lr=0.5`` (the
 short names of :data:`SHORT_NAMES`), or ``OUT/<method>/seed<k>`` for a method without grid keys.
 
@@ -27,11 +27,13 @@ import statistics
 from typing import Any
 
 from stare_lab.config import parse_overrides
+from stare_lab.loss.methods import method_overrides
 from stare_lab.theory.critical import measured_strength, recommend, run_strengths, tolerance
 from stare_lab.platform.summary import band_held
 from stare_lab.errors import ConfigError
 
-__all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY"]
+__all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY", "inert_keys",
+           "AUTO_INERT_KEYS"]
 
 W_KEY = "loss.stare.reweight_w"
 #: short names of grid keys in run-directory labels and tables
@@ -66,6 +68,22 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[Any]]]:
             raise ConfigError(f"--sweep {item!r} lists a value twice")
         grid.append((key, values))
     return grid
+
+
+#: the ``loss.stare`` keys the auto schedule ignores: it sets W (and M = 1/W for C2) itself (docs/theory.md §9)
+AUTO_INERT_KEYS = frozenset(f"loss.stare.{k}" for k in ("reweight_w", "reweight_m", "w_max", "m_min", "alpha"))
+
+
+def inert_keys(method: str) -> frozenset[str]:
+    """The ``loss.stare.*`` keys whose value does not change ``method``'s runs: :data:`AUTO_INERT_KEYS` for a method
+    with the auto schedule (``o1-auto``, ``c2-auto``), none otherwise. A ``--sweep`` over them runs such a method
+    once.
+
+    Raises:
+        ConfigError: ``method`` is not in the method table (:func:`stare_lab.loss.methods.method_overrides`).
+    """
+    st = method_overrides(method)["loss"].get("stare") or {}
+    return AUTO_INERT_KEYS if st.get("adaptive") and st.get("schedule") == "auto" else frozenset()
 
 
 def method_points(grid: list[tuple[str, list[Any]]], is_stare: bool, inert: frozenset[str] | set[str] = frozenset()

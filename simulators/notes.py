@@ -48,7 +48,7 @@ from stare_lab.loss.losses import loss_needs
 from stare_lab.platform.summary import w_cap
 from stare_lab.platform.verdict import cap_key, cap_text, push_label, verdict
 
-from simulators.grid import W_KEY, parse_grid, point_label
+from simulators.grid import W_KEY, inert_keys, parse_grid, point_label
 from simulators.presets import METHODS, get_preset
 from simulators.run_stats import REGIME_RATIO
 from simulators.tabular.runner import init_state, target_warning
@@ -462,7 +462,8 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
         return (f"{head} although the first-order estimate where the entropy crosses H_tgt (W* ≈ {est:.2f} "
                 f"{est_what}, median over seeds) is below W={w_now:g}: the drift at H_tgt is then mostly second "
                 "order (sampling noise, ∝ lr²), which the D terms leave out; try a larger push "
-                f"({'stare.w_max / stare.m_min' if st.get('adaptive') else 'stare.reweight_w / reweight_m, ' + _auto_method(st)})"
+                "(" + ("stare.w_max / stare.m_min" if st.get("adaptive") else
+                       "stare.reweight_w / reweight_m, " + _auto_method(st)) + ")"
                 " or a smaller lr (docs/theory.md §7)")
     said = rec is not None and rec.kind == "conservative" and est is not None and rec.w is not None and \
         math.isclose(rec.w, est, rel_tol=1e-9)  # the headline's recommendation: referred to, not repeated
@@ -545,11 +546,9 @@ def plan_notes(plan) -> list[str]:
     * ``loss.stare.*`` overrides when no method of the sweep uses the STARE loss: they change no update.
     * a STARE target above the reward-optimal entropy of a tabular task
       (:func:`simulators.tabular.runner.target_warning`);
-    * an auto-schedule method in a sweep over a key it ignores (:func:`simulators.sweep.inert_keys`): it runs once
+    * an auto-schedule method in a sweep over a key it ignores (:func:`simulators.grid.inert_keys`): it runs once
       (not said for the preset's own grid, whose description says it).
     """
-    from simulators.sweep import inert_keys
-
     notes = []
     own = parse_grid(list(get_preset(plan.preset).get("sweep") or []))  # the preset's own story says it elsewhere
     swept = [k for k, _ in plan.grid] if plan.grid != own else []

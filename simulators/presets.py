@@ -46,8 +46,9 @@ from stare_lab.errors import ConfigError
 from stare_lab.loss.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
 
 __all__ = [
-    "SEED_MAX", "MAX_SEEDS", "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "DEMO_METHODS", "DEMO_SWEEP", "method_overrides", "get_preset",
-    "preset_names",
+    "SEED_MAX", "MAX_SEEDS", "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS",
+    "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "DEMO_METHODS", "DEMO_SWEEP", "method_overrides",
+    "get_preset", "preset_names",
 ]
 
 #: seeds are integers in [0, SEED_MAX] (2**31 - 1: every seed stream the simulators derive from a seed, e.g.

@@ -45,7 +45,7 @@ from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
 from stare_lab.platform.verdict import group_outcome
 
-from simulators.grid import critical_summary, method_points, parse_grid, point_label
+from simulators.grid import AUTO_INERT_KEYS, critical_summary, inert_keys, method_points, parse_grid, point_label
 from simulators.presets import (DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, SEED_MAX, get_preset,
                                 method_overrides)
 from simulators.run_stats import STAT_KEYS
@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SweepPlan", "plan_sweep", "run_sweep", "format_table", "check_writable_dir", "stale_runs", "method_set_keys",
-    "group_label", "seed_list", "uses_stare", "check_grid_used", "inert_keys", "AUTO_INERT_KEYS",
+    "group_label", "seed_list", "uses_stare", "check_grid_used",
 ]
 
 #: the config class of each preset kind (torch-free: a request is validated before the simulators are imported)
@@ -117,22 +117,10 @@ def uses_stare(method: str) -> bool:
     return loss_needs(loss["loss_mode"]).stare
 
 
-#: the ``loss.stare`` keys the auto schedule ignores: it sets W (and M = 1/W for C2) itself (docs/theory.md §9)
-AUTO_INERT_KEYS = frozenset(f"loss.stare.{k}" for k in ("reweight_w", "reweight_m", "w_max", "m_min", "alpha"))
-
-
-def inert_keys(method: str) -> frozenset[str]:
-    """The ``loss.stare.*`` keys whose value does not change ``method``'s runs: :data:`AUTO_INERT_KEYS` for a method
-    with the auto schedule (``o1-auto``, ``c2-auto``), none otherwise. A ``--sweep`` over them runs such a method
-    once."""
-    st = method_overrides(method)["loss"].get("stare") or {}
-    return AUTO_INERT_KEYS if st.get("adaptive") and st.get("schedule") == "auto" else frozenset()
-
-
 def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> None:
     """Every ``--sweep`` key must change the runs of at least one of ``methods``: ``loss.stare.*`` keys are seen by
     STARE methods only (:func:`uses_stare`), ``loss.stare.reweight_m`` only by variant C2 (docs/theory.md §1), the
-    fixed-W keys not by the auto schedule (:func:`inert_keys`).
+    fixed-W keys not by the auto schedule (:func:`simulators.grid.inert_keys`).
 
     Raises:
         ConfigError: naming the key, the methods and which methods would use it.
@@ -148,9 +136,9 @@ def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> No
             need = "variant C2 (e.g. c2)"
         extra = f"; the auto schedule of {', '.join(auto)} sets W itself" if auto else ""
         if not users:
-            raise ConfigError(f"--sweep {key}: none of the methods {','.join(methods)} uses {key} (only {need} do{extra}), "
-                              "so every grid point would be the same run; add such a method to --methods or sweep "
-                              "another key")
+            raise ConfigError(f"--sweep {key}: none of the methods {','.join(methods)} uses {key} (only {need} "
+                              f"do{extra}), so every grid point would be the same run; add such a method to --methods "
+                              "or sweep another key")
 
 
 def seed_list(seeds: int | list[int] | tuple[int, ...] | None, default: list[int]) -> list[int]:

@@ -484,7 +484,8 @@ def test_a_two_key_sweep_lists_every_slice(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["critical"]["o1"]["by_slice"]) == {"lr=1", "lr=2"}
     assert [ln.split(":")[0] for ln in lines] == ["critical W at lr=1"]
-    for ln, label, head in ((lines[0], "lr=1", "recommended W for O1: "), (text[0], "lr=2", "recommended W at lr=2: O1 ")):
+    for ln, label, head in ((lines[0], "lr=1", "recommended W for O1: "),
+                            (text[0], "lr=2", "recommended W at lr=2: O1 ")):
         rec = summary["critical_strength"]["slices"][label]["recommended"]["O1"]
         w = "above " + format(rec["low"], ".3g") if rec["w"] is None else format(rec["w"], ".3g")
         assert f"{head}{w} ({rec['kind']}" in ln, (label, ln)

@@ -388,8 +388,8 @@ def evidence(sources: list[str | Path], method: str, force: bool, calibration: s
     """
     if is_auto_method(method):
         if calibration is not None:
-            raise ConfigError(f"--calibration promotes a calibrated fixed W; the evidence of --method {method} is the W "
-                              "its own auto runs found: give one of them")
+            raise ConfigError(f"--calibration promotes a calibrated fixed W; the evidence of --method {method} is the "
+                              "W its own auto runs found: give one of them")
         found, rec = _auto_evidence(sources, method, force)
         return found, rec, [rec], None, None
     cal = _find_calibration(sources, calibration)
