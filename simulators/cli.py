@@ -15,8 +15,9 @@ line (the verdict and the recommended critical W per push, said once), a table p
 method with the W it found, the other estimates and one-line notes (:mod:`simulators.notes`: why a STARE method
 did not hold the band, reasoned from direction and regime; plan notes about the request). Seeds: ``--seeds N`` runs
 the first N seeds 0 … N−1 (N ≤ 10000), ``--seeds A,B,…`` exactly those seeds, ``--seed S`` the one seed S (seeds in
-[0, 2**31 − 1]). With ``--sweep KEY=V1,V2,…`` (repeatable) the runs cover the grid; with a ``stare.reweight_w`` grid the summary holds the measured and predicted
-critical W (``critical.<method>``, :mod:`simulators.grid`) and the report draws the phase diagram. Tabular runs are
+[0, 2**31 − 1]). With ``--sweep KEY=V1,V2,…`` (repeatable) the runs cover the grid; with a ``stare.reweight_w``
+grid the summary holds the measured and predicted critical W (``critical.<method>``, :mod:`simulators.grid`) and the
+report draws the phase diagram. Tabular runs are
 batched and spread over ``--workers`` processes (default: all cores). Any ``key=value`` overrides a config field of
 the preset's simulator (``stare.*`` is short for ``loss.stare.*``; ``--list-keys`` lists them), except the keys a
 method sets (use ``--methods``) and ``steps`` together with ``--steps``. On tabular presets an explicit
