@@ -36,8 +36,8 @@ Steps (:func:`calibrate`):
    crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
    set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
 3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
-   grid of the four knobs (default :data:`DEFAULT_GRID`; for a held probe also ``push_efficiency``,
-   :data:`HELD_DEFAULT_GRID`; ``clip_rel`` of :data:`OPTIONAL_KNOBS` when the grid names it), ``fit_seeds`` seeds
+   grid of the four knobs (default :data:`DEFAULT_GRID`; for a held probe :data:`HELD_DEFAULT_GRID`, with
+   ``push_efficiency``; ``clip_rel`` of :data:`OPTIONAL_KNOBS` when the grid names it), ``fit_seeds`` seeds
    each, read like the probe at the matched target: GRPO runs for a crossing probe, runs of the probe's STARE
    schedule (its method and :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
    lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
@@ -52,8 +52,14 @@ Steps (:func:`calibrate`):
    lies in between on this grid (``low`` = 1 when the smallest grid W holds; ``w``/``high`` null and ``low`` the
    largest grid W when no W holds). The adaptive schedule's cap must reach it: ``w_max`` = the O1 ``high``.
 
-Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: run directories and its
-``summary.json``), ``fit.json`` (every knob setting with its observables and residual) and ``calibration.json``::
+Time (:mod:`simulators.calibrate_time`): the fit runs in slices of about a tenth of its settings; with a progress
+reporter or a budget a pilot of the first slice first says how long the calibration takes (:func:`estimate`), and
+``max_minutes`` refuses one over it or stops one before a slice or the sweep that would end past it.
+
+Output folder ``OUT``: ``fit/`` (the fit's runs), ``sweep/`` (the sweep: run directories and its ``summary.json``),
+``fit.json`` (``probe``, every knob setting done with its observables and residual, ``partial``: null, or what a
+budget stop left: ``max_minutes``, ``stopped_before``, ``settings_done``, ``settings_total``) and
+``calibration.json``::
 
     {"kind": "calibrated",
      "probe": {"run": str, "kind": "crossing|held", "source": "trainer|simulator", "model": str|null,
@@ -106,7 +112,7 @@ from stare_lab.platform.summary import band_held, run_summary, summary_settings
 from simulators.calibrate_grid import (  # noqa: F401 (the grid's names are part of this module's interface)
     DEFAULT_GRID, HELD_DEFAULT_GRID, KNOBS, OPTIONAL_KNOBS, _check_grid, _label,
 )
-from simulators.calibrate_time import PILOT_STEPS, Budget, BudgetError, Cost, Progress, measure, minutes, slices
+from simulators.calibrate_time import Budget, BudgetError, Cost, Progress, measure, minutes, slices
 from simulators.parallel import check_memory, default_workers, run_many
 from simulators.presets import get_preset
 from simulators.sweep import check_writable_dir, plan_sweep, run_sweep
@@ -119,7 +125,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "HELD_DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS",
     "Probe", "probe_window", "probe_kind", "held_balance", "read_probe", "matched_target", "residual",
-    "toy_observables", "fit_knobs", "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
+    "toy_observables", "fit_knobs", "critical_sweep", "calibrate", "estimate", "Estimate", "FitStopped", "PRESET",
+    "OUTPUTS",
 ]
 
 #: the preset whose knobs are fitted
@@ -667,8 +674,8 @@ def estimate(probe: Probe, grid: dict[str, list] | None, fit_seeds: Sequence[int
     fit, sweep = cost.estimate([len(p) * n for p in parts], sweep_runs)
     est = Estimate(fit, sweep, cost, sweep_runs)
     line = (f"{len(settings)} settings × {n} seeds, about {minutes(est.total)} on this machine (fit "
-            f"{minutes(fit)}, W sweep of {sweep_runs} runs {minutes(sweep)}; measured over {min(PILOT_STEPS, cost.steps)} "
-            f"steps of {len(first)} runs")
+            f"{minutes(fit)}, W sweep of {sweep_runs} runs {minutes(sweep)}; measured over {cost.pilot} steps of "
+            f"{len(first)} runs")
     return est, line
 
 

@@ -56,12 +56,13 @@ def slices(n_settings: int, n_seeds: int, workers: int) -> list[range]:
 @dataclasses.dataclass
 class Cost:
     """A slice's measured cost: ``fixed`` seconds (processes, set-up, writing and reading the runs) + ``step``
-    seconds per batched step of its ``runs`` runs; ``steps`` per run."""
+    seconds per batched step of its ``runs`` runs; ``steps`` per run; ``pilot`` the steps measured."""
 
     fixed: float
     step: float
     runs: int
     steps: int
+    pilot: int = PILOT_STEPS
 
     def seconds(self, runs: int) -> float:
         """A batch of ``runs`` runs of ``steps`` steps (the step time scaled by the runs)."""
@@ -81,7 +82,7 @@ def measure(configs: list[Any], workers: int | None, read: Callable[[list[Path]]
     from simulators.parallel import run_many
 
     full = int(configs[0].steps)
-    steps = max(2, min(steps, full))
+    steps = max(1, min(steps, full))
     pilot = [dataclasses.replace(c, steps=steps, checkpoint_every=steps) for c in configs]
     marks: list[tuple[float, int]] = []
     done = [0]
@@ -107,7 +108,7 @@ def measure(configs: list[Any], workers: int | None, read: Callable[[list[Path]]
     first = next((t for t, k in marks if k >= n), t0)
     step = (marks[-1][0] - first) / (steps - 1) if marks and marks[-1][0] > first else (t1 - t0) / steps
     fixed = max(0.0, (t1 - t0) - steps * step) + (t2 - t1)
-    return Cost(fixed=fixed, step=step, runs=n, steps=full)
+    return Cost(fixed=fixed, step=step, runs=n, steps=full, pilot=steps)
 
 
 class Budget:

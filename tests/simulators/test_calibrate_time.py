@@ -74,9 +74,9 @@ def test_progress_on_a_terminal_is_one_updating_line():
 
 
 def test_minutes_and_slices_by_hand():
-    """minutes: below 60 s in seconds, then minutes with one decimal below 10. slices: 480 settings × 2 seeds on 2
-    workers: max(⌈48⌉, ⌈32·2/2⌉) = 48 settings a slice → 10 slices; 96 settings: max(10, 32) = 32 → 3; 5 settings
-    on 1 worker and 1 seed: max(1, 32) → one slice; every index once."""
+    """minutes: below 60 s in seconds, then minutes with one decimal below 10. slices: 480 settings × 2 seeds on
+    2 workers: max(⌈48⌉, ⌈32·2/2⌉) = 48 settings a slice → 10 slices; 96 settings: max(10, 32) = 32 → 3;
+    5 settings on 1 worker and 1 seed: max(1, 32) → one slice; every index once."""
     assert (T.minutes(42), T.minutes(90), T.minutes(600)) == ("42 s", "1.5 min", "10 min")
     for n, seeds, workers, size in ((480, 2, 2, 48), (96, 2, 2, 32), (5, 1, 1, 5)):
         parts = T.slices(n, seeds, workers)
@@ -93,13 +93,13 @@ def test_cost_model_by_hand():
 
 
 def test_measure_runs_a_short_pilot_elsewhere(tmp_path, monkeypatch):
-    """The pilot runs the configs for a few steps in a temporary folder,
-    not in the working directory, and models the configs' own 30 steps."""
+    """The pilot runs the configs for a few steps (PILOT_STEPS) in a temporary folder, not in the working
+    directory, and models the configs' own 30 steps."""
     monkeypatch.chdir(tmp_path)
     cfgs = [config_from_overrides({**C._base_overrides(SIZE), "method": "grpo", "seed": s}) for s in (0, 1)]
     seen = []
     cost = T.measure(cfgs, 1, lambda dirs: seen.append([len(list(d.iterdir())) > 0 for d in dirs]))
-    assert (cost.runs, cost.steps) == (2, 30) and cost.step > 0 and cost.fixed >= 0
+    assert (cost.runs, cost.steps, cost.pilot) == (2, 30, T.PILOT_STEPS) and cost.step > 0 and cost.fixed >= 0
     assert seen == [[True, True]] and list(tmp_path.iterdir()) == []
 
 
@@ -112,8 +112,8 @@ def test_estimate_is_said_before_the_fit_and_progress_follows(probe, tmp_path, c
     captured = capsys.readouterr()
     err = captured.err.splitlines()
     assert re.fullmatch(r"calibrate: 2 settings × 2 seeds, about \d+ s on this machine \(fit \d+ s, W sweep of 5 "
-                        r"runs \d+ s; measured over 8 steps of 4 runs; --grid KNOB=V1,V2,\.\.\. to shrink it, "
-                        r"--max-minutes M to cap it\)", err[0]), err[0]
+                        rf"runs \d+ s; measured over {T.PILOT_STEPS} steps of 4 runs; --grid KNOB=V1,V2,\.\.\. to "
+                        r"shrink it, --max-minutes M to cap it\)", err[0]), err[0]
     fit = [ln for ln in err if ln.startswith("calibrate fit: ")]
     sweep = [ln for ln in err if ln.startswith("calibrate W sweep: ")]
     assert 1 <= len(fit) <= 10 and fit[-1].startswith("calibrate fit: 100% (2/2 settings)")
@@ -137,7 +137,8 @@ def test_max_minutes_refuses_before_anything_runs(probe, tmp_path, capsys):
     assert re.search(r"error: 2 settings × 2 seeds, about \d+ s on this machine .*\), over --max-minutes "
                      r"0\.0001: nothing was run;", err), err
     assert sorted(p.name for p in out.iterdir()) == ["calibration.json"]
-    for bad, msg in (("0", "--max-minutes=0.0 must be a number > 0"), ("soon", "--max-minutes='soon' must be a number")):
+    for bad, msg in (("0", "--max-minutes=0.0 must be a number > 0"),
+                     ("soon", "--max-minutes='soon' must be a number")):
         assert _cli(probe, tmp_path / "other", "--max-minutes", bad) == 1
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
