@@ -293,7 +293,7 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
             "W sweep; calibration estimates it from a toy, with measured limits (docs/calibration.md): a crossing "
             "probe did not transfer out of sample (first-order W* 1.8 and 2.6 against a measured 4 and 7), a held "
             "probe needs a run that already holds the band and its balance W moves with the probe's W, one "
-            "fitted knob (push efficiency) carries the answer, and a known 10%% verifier noise was fitted as 0. "
+            "fitted knob (push efficiency) carries the answer, and a known 10 % verifier noise was fitted as 0. "
             "Fit the knobs of the tabular 'llm' preset (reward coupling, fork width: forking positions and correct "
             "tokens at a fork, verifier noise) so that it shows the probe's D_L+/|D_GRPO| and L+-above-s* share at "
             "the matching entropy — a GRPO probe around its target crossing, or a STARE probe that holds the band "

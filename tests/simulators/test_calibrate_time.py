@@ -197,4 +197,5 @@ def test_help_says_it_is_a_research_tool(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "A research tool: the W to act on comes from an auto run of the model (methods o1-auto / c2-auto) or a " \
            "W sweep" in text
+    assert "a known 10 % verifier noise was fitted as 0" in text and "%%" not in text
     assert "--max-minutes M" in text
