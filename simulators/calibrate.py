@@ -36,8 +36,8 @@ Steps (:func:`calibrate`):
    crosses it and the window's mean entropy otherwise; each toy setting is read, and the calibrated toy's band is
    set, at ρ × that setting's own initial entropy (:func:`matched_target`; the number of forks changes it).
 3. **Fit** (:func:`fit_knobs`): runs of the ``llm`` preset (sampled, G responses per prompt, as in training) over a
-   grid of the four knobs (default :data:`DEFAULT_GRID`; for a held probe also ``push_efficiency``,
-   :data:`HELD_DEFAULT_GRID`; ``clip_rel`` of :data:`OPTIONAL_KNOBS` when the grid names it), ``fit_seeds`` seeds
+   grid of the four knobs (default :data:`DEFAULT_GRID`; for a held probe :data:`HELD_DEFAULT_GRID`, with
+   ``push_efficiency``; ``clip_rel`` of :data:`OPTIONAL_KNOBS` when the grid names it), ``fit_seeds`` seeds
    each, read like the probe at the matched target: GRPO runs for a crossing probe, runs of the probe's STARE
    schedule (its method and :data:`SCHEDULE_KEYS`) for a held one. The residual (:func:`residual`) is the Euclidean distance of (g(d_ratio),
    lplus_above_sstar, and for a held probe ln balance W) between toy and probe with g(x) = x / (1 + |x|) (monotone,
@@ -52,8 +52,14 @@ Steps (:func:`calibrate`):
    lies in between on this grid (``low`` = 1 when the smallest grid W holds; ``w``/``high`` null and ``low`` the
    largest grid W when no W holds). The adaptive schedule's cap must reach it: ``w_max`` = the O1 ``high``.
 
-Output folder ``OUT``: ``fit/`` (the fit's GRPO runs), ``sweep/`` (the sweep: run directories and its
-``summary.json``), ``fit.json`` (every knob setting with its observables and residual) and ``calibration.json``::
+Time (:mod:`simulators.calibrate_time`): the fit runs in slices of about a tenth of its settings; with a progress
+reporter or a budget a pilot of the first slice first says how long the calibration takes (:func:`estimate`), and
+``max_minutes`` refuses one over it or stops one before a slice or the sweep that would end past it.
+
+Output folder ``OUT``: ``fit/`` (the fit's runs), ``sweep/`` (the sweep: run directories and its ``summary.json``),
+``fit.json`` (``probe``, every knob setting done with its observables and residual, ``partial``: null, or what a
+budget stop left: ``max_minutes``, ``stopped_before``, ``settings_done``, ``settings_total``) and
+``calibration.json``::
 
     {"kind": "calibrated",
      "probe": {"run": str, "kind": "crossing|held", "source": "trainer|simulator", "model": str|null,
@@ -82,6 +88,7 @@ entropy, its mode — for comparing the toy with a training target before acting
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -90,12 +97,14 @@ import logging
 import math
 import os
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_LPLUS_ABOVE
 from stare_lab.errors import ConfigError, DataError
 from stare_lab.platform.evidence import check_run
+from stare_lab.platform.outdir import CALIBRATION, check_kind, check_outside_writers
 from stare_lab.platform.runlock import lock_dir
 from stare_lab.platform.runs import read_run
 from stare_lab.platform.summary import band_held, run_summary, summary_settings
@@ -103,7 +112,8 @@ from stare_lab.platform.summary import band_held, run_summary, summary_settings
 from simulators.calibrate_grid import (  # noqa: F401 (the grid's names are part of this module's interface)
     DEFAULT_GRID, HELD_DEFAULT_GRID, KNOBS, OPTIONAL_KNOBS, _check_grid, _label,
 )
-from simulators.parallel import check_memory, run_many
+from simulators.calibrate_time import Budget, BudgetError, Cost, Progress, measure, minutes, slices
+from simulators.parallel import check_memory, default_workers, run_many
 from simulators.presets import get_preset
 from simulators.sweep import check_writable_dir, plan_sweep, run_sweep
 from simulators.sweep_out import claim_calibration_out
@@ -115,7 +125,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "KNOBS", "OPTIONAL_KNOBS", "DEFAULT_GRID", "HELD_DEFAULT_GRID", "DEFAULT_W_GRID", "PROBE_KINDS", "SCHEDULE_KEYS",
     "Probe", "probe_window", "probe_kind", "held_balance", "read_probe", "matched_target", "residual",
-    "toy_observables", "fit_knobs", "critical_sweep", "calibrate", "PRESET", "OUTPUTS",
+    "toy_observables", "fit_knobs", "critical_sweep", "calibrate", "estimate", "Estimate", "FitStopped", "PRESET",
+    "OUTPUTS",
 ]
 
 #: the preset whose knobs are fitted
@@ -435,32 +446,10 @@ def toy_observables(run_dirs: Sequence[str | os.PathLike], target: float, window
     return {"d_ratio": ratio, "lplus_above_sstar": share, "balance_w": balance, "crossing": crossings}
 
 
-def fit_knobs(
-    probe: Probe, out: Path, grid: dict[str, list] | None = None, seeds: Sequence[int] = (0, 1),
-    overrides: dict[str, Any] | None = None, workers: int | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the fit (module docstring, step 3) into ``out`` (``out/<knobs>/seed<k>``).
-
-    Args:
-        probe: :func:`read_probe`'s result. grid: knob → values (missing knobs: :data:`DEFAULT_GRID`, and for a
-            held probe :data:`HELD_DEFAULT_GRID`).
-        seeds: seeds per knob setting. overrides: further ``llm`` preset overrides (dotted keys, e.g. ``lr``).
-        workers: processes (None: all cores). progress: called with run-steps done.
-
-    A crossing probe's settings run GRPO; a held probe's run its STARE schedule (``probe.schedule``: method and
-    ``loss.stare`` keys) and are read over their held second half (:func:`toy_observables`). The runs' own
-    warnings (``simulators.tabular.runner``) are not logged: a setting is judged by its residual.
-
-    Returns:
-        (the best setting, every setting in grid order); a setting is ``{"knobs", "target", "d_ratio",
-        "lplus_above_sstar", "balance_w", "crossing", "residual"}`` with ``target`` its matched target (nats).
-
-    Raises:
-        ConfigError: a bad grid or override (one line, the key named), or a grid whose runs would not fit in
-            memory (:func:`simulators.parallel.check_memory`). DataError: no knob setting reaches its matched target.
-    """
-    grid = _check_grid(grid or {}, held=probe.kind == "held")
+def _fit_plan(probe: Probe, out: Path, grid: dict[str, list], seeds: Sequence[int],
+              overrides: dict[str, Any] | None) -> tuple[list[dict[str, Any]], list[Any], list[Path], list[float]]:
+    """(settings, configs, run directories, matched targets) of the fit over the checked ``grid``: ``len(seeds)``
+    consecutive configs per setting (:func:`fit_knobs`)."""
     settings = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
     method, schedule = "grpo", {}
     if probe.kind == "held":
@@ -478,21 +467,76 @@ def fit_knobs(
         except ConfigError as err:
             raise ConfigError(f"fit grid point {_label(knobs)}: {err}") from None
         targets.append(target)
-    check_memory(configs, workers)  # a grid the machine cannot hold is refused before anything runs
+    return settings, configs, dirs, targets
+
+
+class FitStopped(BudgetError):
+    """The fit stopped at its budget before a slice: ``table`` holds the settings done (of ``total``)."""
+
+    def __init__(self, message: str, table: list[dict[str, Any]], total: int) -> None:
+        super().__init__(message)
+        self.table, self.total = table, total
+
+
+def fit_knobs(
+    probe: Probe, out: Path, grid: dict[str, list] | None = None, seeds: Sequence[int] = (0, 1),
+    overrides: dict[str, Any] | None = None, workers: int | None = None,
+    progress: Callable[[int], None] | None = None, budget: Budget | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the fit (module docstring, step 3) into ``out`` (``out/<knobs>/seed<k>``).
+
+    Args:
+        probe: :func:`read_probe`'s result. grid: knob → values (missing knobs: :data:`DEFAULT_GRID`, and for a
+            held probe :data:`HELD_DEFAULT_GRID`).
+        seeds: seeds per knob setting. overrides: further ``llm`` preset overrides (dotted keys, e.g. ``lr``).
+        workers: processes (None: all cores). progress: called with run-steps done.
+        budget: checked before each slice after the first (:func:`simulators.calibrate_time.slices`), against
+            the mean time of the slices done.
+
+    A crossing probe's settings run GRPO; a held probe's run its STARE schedule (``probe.schedule``: method and
+    ``loss.stare`` keys) and are read over their held second half (:func:`toy_observables`). The settings run in
+    slices of about a tenth, in grid order (a run's numbers do not depend on its batch). The runs' own
+    warnings (``simulators.tabular.runner``) are not logged: a setting is judged by its residual.
+
+    Returns:
+        (the best setting, every setting in grid order); a setting is ``{"knobs", "target", "d_ratio",
+        "lplus_above_sstar", "balance_w", "crossing", "residual"}`` with ``target`` its matched target (nats).
+
+    Raises:
+        ConfigError: a bad grid or override (one line, the key named), or a slice whose runs would not fit in
+            memory (:func:`simulators.parallel.check_memory`). DataError: no knob setting reaches its matched target.
+        FitStopped: the next slice would end past ``budget`` (its ``table``: the settings done).
+    """
+    grid = _check_grid(grid or {}, held=probe.kind == "held")
+    settings, configs, dirs, targets = _fit_plan(probe, out, grid, seeds, overrides)
+    n = len(seeds)
+    parts = slices(len(settings), n, default_workers() if workers is None else max(1, int(workers)))
+    check_memory(configs[:len(parts[0]) * n], workers)  # a slice the machine cannot hold is refused first
+    table: list[dict[str, Any]] = []
+
+    def read(part: range) -> None:
+        for i in part:
+            obs = toy_observables(dirs[i * n:(i + 1) * n], targets[i], kind=probe.kind)
+            table.append({"knobs": settings[i], "target": targets[i], **obs,
+                          "residual": residual(obs["d_ratio"], obs["lplus_above_sstar"], probe, obs["balance_w"])})
+
     # a grid point's toy is judged by its residual, not by its runs' warnings (a target above the reward-optimal
     # entropy, a push outside the first-order regime: hundreds of lines on a default grid); errors still show
     runner_log = logging.getLogger("simulators.tabular.runner")
     level = runner_log.level
     runner_log.setLevel(logging.ERROR)
+    took = 0.0
     try:
-        run_many(configs, dirs, workers=workers, progress=progress)
+        for k, part in enumerate(parts):
+            if budget is not None and k and not budget.fits(took / len(table) * len(part)):
+                raise FitStopped(f"{len(table)} of {len(settings)} fit settings", table, len(settings))
+            t0 = time.perf_counter()
+            idx = slice(part.start * n, part.stop * n)
+            run_many(configs[idx], dirs[idx], workers=workers, progress=progress)
+            read(part)
+            took += time.perf_counter() - t0
     finally:
         runner_log.setLevel(level)
-    table = []
-    for i, (knobs, target) in enumerate(zip(settings, targets)):
-        obs = toy_observables(dirs[i * len(seeds):(i + 1) * len(seeds)], target, kind=probe.kind)
-        table.append({"knobs": knobs, "target": target, **obs,
-                      "residual": residual(obs["d_ratio"], obs["lplus_above_sstar"], probe, obs["balance_w"])})
     finite = [t for t in table if math.isfinite(t["residual"])]
     if not finite:
         what = ("holds the band at its matched target with the probe's schedule" if probe.kind == "held"
@@ -541,21 +585,33 @@ def calibrate(
     initial_entropy: float | None = None, window: int | None = None, grid: dict[str, list] | None = None,
     fit_seeds: Sequence[int] = (0, 1), seeds: Sequence[int] = (0, 1, 2), w_grid: Sequence[float] = DEFAULT_W_GRID,
     c2_m: float = DEFAULT_C2_M, overrides: dict[str, Any] | None = None, workers: int | None = None,
-    overwrite: bool = False, progress: Callable[[int], None] | None = None, probe_kind: str = "auto",
+    overwrite: bool = False, progress: Progress | None = None, probe_kind: str = "auto",
+    max_minutes: float | None = None,
 ) -> dict[str, Any]:
     """Calibrate the ``llm`` toy to the probe ``paths`` and sweep it (module docstring); writes ``out/fit/``,
     ``out/sweep/``, ``out/fit.json`` and ``out/calibration.json`` and returns the latter's dict. ``overwrite``
     replaces a previous calibration in ``out`` (those four entries; nothing else is touched). ``out``'s lock
     (:func:`stare_lab.platform.runlock.lock_dir`) is held for the whole calibration.
 
+    With ``progress`` (:class:`simulators.calibrate_time.Progress`) or ``max_minutes``, a pilot of the fit's first
+    slice first measures how long the calibration takes here (:func:`estimate`), ``progress`` says it and then
+    counts the fit's settings and the sweep's runs. ``max_minutes`` refuses a calibration estimated over it, and
+    stops one before a slice of the fit or the sweep that would end past it; ``fit.json`` then holds the settings
+    done, named partial (``"partial": {...}``; ``null`` when complete).
+
     Raises:
         ConfigError / DataError / RunError: as :func:`read_probe`, :func:`fit_knobs` and :func:`critical_sweep`;
-            ConfigError also for an override that is a fit knob, a key the calibration sets, or unknown;
-            RunError also when ``out`` already holds a calibration and ``overwrite`` is False, is not writable,
-            holds another kind of output (:func:`stare_lab.platform.outdir.check_kind`), is inside a directory another live
-            process writes, or is locked by another writer (:class:`stare_lab.platform.runlock.RunLockError`).
+            ConfigError also for an override that is a fit knob, a key the calibration sets, or unknown, or
+            ``max_minutes`` not > 0; RunError also when ``out`` already holds a calibration and ``overwrite`` is
+            False, is not writable, holds another kind of output (:func:`stare_lab.platform.outdir.check_kind`), is
+            inside a directory another live process writes, or is locked by another writer
+            (:class:`stare_lab.platform.runlock.RunLockError`).
+        BudgetError: over ``max_minutes`` (one line: the estimate, or what was done and where it is).
     """
+    budget = Budget(max_minutes)
     out = Path(out)
+    if max_minutes is not None and not (_num(max_minutes) is not None and max_minutes > 0):
+        raise ConfigError(f"--max-minutes={max_minutes!r} must be a number > 0")
     _check_overrides(overrides or {})
     if not (_num(c2_m) is not None and 0 < c2_m <= 1):
         raise ConfigError(f"--c2-m={c2_m!r} is outside (0, 1]")
@@ -567,20 +623,105 @@ def calibrate(
     probe = read_probe(paths, target, initial_entropy, window, probe_kind)
     check_writable_dir(out)
     with lock_dir(out, command=f"stare-lab calibrate --out {out}", option="--out"):
+        check_kind(out, CALIBRATION)  # the refusals that remove nothing, before the pilot
+        check_outside_writers(out)
+        if not overwrite:
+            claim_calibration_out(out, False, OUTPUTS)
+        est = None
+        if progress is not None or max_minutes is not None:
+            est, line = estimate(probe, grid, fit_seeds, len(seeds) * (1 + 2 * len(ws)), overrides, workers)
+            if not budget.fits(est.total):
+                raise BudgetError(f"{line}), over --max-minutes {max_minutes:g}: nothing was run; shrink the grid "
+                                  "(--grid KNOB=V1,V2,...) or the seeds (--fit-seeds, --seeds), or raise --max-minutes")
+            if progress is not None:
+                progress.note(f"calibrate: {line}; --grid KNOB=V1,V2,... to shrink it, --max-minutes M to cap it)")
         claim_calibration_out(out, overwrite, OUTPUTS)
-        return _run(probe, out, grid, fit_seeds, seeds, w_grid, c2_m, overrides, workers, progress)
+        return _run(probe, out, grid, fit_seeds, seeds, w_grid, c2_m, overrides, workers, progress, budget, est)
+
+
+@dataclasses.dataclass
+class Estimate:
+    """:func:`estimate`'s measured cost: the fit's and the sweep's seconds, ``cost`` the slice model."""
+
+    fit: float
+    sweep: float
+    cost: Cost
+    sweep_runs: int
+
+    @property
+    def total(self) -> float:
+        return self.fit + self.sweep
+
+
+def estimate(probe: Probe, grid: dict[str, list] | None, fit_seeds: Sequence[int], sweep_runs: int,
+             overrides: dict[str, Any] | None, workers: int | None) -> tuple[Estimate, str]:
+    """Measure the calibration's time on this machine: the fit's first slice runs a few steps in a temporary
+    folder (:func:`simulators.calibrate_time.measure`), scaled to the fit's slices and to a sweep of
+    ``sweep_runs`` runs; returns the :class:`Estimate` and its words ``N settings × S seeds, about M min on this
+    machine (fit ..., W sweep ...; measured ...`` (the parenthesis left open)."""
+    grid = _check_grid(grid or {}, held=probe.kind == "held")
+    settings, configs, _, targets = _fit_plan(probe, Path("fit"), grid, fit_seeds, overrides)
+    n = len(fit_seeds)
+    parts = slices(len(settings), n, default_workers() if workers is None else max(1, int(workers)))
+    first = configs[:len(parts[0]) * n]
+    check_memory(first, workers)
+
+    def read(dirs: list[Path]) -> None:
+        for i in range(len(parts[0])):
+            toy_observables(dirs[i * n:(i + 1) * n], targets[i], kind=probe.kind)
+
+    cost = measure(first, workers, read)
+    fit, sweep = cost.estimate([len(p) * n for p in parts], sweep_runs)
+    est = Estimate(fit, sweep, cost, sweep_runs)
+    line = (f"{len(settings)} settings × {n} seeds, about {minutes(est.total)} on this machine (fit "
+            f"{minutes(fit)}, W sweep of {sweep_runs} runs {minutes(sweep)}; measured over {cost.pilot} steps of "
+            f"{len(first)} runs")
+    return est, line
 
 
 def _run(probe: Probe, out: Path, grid: dict[str, list] | None, fit_seeds: Sequence[int], seeds: Sequence[int],
          w_grid: Sequence[float], c2_m: float, overrides: dict[str, Any] | None, workers: int | None,
-         progress: Callable[[int], None] | None) -> dict[str, Any]:
+         progress: Progress | None = None, budget: Budget | None = None, est: Estimate | None = None,
+         ) -> dict[str, Any]:
     """Fit, sweep and write ``calibration.json`` (:func:`calibrate`, which holds ``out``'s lock)."""
-    best, table = fit_knobs(probe, out / "fit", grid, fit_seeds, overrides, workers, progress)
+    budget = budget or Budget(None)
+    steps = int(config_from_overrides(_base_overrides(overrides)).steps)
+    n_settings = math.prod(len(v) for v in _check_grid(grid or {}, held=probe.kind == "held").values())
+    t0 = time.perf_counter()
+
+    def write_fit(table: list[dict[str, Any]], partial: dict[str, Any] | None) -> None:
+        (out / "fit.json").write_text(json.dumps({"probe": dataclasses.asdict(probe), "partial": partial,
+                                                 "settings": table}, indent=2, default=str) + "\n")
+
+    def stopped(done: int, before: str) -> dict[str, Any]:
+        return {"max_minutes": budget.seconds / 60, "stopped_before": before, "settings_done": done,
+                "settings_total": n_settings}
+
+    try:
+        with _phase(progress, "calibrate fit", n_settings, "settings", steps * len(fit_seeds)) as update:
+            best, table = fit_knobs(probe, out / "fit", grid, fit_seeds, overrides, workers, update, budget)
+    except FitStopped as stop:
+        write_fit(stop.table, stopped(len(stop.table), "a fit slice"))
+        raise BudgetError(
+            f"calibrate stopped at --max-minutes {budget.seconds / 60:g} ({minutes(budget.elapsed())}) after "
+            f"{len(stop.table)} of {stop.total} fit settings (the machine ran slower than measured): the partial "
+            f"fit is in {out / 'fit.json'} (\"partial\"); no calibration.json — rerun with --overwrite and a "
+            "smaller --grid or a larger --max-minutes") from None
     toy_target = best["target"]
-    (out / "fit.json").write_text(json.dumps({"probe": dataclasses.asdict(probe), "settings": table}, indent=2,
-                                             default=str) + "\n")
+    runs = len(seeds) * (1 + 2 * len(w_grid))
+    if est is not None:  # the sweep's estimate, scaled by how the fit's measured time compares with its estimate
+        sweep_s = est.sweep * (time.perf_counter() - t0) / est.fit if est.fit > 0 else est.sweep
+        if not budget.fits(sweep_s):
+            write_fit(table, stopped(len(table), "the W sweep"))
+            raise BudgetError(
+                f"calibrate stopped at --max-minutes {budget.seconds / 60:g} before the W sweep (about "
+                f"{minutes(sweep_s)} more after {minutes(budget.elapsed())}): the fit is complete in "
+                f"{out / 'fit.json'} (\"partial\": no sweep); no calibration.json — rerun with --overwrite and a "
+                "larger --max-minutes, or sweep the fitted toy with stare-lab simulate")
+    write_fit(table, None)
     preset_overrides = {**(overrides or {}), **best["knobs"], "loss.stare.target_entropy": toy_target}
-    critical, _ = critical_sweep(preset_overrides, out / "sweep", w_grid, seeds, c2_m, workers, progress)
+    with _phase(progress, "calibrate W sweep", runs, "runs", steps) as update:
+        critical, _ = critical_sweep(preset_overrides, out / "sweep", w_grid, seeds, c2_m, workers, update)
     cfg = config_from_overrides(_base_overrides(preset_overrides) | {"seed": int(seeds[0])})
     h_opt = reward_optimal_entropy(cfg, init_state(cfg).correct)
     result = {
@@ -601,3 +742,13 @@ def _run(probe: Probe, out: Path, grid: dict[str, list] | None, fit_seeds: Seque
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     os.replace(tmp, out / "calibration.json")
     return result
+
+
+@contextlib.contextmanager
+def _phase(progress: Progress | None, desc: str, total: int, unit: str, per: int):
+    """``progress.phase(...)``, or a callback that does nothing without ``progress``."""
+    if progress is None:
+        yield None
+        return
+    with progress.phase(desc, total, unit, per) as update:
+        yield update

@@ -24,10 +24,17 @@ DEFAULT_GRID: dict[str, list] = {
     "num_correct": [4, 8],
     "reward_noise": [0.0, 0.1, 0.3],
 }
-#: what a held probe's fit adds to :data:`DEFAULT_GRID` unless the grid names it (480 settings): the push's
-#: efficiency, which lets the toy match the balance W with a push in its first-order regime (docs/calibration.md)
-HELD_DEFAULT_GRID: dict[str, list] = {"push_efficiency": [None, 0.7, 0.5, 0.35, 0.25]}
-
+#: a held probe's default fit grid (240 settings): the push's efficiency added, which lets the toy match the balance
+#: W with a push in its first-order regime, and, to finish within 15 minutes on a loaded 2-core machine, without
+#: :data:`DEFAULT_GRID`'s 2 forks (an L+-above-s* share of at most 0.2, where probes measured 0.94–1.0) and noise
+#: 0.3 (no documented fit chose it); docs/calibration.md, "How long it takes"
+HELD_DEFAULT_GRID: dict[str, list] = {
+    "reward_coupling": [0.4, 0.6, 0.8, 1.0],
+    "forking_positions": [4, 6, 8],
+    "num_correct": [4, 8],
+    "reward_noise": [0.0, 0.1],
+    "push_efficiency": [None, 0.7, 0.5, 0.35, 0.25],
+}
 
 def _label(knobs: dict[str, Any]) -> str:
     """A knob setting as a folder name: ``reward_coupling=0.6,push_efficiency=off``."""
@@ -36,8 +43,8 @@ def _label(knobs: dict[str, Any]) -> str:
 
 
 def _check_grid(grid: dict[str, list], held: bool = False) -> dict[str, list]:
-    """The fit grid: ``grid``'s values, :data:`DEFAULT_GRID` for a knob it leaves out, and for a ``held`` probe
-    :data:`HELD_DEFAULT_GRID`; push efficiency 1 is read as off.
+    """The fit grid: ``grid``'s values, for a knob it leaves out :data:`DEFAULT_GRID`'s (a ``held`` probe:
+    :data:`HELD_DEFAULT_GRID`'s, push efficiency included); push efficiency 1 is read as off.
 
     Raises:
         ConfigError: an unknown knob, or a value listed twice.
@@ -46,8 +53,8 @@ def _check_grid(grid: dict[str, list], held: bool = False) -> dict[str, list]:
     unknown = [k for k in grid if k not in known]
     if unknown:
         raise ConfigError(f"fit grid key {unknown[0]!r} is not one of {{{', '.join(known)}}}")
-    out = {k: list(grid.get(k) or DEFAULT_GRID[k]) for k in KNOBS}
-    defaults = HELD_DEFAULT_GRID if held else {}
+    defaults = HELD_DEFAULT_GRID if held else DEFAULT_GRID
+    out = {k: list(grid.get(k) or defaults[k]) for k in KNOBS}
     out.update({k: list(grid.get(k) or defaults[k]) for k in OPTIONAL_KNOBS if grid.get(k) or k in defaults})
     if "push_efficiency" in out:  # 1 is the whole push: the same toy as off
         out["push_efficiency"] = [None if v == 1 else v for v in out["push_efficiency"]]

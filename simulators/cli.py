@@ -289,14 +289,20 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
     """Add the ``calibrate`` sub-parser (entry point ``stare_lab.commands: calibrate``; :mod:`simulators.calibrate`)."""
     p = subparsers.add_parser(
         "calibrate",
-        help="fit the tabular 'llm' toy to a probe run and read off its critical W (simulators)",
+        help="fit the tabular 'llm' toy to a probe run and read off its critical W (simulators; a research tool)",
         description=(
+            "A research tool: the W to act on comes from an auto run of the model (methods o1-auto / c2-auto) or a "
+            "W sweep; calibration estimates it from a toy, with measured limits (docs/calibration.md): a crossing "
+            "probe did not transfer out of sample (first-order W* 1.8 and 2.6 against a measured 4 and 7), a held "
+            "probe needs a run that already holds the band and its balance W moves with the probe's W, one "
+            "fitted knob (push efficiency) carries the answer, and a known 10 % verifier noise was fitted as 0. "
             "Fit the knobs of the tabular 'llm' preset (reward coupling, fork width: forking positions and correct "
             "tokens at a fork, verifier noise) so that it shows the probe's D_L+/|D_GRPO| and L+-above-s* share at "
             "the matching entropy — a GRPO probe around its target crossing, or a STARE probe that holds the band "
             "over its second half, where the balance W that held it is matched too — then sweep W on the "
-            "calibrated toy: critical W for O1, C2 (at --c2-m) and w_max for the adaptive schedule. Writes "
-            "OUT/calibration.json, OUT/fit.json and the runs (OUT/fit, OUT/sweep). docs/calibration.md."
+            "calibrated toy: critical W for O1, C2 (at --c2-m) and w_max for the adaptive schedule. Before the fit "
+            "it measures its first steps and says how long it will take; progress goes to stderr. Writes "
+            "OUT/calibration.json, OUT/fit.json and the runs (OUT/fit, OUT/sweep)."
         ),
     )
     p.add_argument("probe", nargs="+", metavar="PROBE_RUN",
@@ -315,7 +321,8 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
                         "STARE runs, crossing otherwise")
     p.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2,...",
                    help="fit grid of one knob (repeatable): reward_coupling, forking_positions, num_correct, "
-                        "reward_noise (default 0.4,0.6,0.8,1 / 2,4,6,8 / 4,8 / 0,0.1,0.3); push_efficiency (the "
+                        "reward_noise (default 0.4,0.6,0.8,1 / 2,4,6,8 / 4,8 / 0,0.1,0.3; for a held probe "
+                        "0.4,0.6,0.8,1 / 4,6,8 / 4,8 / 0,0.1); push_efficiency (the "
                         "share of the STARE push that reaches the toy's policy, 'off' for all of it: default "
                         "off,0.7,0.5,0.35,0.25 for a held probe, not fitted for a crossing one); clip_rel (the toy's "
                         "gradient-norm clip relative to its GRPO step, 'off' for none), fitted only when given")
@@ -326,6 +333,10 @@ def register_calibrate(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--c2-m", default=None, help="the M of the C2 sweep (default 0.9, the paper's)")
     p.add_argument("--workers", default=None, help="processes (default: all cores)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous calibration in OUT")
+    p.add_argument("--max-minutes", default=None, metavar="M",
+                   help="time budget: refuse to start when the measured estimate is over M minutes, and stop "
+                        "before a slice of the fit or the W sweep that would end past it (OUT/fit.json then holds "
+                        "the settings done, named partial)")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="further 'llm' preset overrides for the fit and the sweep, e.g. steps=600")
     p.set_defaults(func=calibrate_handler, extra_overrides=[])
@@ -382,16 +393,17 @@ def calibrate_handler(args: argparse.Namespace) -> int:
     window = _int_option("window", args.window)
     c2_m = _float_option("c2-m", args.c2_m)
     out = Path(args.out) if args.out else Path("runs") / "calibrate"
-    with _Progress(desc="calibrate", unit="step", disable=None, leave=False) as bar:
-        result = calibrate(
-            probe_args, out, target=_float_option("target", args.target),
-            initial_entropy=_float_option("initial-entropy", args.initial_entropy), window=window, grid=grid,
-            fit_seeds=seeds_of("fit-seeds", args.fit_seeds), seeds=seeds_of("seeds", args.seeds),
-            w_grid=_floats("w-grid", args.w_grid) if args.w_grid is not None else DEFAULT_W_GRID,
-            c2_m=DEFAULT_C2_M if c2_m is None else c2_m, overrides=dict(parse_overrides(overrides)),
-            workers=_int_option("workers", args.workers), overwrite=args.overwrite, progress=bar.update,
-            probe_kind=args.probe_kind,
-        )
+    from simulators.calibrate_time import Progress
+
+    result = calibrate(
+        probe_args, out, target=_float_option("target", args.target),
+        initial_entropy=_float_option("initial-entropy", args.initial_entropy), window=window, grid=grid,
+        fit_seeds=seeds_of("fit-seeds", args.fit_seeds), seeds=seeds_of("seeds", args.seeds),
+        w_grid=_floats("w-grid", args.w_grid) if args.w_grid is not None else DEFAULT_W_GRID,
+        c2_m=DEFAULT_C2_M if c2_m is None else c2_m, overrides=dict(parse_overrides(overrides)),
+        workers=_int_option("workers", args.workers), overwrite=args.overwrite, progress=Progress(),
+        probe_kind=args.probe_kind, max_minutes=_float_option("max-minutes", args.max_minutes),
+    )
     pr, fit, crit = result["probe"], result["fit"], result["critical"]
 
     def f(x, spec=".3g"):

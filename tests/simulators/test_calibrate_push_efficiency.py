@@ -90,5 +90,6 @@ def test_help_states_the_default_grids(capsys):
     text = " ".join(capsys.readouterr().out.split())
     fmt = lambda vals: ",".join("off" if v is None else f"{v:g}" for v in vals)  # noqa: E731
     assert " / ".join(fmt(C.DEFAULT_GRID[k]) for k in C.KNOBS) in text
+    assert f"for a held probe {' / '.join(fmt(C.HELD_DEFAULT_GRID[k]) for k in C.KNOBS)}" in text
     assert f"default {fmt(C.HELD_DEFAULT_GRID['push_efficiency'])} for a held probe" in text
     assert f"(default {fmt(C.DEFAULT_W_GRID)})" in text
