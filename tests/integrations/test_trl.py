@@ -208,6 +208,60 @@ def test_microbatch_scope_selects_per_loss_call(tmp_path, tiny_model):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# the cost of the auto schedule: no extra pass
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _passes_per_step(tmp_path, model_dir, **stare) -> tuple[list[tuple[int, int]], list[float]]:
+    """(forwards, backwards) of the model in each optimizer step of a 3-step in-process STAREGRPOTrainer run (the
+    deterministic rollout of ``_trl_run.py``, 2 micro-batches per step), counted by a forward hook on the model
+    module and a gradient-accumulation hook on its first parameter, and the W of each step."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from _trl_run import NUM_GENERATIONS, reward, rollout
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    counts, per_step, ws = [0, 0], [], []
+    model.register_forward_hook(lambda *a: counts.__setitem__(0, counts[0] + 1))
+    # a backward pass accumulates into every parameter once: count it at the first one (the module's full backward
+    # hook does not fire on a model whose output is a ModelOutput)
+    next(model.parameters()).register_post_accumulate_grad_hook(lambda p: counts.__setitem__(1, counts[1] + 1))
+
+    class PerStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            per_step.append((counts[0], counts[1]))
+            counts[:] = [0, 0]
+            ws.append(trainer.stare_controller.reweight_w)
+
+    cfg = stare_trl.STAREGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, num_generations=NUM_GENERATIONS, max_completion_length=10,
+        learning_rate=1e-3, loss_type="dapo", beta=0.0, max_steps=3, logging_steps=1, save_strategy="no", seed=0,
+        shuffle_dataset=False, variant="C2", top_p_ratio=0.2, target_entropy=100.0, stare_run_dir="",
+        quadrant_every=0, **stare)
+    trainer = stare_trl.STAREGRPOTrainer(
+        model=model, processing_class=tok, reward_funcs=reward, args=cfg,
+        train_dataset=Dataset.from_list([{"prompt": f"prompt {i}"} for i in range(16)]),
+        rollout_func=rollout(10, len(tok), tok.eos_token_id), callbacks=[PerStep()])
+    trainer.train()
+    return per_step, ws
+
+
+def test_auto_schedule_adds_no_forward_or_backward_pass(tmp_path, tiny_model):
+    """The auto schedule reads only H̄, which the step measures anyway: over 3 optimizer steps (2 micro-batches each,
+    the gate on: H_tgt = 100 nats) the model runs exactly as many forward and backward passes per step with
+    ``schedule=auto`` as with the same W fixed (hooks on the model module): one backward per micro-batch, at least
+    as many forwards; and the auto run's W does move (the schedule ran)."""
+    fixed, w_fixed = _passes_per_step(tmp_path / "fixed", tiny_model, reweight_w=2.0, reweight_m=0.5)
+    auto, w_auto = _passes_per_step(tmp_path / "auto", tiny_model, adaptive=True, schedule="auto")
+    assert len(fixed) == 3 and fixed == auto, (fixed, auto)
+    assert all(b == 2 and f >= 2 for f, b in fixed)  # one backward per micro-batch
+    assert w_fixed == [2.0] * 3 and w_auto[0] < w_auto[1] < w_auto[2]
+
+
+# --------------------------------------------------------------------------------------------------------------
 # launched runs
 # --------------------------------------------------------------------------------------------------------------
 
