@@ -19,7 +19,9 @@ acts on x = ln(W − 1), so a W of 1.1 and one of 10 are found equally fast. Wit
 held bands b = min(0.05, H_tgt/4) (docs/theory.md §7), clipped to ±:data:`AUTO_ERROR_CLIP`:
 
 * before the first crossing of H_tgt: nothing (the gate is off); at the crossing, W = :data:`AUTO_W0`;
-* *acquire* (from the crossing until H̄ is back at H_tgt): x ← x + :data:`AUTO_K_ACQUIRE`·e;
+* *acquire* (from the crossing until H̄ is back at H_tgt): x ← x + :data:`AUTO_K_ACQUIRE`·e while H̄ still falls
+  (H̄ below the previous step's); once the fall is arrested W stays, so the lag of the entropy behind W (Adam's
+  momentum in a model) does not carry W past the push that arrested it;
 * *hold* (from then on): the realised push p̂, an exponential mean of gate·(W − 1) over ~:data:`AUTO_WINDOW` steps,
   is what holds the band, so x relaxes towards ln(κ·p̂) at rate :data:`AUTO_K_BALANCE` per step, κ =
   :data:`AUTO_MARGIN` (W − 1 a quarter above the push that held: the gate opens on ~80 % of the steps); and while
@@ -49,6 +51,8 @@ __all__ = ["STAREController", "auto_band", "AUTO_W0", "AUTO_K_ACQUIRE", "AUTO_K_
 
 #: W at the first crossing of H_tgt (the acquisition starts from it)
 AUTO_W0 = 2.0
+#: acquire only while the entropy still falls (the fall arrested, W holds until H̄ is back at the target)
+AUTO_ACQUIRE_WHILE_FALLING = True
 #: acquisition gain: ln(W − 1) per band of error per step, from the crossing until H̄ is back at H_tgt
 AUTO_K_ACQUIRE = 0.2
 #: hold: the rate per step at which ln(W − 1) relaxes towards ln(AUTO_MARGIN · the realised push)
@@ -143,6 +147,7 @@ class STAREController:
         if isinstance(batch_entropy, bool) or not isinstance(batch_entropy, numbers.Real):
             raise DataError(f"batch_entropy={batch_entropy!r} must be a real number (nats)")
         h = float(batch_entropy)
+        previous = self.last_entropy
         if not math.isfinite(h):
             self.num_skipped += 1
             self.last_update_skipped = True
@@ -161,7 +166,7 @@ class STAREController:
         if not cfg.adaptive:
             return self.gate_on
         if self._auto:
-            self._auto_update(h)
+            self._auto_update(h, previous)
         else:
             diff = cfg.target_entropy - h
             sign = (diff > 0) - (diff < 0)
@@ -169,7 +174,7 @@ class STAREController:
             self.reweight_m = min(max(self.reweight_m - cfg.alpha * sign, cfg.m_min), 1.0)
         return self.gate_on
 
-    def _auto_update(self, h: float) -> None:
+    def _auto_update(self, h: float, previous: float) -> None:
         """One step of the auto schedule (module docstring)."""
         cfg = self.config
         if not self.crossed_at:
@@ -178,7 +183,8 @@ class STAREController:
         if self.auto_x is None:  # the crossing step
             x = math.log(self.reweight_w - 1.0)
         elif self.auto_hold_steps == 0 and e > 0:  # acquiring: below the target ever since the crossing
-            x = self.auto_x + AUTO_K_ACQUIRE * e
+            falling = not (AUTO_ACQUIRE_WHILE_FALLING and math.isfinite(previous) and h > previous)
+            x = self.auto_x + AUTO_K_ACQUIRE * e * falling
         else:
             self.auto_hold_steps += 1
             x = self.auto_x + AUTO_K_RESCUE * max(0.0, e - AUTO_DEADBAND)
