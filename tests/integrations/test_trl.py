@@ -258,7 +258,7 @@ def test_auto_schedule_adds_no_forward_or_backward_pass(tmp_path, tiny_model):
     auto, w_auto = _passes_per_step(tmp_path / "auto", tiny_model, adaptive=True, schedule="auto")
     assert len(fixed) == 3 and fixed == auto, (fixed, auto)
     assert all(b == 2 and f >= 2 for f, b in fixed)  # one backward per micro-batch
-    assert w_fixed == [2.0] * 3 and w_auto[0] < w_auto[1] < w_auto[2]
+    assert w_fixed == [2.0] * 3 and w_auto[0] < w_auto[-1]
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -202,24 +202,25 @@ def test_gate_always_changes_the_trajectory(tmp_path):
     assert all(r["gate_on"] == 1 and r["stare_w"] == 5.0 for r in _rows(tmp_path / "s"))
 
 
-@pytest.mark.parametrize("method, extra", [
-    ("c2", ()),
-    # the auto schedule mid-acquisition at the checkpoint: H_tgt = 20 nats > ln V, so H̄ crosses it at step 1 and
-    # the acquisition moves W at step 2
-    ("c2-auto", ("loss.stare.target_entropy=20",)),
+@pytest.mark.parametrize("method, extra, cut", [
+    ("c2", (), 2),
+    # the auto schedule mid-acquisition at the checkpoint of step 3: H_tgt = 20 nats > ln V, so H̄ crosses it at
+    # step 1 and the acquisition moves W on a step where H̄ falls (step 3 here: it rises at step 2); an evaluation
+    # at step 3 in both runs (a run evaluates its last step)
+    ("c2-auto", ("loss.stare.target_entropy=20", "checkpoint_every=3", "eval_every=3"), 3),
 ])
-def test_resume_continues_bit_identically(tmp_path, method, extra):
-    """A run stopped at step 2 (checkpoint) and resumed to step 4 writes the same rows as an uninterrupted run, and
-    ends with the same controller state and parameters. For the auto schedule the checkpoint's controller is past
-    the crossing with the gate on and W moved (mid-acquisition)."""
+def test_resume_continues_bit_identically(tmp_path, method, extra, cut):
+    """A run stopped at step ``cut`` (checkpoint) and resumed to step 4 writes the same rows as an uninterrupted run,
+    and ends with the same controller state and parameters. For the auto schedule the checkpoint's controller is
+    past the crossing, still acquiring, with the gate on and W moved since the crossing."""
     T.run(_cfg(tmp_path, *extra, method=method), tmp_path / "full")
-    T.run(_cfg(tmp_path, *extra, "steps=2", method=method), tmp_path / "part")
+    T.run(_cfg(tmp_path, *extra, f"steps={cut}", method=method), tmp_path / "part")
     if method.endswith("-auto"):
         ctl = torch.load(tmp_path / "part" / "checkpoint" / "state.pt", weights_only=False)["state"]["controller"]
         before = _rows(tmp_path / "part")
-        assert ctl["num_updates"] == 2 and ctl["crossed_at"] == 1 and ctl["auto_hold_steps"] == 0
-        assert [r["gate_on"] for r in before] == [1, 1] and ctl["reweight_w"] == before[1]["stare_w"]
-        assert before[1]["stare_w"] != before[0]["stare_w"] and ctl["reweight_m"] == 1.0 / ctl["reweight_w"]
+        assert ctl["num_updates"] == cut and ctl["crossed_at"] == 1 and ctl["auto_hold_steps"] == 0
+        assert all(r["gate_on"] == 1 for r in before) and ctl["reweight_w"] == before[-1]["stare_w"]
+        assert before[-1]["stare_w"] != before[0]["stare_w"] and ctl["reweight_m"] == 1.0 / ctl["reweight_w"]
     with pytest.raises(RunError, match="already holds a run"):
         T.run(_cfg(tmp_path, *extra, method=method), tmp_path / "part")
     T.run(_cfg(tmp_path, *extra, method=method), tmp_path / "part", resume=True)
