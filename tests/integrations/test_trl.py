@@ -328,15 +328,16 @@ def _rows(paths: list[Path]) -> tuple[dict, list[dict]]:
 @pytest.mark.slow
 def test_two_processes_three_steps_c2_gate_on(runs):
     """The killed-and-resumed 2-process run has one metrics row per step 1…3, both processes' 16 rows in every step,
-    the gate on (H_tgt = 100 nats > log V) and the auto schedule acquiring: W rising every step (H̄ below H_tgt),
-    M = 1/W, and gate, W and M those of a fresh controller fed each step's logged H̄ once (1 process with 2
-    micro-batches per step too: the controller moves once per optimizer step, not per micro-batch); TRL's own log
-    history carries the same STARE keys."""
+    the gate on (H_tgt = 100 nats > log V) and the auto schedule acquiring: W raised at step 2 (H̄ below H_tgt and
+    falling: the checkpoint of the resume test holds a W that moved), never lowered, M = 1/W; gate, W and M those
+    of a fresh controller fed each step's logged H̄ once (1 process with 2 micro-batches per step too: the
+    controller moves once per optimizer step, not per micro-batch); TRL's own log history carries the same STARE
+    keys."""
     rows = _metrics(runs["two"])
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["gate_on"] for r in rows] == [1, 1, 1] and {r["num_sequences"] for r in rows} == {16}
     ws = [r["stare_w"] for r in rows]
-    assert ws[0] < ws[1] < ws[2] and all(r["stare_m"] == 1.0 / r["stare_w"] for r in rows)
+    assert ws[0] < ws[1] <= ws[2] and all(r["stare_m"] == 1.0 / r["stare_w"] for r in rows)
     assert [(r["gate_on"], r["stare_w"], r["stare_m"]) for r in rows] == _replayed(rows)
     one = _metrics(runs["one"])
     assert [(r["gate_on"], r["stare_w"], r["stare_m"]) for r in one] == _replayed(one)
