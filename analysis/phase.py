@@ -12,9 +12,9 @@ Two sources, both read-only:
   (:func:`run_critical_rows`), and the labelled strengths with the recommended one (:func:`run_strength_block`),
   computed by the same core functions the simulators use.
 
-Every critical W is named by its kind (measured / calibrated / predicted / conservative,
+Every critical W is named by its kind (measured / auto / calibrated / predicted / conservative,
 :class:`stare_lab.theory.critical.CriticalStrength`), and one recommended W per push comes first
-(:func:`strength_lines`).
+(:func:`strength_lines`); an auto-schedule group's line says the W it found (:func:`auto_lines`).
 
 The phase diagram shows, for each STARE method, the band deviation (mean over seeds of the mean |H − H_tgt| over
 the second half of each run, nats) over W × the sweep's other key (lr, H_tgt, …) with the band boundary (deviation
@@ -35,14 +35,15 @@ import numpy as np
 
 from stare_lab.theory import critical
 from stare_lab.theory.regime import calibrated_strengths
-from stare_lab.platform.summary import band_held
+from stare_lab.platform.summary import band_held, w_cap
 
 from .figstyle import figure as _figure, method_style, style as _style
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["read_sweep_summary", "phase_figure", "critical_rows", "critical_line", "run_critical_rows", "W_KEY",
-           "sweep_strength_block", "run_strength_block", "strength_lines", "strength_rows", "add_calibration"]
+           "sweep_strength_block", "run_strength_block", "strength_lines", "strength_rows", "add_calibration",
+           "auto_lines"]
 
 W_KEY = "loss.stare.reweight_w"
 
@@ -260,19 +261,21 @@ def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = N
                  for k in differ}
         label = ",".join(f"{k}={_val(v)}" for k, v in point.items())
         points[label] = point
+        stare = uses_stare(g.runs[0])
+        st = g.runs[0].config_value("loss.stare") or {}
+        auto = stare and bool(st.get("adaptive")) and st.get("schedule") == "auto"
         runs = []
         for r in g.runs:
             v = _run_values(r)
-            if v:
+            if v or auto:  # an auto run's balance W needs no D terms
                 runs.append({**_summary(r, summaries), **v})
         m = next((v["m"] for v in (_run_values(r) for r in g.runs[:1]) if v), None)
-        stare = uses_stare(g.runs[0])
-        st = g.runs[0].config_value("loss.stare") or {}
         w = st.get("reweight_w") if stare and not st.get("adaptive") else None
         by_slice.setdefault(label, []).append({
             "label": g.label, "stare": stare, "m": m, "runs": runs, "grpo": g.method in ("grpo", "grpo-ds"),
             "w": w if isinstance(w, (int, float)) and not isinstance(w, bool) else None,
-            "sampled": g.runs[0].config_value("mode") != "expected"})
+            "sampled": g.runs[0].config_value("mode") != "expected",
+            "auto": auto, "variant": st.get("variant"), "w_cap": w_cap(st)})
     out: dict[str, Any] = {"rule": " > ".join(critical.STRENGTH_KINDS) + " (docs/theory.md §7)", "slice": {},
                            "recommended": None, "slices": {}}
     for label, groups in by_slice.items():
@@ -280,11 +283,11 @@ def run_strength_block(cmp: Any, summaries: dict[int, dict[str, Any]] | None = N
         ms = list(dict.fromkeys(x.m for x in strengths))
         rec = {critical.variant_label(m): critical.recommend(strengths, m) for m in ms}
         out["slices"][label] = {"point": points[label], "strengths": [x.to_dict() for x in strengths],
-                                "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None}}
+                                "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None},
+                                "auto": critical.auto_entries(groups), "ran": critical.pushes_ran(groups, strengths)}
     first = next(iter(out["slices"].values()), None)
     if first:
-        ran = [critical.variant_label(g["m"]) for gs in by_slice.values() for g in gs if g["stare"]]
-        order = sorted(dict.fromkeys(ran), key=lambda v: v != "O1") + ["O1"]  # a push that ran, O1 first
+        order = list(first["ran"]) + ["O1"]  # a push that ran, O1 first
         out["slice"] = first["point"]
         out["recommended"] = next((first["recommended"][v] for v in order if v in first["recommended"]), None)
     return out
@@ -312,18 +315,39 @@ def _val(v: Any) -> str:
 
 
 def strength_lines(block: dict[str, Any] | None) -> list[str]:
-    """One line per slice and push of a ``critical_strength`` block, the block's own ``slice`` (the headline's)
-    first: ``at lr=1: recommended W for O1: 1.3 (measured: …); also: predicted 1.41, conservative 1.37``
-    (:func:`stare_lab.theory.critical.recommendation_text`)."""
-    lines = []
-    slices = list(((block or {}).get("slices") or {}).items())
-    slices.sort(key=lambda kv: kv[1].get("point") != (block or {}).get("slice"))  # the headline's slice first
-    for label, entry in slices:
+    """The critical-W lines of a ``critical_strength`` block, in the words of ``stare-lab simulate``'s screen: the
+    recommendation of the block's own ``slice`` (the headline's) once, one number per push
+    (:func:`stare_lab.theory.critical.recommended_clause`), the other kinds' numbers there (``other estimates for
+    O1: …``), then every other slice's recommendation (``at lr=1: recommended W for O1: 1.3 (measured: …); also:
+    …``, :func:`stare_lab.theory.critical.recommendation_text`)."""
+    block = block or {}
+    clause = critical.recommended_clause(block) if block.get("slices") else None
+    lines = [clause] if clause else []
+    for label, entry in (block.get("slices") or {}).items():
         strengths = [critical.CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
+        base = clause is not None and entry.get("point") == block.get("slice")
         for m in dict.fromkeys(x.m for x in strengths):
+            if base:
+                also = critical.also_text(strengths, m)
+                if also:
+                    lines.append(f"other estimates for {critical.variant_label(m)}: {also}")
+                continue
             text = critical.recommendation_text(strengths, m)
             if text:
                 lines.append((f"at {label}: " if label else "") + text)
+    return lines
+
+
+def auto_lines(block: dict[str, Any] | None) -> list[str]:
+    """One line per auto-schedule group of a ``critical_strength`` block (its slices' ``auto`` entries,
+    :func:`stare_lab.theory.critical.auto_line`: the W it found, next to the measured W of the same slice): the
+    lines ``stare-lab simulate`` prints."""
+    slices = (block or {}).get("slices") or {}
+    lines = []
+    for label, entry in slices.items():
+        strengths = [critical.CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
+        for e in entry.get("auto") or []:
+            lines.append((f"at {label}: " if len(slices) > 1 and label else "") + critical.auto_line(e, strengths))
     return lines
 
 

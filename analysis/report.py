@@ -233,6 +233,8 @@ def _critical_section(doc: Doc, cmp: Comparison, sweep: dict[str, Any] | None, a
         "With the gate on, a step's first-order entropy change splits as D_GRPO + (W − 1)·D_L+ (+ (M − 1)·D_L− for "
         "C2), so W*(t) = 1 − D_GRPO(t)/D_L+(t) cancels the drift (docs/theory.md §7; `stare_lab.theory.critical`). Every "
         "critical W below is named by its kind: **measured** (the smallest W of a W sweep held on every seed), "
+        "**auto** (from an auto run: the balance W, 1 + mean gate·(W − 1), over the strongest stretch of the second "
+        "half of the auto-schedule runs that held; a lower bound when not every run held), "
         "**calibrated** (measured on a toy calibrated to a target model's probe), **predicted** (first order: the "
         "largest W*(t) over the second half of runs that held the band) and **conservative** (first order: W* where "
         "GRPO first crosses H_tgt). The recommended W is the first available in the order "
@@ -377,6 +379,8 @@ def _write(
     crit = phase.critical_line(block)
     if crit:
         doc.p(f"**Critical W:** {crit}")
+    for line in phase.auto_lines(block):  # the W each auto-schedule group found, as the screen says it
+        doc.p(f"**Auto schedule:** {line}")
     n_runs = len(cmp.runs)
     doc.p(
         f"{n_runs} run{'s' * (n_runs != 1)} in {len(cmp.groups)} group{'s' * (len(cmp.groups) != 1)} "

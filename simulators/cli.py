@@ -11,11 +11,13 @@ Example::
 Writes ``OUT/<method>[/<grid point>]/seed<k>/`` run directories, ``OUT/summary.json`` and the report with its
 figures under ``OUT/figures`` (made by the analysis wing's ``analyze`` function, found under the entry-point group
 ``stare_lab.reports`` — this wing never imports ``analysis``; ``--no-plots`` skips it), and prints one headline
-line, a table per group and one-line notes (:mod:`simulators.notes`: why a STARE method did not hold the band,
-reasoned from direction and regime; plan notes about the request). Seeds: ``--seeds N`` runs the first N seeds
-0 … N−1 (N ≤ 10000), ``--seeds A,B,…`` exactly those seeds, ``--seed S`` the one seed S (seeds in [0, 2**31 − 1]). With ``--sweep KEY=V1,V2,…``
-(repeatable) the runs cover the grid; with a ``stare.reweight_w`` grid the summary holds the measured and predicted
-critical W (``critical.<method>``, :mod:`simulators.grid`) and the report draws the phase diagram. Tabular runs are
+line (the verdict and the recommended critical W per push, said once), a table per group, a line per auto-schedule
+method with the W it found, the other estimates and one-line notes (:mod:`simulators.notes`: why a STARE method
+did not hold the band, reasoned from direction and regime; plan notes about the request). Seeds: ``--seeds N`` runs
+the first N seeds 0 … N−1 (N ≤ 10000), ``--seeds A,B,…`` exactly those seeds, ``--seed S`` the one seed S (seeds in
+[0, 2**31 − 1]). With ``--sweep KEY=V1,V2,…`` (repeatable) the runs cover the grid; with a ``stare.reweight_w``
+grid the summary holds the measured and predicted critical W (``critical.<method>``, :mod:`simulators.grid`) and the
+report draws the phase diagram. Tabular runs are
 batched and spread over ``--workers`` processes (default: all cores). Any ``key=value`` overrides a config field of
 the preset's simulator (``stare.*`` is short for ``loss.stare.*``; ``--list-keys`` lists them), except the keys a
 method sets (use ``--methods``) and ``steps`` together with ``--steps``. On tabular presets an explicit
@@ -257,7 +259,7 @@ def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: 
     )
     for note in plan.resume_notes:  # what --resume adds to the sweep, before anything runs
         print(note, file=sys.stderr)
-    from simulators.notes import critical_lines, plan_notes  # after the plan: they import torch
+    from simulators.notes import auto_lines, critical_lines, plan_notes  # after the plan: they import torch
 
     notes = plan_notes(plan)
     total = sum(int(getattr(c, "steps", 1)) for c in plan.configs.values())
@@ -271,7 +273,7 @@ def _run(args: argparse.Namespace, t0: float, methods: list[str] | None, seeds: 
     print(f"preset {plan.preset} ({plan.kind}): {len(plan.methods)} method(s){grid} x {len(plan.seeds)} seed(s) "
           f"[{seeds_s}] -> {out}")
     print(format_table(summary))
-    for line in critical_lines(summary):
+    for line in auto_lines(summary) + critical_lines(summary):
         print(line)
     for note in [*summary.get("notes", []), *notes]:
         print(note)

@@ -1,8 +1,9 @@
 """Sweep grids (``stare-lab simulate --sweep KEY=V1,V2,…``) and the critical STARE strength read off them.
 
 A grid is a list of ``(dotted key, values)``; its points are the cartesian product. A method only sees the keys that
-can change its runs (``loss.stare.*`` keys are dropped for methods without the STARE loss), so GRPO runs once per
-point of the other keys. Run directories: ``OUT/<method>/<label>/seed<k>`` with ``label`` = ``W=1.2,lr=0.5`` (the
+can change its runs (``loss.stare.*`` keys are dropped for methods without the STARE loss, and the fixed-W keys for
+the auto schedule, which sets W itself: :func:`inert_keys`), so GRPO runs once per point of the
+other keys. Run directories: ``OUT/<method>/<label>/seed<k>`` with ``label`` = ``W=1.2,lr=0.5`` (the
 short names of :data:`SHORT_NAMES`), or ``OUT/<method>/seed<k>`` for a method without grid keys.
 
 :func:`critical_summary` turns a sweep over ``loss.stare.reweight_w`` into ``critical.<method>`` (docs/theory.md §7,
@@ -26,11 +27,13 @@ import statistics
 from typing import Any
 
 from stare_lab.config import parse_overrides
+from stare_lab.loss.methods import method_overrides
 from stare_lab.theory.critical import measured_strength, recommend, run_strengths, tolerance
 from stare_lab.platform.summary import band_held
 from stare_lab.errors import ConfigError
 
-__all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY"]
+__all__ = ["SHORT_NAMES", "parse_grid", "method_points", "point_label", "critical_summary", "W_KEY", "inert_keys",
+           "AUTO_INERT_KEYS"]
 
 W_KEY = "loss.stare.reweight_w"
 #: short names of grid keys in run-directory labels and tables
@@ -67,10 +70,27 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[Any]]]:
     return grid
 
 
-def method_points(grid: list[tuple[str, list[Any]]], is_stare: bool) -> list[dict[str, Any]]:
+#: the ``loss.stare`` keys the auto schedule ignores: it sets W (and M = 1/W for C2) itself (docs/theory.md §9)
+AUTO_INERT_KEYS = frozenset(f"loss.stare.{k}" for k in ("reweight_w", "reweight_m", "w_max", "m_min", "alpha"))
+
+
+def inert_keys(method: str) -> frozenset[str]:
+    """The ``loss.stare.*`` keys whose value does not change ``method``'s runs: :data:`AUTO_INERT_KEYS` for a method
+    with the auto schedule (``o1-auto``, ``c2-auto``), none otherwise. A ``--sweep`` over them runs such a method
+    once.
+
+    Raises:
+        ConfigError: ``method`` is not in the method table (:func:`stare_lab.loss.methods.method_overrides`).
+    """
+    st = method_overrides(method)["loss"].get("stare") or {}
+    return AUTO_INERT_KEYS if st.get("adaptive") and st.get("schedule") == "auto" else frozenset()
+
+
+def method_points(grid: list[tuple[str, list[Any]]], is_stare: bool, inert: frozenset[str] | set[str] = frozenset()
+                  ) -> list[dict[str, Any]]:
     """The grid points a method runs: the product over the keys that can change its runs (``loss.stare.*`` only for
-    STARE methods); ``[{}]`` when none."""
-    keys = [(k, v) for k, v in grid if is_stare or not k.startswith("loss.stare.")]
+    STARE methods, none of ``inert``: the keys its settings ignore); ``[{}]`` when none."""
+    keys = [(k, v) for k, v in grid if (is_stare or not k.startswith("loss.stare.")) and k not in inert]
     return [dict(zip([k for k, _ in keys], combo)) for combo in itertools.product(*[v for _, v in keys])]
 
 
@@ -111,11 +131,11 @@ def critical_summary(
     step = min((b - a for a, b in zip(ws, ws[1:])), default=0.0)
     others = [k for k, _ in grid if k != W_KEY]
     out: dict[str, Any] = {}
-    methods = sorted({g["method"] for g in groups.values() if g["is_stare"]})
+    methods = sorted({g["method"] for g in groups.values() if g["is_stare"] and W_KEY in g["point"]})
     for method in methods:
         slices: dict[str, dict[str, Any]] = {}
         for g in groups.values():
-            if g["method"] != method:
+            if g["method"] != method or W_KEY not in g["point"]:
                 continue
             other = {k: g["point"][k] for k in others if k in g["point"]}
             slices.setdefault(point_label(other), {"point": other, "by_w": {}})["by_w"][float(g["point"][W_KEY])] = g

@@ -1,6 +1,8 @@
 """What ``stare-lab simulate`` tells the user after a sweep: the one-line headline (the core's verdict,
-:mod:`stare_lab.platform.verdict`, plus the one recommended critical W with its kind), the critical-W lines (every slice of
-the grid: :func:`critical_lines`) and the notes.
+:mod:`stare_lab.platform.verdict`, plus the one recommended critical W per push with its kind:
+:func:`stare_lab.theory.critical.recommended_clause`), a line per auto-schedule group with the W it found
+(:func:`auto_lines`), the other estimates and the other slices of the grid (:func:`critical_lines`), and the notes.
+The recommendation is said once, in the headline: the other lines and the notes refer to it.
 
 The notes reason from direction and regime, in this order (docs/theory.md §6–§7), for each STARE group that did not
 hold the band on every seed:
@@ -12,8 +14,9 @@ hold the band on every seed:
 3. GRPO itself did not collapse (no seed below 10 % of its initial entropy and its entropy not below the band):
    then nothing is said about STARE being too weak;
 4. otherwise (in the regime, GRPO collapsed, the gate opened, the entropy stayed above GRPO's): the push is below
-   the critical strength; the note names the recommended critical W of its slice and push with its kind
-   (``critical_strength``, :func:`strength_block`) when that is measured or predicted and above the group's W;
+   the critical strength; the note refers to the recommended critical W of its slice and push (``critical_strength``,
+   :func:`strength_block`; said in the headline, or the slice's line) when that is not the conservative one and above
+   the group's W;
    else the conservative first-order estimate W* (:mod:`stare_lab.theory.critical`, seed median) where the entropy first
    crosses H_tgt (the group's own value, with its M for C2; else GRPO's) — or, when that is below the run's W but
    the group's own second-half W* is above it, the latter (the drift grew after the crossing); when both are below
@@ -38,20 +41,21 @@ import statistics
 from typing import Any
 
 from stare_lab.theory.critical import (
-    STRENGTH_KINDS, CriticalStrength, at_grpo_floor, lower_bound_reason, recommend, recommendation_text, run_strengths,
-    variant_label,
+    STRENGTH_KINDS, CriticalStrength, also_text, at_grpo_floor, auto_entries, auto_line, lower_bound_reason, recommend,
+    pushes_ran, recommendation_text, recommended_clause, run_strengths, variant_label,
 )
 from stare_lab.loss.losses import loss_needs
 from stare_lab.platform.summary import w_cap
 from stare_lab.platform.verdict import cap_key, cap_text, push_label, verdict
 
-from simulators.grid import W_KEY, point_label
-from simulators.presets import METHODS
+from simulators.grid import W_KEY, inert_keys, parse_grid, point_label
+from simulators.presets import METHODS, get_preset
 from simulators.run_stats import REGIME_RATIO
 from simulators.tabular.runner import init_state, target_warning
 from simulators.tabular.tasks import reward_optimal_entropy
 
-__all__ = ["headline", "sweep_notes", "plan_notes", "group_facts", "strength_block", "critical_lines", "STRENGTH_RULE"]
+__all__ = ["headline", "sweep_notes", "plan_notes", "group_facts", "strength_block", "critical_lines", "auto_lines",
+           "STRENGTH_RULE"]
 
 #: the grid key of M: a different M is a different push (a strength's ``m``), not a different slice
 M_KEY = "loss.stare.reweight_m"
@@ -120,6 +124,11 @@ def _grpo_for(facts: dict[str, dict[str, Any]], g: dict[str, Any]) -> dict[str, 
     return None
 
 
+def _is_auto(stare: dict[str, Any] | None) -> bool:
+    """Whether a group's ``loss.stare`` settings use the auto schedule (``adaptive``, ``schedule: auto``)."""
+    return bool(stare) and bool(stare.get("adaptive")) and stare.get("schedule") == "auto"
+
+
 def _m_of(stare: dict[str, Any] | None) -> float | None:
     """C2's M of a group's ``loss.stare`` settings; None for O1 (and baselines)."""
     if not stare or str(stare.get("variant", "")).upper() != "C2":
@@ -146,7 +155,8 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
     :func:`stare_lab.theory.critical.recommend`); at the top ``recommended``, the one W the headline names (the preset's
     own slice, ``slice``; for a push the sweep ran, O1 first; O1 from GRPO alone when no STARE method ran), and
     ``rule``, the precedence. A slice where every GRPO seed ends inside the band has no strengths (``floor``: the
-    target sits at GRPO's floor, :func:`stare_lab.theory.critical.at_grpo_floor`)."""
+    target sits at GRPO's floor, :func:`stare_lab.theory.critical.at_grpo_floor`). Each slice also lists its
+    auto-schedule groups (``auto``: :func:`stare_lab.theory.critical.auto_entries`, the lines of :func:`auto_lines`)."""
     facts = group_facts(summary)
     stare_points = [_slice_of(f["point"]) for f in facts.values() if f["stare"] is not None]
     pts = stare_points or [_slice_of(f["point"]) for f in facts.values()]
@@ -155,7 +165,9 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"rule": STRENGTH_RULE, "slice": slices.get(base, {}), "recommended": None, "slices": {}}
     for label, sl in slices.items():
         groups = [{"label": name, "stare": f["stare"] is not None, "m": _m_of(f["stare"]), "runs": f["runs"],
-                   "grpo": f["method"] in GRPO_METHODS, "w": _fixed_w(f["stare"]), "sampled": f["sampled"]}
+                   "grpo": f["method"] in GRPO_METHODS, "w": _fixed_w(f["stare"]), "sampled": f["sampled"],
+                   "auto": _is_auto(f["stare"]), "variant": (f["stare"] or {}).get("variant"),
+                   "w_cap": w_cap(f["stare"])}
                   for name, f in facts.items() if _in_slice(f["point"], sl)]
         strengths: list[CriticalStrength] = []
         for c in (summary.get("critical") or {}).values():
@@ -172,10 +184,9 @@ def strength_block(summary: dict[str, Any]) -> dict[str, Any]:
         rec = {variant_label(m): recommend(strengths, m) for m in ms}
         out["slices"][label] = {"point": sl, "strengths": [x.to_dict() for x in strengths],
                                 "recommended": {k: v.to_dict() for k, v in rec.items() if v is not None},
-                                "floor": floor}
+                                "floor": floor, "auto": auto_entries(groups), "ran": pushes_ran(groups, strengths)}
     chosen = out["slices"].get(base, {}).get("recommended") or {}
-    ran = [variant_label(_m_of(f["stare"])) for f in facts.values() if f["stare"] is not None]
-    order = sorted(dict.fromkeys(ran), key=lambda v: v != "O1") + ["O1"]  # a push that ran, O1 first
+    order = list(out["slices"].get(base, {}).get("ran") or []) + ["O1"]  # a push that ran, O1 first
     out["recommended"] = next((chosen[v] for v in order if v in chosen), None)
     return out
 
@@ -198,9 +209,10 @@ def _strengths(summary: dict[str, Any], point: dict[str, Any]) -> list[CriticalS
 
 
 def critical_lines(summary: dict[str, Any]) -> list[str]:
-    """The terminal's critical-strength lines: one per slice of the grid (every slice of a multi-key sweep) and
-    push (O1, C2 at its M) — the recommended W with its kind and source, the other kinds' numbers — and, for a W
-    sweep, whether the first-order prediction is within the tolerance of the measured W."""
+    """The terminal's critical-strength lines besides the headline's recommendation (which they do not repeat): for
+    the headline's slice, per push (O1, C2 at its M), the other kinds' numbers (``other estimates for O1: …``); for
+    every other slice of a multi-key sweep its own recommendation with its kind and source; and, for a W sweep,
+    whether the first-order prediction is within the tolerance of the measured W."""
     block = summary.get("critical_strength") or strength_block(summary)
     lines = []
     for label, entry in block["slices"].items():
@@ -209,12 +221,31 @@ def critical_lines(summary: dict[str, Any]) -> list[str]:
                          "GRPO seed ends inside the band): nothing to hold")
             continue
         strengths = [CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
+        base = entry.get("point") == block.get("slice")
         for m in dict.fromkeys(x.m for x in strengths):
-            text = recommendation_text(strengths, m)
-            if text is None:
+            tol = _tolerance_text(summary, entry["point"], m)
+            if base:
+                also = also_text(strengths, m)
+                if also or tol:
+                    lines.append(f"other estimates for {variant_label(m)}: {also or 'none'}{tol}")
                 continue
-            where = f" at {label}" if label else ""
-            lines.append(f"critical W{where}: {text}{_tolerance_text(summary, entry['point'], m)}")
+            text = recommendation_text(strengths, m)
+            if text is not None:
+                lines.append(f"critical W{' at ' + label if label else ''}: {text}{tol}")
+    return lines
+
+
+def auto_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per auto-schedule group (:func:`stare_lab.theory.critical.auto_line`): how many seeds held, the W it
+    found with its range, the mean balance W, its cap when W sat there, and the measured critical W of the same
+    variant when a fixed-W sweep ran in the same slice; prefixed with the slice in a multi-key sweep."""
+    block = summary.get("critical_strength") or strength_block(summary)
+    many = len(block.get("slices") or {}) > 1
+    lines = []
+    for label, entry in (block.get("slices") or {}).items():
+        strengths = [CriticalStrength.from_dict(d) for d in entry.get("strengths") or []]
+        for e in entry.get("auto") or []:
+            lines.append((f"at {label}: " if many and label else "") + auto_line(e, strengths))
     return lines
 
 
@@ -235,7 +266,8 @@ def _tolerance_text(summary: dict[str, Any], sl: dict[str, Any], m: float | None
 def headline(summary: dict[str, Any]) -> str:
     """One line that says what happened: the core's verdict (:func:`stare_lab.platform.verdict.verdict`: which methods
     collapsed, which STARE settings held the band and at what reward, which did not), then the one recommended
-    critical W with its kind (``critical_strength.recommended``, :func:`strength_block`)."""
+    critical W per push with its kind (:func:`stare_lab.theory.critical.recommended_clause` of
+    ``critical_strength``, :func:`strength_block`)."""
     facts = group_facts(summary)
     groups = [{"label": label, "method": f["method"], "stare": f["stare"], "n": f["n"], "held": f["held"],
                "collapsed": f["collapsed"], "below": f["below"],
@@ -244,13 +276,9 @@ def headline(summary: dict[str, Any]) -> str:
               for label, f in facts.items()]
     parts = [verdict(groups, per_setting="critical" not in summary)] if groups else []
     block = summary.get("critical_strength") or strength_block(summary)
-    rec = block.get("recommended")
-    if rec:
-        rec = CriticalStrength.from_dict(rec)
-        where = point_label(block.get("slice") or {})
-        many = len(block.get("slices") or {}) > 1
-        parts.append(f"recommended W for {rec.variant}{' at ' + where if where else ''}: {rec.describe()}"
-                     + ("; every slice below" if many else ""))
+    clause = recommended_clause(block)
+    if clause:
+        parts.append(clause + ("; every slice below" if len(block.get("slices") or {}) > 1 else ""))
     return "; ".join(parts) if parts else "no runs"
 
 
@@ -259,6 +287,7 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
     facts = group_facts(summary)
     notes: list[str] = []
     warned = set()
+    below: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for label, g in facts.items():  # the regime first, for every group (a held band too: it held outside the theory)
         ratio = _num(g["mean"].get("push_ratio"))
         if ratio is None or ratio >= REGIME_RATIO or (g["stare"] is not None and g["held"] != g["n"]):
@@ -297,6 +326,9 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          f"{' and '.join(why)}; one step moves the policy too far for the reweighting to act as the "
                          "theory says, so a stronger W does not help here: lower lr (docs/theory.md §7)")
             continue
+        if _below_measured(g, summary):  # a W sweep's grid point below the W it measured: said once per method
+            below.setdefault((g["method"], point_label(_slice_of(g["point"]))), []).append(g)
+            continue
         if ref is not None and not _grpo_fell(ref):
             notes.append(f"note: GRPO did not collapse at these settings (its entropy ended at "
                          f"{_f(ref['mean'].get('final_entropy'))} nats, not below the band around H_tgt="
@@ -304,9 +336,34 @@ def sweep_notes(summary: dict[str, Any]) -> list[str]:
                          "push: there is no drift below the target to cancel; run more steps or lower the target")
             continue
         notes.append(_weak_push_note(label, g, st, ref, summary))
+    notes += [_below_note(gs, summary) for gs in below.values()]
     notes += _cap_notes(facts)
     notes += _grid_direction_notes(facts)
     return notes
+
+
+def _below_measured(g: dict[str, Any], summary: dict[str, Any]) -> bool:
+    """A fixed-W group at a point of a W sweep whose slice and push recommend a *measured* W above the group's W."""
+    st = g["stare"]
+    w = _fixed_w(st)
+    if w is None or W_KEY not in g["point"]:
+        return False
+    rec = recommend(_strengths(summary, g["point"]), _m_of(st))
+    return rec is not None and rec.kind == "measured" and (rec.w is None or rec.w > w)
+
+
+def _below_note(groups: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """One note for the grid points of a W sweep below the W it measured (:func:`_below_measured`): they did not hold
+    the band, as the measurement says; the recommendation is referred to, not repeated."""
+    g = groups[0]
+    st = g["stare"]
+    rec = recommend(_strengths(summary, g["point"]), _m_of(st))
+    ws = ", ".join(f"{_fixed_w(x['stare']):g}" for x in groups)
+    seeds = ", ".join(f"{x['n'] - x['held']}/{x['n']}" for x in groups)
+    target = rec.w if rec.w is not None else rec.low
+    return (f"note: {g['method']} at W={ws} did not hold the band (on {seeds} seeds): the push is below the "
+            f"recommended W {_said_where(summary, g['point'], _m_of(st))}, which the W sweep measured; try "
+            f"{_raise_tip(st, target, rec.lower_bound, above=rec.w is None, refer=True)} (docs/theory.md §7)")
 
 
 def _cap_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
@@ -326,21 +383,40 @@ def _cap_notes(facts: dict[str, dict[str, Any]]) -> list[str]:
     return notes
 
 
-def _raise_tip(st: dict[str, Any], w: float, lower: str = "", above: bool = False) -> str:
+def _auto_method(st: dict[str, Any]) -> str:
+    """The auto-schedule method of a group's variant: ``c2-auto`` for C2, else ``o1-auto``."""
+    return "c2-auto" if str(st.get("variant", "")).upper() == "C2" else "o1-auto"
+
+
+def _raise_tip(st: dict[str, Any], w: float, lower: str = "", above: bool = False, refer: bool = False) -> str:
     """How to get a W of at least ``w`` (``above``: more than ``w``, which failed): the fixed weight, or the adaptive
     schedule's cap (which bounds W). ``lower``: why ``w`` is only a lower bound of the critical W — then no W is
-    offered as enough: a W sweep from ``w`` up measures it."""
+    offered as enough: a W sweep from ``w`` up measures it. ``refer``: ``w`` is the recommended W said elsewhere
+    (the headline): the tip calls it "it" instead of repeating it (a sweep's grid still starts from it)."""
+    it = "it" if refer else f"{w:.2f}"
     if lower:
         grid = ",".join(f"{1 + (w - 1) * k:.3g}" for k in (1, 1.5, 2, 3))
+        why = "" if refer else f": {lower}"
         if st.get("adaptive"):
-            return (f"stare.w_max well above {w:.2f} ({w:.2f} is only a lower bound here: {lower}; the adaptive "
-                    f"schedule's cap on W, now {_f(st.get('w_max'), 'g')})")
-        return (f"a W sweep from {w:.2f} up, e.g. --sweep stare.reweight_w={grid} ({w:.2f} is only a lower bound "
-                f"here, not a W that suffices: {lower}), or o1-adaptive")
-    rel = "above" if above else "≥"
+            return (f"stare.{cap_key(st)} well above {it} ({it} is only a lower bound here{why}; the adaptive "
+                    f"schedule's cap on W, now {_f(w_cap(st), 'g')})")
+        return (f"a W sweep from {it} up, e.g. --sweep stare.reweight_w={grid} ({it} is only a lower bound "
+                f"here, not a W that suffices{why}), or {_auto_method(st)}")
+    rel = "above" if above else "≥" if not refer else "at or above"
     if st.get("adaptive"):
-        return f"stare.{cap_key(st)} {rel} {w:.2f} (the adaptive schedule's cap on W, now {_f(w_cap(st), 'g')})"
-    return f"stare.reweight_w {rel} {w:.2f} or o1-adaptive"
+        return f"stare.{cap_key(st)} {rel} {it} (the adaptive schedule's cap on W, now {_f(w_cap(st), 'g')})"
+    return f"a fixed stare.reweight_w {rel} {it}, or {_auto_method(st)} (it finds its W itself)"
+
+
+def _auto_note(head: str, g: dict[str, Any], st: dict[str, Any]) -> str:
+    """Case 4 for an auto-schedule group: its W sat at its cap (raise it), or the schedule did not settle."""
+    share, cap = _num(g["mean"].get("w_cap_share")), _f(w_cap(st), "g")
+    if share:
+        return (f"{head}: its W sat at its cap stare.auto_w_max={cap} on {share:.0%} of the steps from the crossing "
+                "on (seed mean): the push the band needs is above the cap, and the W it found is only a lower bound; "
+                f"raise stare.auto_w_max (docs/theory.md §7)")
+    return (f"{head}: the auto schedule did not settle (its W stayed below its cap {cap}), so the W it found is only "
+            "a lower bound; run more steps (docs/theory.md §7)")
 
 
 def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict[str, Any] | None,
@@ -356,14 +432,15 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
         w_now = _num(w_cap(st)) or w_now
     capped = cap_text({"stare": st, **g["mean"]}) if st.get("adaptive") else None
     cap = f" (its W sat near the cap: {capped})" if capped else ""
+    if _is_auto(st):
+        return _auto_note(head, g, st)
     strengths = _strengths(summary, g["point"])
     rec = recommend(strengths, _m_of(st))
+    where = _said_where(summary, g["point"], _m_of(st))
     if rec is not None and rec.kind != "conservative" and (rec.w is None or rec.w > w_now):
         target = rec.w if rec.w is not None else rec.low
-        also = recommendation_text(strengths, _m_of(st)).partition("; also: ")[2]
-        return (f"{head}: at {push_label(st)} the push is below the critical strength{cap}: recommended W "
-                f"{rec.describe()}" + (f"; also: {also}" if also else "")
-                + f"; try {_raise_tip(st, target, rec.lower_bound, above=rec.w is None)} (docs/theory.md §7)")
+        return (f"{head}: at {push_label(st)} the push is below the recommended W {where}{cap}; try "
+                f"{_raise_tip(st, target, rec.lower_bound, above=rec.w is None, refer=True)} (docs/theory.md §7)")
     c2 = st.get("variant") == "C2"
     # W* where the entropy first crosses H_tgt: the group's own value (with its M for C2; the trajectory equals
     # GRPO's up to the crossing), else GRPO's (M = 1)
@@ -385,15 +462,32 @@ def _weak_push_note(label: str, g: dict[str, Any], st: dict[str, Any], ref: dict
         return (f"{head} although the first-order estimate where the entropy crosses H_tgt (W* ≈ {est:.2f} "
                 f"{est_what}, median over seeds) is below W={w_now:g}: the drift at H_tgt is then mostly second "
                 "order (sampling noise, ∝ lr²), which the D terms leave out; try a larger push "
-                f"({'stare.w_max / stare.m_min' if st.get('adaptive') else 'stare.reweight_w / reweight_m, o1-adaptive'})"
+                "(" + ("stare.w_max / stare.m_min" if st.get("adaptive") else
+                       "stare.reweight_w / reweight_m, " + _auto_method(st)) + ")"
                 " or a smaller lr (docs/theory.md §7)")
-    est_s = (f" (recommended: the conservative first-order estimate {est_what} where the entropy crosses H_tgt, "
-             f"median over seeds: W* ≈ {est:.2f}" + (", a lower bound" if lower_est else "") + ")"
-             ) if est is not None else ""
-    tip = _raise_tip(st, est, lower_est) if est is not None else (
-        "a larger stare.w_max" if st.get("adaptive") else "a larger stare.reweight_w / smaller reweight_m or o1-adaptive")
+    said = rec is not None and rec.kind == "conservative" and est is not None and rec.w is not None and \
+        math.isclose(rec.w, est, rel_tol=1e-9)  # the headline's recommendation: referred to, not repeated
+    if said:
+        est_s = f" (the recommended W {where}: the conservative first-order estimate where the entropy crosses H_tgt)"
+    else:
+        est_s = (f" (recommended: the conservative first-order estimate {est_what} where the entropy crosses H_tgt, "
+                 f"median over seeds: W* ≈ {est:.2f}" + (", a lower bound" if lower_est else "") + ")"
+                 ) if est is not None else ""
+    tip = _raise_tip(st, est, lower_est, refer=said) if est is not None else (
+        f"a larger stare.{cap_key(st)}" if st.get("adaptive") else
+        f"a larger stare.reweight_w / smaller reweight_m or {_auto_method(st)}")
     return (f"{head}: at {push_label(st)} the push is below the critical strength{cap}{est_s}; try {tip} "
             "(docs/theory.md §7)")
+
+
+def _said_where(summary: dict[str, Any], point: dict[str, Any], m: float | None) -> str:
+    """Where the recommended W of a group's slice and push is said: ``for O1 (first line)`` for the headline's
+    slice, ``for O1 at lr=0.5 (its line above)`` for another slice of the grid."""
+    block = summary.get("critical_strength") or strength_block(summary)
+    label = point_label(_slice_of(point))
+    entry = (block.get("slices") or {}).get(label) or {}
+    base = entry.get("point", _slice_of(point)) == block.get("slice")
+    return f"for {variant_label(m)}" + (" (first line)" if base else f" at {label} (its line above)")
 
 
 def _grpo_fell(ref: dict[str, Any]) -> bool:
@@ -451,9 +545,18 @@ def plan_notes(plan) -> list[str]:
       = 1): ρ ≡ 1, so log ρ = 0 and the gradient of its penalty β·|log ρ| is 0 — it equals GRPO.
     * ``loss.stare.*`` overrides when no method of the sweep uses the STARE loss: they change no update.
     * a STARE target above the reward-optimal entropy of a tabular task
-      (:func:`simulators.tabular.runner.target_warning`).
+      (:func:`simulators.tabular.runner.target_warning`);
+    * an auto-schedule method in a sweep over a key it ignores (:func:`simulators.grid.inert_keys`): it runs once
+      (not said for the preset's own grid, whose description says it).
     """
     notes = []
+    own = parse_grid(list(get_preset(plan.preset).get("sweep") or []))  # the preset's own story says it elsewhere
+    swept = [k for k, _ in plan.grid] if plan.grid != own else []
+    for m in plan.methods:
+        unused = [k for k in swept if k in inert_keys(m)]
+        if unused:
+            notes.append(f"note: {m} ran once per point of the other grid keys: the auto schedule sets W itself, so "
+                         f"--sweep {', '.join(unused)} does not change its runs")
     first = {}
     for (label, seed), c in plan.configs.items():
         first.setdefault(plan.groups.get(label, {}).get("method", label), c)

@@ -23,8 +23,10 @@ from the random initial policy: absolute (``stare.target_entropy``) or relative 
 
 ``demo`` (the default, ``make demo``) is the ``collapse`` task in the mean-field limit (``mode=expected``, G → ∞:
 the exact expected update, deterministic given the seed's initial policy) with 16 prompts and lr 2 (300 steps; lr 1
-and 600 steps, as in issue 13, give the same picture at twice the cost): GRPO's collapse, what each STARE method
-does about it and the critical W of docs/theory.md §7 without sampling noise. ``collapse`` is the same task with
+and 600 steps, as in issue 13, give the same picture at twice the cost): GRPO's collapse, O1 at the paper's W 1.1
+and a W sweep to 1.5 that measures the critical W of docs/theory.md §7 without sampling noise (1.3), and the auto
+schedule, which finds its W itself (:data:`DEMO_METHODS`, :data:`DEMO_SWEEP`: its request when neither --methods
+nor --sweep is given). ``collapse`` is the same task with
 G = 8 sampled responses per prompt, where sampling noise adds a second-order (noise-driven) drift at H_tgt on top
 of the first-order one (docs/benchmarks.md: it raises the measured critical W).
 
@@ -44,8 +46,9 @@ from stare_lab.errors import ConfigError
 from stare_lab.loss.methods import METHODS, method_overrides  # noqa: F401 - re-exported: the shared method table
 
 __all__ = [
-    "SEED_MAX", "MAX_SEEDS", "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS", "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "method_overrides", "get_preset",
-    "preset_names",
+    "SEED_MAX", "MAX_SEEDS", "PRESETS", "TRANSFORMER_PRESETS", "TRANSFORMER_DESCRIPTIONS", "TRANSFORMER_SWEEPS",
+    "DEFAULT_PRESET", "METHODS", "DEFAULT_METHODS", "STORY_METHODS", "DEMO_METHODS", "DEMO_SWEEP", "method_overrides",
+    "get_preset", "preset_names",
 ]
 
 #: seeds are integers in [0, SEED_MAX] (2**31 - 1: every seed stream the simulators derive from a seed, e.g.
@@ -72,8 +75,13 @@ _COLLAPSE_TASK = {
     "init_spread": 1.0,
 }
 
-#: the methods ``make demo`` shows: GRPO, the paper's O1 and C2 at their defaults, and the adaptive schedule
+#: the methods the tabular presets run by default: GRPO, the paper's O1 and C2 at their defaults, and the adaptive
+#: schedule
 STORY_METHODS = ["grpo", "o1", "c2", "o1-adaptive"]
+#: what ``make demo`` shows (the ``demo`` preset's methods and grid): GRPO, O1 at the paper's W 1.1 and a small W
+#: sweep around the demo's critical W (1.3), and the auto schedule, which finds its W itself
+DEMO_METHODS = ["grpo", "o1", "o1-auto"]
+DEMO_SWEEP = ["stare.reweight_w=1.1,1.2,1.3,1.4,1.5"]
 
 #: The ``llm`` preset: the forking token-entropy structure with a weak token-reward link (``reward_coupling``: only
 #: a fraction of the positions decides the reward, the others accept every token, like paraphrases), G = 8 sampled
@@ -95,19 +103,21 @@ LLM_DESCRIPTION = (
 )
 
 #: Tabular presets: name → {"kind", "description", "overrides"} (overrides for TabularSimConfig), optionally the
-#: default ``methods`` and ``seeds`` of ``stare-lab simulate``.
+#: default ``methods``, ``seeds`` and ``sweep`` (grid items ``KEY=V1,V2,…``, run when neither --methods nor --sweep
+#: is given) of ``stare-lab simulate``.
 PRESETS: dict[str, dict[str, Any]] = {
     "demo": {
         "kind": "tabular",
         "description": (
             "the collapse task (16 prompts) in the mean-field limit (mode=expected: the exact expected GRPO/STARE "
             "update, G -> infinity), lr 2, 300 steps, H_tgt 0.4 nats (below ln 2, the reward-optimal entropy): GRPO "
-            "collapses, the paper's O1/C2 and the adaptive schedule try to hold the band; with --sweep "
-            "stare.reweight_w=... it measures and predicts the critical W"
+            "collapses; O1 at W 1.1 (the paper's) to 1.5 measures the critical W; o1-auto finds its W itself and "
+            "holds the band (without --methods and --sweep: grpo, o1 x W 1.1-1.5, o1-auto)"
         ),
         "overrides": {**_COLLAPSE_TASK, "mode": "expected", "num_prompts": 16, "lr": 2.0, "steps": 300,
                       "checkpoint_every": 300, "loss": {"stare": {"target_entropy": 0.4}}},
-        "methods": STORY_METHODS,
+        "methods": DEMO_METHODS,
+        "sweep": DEMO_SWEEP,
     },
     "collapse": {
         "kind": "tabular",

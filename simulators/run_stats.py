@@ -52,9 +52,12 @@ def run_stats(
     window: int = 1,
     w_max: float | None = None,
     push_efficiency: float = 1.0,
+    variant: str | None = None,
+    schedule: str | None = None,
 ) -> dict[str, Any]:
     """:func:`stare_lab.platform.summary.run_summary` of ``rows`` with these settings (``w_max``: the adaptive schedule's
-    cap on W, None for a run without it) plus
+    cap on W, None for a run without it; ``variant`` / ``schedule``: the run's STARE variant and adaptive schedule,
+    None for a baseline) plus
     :func:`stare_lab.theory.critical.decomposition_summary` (``reweight_m``: the run's M for C2, 1 for O1; ``window``: D
     terms summed over that many steps; ``push_efficiency``: the share of the push a tabular toy applies) — a dict
     with :data:`STAT_KEYS`.
@@ -63,7 +66,8 @@ def run_stats(
     the last entropy plus its measured change there; a given value that differs from it by more than rounding is
     logged as a warning (it means the rows lack the last ``entropy_change``).
     """
-    out = run_summary(rows, target_entropy=target_entropy, band=band, collapse_frac=collapse_frac, w_max=w_max)
+    out = run_summary(rows, target_entropy=target_entropy, band=band, collapse_frac=collapse_frac, w_max=w_max,
+                      variant=variant, schedule=schedule)
     derived = out["final_entropy"]
     if final_entropy is not None and not (derived is not None and math.isclose(final_entropy, derived,
                                                                                rel_tol=1e-12, abs_tol=1e-15)):

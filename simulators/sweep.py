@@ -45,7 +45,7 @@ from stare_lab.config import apply_overrides, from_dict, to_dict
 from stare_lab.errors import ConfigError, RunError
 from stare_lab.platform.verdict import group_outcome
 
-from simulators.grid import critical_summary, method_points, parse_grid, point_label
+from simulators.grid import AUTO_INERT_KEYS, critical_summary, inert_keys, method_points, parse_grid, point_label
 from simulators.presets import (DEFAULT_METHODS, DEFAULT_PRESET, MAX_SEEDS, METHODS, SEED_MAX, get_preset,
                                 method_overrides)
 from simulators.run_stats import STAT_KEYS
@@ -119,7 +119,8 @@ def uses_stare(method: str) -> bool:
 
 def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> None:
     """Every ``--sweep`` key must change the runs of at least one of ``methods``: ``loss.stare.*`` keys are seen by
-    STARE methods only (:func:`uses_stare`), ``loss.stare.reweight_m`` only by variant C2 (docs/theory.md §1).
+    STARE methods only (:func:`uses_stare`), ``loss.stare.reweight_m`` only by variant C2 (docs/theory.md §1), the
+    fixed-W keys not by the auto schedule (:func:`simulators.grid.inert_keys`).
 
     Raises:
         ConfigError: naming the key, the methods and which methods would use it.
@@ -127,15 +128,17 @@ def check_grid_used(grid: list[tuple[str, list[Any]]], methods: list[str]) -> No
     for key, _ in grid:
         if not key.startswith("loss.stare."):
             continue
-        users = [m for m in methods if uses_stare(m)]
+        users = [m for m in methods if uses_stare(m) and key not in inert_keys(m)]
         need = "STARE methods (e.g. o1, c2)"
+        auto = [m for m in methods if key in inert_keys(m)]
         if key == "loss.stare.reweight_m":
             users = [m for m in users if str(method_overrides(m)["loss"]["stare"].get("variant", "")).upper() == "C2"]
             need = "variant C2 (e.g. c2)"
+        extra = f"; the auto schedule of {', '.join(auto)} sets W itself" if auto else ""
         if not users:
-            raise ConfigError(f"--sweep {key}: none of the methods {','.join(methods)} uses {key} (only {need} do), "
-                              "so every grid point would be the same run; add such a method to --methods or sweep "
-                              "another key")
+            raise ConfigError(f"--sweep {key}: none of the methods {','.join(methods)} uses {key} (only {need} "
+                              f"do{extra}), so every grid point would be the same run; add such a method to --methods "
+                              "or sweep another key")
 
 
 def seed_list(seeds: int | list[int] | tuple[int, ...] | None, default: list[int]) -> list[int]:
@@ -235,7 +238,9 @@ def plan_sweep(
     Args:
         preset: preset name (``simulators.presets.get_preset``); None → with ``resume`` the sweep's own, else
             :data:`~simulators.presets.DEFAULT_PRESET`.
-        methods: method names (None → the preset's ``methods`` or ``DEFAULT_METHODS``).
+        methods: method names (None → the preset's ``methods`` or ``DEFAULT_METHODS``; with neither ``methods`` nor
+            ``sweep`` given, and not resumed, the preset's own grid ``sweep`` too — without the keys ``overrides``
+            set — e.g. the ``demo`` preset's W sweep of o1).
         seeds: the first N seeds 0 … N−1 (an integer N ≥ 1) or a list of seeds (:func:`seed_list`); None → the
             preset's ``seeds`` or 0, 1, 2.
         out: the sweep directory.
@@ -283,6 +288,7 @@ def plan_sweep(
         raise ConfigError(f"steps={steps!r} must be an integer >= 1")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers={workers!r} must be an integer >= 1")
+    story = not methods and not sweep and recorded is None  # the preset's own request: its methods and its grid
     methods = list(methods) if methods else list(spec.get("methods") or DEFAULT_METHODS)
     for m in methods:
         if m not in METHODS:
@@ -291,6 +297,9 @@ def plan_sweep(
         raise ConfigError(f"methods {','.join(methods)} lists a method twice")
     overrides = [_normalise_override(o) for o in overrides]
     grid = parse_grid(list(sweep)) if recorded_grid is None else recorded_grid
+    if story and spec.get("sweep"):  # a key the user overrides leaves the preset's grid
+        given = {o.split("=", 1)[0].strip() for o in overrides}
+        grid = [(k, v) for k, v in parse_grid(list(spec["sweep"])) if k not in given]
     grid_keys = {k for k, _ in grid}
     for item in overrides + [f"{k}=" for k in grid_keys]:
         key = item.split("=", 1)[0].strip()
@@ -323,7 +332,8 @@ def plan_sweep(
                 raise ConfigError(f"--sweep {key}: {err}") from None
     # a used --out before torch too: every directory the plan can give a run (with or without the STARE keys)
     candidates = [_run_dir(out, m, point, seed) for m in methods for stare in (True, False)
-                  for point in method_points(grid, stare) for seed in seeds]
+                  for inert in (frozenset(), AUTO_INERT_KEYS) for point in method_points(grid, stare, inert)
+                  for seed in seeds]
     check_writable_dir(out)
     check_out(out, resume, overwrite, candidates)
     from simulators.driver import check_resume
@@ -342,7 +352,7 @@ def plan_sweep(
     configs, run_dirs, groups = {}, {}, {}
     for method in methods:
         stare = uses_stare(method)
-        for point in method_points(grid, stare):
+        for point in method_points(grid, stare, inert_keys(method)):
             label = group_label(method, point)
             groups[label] = {"method": method, "point": point, "stare": stare}
             point_items = [_grid_item(k, v) for k, v in point.items()]

@@ -155,7 +155,7 @@ class STAREConfig:
         w_max: upper bound of W under the paper's schedule (≥ reweight_w when ``adaptive``).
         m_min: lower bound of M under the paper's schedule (≤ reweight_m when ``adaptive``, > 0).
         auto_w_max: upper bound of W under the auto schedule (> 1): a safety cap, not a guess of the answer; the run
-            reports the share of steps at it (``w_cap_share``).
+            reports the share of the steps from the crossing of H_tgt on at it (``w_cap_share``).
         scope: ``"global"`` (selection over the whole optimizer batch; invariant to micro-batching) or
             ``"microbatch"`` (selection per loss call, as the reference implementation does).
         gate: ``"entropy"`` (the paper's gate, on iff H̄ < target_entropy), ``"always"`` (forced on) or

@@ -166,8 +166,16 @@ def summarize(rows: list[dict[str, Any]], config: TabularSimConfig, final_entrop
         window=critical_window(config),
         w_max=config.loss.stare.w_cap if config.is_stare else None,
         push_efficiency=1.0 if config.push_efficiency is None else float(config.push_efficiency),
+        **_summary_keys(config),
     )
     return {"method": config.method, "seed": config.seed, "mode": config.mode, **stats}
+
+
+def _summary_keys(config: TabularSimConfig) -> dict[str, Any]:
+    """``variant`` and ``schedule`` for the run summary, as :func:`stare_lab.platform.summary.summary_settings` reads
+    them from the run's ``config.yaml`` (the summary must be recomputable from the run directory)."""
+    st = config.loss.stare
+    return {"variant": st.variant, "schedule": st.schedule if config.is_stare and st.w_cap is not None else None}
 
 
 def critical_window(config: TabularSimConfig) -> int:

@@ -448,7 +448,8 @@ def summarize(rows: list[dict[str, Any]], warm_info: dict[str, float], config: T
     c2 = config.loss.loss_mode == "stare" and st.variant == "C2"
     # D terms summed over 5 % of the run per window (sampled runs), as the trainer and analyze do
     out.update(run_stats(rows, st.target_entropy, reweight_m=st.reweight_m if c2 else 1.0,
-                         window=max(1, len(rows) // 20), w_max=st.w_cap))
+                         window=max(1, len(rows) // 20), w_max=st.w_cap, variant=st.variant,
+                         schedule=st.schedule if st.w_cap is not None else None))
     out.update({
         "initial_accuracy": rows[0]["accuracy"] if rows else None,
         "final_accuracy": rows[-1]["accuracy"] if rows else None,

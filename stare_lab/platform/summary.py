@@ -30,12 +30,16 @@ The definitions, chosen once (where the three earlier copies differed, the choic
   final-entropy clause catches a run that held most of the second half and then collapsed. None without a target.
 * ``gate_on_frac``: the mean of the finite ``gate_on`` values (booleans count 0/1).
 * ``w_mean_second_half`` / ``w_cap_share`` (adaptive W schedule only, ``w_max`` given): the mean of the finite
-  ``stare_w`` over the rows from ⌊n/2⌋ on, and the share of those rows whose W is at the cap (W ≥ w_max − 1e-9):
-  a band held with W at its cap has no headroom left. None for a run without the adaptive schedule.
+  ``stare_w`` over the rows from ⌊n/2⌋ on, and the share of the rows whose W is at the cap (W ≥ w_max − 1e-9):
+  a band held with W at its cap has no headroom left. The share counts the rows from ⌊n/2⌋ on for the paper's
+  schedule; for the auto schedule (``schedule="auto"``) the rows from the first row with H < H_tgt on (where its W
+  starts to move; None without such a row): a cap that binds while the schedule acquires its W is reported too. Both
+  None for a run without the adaptive schedule.
 * ``balance_w`` / ``balance_m``: the push that held, 1 + mean gate·(W − 1) and 1 − mean gate·(1 − M) over the rows
   from ⌊n/2⌋ with finite ``gate_on`` and ``stare_w`` (``stare_m``) (docs/theory.md §9): for a run that held the
   band, the strength this model needed at this target and learning rate (the W of a fixed-W run that would just
-  hold it). ``balance_m`` means something for C2 only. None without those keys.
+  hold it). ``balance_m`` only for variant C2 (``variant="C2"``): O1 never applies M, whatever M its rows log, so
+  it is None for O1, a baseline or an unknown variant. None without those keys.
 * ``balance_w_max``: the largest balance W over windows of max(5, ⌊n/10⌋) consecutive rows of the second half:
   the push the strongest stretch of the hold needed. The fixed W an auto run recommends (docs/theory.md §9): a
   fixed W must cover the strongest drift, not the mean one. None without the keys.
@@ -250,7 +254,8 @@ def band_held(summary: Mapping[str, Any]) -> bool | None:
         final is None or final >= HELD_FINAL_FRAC * target)
 
 
-def _w_stats(rows: Sequence[Mapping[str, Any]], w_max: Any) -> tuple[float | None, float | None]:
+def _w_stats(rows: Sequence[Mapping[str, Any]], w_max: Any, target: float | None, auto: bool
+             ) -> tuple[float | None, float | None]:
     """``(w_mean_second_half, w_cap_share)`` of the module docstring; (None, None) without ``w_max`` or W."""
     cap = number(w_max)
     if cap is None:
@@ -258,17 +263,24 @@ def _w_stats(rows: Sequence[Mapping[str, Any]], w_max: Any) -> tuple[float | Non
     ws = [x for x in (number(r.get("stare_w")) for r in rows[len(rows) // 2:]) if x is not None]
     if not ws:
         return None, None
-    return sum(ws) / len(ws), sum(w >= cap - CAP_TOL for w in ws) / len(ws)
+    mean = sum(ws) / len(ws)
+    if auto:  # from the first row below the target on: the auto schedule's W moves from there
+        below = [i for i, r in enumerate(rows) if target is not None and (h := number(r.get("entropy"))) is not None
+                 and h < target]
+        ws = [x for x in (number(r.get("stare_w")) for r in rows[below[0]:]) if x is not None] if below else []
+        if not ws:
+            return mean, None
+    return mean, sum(w >= cap - CAP_TOL for w in ws) / len(ws)
 
 
-def _balance(rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None, float | None]:
-    """``(balance_w, balance_m, balance_w_max)`` of the module docstring."""
+def _balance(rows: Sequence[Mapping[str, Any]], c2: bool) -> tuple[float | None, float | None, float | None]:
+    """``(balance_w, balance_m, balance_w_max)`` of the module docstring (``balance_m`` None unless ``c2``)."""
     pw, pm = [], []
     for r in rows[len(rows) // 2:]:
         gate, w, m = number(r.get("gate_on")), number(r.get("stare_w")), number(r.get("stare_m"))
         if gate is not None and w is not None:
             pw.append(gate * (w - 1.0))
-        if gate is not None and m is not None:
+        if c2 and gate is not None and m is not None:
             pm.append(gate * (1.0 - m))
     if not pw:
         return None, (1.0 - sum(pm) / len(pm) if pm else None), None
@@ -310,6 +322,8 @@ def run_summary(
     band: float = DEFAULT_BAND,
     collapse_frac: float = DEFAULT_COLLAPSE_FRAC,
     w_max: float | None = None,
+    variant: str | None = None,
+    schedule: str | None = None,
 ) -> dict[str, Any]:
     """A run's summary statistics from its metrics rows (definitions in the module docstring).
 
@@ -320,6 +334,10 @@ def run_summary(
         collapse_frac: the collapse threshold as a fraction of the initial entropy, in [0, 1].
         w_max: the adaptive schedule's cap on W (``loss.stare.w_max``) for a run with ``loss.stare.adaptive``;
             None otherwise (then ``w_mean_second_half`` / ``w_cap_share`` are None).
+        variant: the STARE variant the run applies (``loss.stare.variant``: ``"O1"`` / ``"C2"``); ``balance_m`` only
+            for ``"C2"``. None: a baseline, or not known.
+        schedule: the adaptive schedule (``loss.stare.schedule``: ``"paper"`` / ``"auto"``) of a run with ``w_max``;
+            ``"auto"`` counts ``w_cap_share`` from the first row below H_tgt on.
 
     Returns:
         A dict with exactly :data:`SUMMARY_KEYS`; plain Python numbers or None (JSON-ready).
@@ -339,8 +357,8 @@ def run_summary(
     out["gate_on_frac"] = sum(gates) / len(gates) if gates else None
     walls = [x for x in (number(v) for v in col("time/step_s")) if x is not None]
     out["wall_s"] = sum(walls) if walls else None
-    out["w_mean_second_half"], out["w_cap_share"] = _w_stats(rows, w_max)
-    out["balance_w"], out["balance_m"], out["balance_w_max"] = _balance(rows)
+    out["w_mean_second_half"], out["w_cap_share"] = _w_stats(rows, w_max, target, schedule == "auto")
+    out["balance_w"], out["balance_m"], out["balance_w_max"] = _balance(rows, str(variant).upper() == "C2")
     fit = fit_prediction(col("pred_entropy_change"), col("entropy_change"))
     out.update(pred_n=fit["n"], pred_slope=fit["slope"], pred_intercept=fit["intercept"], pred_r2=fit["r2"],
                pred_rel_err=fit["rel_err"])
@@ -372,13 +390,18 @@ def summary_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
     ``target_entropy`` = ``loss.stare.target_entropy``; ``band`` and ``collapse_frac`` = the top-level keys of
     those names when the source has them (the tabular simulator), else :data:`DEFAULT_BAND` /
     :data:`DEFAULT_COLLAPSE_FRAC`; ``w_max`` = the adaptive schedule's cap on W when ``loss.stare.adaptive`` is true
-    (``loss.stare.auto_w_max`` for ``schedule: auto``, else ``loss.stare.w_max``), else None.
+    (``loss.stare.auto_w_max`` for ``schedule: auto``, else ``loss.stare.w_max``), else None; ``variant`` =
+    ``loss.stare.variant`` (``"O1"`` when not set; None without ``loss.stare``); ``schedule`` =
+    ``loss.stare.schedule`` (default ``"paper"``) when ``w_max`` is set, else None.
     Pass the result to :func:`run_summary` as keywords."""
     config = config if isinstance(config, Mapping) else {}
     stare = (config.get("loss") or {}).get("stare") if isinstance(config.get("loss"), Mapping) else None
     target = stare.get("target_entropy") if isinstance(stare, Mapping) else None
     band, frac = config.get("band"), config.get("collapse_frac")
+    cap = w_cap(stare)
     return {"target_entropy": number(target),
             "band": float(band) if number(band) is not None else DEFAULT_BAND,
             "collapse_frac": float(frac) if number(frac) is not None else DEFAULT_COLLAPSE_FRAC,
-            "w_max": w_cap(stare)}
+            "w_max": cap,
+            "variant": str(stare.get("variant") or "O1").upper() if isinstance(stare, Mapping) else None,
+            "schedule": str(stare.get("schedule") or "paper") if cap is not None else None}

@@ -18,7 +18,8 @@ Definitions, per group of runs (one method or one setting, several seeds), from 
   the band** (final entropy below H_tgt − band, not collapsed) or none of these (did not collapse);
 * an adaptive group (``stare.adaptive``) that held the band **with W near its cap** — mean W over the second half
   at least :data:`NEAR_CAP` of the way from 1 to ``w_max``, or W at the cap on at least :data:`CAP_SHARE` of those
-  steps (:func:`near_cap`) — is said so, with the mean W and the share of steps at the cap: it has no headroom;
+  steps (of the steps from the crossing on for the auto schedule: ``w_cap_share``, :func:`near_cap`) — is said so,
+  with the mean W and the share of steps at the cap: it has no headroom;
 * rewards are the seeds' mean ``final_reward`` (the mean over the last 10 % of each run's steps).
 """
 
@@ -73,7 +74,10 @@ def group_outcome(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def push_label(stare: Mapping[str, Any]) -> str:
-    """``W=1.1``, ``W=1.1, M=0.9`` (C2), ``… adaptive`` — the STARE push of a group's ``loss.stare`` settings."""
+    """``W=1.1``, ``W=1.1, M=0.9`` (C2), ``… adaptive`` — the STARE push of a group's ``loss.stare`` settings;
+    ``W auto`` (``W auto, M=1/W`` for C2) for the auto schedule, which sets W itself."""
+    if stare.get("adaptive") and stare.get("schedule") == "auto":
+        return "W auto" + (", M=1/W" if str(stare.get("variant", "")).upper() == "C2" else "")
     w, m = stare.get("reweight_w"), stare.get("reweight_m")
     return f"W={_f(w, 'g')}" + (f", M={_f(m, 'g')}" if str(stare.get("variant", "")).upper() == "C2" else "") + (
         " adaptive" if stare.get("adaptive") else "")
@@ -94,8 +98,9 @@ def cap_text(g: Mapping[str, Any]) -> str | None:
     st = g.get("stare") or {}
     if not st.get("adaptive") or not near_cap(g.get("w_mean_second_half"), g.get("w_cap_share"), w_cap(st)):
         return None
+    steps = "the steps from the crossing on" if st.get("schedule") == "auto" else "those steps"
     return (f"mean W {_f(g.get('w_mean_second_half'))} over the second half, at the cap {cap_key(st)}={_f(w_cap(st), 'g')}"
-            f" on {_f(g.get('w_cap_share'), '.0%')} of those steps")
+            f" on {_f(g.get('w_cap_share'), '.0%')} of {steps}")
 
 
 def cap_key(stare: Mapping[str, Any]) -> str:

@@ -24,12 +24,13 @@ In a sampled run (finite G) each step's D terms carry sampling noise; ``window``
 steps before the ratio is taken (a ratio of sums, not a mean of ratios), which is what a band criterion averaged
 over many steps responds to.
 
-**One critical strength, four kinds** (docs/theory.md §7). Every output (the terminal, ``summary.json``, the
+**One critical strength, five kinds** (docs/theory.md §7). Every output (the terminal, ``summary.json``, the
 report, ``report.json``, ``stare-lab promote``) names a critical W as a :class:`CriticalStrength` of one of the
 kinds of :data:`STRENGTH_KINDS` — *measured* (the smallest W of a W sweep held on every seed,
-:func:`measured_strength`), *calibrated* (measured on a toy calibrated to the target model's probe,
-``calibration.json``: :mod:`stare_lab.theory.regime`), *predicted* (first order along held runs) and *conservative* (W* where
-GRPO crosses H_tgt) — and :func:`recommend` picks the one W to act on by that order of precedence.
+:func:`measured_strength`), *auto* (the balance W an auto-schedule run found, :func:`auto_strength`),
+*calibrated* (measured on a toy calibrated to the target model's probe, ``calibration.json``:
+:mod:`stare_lab.theory.regime`), *predicted* (first order along held runs) and *conservative* (W* where GRPO
+crosses H_tgt) — and :func:`recommend` picks the one W to act on by that order of precedence.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ __all__ = [
     "measured_critical_w", "tolerance", "applied_push", "decomposition_summary", "DECOMPOSITION_KEYS", "REGIME_RATIO",
     "STRENGTH_KINDS", "KIND_MEANING", "CriticalStrength", "recommend", "measured_strength", "strength_from_values",
     "recommendation_text", "variant_label", "run_strengths", "lower_bound_reason", "FULL_PUSH",
-    "at_grpo_floor",
+    "at_grpo_floor", "auto_strength", "auto_entries", "auto_line", "also_text", "recommended_clause", "pushes_ran",
 ]
 
 KEY_D_GRPO = "pred/d_grpo"
@@ -254,14 +255,16 @@ def decomposition_summary(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# one critical strength, four kinds (docs/theory.md §7)
+# one critical strength, five kinds (docs/theory.md §7)
 # ----------------------------------------------------------------------------------------------------------------
 
 #: the kinds of critical strength, in the order of precedence of :func:`recommend` (docs/theory.md §7)
-STRENGTH_KINDS = ("measured", "calibrated", "predicted", "conservative")
+STRENGTH_KINDS = ("measured", "auto", "calibrated", "predicted", "conservative")
 #: what each kind is, as every output says it
 KIND_MEANING = {
     "measured": "smallest fixed W held on every seed (a W sweep, or runs at one W)",
+    "auto": ("from an auto run: balance W, 1 + mean gate·(W − 1), over the strongest stretch of the second half of "
+             "runs that held (the fixed W that covers it)"),
     "calibrated": "measured on a toy calibrated to the target model's probe",
     "predicted": "first order: largest W*(t) over the second half of held runs",
     "conservative": "first order: W* where GRPO crosses H_tgt",
@@ -288,14 +291,15 @@ class CriticalStrength:
             held (then ``low`` is the largest grid W tried: the critical W is above it).
         m: the M (C2) this W goes with; None for O1 (M = 1 is stored as None).
         low, high: the range of the estimate — *measured*: the largest grid W below ``w`` that did not hold (None
-            if ``w`` is the smallest grid W) and ``w`` itself, the critical W lies in (low, high]; *predicted* /
-            *conservative*: the least and largest value over the runs (seeds); *calibrated*: the calibration's
-            uncertainty range.
+            if ``w`` is the smallest grid W) and ``w`` itself, the critical W lies in (low, high]; *auto*,
+            *predicted*, *conservative*: the least and largest value over the runs (seeds); *calibrated*: the
+            calibration's uncertainty range.
         source: where the number comes from, in words (method, slice, runs, file).
         lower_bound: why the value is only a lower bound of the critical W ("" when it is not): a first-order
             number (*predicted*, *conservative*) from sampled rollouts (the sampling noise adds a drift the first
             order leaves out) or from runs whose push acted below its first-order size (:func:`lower_bound_reason`);
-            every output then says "at least".
+            an *auto* number from runs that did not all hold the band (:func:`auto_strength`); every output then
+            says "at least".
 
     Raises:
         ConfigError: an unknown kind, or a value that is not a number.
@@ -343,13 +347,14 @@ class CriticalStrength:
             w = f"above {self.low:.3g}" if self.low is not None else "none"
         else:
             w = ("at least " if self.lower_bound and math.isfinite(self.w) else "") + f"{self.w:.3g}"
-        return w + (f" at M={self.m:g}" if with_m and self.m is not None else "")
+        return w + (f" at M={self.m:.3g}" if with_m and self.m is not None else "")
 
-    def describe(self, with_m: bool = True) -> str:
+    def describe(self, with_m: bool = True, meaning: bool = True) -> str:
         """``1.3 (measured: smallest W held on every seed of a W sweep; range (1.1, 1.3]; o1 W sweep …)`` — the
-        number (with its M unless ``with_m`` is False), its kind and meaning, the range and the source: how every
-        output names it."""
-        parts = [KIND_MEANING[self.kind]]
+        number (with its M unless ``with_m`` is False), its kind and meaning (``meaning`` False: the kind alone,
+        ``auto`` still as "from an auto run"), the range and the source: how every output names it."""
+        parts = [KIND_MEANING[self.kind] if meaning else "from an auto run" if self.kind == "auto" else ""]
+        parts = [p for p in parts if p]
         rng = self.range_text()
         if rng:
             parts.append(f"range {rng}")
@@ -357,7 +362,7 @@ class CriticalStrength:
             parts.append(self.source)
         if self.lower_bound:
             parts.append(f"a lower bound: {self.lower_bound}")
-        return f"{self.value_text(with_m)} ({self.kind}: {'; '.join(parts)})"
+        return f"{self.value_text(with_m)} ({self.kind}{': ' if parts else ''}{'; '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
         """``{"kind", "w", "m", "low", "high", "source", "lower_bound", "meaning"}`` (the form of ``summary.json`` /
@@ -382,8 +387,8 @@ class CriticalStrength:
 
 
 def variant_label(m: float | None) -> str:
-    """``O1`` for M None / 1, else ``C2 (M=0.9)``."""
-    return "O1" if m is None or m == 1.0 else f"C2 (M={m:g})"
+    """``O1`` for M None / 1, else ``C2 (M=0.9)`` (M to 3 significant digits: an auto run's M = 1/W is not round)."""
+    return "O1" if m is None or m == 1.0 else f"C2 (M={m:.3g})"
 
 
 def _same_m(a: float | None, b: float | None) -> bool:
@@ -394,21 +399,26 @@ def _same_m(a: float | None, b: float | None) -> bool:
 
 def recommend(strengths: Iterable[CriticalStrength], m: float | None = None) -> CriticalStrength | None:
     """The one critical W to act on among ``strengths`` for the push with M = ``m`` (None: O1), all about the same
-    system (task, lr, sampling): by precedence measured > calibrated > predicted > conservative
+    system (task, lr, sampling): by precedence measured > auto > calibrated > predicted > conservative
     (:data:`STRENGTH_KINDS`, docs/theory.md §7), within one kind the largest W (the safe side). A measured record
     with no held grid W (``w`` None, ``low`` = the largest W tried) rules out every estimate at or below ``low``;
-    when it rules them all out it is itself returned (its W: "above ``low``").
+    so does an *auto* record that is a lower bound (its runs did not all hold: the push they applied while failing,
+    at or below its ``w``). When the bounds rule every estimate out, the bound itself is returned — the measured
+    record first (its W: "above ``low``"), else the largest auto one ("at least").
 
     Returns:
         The chosen record, or None when ``strengths`` holds none for this M.
     """
     cands = [s for s in strengths if _same_m(s.m, m)]
-    bound = max((s.low for s in cands if s.kind == "measured" and s.w is None and s.low is not None), default=None)
+    failed = [s for s in cands if s.kind == "auto" and s.lower_bound and s.w is not None]
+    bound = max([s.low for s in cands if s.kind == "measured" and s.w is None and s.low is not None]
+                + [s.w for s in failed], default=None)
     for kind in STRENGTH_KINDS:
-        ok = [s for s in cands if s.kind == kind and s.w is not None and (bound is None or s.w > bound)]
+        ok = [s for s in cands if s.kind == kind and s.w is not None and s not in failed
+              and (bound is None or s.w > bound)]
         if ok:
             return max(ok, key=lambda s: s.w)
-    return next((s for s in cands if s.kind == "measured"), None)
+    return next((s for s in cands if s.kind == "measured"), None) or max(failed, key=lambda s: s.w, default=None)
 
 
 def measured_strength(
@@ -442,18 +452,50 @@ def strength_from_values(
     return CriticalStrength(kind, statistics.median(vals), m, vals[0], vals[-1], source)
 
 
+def also_text(strengths: Sequence[CriticalStrength], m: float | None = None) -> str:
+    """``auto 1.29, predicted at least 1.29, conservative 1.35``: the numbers of the strengths for M = ``m`` other than
+    the one :func:`recommend` picks, by precedence ("" when there are none)."""
+    rec = recommend(strengths, m)
+    others = [s for s in strengths if s is not rec and _same_m(s.m, m) and s.w is not None]
+    return ", ".join(f"{s.kind} {s.value_text(with_m=False)}" for s in sorted(
+        others, key=lambda s: STRENGTH_KINDS.index(s.kind)))
+
+
 def recommendation_text(strengths: Sequence[CriticalStrength], m: float | None = None) -> str | None:
     """``recommended W for O1: 1.3 (measured: …); also: predicted 1.33, conservative 1.35`` (one line: the
-    recommendation of :func:`recommend` with its kind, then the other kinds' numbers), or None without any."""
+    recommendation of :func:`recommend` with its kind, then the other kinds' numbers, :func:`also_text`), or None
+    without any."""
     rec = recommend(strengths, m)
     if rec is None:
         return None
-    head = f"recommended W for {variant_label(m)}: {rec.describe(with_m=False)}"
-    others = [s for s in strengths if s is not rec and _same_m(s.m, m) and s.w is not None]
-    if others:
-        head += "; also: " + ", ".join(f"{s.kind} {s.value_text(with_m=False)}" for s in sorted(
-            others, key=lambda s: STRENGTH_KINDS.index(s.kind)))
-    return head
+    also = also_text(strengths, m)
+    return f"recommended W for {variant_label(m)}: {rec.describe(with_m=False)}" + (f"; also: {also}" if also else "")
+
+
+def _variant_order(labels: Iterable[str]) -> list[str]:
+    return sorted(dict.fromkeys(labels), key=lambda v: (v != "O1", v))
+
+
+def recommended_clause(block: Mapping[str, Any]) -> str | None:
+    """The one recommendation of a ``critical_strength`` block (``summary.json``, ``report.json``: ``slices`` →
+    ``{"point", "recommended": {variant: record}}``, ``slice`` the headline's point): ``recommended W: O1 1.3
+    (measured; range (1.2, 1.3]; …), C2 (M=0.9) at least 1.18 (predicted; …)`` — one number per push with its kind,
+    range and source, O1 first; ``recommended W at lr=1: …`` when the block has several slices (the others are
+    listed apart). Only the pushes the slice's STARE groups ran when it says so (``ran``, :func:`pushes_ran`) and
+    one of them has a recommendation. None when the slice recommends nothing."""
+    slices = block.get("slices") or {}
+    label, entry = next(((k, v) for k, v in slices.items() if v.get("point") == block.get("slice")),
+                        next(iter(slices.items()), ("", {})))
+    recs = entry.get("recommended") or {}
+    ran = entry.get("ran")
+    if ran is not None and any(v in recs for v in ran):  # the pushes that ran (an O1 W* of GRPO's is not one)
+        recs = {k: v for k, v in recs.items() if k in ran}
+    if not recs:
+        return None
+    texts = [f"{v} {CriticalStrength.from_dict(recs[v]).describe(with_m=False, meaning=False)}"
+             for v in _variant_order(recs)]
+    where = f" at {label}" if label and len(slices) > 1 else ""
+    return f"recommended W{where}: " + ", ".join(texts)
 
 
 def _labels(names: Sequence[str]) -> str:
@@ -488,6 +530,125 @@ def at_grpo_floor(groups: Sequence[Mapping[str, Any]]) -> bool:
     return bool(runs) and all(band_held(r) is True for r in runs)
 
 
+def _auto_variant(g: Mapping[str, Any]) -> str:
+    return "C2" if str(g.get("variant") or "O1").upper() == "C2" else "O1"
+
+
+def _range(values: Sequence[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g}"
+
+
+def _cap_clause(runs: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> str:
+    """``W at its cap auto_w_max=1.2 on 85% of the steps from the crossing on`` (the largest ``w_cap_share`` of the
+    runs), "" when W never sat at its cap."""
+    shares = [float(r["w_cap_share"]) for r in runs if _finite(r.get("w_cap_share"))]
+    if not shares or max(shares) <= 0:
+        return ""
+    caps = sorted({float(g["w_cap"]) for g in groups if _finite(g.get("w_cap"))})
+    cap = f" auto_w_max={caps[0]:g}" if len(caps) == 1 else ""
+    return f"W at its cap{cap} on {max(shares):.0%} of the steps from the crossing on"
+
+
+def auto_strength(groups: Sequence[Mapping[str, Any]], variant: str = "O1") -> CriticalStrength | None:
+    """The *auto* strength of the auto-schedule groups (``"auto": True``) of ``variant`` (``"O1"`` / ``"C2"``, a
+    group's ``"variant"``) among ``groups`` (:func:`run_strengths`' form; ``"w_cap"``: the schedule's cap on W).
+
+    W: the median over the runs that held the band (:func:`~stare_lab.platform.summary.band_held`) of their
+    ``balance_w_max`` — the balance 1 + mean gate·(W − 1) over the strongest stretch of the second half
+    (:func:`stare_lab.platform.summary.run_summary`): the push the hold needed where the drift was strongest, so
+    the fixed W that covers it, where the mean ``balance_w`` (in the source) is the push that held on average;
+    ``low`` / ``high`` their range. When no run held, over every run. Not every run held: a lower bound ("the band
+    did not hold on k/n seeds", with the share of the steps from the crossing on that W sat at its cap, when it
+    did). C2: ``m`` = 1/W, the auto schedule's pairing (M = 1/W), so that the record is the fixed (W, M) the run
+    recommends. None without such a group or a finite ``balance_w_max``."""
+    mine = [g for g in groups if g.get("auto") and _auto_variant(g) == variant]
+    runs = [r for g in mine for r in g.get("runs") or []]
+    held = [r for r in runs if band_held(r) is True]
+    use = held or runs
+    found = [float(r["balance_w_max"]) for r in use if _finite(r.get("balance_w_max"))]
+    if not found:
+        return None
+    mean = [float(r["balance_w"]) for r in use if _finite(r.get("balance_w"))]
+    label = _labels([g["label"] for g in mine])
+    source = f"{len(held)}/{len(runs)} runs of {label} held the band" + (
+        f"; mean balance W {statistics.median(mean):.3g} (range {_range(mean)})" if mean else "")
+    cap = _cap_clause(runs, mine)
+    if cap:
+        source += f"; {cap}"
+    why = ""
+    if len(held) < len(runs):
+        why = f"the band did not hold on {len(runs) - len(held)}/{len(runs)} seeds" + (f" ({cap})" if cap else "")
+    w = float(statistics.median(found))
+    return CriticalStrength("auto", w, 1.0 / w if variant == "C2" else None, min(found), max(found), source, why)
+
+
+def pushes_ran(groups: Sequence[Mapping[str, Any]], strengths: Sequence[CriticalStrength]) -> list[str]:
+    """The pushes (:func:`variant_label`) the STARE groups among ``groups`` (:func:`run_strengths`' form) ran, O1
+    first: a fixed or paper-schedule group's M, an auto group's its *auto* record's (C2: M = 1/W); ``["O1"]`` when
+    no STARE group ran (GRPO alone gives O1's conservative W)."""
+    out = [variant_label(g.get("m")) for g in groups if g.get("stare") and not g.get("auto")]
+    for g in groups:
+        if g.get("auto"):
+            c2 = _auto_variant(g) == "C2"
+            out += [s.variant for s in strengths if s.kind == "auto" and (s.m is not None) == c2]
+    return _variant_order(out) if out else ["O1"]
+
+
+def auto_entries(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per auto-schedule group (``"auto": True``), what the screen and the report say of it (:func:`auto_line`):
+    ``{"label", "variant", "n", "held", "strength": the group's own :func:`auto_strength` record (to_dict),
+    "balance_w": median of the mean balance W over the same runs, "balance_low", "balance_high", "cap_share": the
+    largest ``w_cap_share`` (None without one), "w_cap"}``; groups without a finite ``balance_w_max`` are left
+    out."""
+    out = []
+    for g in groups:
+        if not g.get("auto"):
+            continue
+        rec = auto_strength([g], _auto_variant(g))
+        if rec is None:
+            continue
+        runs = list(g.get("runs") or [])
+        held = [r for r in runs if band_held(r) is True]
+        mean = [float(r["balance_w"]) for r in held or runs if _finite(r.get("balance_w"))]
+        shares = [float(r["w_cap_share"]) for r in runs if _finite(r.get("w_cap_share"))]
+        out.append({"label": g["label"], "variant": _auto_variant(g), "n": len(runs), "held": len(held),
+                    "strength": rec.to_dict(), "balance_w": statistics.median(mean) if mean else None,
+                    "balance_low": min(mean) if mean else None, "balance_high": max(mean) if mean else None,
+                    "cap_share": max(shares) if shares else None,
+                    "w_cap": float(g["w_cap"]) if _finite(g.get("w_cap")) else None})
+    return out
+
+
+def auto_line(entry: Mapping[str, Any], strengths: Sequence[CriticalStrength] = ()) -> str:
+    """One line for an :func:`auto_entries` entry: ``o1-auto: held 3/3 seeds; the W it found: 1.29 (range
+    1.27–1.29; from an auto run: …; mean balance W 1.22, range 1.2–1.24); measured critical W 1.3 (W sweep)`` — the
+    cap when W sat at it, and the *measured* strength of the same variant among ``strengths`` when there is one
+    (for C2 with its M)."""
+    rec = CriticalStrength.from_dict(entry["strength"])
+    inner = [f"range {rec.range_text()}"] if rec.range_text() else []
+    inner.append("from an auto run: the balance W of the strongest stretch of its hold")
+    if entry.get("balance_w") is not None:
+        lo, hi = entry.get("balance_low"), entry.get("balance_high")
+        inner.append(f"mean balance W {entry['balance_w']:.3g}"
+                     + (f", range {_range([lo, hi])}" if lo is not None and hi is not None and lo != hi else ""))
+    if rec.lower_bound:
+        inner.append(f"a lower bound: {rec.lower_bound}")
+    line = (f"{entry['label']}: held {entry['held']}/{entry['n']} seeds; the W it found: {rec.value_text()} "
+            f"({'; '.join(inner)})")
+    share, cap = entry.get("cap_share"), entry.get("w_cap")
+    if _finite(share) and share > 0 and "at its cap" not in rec.lower_bound:
+        line += (f"; W at its cap" + (f" auto_w_max={cap:g}" if _finite(cap) else "")
+                 + f" on {share:.0%} of the steps from the crossing on")
+    c2 = entry.get("variant") == "C2"
+    meas = [s for s in strengths if s.kind == "measured" and (s.m is not None) == c2]
+    if meas:
+        s = meas[0]
+        how = "W sweep" if "W sweep" in s.source else "runs at a fixed W"
+        line += f"; measured critical W {s.value_text()} ({how})"
+    return line
+
+
 def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]:
     """The *measured* (runs at a fixed W), *predicted* and *conservative* strengths of a set of runs, per M.
 
@@ -496,9 +657,10 @@ def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]
             baselines), "runs": [run summaries]}``, optionally ``"grpo": bool`` (the group is GRPO itself — only
             GRPO's runs give the conservative estimate; another baseline, a plugin's method say, follows its own
             trajectory), ``"w"`` (a STARE group's fixed W; None or absent: adaptive, or not given) and
-            ``"sampled"`` (its rollouts are sampled: finite G). A run summary has ``critical_w``,
-            ``w_star_at_crossing``, ``push_ratio`` and the band keys of :func:`stare_lab.platform.summary.band_held`
-            (``summary.json`` of any source).
+            ``"sampled"`` (its rollouts are sampled: finite G), ``"auto"`` (its runs use the auto schedule, with
+            ``"variant"`` ``"O1"`` / ``"C2"`` and ``"w_cap"`` its cap on W). A run summary has ``critical_w``,
+            ``w_star_at_crossing``, ``push_ratio``, ``balance_w``, ``balance_w_max``, ``w_cap_share`` and the band
+            keys of :func:`stare_lab.platform.summary.band_held` (``summary.json`` of any source).
 
     Returns:
         *measured* for each M with STARE groups at a fixed W (``"w"`` given): :func:`measured_strength` over
@@ -509,12 +671,16 @@ def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]
         GRPO groups' runs of ``w_star_at_crossing``, else —
         without GRPO — over the O1 STARE groups' runs (the gate is off until the crossing, so their trajectory
         is GRPO's up to there); for C2 at M: over the C2 groups' own runs (W* with their M). Low / high: the range
-        over those runs. A first-order strength is labelled a lower bound (:func:`lower_bound_reason`). None at
-        all when the target sits at GRPO's floor (:func:`at_grpo_floor`).
+        over those runs. A first-order strength is labelled a lower bound (:func:`lower_bound_reason`);
+        *auto* for each variant with auto groups (:func:`auto_strength`; for C2 at M = 1/W). The auto groups give
+        only that one: their balance is the measurement along the same trajectory, and C2's applied M moves with W.
+        None at all when the target sits at GRPO's floor (:func:`at_grpo_floor`).
     """
     out: list[CriticalStrength] = []
     if at_grpo_floor(groups):
         return out
+    auto = [g for g in groups if g.get("auto")]
+    groups = [g for g in groups if not g.get("auto")]
     ms: list[float | None] = [None] if any(not g.get("stare") and g.get("grpo") for g in groups) else []
     for g in groups:
         if g.get("stare") and not any(_same_m(g.get("m"), x) for x in ms):
@@ -550,4 +716,5 @@ def run_strengths(groups: Sequence[Mapping[str, Any]]) -> list[CriticalStrength]
         if cons is not None:
             why = lower_bound_reason(runs, any(g.get("sampled") for g in src))
             out.append(dataclasses.replace(cons, lower_bound=why))
+    out += [x for x in (auto_strength(auto, v) for v in ("O1", "C2")) if x is not None]
     return out

@@ -56,7 +56,7 @@ def test_analyze_a_sweep_directory(sweep_dir, tmp_path, capsys):
     paras = [line for line in md[1:] if line.strip()]
     assert paras[0] == f"**Verdict:** {report['verdict']}"
     # the recommended W with its kind, the headline's slice (the preset's own lr 2) first, then every other slice
-    assert paras[1].startswith("**Critical W:** at lr=2: recommended W for O1: 2 (measured: ") and "at lr=1: " in paras[1]
+    assert paras[1].startswith("**Critical W:** recommended W at lr=2: O1 2 (measured: ") and "at lr=1: " in paras[1]
     headline = read_sweep_summary(sweep_dir)["headline"]
     numbers = lambda text: re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?", re.sub(r"[\[(][^\])]*=[^\])]*[\])]", "", text))  # noqa: E731
     assert len(numbers(report["verdict"])) >= 6  # labels removed, the entropies etc. stay
@@ -123,7 +123,7 @@ def test_analyze_prints_the_critical_w_line_of_the_report(sweep_dir, tmp_path, c
     printed = capsys.readouterr().out.splitlines()
     crit = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("**Critical W:** "))
     assert printed[1] == "critical W: " + crit[len("**Critical W:** "):] and printed[0].startswith("verdict: ")
-    assert "recommended W for O1: 2 (measured: " in printed[1]
+    assert "recommended W at lr=2: O1 2 (measured: " in printed[1]
 
 
 def test_a_calibration_is_its_own_slice():
@@ -137,9 +137,29 @@ def test_a_calibration_is_its_own_slice():
     cal = {"kind": "calibrated", "path": "cal/calibration.json", "probe": {"run": "runs/probe", "model": "SmolLM2-135M"},
            "critical": {"o1": {"w": 1.12, "low": 1.08, "high": 1.2}}}
     lines = strength_lines(add_calibration(block, cal))
-    assert lines[0].startswith("recommended W for O1: 1.3 (measured: ")
+    assert lines[0].startswith("recommended W: O1 1.3 (measured: range (1.1, 1.3]; o1 W sweep)")
     assert lines[1].startswith("at target model (SmolLM2-135M): recommended W for O1: 1.12 (calibrated: ")
     assert "range 1.08–1.2" in lines[1] and "cal/calibration.json, probe runs/probe" in lines[1]
     rows = strength_rows(add_calibration(block, cal))
     assert rows[1][:5] == ["target model (SmolLM2-135M)", "O1", "calibrated", 1.12, "1.08–1.2"]
     assert rows[1][6] == "recommended" and block["slices"].keys() == {""}  # the input block is left alone
+
+
+def test_the_report_says_what_the_screen_says_of_an_auto_run(tmp_path, capsys):
+    """grpo and o1-auto on the demo task (seed 0): ``stare-lab analyze`` of the two run directories alone (no sweep
+    summary: the report computes from the runs) writes the screen's o1-auto line and its recommendation — the auto
+    kind, from an auto run — word for word into report.md, and the same W into report.json."""
+    out = tmp_path / "s"
+    assert main(["simulate", "--preset", "demo", "--methods", "grpo,o1-auto", "--seeds", "1", "--out", str(out),
+                 "--no-plots"]) == 0
+    screen = capsys.readouterr().out.splitlines()
+    auto = next(ln for ln in screen if ln.startswith("o1-auto: held 1/1 seeds; the W it found: "))
+    clause = screen[0].partition("; recommended W: ")[2]
+    assert clause.startswith("O1 ") and "(auto: from an auto run" in clause
+    rep = tmp_path / "rep"
+    assert main(["analyze", str(out / "grpo" / "seed0"), str(out / "o1-auto" / "seed0"), "--out", str(rep)]) == 0
+    md = (rep / "report.md").read_text()
+    assert f"**Auto schedule:** {auto}" in md and f"**Critical W:** recommended W: {clause}" in md
+    block = json.loads((rep / "report.json").read_text())["tables"]["critical_strength"]
+    swept = json.loads((out / "summary.json").read_text())["critical_strength"]
+    assert block["recommended"]["kind"] == "auto" and block["recommended"]["w"] == swept["recommended"]["w"]

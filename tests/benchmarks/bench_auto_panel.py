@@ -135,7 +135,15 @@ def _auto(runs: list[dict], kind: str) -> dict:
         "steps_to_band": to_band, "steps_to_band_limit": limit,
         "reached": all(isinstance(s, (int, float)) and s <= limit for s in to_band),
         "cap_share": max((r.get("w_cap_share") or 0.0) for r in runs),
+        "balance_w_max": _med(r.get("balance_w_max") for r in runs),
     }
+
+
+def _fixed_holds(w: float | None, grid_runs: dict[float, list[dict]]) -> bool | None:
+    """Whether a fixed W of ``w`` holds, read off the sweep: the smallest grid W ≥ ``w`` held on every seed (None
+    when ``w`` is above the grid)."""
+    above = [g for g in sorted(grid_runs) if w is not None and g >= w - 1e-9]
+    return None if not above else all(r.get("held") is True for r in grid_runs[above[0]])
 
 
 def _paper(runs: list[dict]) -> dict:
@@ -170,9 +178,13 @@ def run_setting(name: str, spec: dict, out: Path, seeds: int, workers: int, c2: 
     sweep = _runs(out / name / "sweep_o1")
     o1_grid = {float(k.split("W=")[1]): v for k, v in sweep.items() if "W=" in k}
     row["o1"] = {"auto": _auto(main["o1-auto"], spec["kind"]), "fixed": _fixed(o1_grid)}
+    grids = {"o1": o1_grid}
     if c2:
-        c2_grid = {w: _runs(out / name / f"c2_W={w:g}")["c2"] for w in spec["grid"]}
-        row["c2"] = {"auto": _auto(main["c2-auto"], spec["kind"]), "fixed": _fixed(c2_grid)}
+        grids["c2"] = {w: _runs(out / name / f"c2_W={w:g}")["c2"] for w in spec["grid"]}
+        row["c2"] = {"auto": _auto(main["c2-auto"], spec["kind"]), "fixed": _fixed(grids["c2"])}
+    for variant, grid_runs in grids.items():  # the fixed W an auto run recommends (balance_w_max): would it hold?
+        a = row[variant]["auto"]
+        a["recommended_fixed_holds"] = _fixed_holds(a["balance_w_max"], grid_runs)
     row["paper"] = _paper(_runs(out / name / "paper")["o1-adaptive"])
     row["paper12"] = _paper(_runs(out / name / "paper12")["o1-adaptive"])
     for variant in ("o1", "c2"):
@@ -195,15 +207,19 @@ def _f(x, fmt=".3g") -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _yes(v: bool | None) -> str:
+    return "above the grid" if v is None else ("yes" if v else "no")
+
+
 def _paper_cell(p: dict | None) -> str:
     return "–" if p is None else f"{p['held']}/{p['seeds']}, {_f(p['balance_w'])}"
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| setting | variant | GRPO crossed | auto held | auto balance W (range) | measured critical W (tol.) | "
-             "auto reward / best fixed (W) | steps to band (limit) | cap share | paper α 0.01 w_max 1.5: held, W̄ | "
+             "auto reward / best fixed (W) | steps to band (limit) | cap share | recommended fixed W: holds? | paper α 0.01 w_max 1.5: held, W̄ | "
              "w_max 12: held, W̄ | goals |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for variant in ("o1", "c2"):
             if variant not in row:
@@ -219,7 +235,7 @@ def table(rows: list[dict]) -> str:
                 f"| {_f(f['measured_w'])} (±{_f(row[variant].get('tolerance'), '.2g')}) "
                 f"| {_f(a['reward'], '.3f')} / {_f(f['best_reward'], '.3f')} ({_f(f['best_w'], 'g')}) "
                 f"| {', '.join(_f(s, 'g') for s in a['steps_to_band'])} ({_f(a['steps_to_band_limit'], 'g')}) "
-                f"| {a['cap_share']:.2f} "
+                f"| {a['cap_share']:.2f} | {_f(a['balance_w_max'])}: {_yes(a['recommended_fixed_holds'])} "
                 f"| {_paper_cell(paper)} | {_paper_cell(p12)} "
                 f"| {'all met' if not missed else 'missed: ' + ', '.join(missed)} |")
     return "\n".join(lines)

@@ -1,11 +1,11 @@
 """Benchmark: wall time of `make demo`'s command as a whole process (interpreter start and plots included).
 
-Goal (issue 13): `stare-lab simulate --preset demo --out DIR --overwrite` — the demo preset, methods
-grpo/o1/c2/o1-adaptive × 3 seeds, `stare-lab analyze` figures and report — finishes in ≤ 10 s wall on the 2-core
-machine (stretch: 5 s). Runs the real console script in a subprocess `--repeats` times (default 5), with and
-without plots, and decides on the median of the runs with plots. Other processes on the machine inflate wall times:
-the script prints the load average before each run and `uptime` at the start, and the child's CPU time (user + sys)
-next to the wall time.
+Goal (issue 13): `stare-lab simulate --preset demo --out DIR --overwrite` — the demo preset's own request (issue 28:
+grpo, o1 at W 1.1/1.2/1.3/1.4/1.5 and o1-auto, × 3 seeds: 21 runs), `stare-lab analyze` figures and report —
+finishes in ≤ 10 s wall on the 2-core machine (stretch: 5 s). Runs the real console script in a subprocess
+`--repeats` times (default 5), with and without plots, and decides on the median of the runs with plots. Other
+processes on the machine inflate wall times: the script prints the load average before each run and `uptime` at the
+start, and the child's CPU time (user + sys) next to the wall time.
 
     OMP_NUM_THREADS=1 python tests/benchmarks/bench_simulate.py [--repeats 5]
 """

@@ -34,7 +34,7 @@ def test_in_regime_too_weak_gives_the_critical_estimate():
     notes = sweep_notes(s)
     assert len(notes) == 1
     assert "o1 did not hold the band on 3/3 seeds" in notes[0] and "below the critical strength" in notes[0]
-    assert "W* ≈ 1.47)" in notes[0] and "stare.reweight_w ≥ 1.47 or o1-adaptive" in notes[0]
+    assert "W* ≈ 1.47)" in notes[0] and "stare.reweight_w ≥ 1.47, or o1-auto" in notes[0]
 
 
 def test_outside_the_regime_never_says_stronger():
@@ -135,7 +135,7 @@ def test_own_critical_w_above_the_failed_w_says_below_critical_along_the_run():
     notes = sweep_notes(s)
     assert len(notes) == 1 and "below the critical strength along its own runs" in notes[0]
     assert "≈ 6.17" in notes[0] and "entropy crosses H_tgt is 2.05" in notes[0]
-    assert "stare.reweight_w ≥ 6.17 or o1-adaptive" in notes[0] and "second order" not in notes[0]
+    assert "stare.reweight_w ≥ 6.17, or o1-auto" in notes[0] and "second order" not in notes[0]
 
 
 def test_c2_quotes_its_own_crossing_estimate_and_adaptive_names_w_max():
@@ -187,8 +187,8 @@ def test_adaptive_at_its_cap_is_said_in_the_verdict_and_the_notes():
 def test_headline_and_note_name_one_recommended_w_with_its_kind():
     """demo without a W sweep: o1-adaptive's 3 runs held the band with critical W (largest W*(t) over the second
     half) 1.28, 1.30, 1.36 → predicted 1.30; GRPO's W* at the crossing 1.34, 1.35, 1.7 → conservative 1.35. The
-    recommendation is the predicted 1.3 (predicted > conservative); the o1 note names it and its kind, and tells to
-    try W ≥ 1.30."""
+    recommendation is the predicted 1.3 (predicted > conservative), said once, in the headline with its kind; the
+    o1 note refers to it without repeating it, and tells to try a fixed W at or above it."""
     held = {"mean_abs_dev_second_half": 0.0005, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4}
     s = summary({"grpo": GRPO_COLLAPSED,
                  "o1-adaptive": ("o1-adaptive", {}, {"final_entropy": 0.4, "held_runs": 3,
@@ -198,10 +198,10 @@ def test_headline_and_note_name_one_recommended_w_with_its_kind():
     s["methods"]["o1-adaptive"]["runs"] = {f"seed{i}": {**held, "critical_w": w}
                                            for i, w in enumerate((1.28, 1.30, 1.36))}
     line = headline(s)
-    assert "recommended W for O1: 1.3 (predicted: " in line and "3 held runs of o1-adaptive" in line
+    assert "recommended W: O1 1.3 (predicted: range 1.28–1.36; 3 held runs of o1-adaptive)" in line
     note = next(n for n in sweep_notes(s) if n.startswith("note: o1 did not hold"))
-    assert "recommended W 1.3 (predicted: " in note and "also: conservative 1.35" in note
-    assert "try stare.reweight_w ≥ 1.30 or o1-adaptive" in note
+    assert "below the recommended W for O1 (first line)" in note and "1.3" not in note.replace("§7", "")
+    assert "try a fixed stare.reweight_w at or above it, or o1-auto" in note
 
 
 def test_recommendation_agrees_with_promote_on_a_w_that_held():
@@ -217,7 +217,7 @@ def test_recommendation_agrees_with_promote_on_a_w_that_held():
                         {"variant": "C2"})})
     s["methods"]["c2"]["runs"] = {f"seed{i}": {**held, "critical_w": w} for i, w in enumerate((1.10, 1.12, 1.14))}
     line = headline(s)
-    assert "recommended W for C2 (M=0.9): 1.1 at M=0.9 (measured: " in line and "range ≤ 1.1" in line
+    assert "recommended W: C2 (M=0.9) 1.1 (measured: range ≤ 1.1" in line
     assert "an upper bound of the critical W" in line and "1.12 (predicted" not in line
     promote = own_w_text({"held": [True] * 3, "stare": {"reweight_w": 1.1, "reweight_m": 0.9, "variant": "C2"}},
                          "c2", ["runs/c2"])

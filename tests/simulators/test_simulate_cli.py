@@ -465,16 +465,17 @@ def test_sweep_grid_layout_and_critical(tmp_path, capsys):
     crit = summary["critical"]["o1"]
     for key in ("measured_w", "predicted_w", "predicted_w_grpo", "predicted_w_measured_drift", "deviation_by_w"):
         assert key in crit
-    assert "critical W: recommended W for O1: " in text
+    assert "; recommended W: O1 " in text.splitlines()[0]  # said once, in the headline
     block = summary["critical_strength"]
-    assert block["rule"].startswith("measured > calibrated > predicted > conservative")
+    assert block["rule"].startswith("measured > auto > calibrated > predicted > conservative")
     kinds = {d["kind"] for d in block["slices"][""]["strengths"]}
     assert "conservative" in kinds  # GRPO's crossing is always there; measured / predicted when a W held
 
 
 def test_a_two_key_sweep_lists_every_slice(tmp_path, capsys):
     """Review finding: with two --sweep keys the terminal's critical-W line reported one slice only (and left
-    lr=1 out). Every slice of W × lr gets its own line, with its recommended W and kind, as summary.json has it."""
+    lr=1 out). Every slice of W × lr gets its recommended W and kind, as summary.json has it: the preset's own
+    (lr=2) in the headline, the other on a line of its own."""
     out = tmp_path / "g2"
     assert simulate("--preset", "demo", "--methods", "grpo,o1", "--seeds", "2", "--steps", "60", "--out", str(out),
                     "--no-plots", "--sweep", "stare.reweight_w=1.1,1.3", "--sweep", "lr=1,2", *SMALL) == 0
@@ -482,11 +483,13 @@ def test_a_two_key_sweep_lists_every_slice(tmp_path, capsys):
     lines = [ln for ln in text if ln.startswith("critical W")]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["critical"]["o1"]["by_slice"]) == {"lr=1", "lr=2"}
-    assert [ln.split(":")[0] for ln in lines] == ["critical W at lr=1", "critical W at lr=2"]
-    for ln, label in zip(lines, ("lr=1", "lr=2")):
+    assert [ln.split(":")[0] for ln in lines] == ["critical W at lr=1"]
+    for ln, label, head in ((lines[0], "lr=1", "recommended W for O1: "),
+                            (text[0], "lr=2", "recommended W at lr=2: O1 ")):
         rec = summary["critical_strength"]["slices"][label]["recommended"]["O1"]
         w = "above " + format(rec["low"], ".3g") if rec["w"] is None else format(rec["w"], ".3g")
-        assert f"recommended W for O1: {w} ({rec['kind']}: " in ln
+        assert f"{head}{w} ({rec['kind']}" in ln, (label, ln)
+    assert "every slice below" in text[0]
 
 
 def test_workers_do_not_change_results(tmp_path):
@@ -646,16 +649,67 @@ def test_a_target_at_grpos_floor_is_said_once(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_first_order_w_from_sampled_runs_is_a_lower_bound_on_collapse(tmp_path, capsys):
     """Issue 29: on `collapse` (G = 8 sampled responses) the screen said "try stare.reweight_w ≥ 1.32", and a sweep
-    then held at 1.5 only. The first-order W is labelled a lower bound ("at least", why) on every line, and the
-    note offers a W sweep from it instead of a W that suffices."""
+    then held at 1.5 only. The first-order W is labelled a lower bound ("at least", why) where the recommendation is
+    said (the headline), and the note offers a W sweep from it instead of a W that suffices."""
     out = tmp_path / "collapse"
     assert simulate("--preset", "collapse", "--methods", "grpo,o1", "--seeds", "2", "--steps", "400", "--out",
                     str(out), "--no-plots") == 0
     text = capsys.readouterr().out
-    crit = next(x for x in text.splitlines() if x.startswith("critical W: recommended W for O1: "))
-    assert crit.startswith("critical W: recommended W for O1: at least ") and "a lower bound: sampled rollouts" in crit
+    crit = text.splitlines()[0].partition("; recommended W: ")[2]
+    assert crit.startswith("O1 at least ") and "a lower bound: sampled rollouts" in crit
     note = next(x for x in text.splitlines() if x.startswith("note: o1 did not hold the band"))
     assert "≥" not in note and "is only a lower bound here, not a W that suffices" in note
     assert "try a W sweep from " in note and "--sweep stare.reweight_w=" in note
     rec = json.loads((out / "summary.json").read_text())["critical_strength"]["recommended"]
     assert rec["lower_bound"].startswith("sampled rollouts")
+
+
+def _rows_of(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_recommendation_is_said_once_and_auto_says_the_w_it_found(tmp_path, capsys):
+    """Issue 28: the screen said the same critical-W sentence 3-4 times. The demo task with grpo, an o1 W sweep
+    (1.1, 1.3) and o1-auto, seed 0: the recommendation (measured 1.3, the smallest W that held) is said once, in
+    the headline; the note on o1 at W 1.1 refers to it; o1-auto's line gives the W it found — its balance W over
+    the strongest stretch of the second half, 1 + the largest mean of gate·(W − 1) over 30 consecutive rows (max(5,
+    300 // 10)), computed here from its rows — next to the measured 1.3."""
+    out = tmp_path / "d"
+    assert simulate("--preset", "demo", "--methods", "grpo,o1,o1-auto", "--seeds", "1", "--out", str(out),
+                    "--no-plots", "--sweep", "stare.reweight_w=1.1,1.3") == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    summary = json.loads((out / "summary.json").read_text())
+    rec = summary["critical_strength"]["recommended"]
+    assert (rec["kind"], rec["w"], rec["low"]) == ("measured", 1.3, 1.1)
+    said = "O1 1.3 (measured: range (1.1, 1.3]; o1 W sweep: grid 1.1, 1.3; 1 seeds)"
+    assert text.count("recommended W:") == 1 and text.count(said) == 1 and said in lines[0]
+    assert text.count("1.3 (measured") == 1  # no other line repeats it (with or without its source)
+    note = next(ln for ln in lines if ln.startswith("note: o1 at W=1.1 did not hold the band"))
+    assert "below the recommended W for O1 (first line)" in note and "(measured" not in note
+    push = [r["gate_on"] * (r["stare_w"] - 1.0) for r in _rows_of(out / "o1-auto" / "seed0")[150:]]
+    found = 1.0 + max(sum(push[i:i + 30]) / 30 for i in range(len(push) - 29))
+    auto = next(ln for ln in lines if ln.startswith("o1-auto: "))
+    assert auto.startswith(f"o1-auto: held 1/1 seeds; the W it found: {found:.3g} (")
+    assert "from an auto run" in auto and auto.endswith("; measured critical W 1.3 (W sweep)")
+    assert not any(d.name.startswith("W=") for d in (out / "o1-auto").iterdir())  # the auto schedule ran once
+
+
+def test_an_auto_cap_that_binds_is_said_on_the_screen_and_in_the_summary(tmp_path, capsys):
+    """o1-auto on the demo task with auto_w_max 1.35 (seed 0): W starts at the cap at the crossing and stays there
+    while the schedule acquires; the summary's w_cap_share is the share of the rows from the first one below H_tgt
+    on whose W is at 1.35 (computed here from the rows), > 0 although W is below the cap over the second half; the
+    screen's o1-auto line says it with the same percentage."""
+    out = tmp_path / "cap"
+    assert simulate("--preset", "demo", "--methods", "grpo,o1-auto", "--seeds", "1", "--out", str(out), "--no-plots",
+                    "stare.auto_w_max=1.35") == 0
+    text = capsys.readouterr().out
+    rows = _rows_of(out / "o1-auto" / "seed0")
+    first = next(i for i, r in enumerate(rows) if r["entropy"] < 0.4)
+    after = [r["stare_w"] for r in rows[first:]]
+    share = sum(w >= 1.35 - 1e-9 for w in after) / len(after)
+    assert 0 < share and not any(w >= 1.35 - 1e-9 for w in (r["stare_w"] for r in rows[150:]))
+    run = json.loads((out / "o1-auto" / "seed0" / "summary.json").read_text())
+    assert run["w_cap_share"] == pytest.approx(share) and run["balance_m"] is None  # O1 applies no M
+    auto = next(ln for ln in text.splitlines() if ln.startswith("o1-auto: "))
+    assert f"W at its cap auto_w_max=1.35 on {share:.0%} of the steps from the crossing on" in auto

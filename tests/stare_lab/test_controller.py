@@ -246,7 +246,7 @@ def test_summary_balance_crossing_and_time_to_band_by_hand():
     ms = [1.0, 1.0, 0.5, 0.5, 0.5] + [0.8] * 15
     rows = [{"step": i + 1, "entropy": h, "gate_on": g, "stare_w": w, "stare_m": m}
             for i, (h, g, w, m) in enumerate(zip(ent, gates, ws, ms))]
-    s = run_summary(rows, target_entropy=target)
+    s = run_summary(rows, target_entropy=target, variant="C2")
     second = rows[10:]
     assert s["balance_w"] == pytest.approx(1 + sum(r["gate_on"] * (r["stare_w"] - 1) for r in second) / 10)
     assert s["balance_w"] == pytest.approx(1 + 5 * 1.0 / 10)  # rows 11..20: gate on at the 5 rows with W 2

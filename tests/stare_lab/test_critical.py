@@ -9,8 +9,9 @@ import pytest
 from stare_lab.platform.summary import run_summary
 
 from stare_lab.theory.critical import (
-    KIND_MEANING, CriticalStrength, critical_w, decomposition_summary, measured_critical_w, measured_strength,
-    recommend, recommendation_text, run_strengths, tolerance, w_star, w_star_at_crossing, w_star_series,
+    KIND_MEANING, STRENGTH_KINDS, CriticalStrength, auto_entries, auto_line, auto_strength, critical_w,
+    decomposition_summary, measured_critical_w, measured_strength, pushes_ran, recommend, recommendation_text,
+    recommended_clause, run_strengths, tolerance, w_star, w_star_at_crossing, w_star_series,
 )
 from stare_lab.errors import ConfigError, DataError
 
@@ -213,3 +214,98 @@ def test_first_order_strengths_from_sampled_runs_or_a_weak_push_are_lower_bounds
     full = [{**HELD, "critical_w": 1.3, "push_ratio": 0.99}]
     (pred,) = run_strengths([{"label": "o1-adaptive", "stare": True, "m": None, "runs": full, "sampled": False}])
     assert pred.lower_bound == "" and pred.value_text() == "1.3"
+
+
+HELD = {"mean_abs_dev_second_half": 0.001, "target_entropy": 0.4, "band": 0.05, "final_entropy": 0.4}
+MISSED = {**HELD, "mean_abs_dev_second_half": 0.1}
+
+
+def test_recommendation_precedence_with_the_auto_kind():
+    """measured > auto > calibrated > predicted > conservative: an auto run's 1.29 beats a calibrated 1.4, a
+    predicted 1.5 and a conservative 1.6 although it is the smallest, and loses to a measured 1.3; a measured record
+    with no held grid W up to 1.3 rules the auto 1.29 out (the calibrated 1.4 is next)."""
+    meas = CriticalStrength("measured", 1.3, None, 1.2, 1.3, "o1 W sweep")
+    auto = CriticalStrength("auto", 1.29, None, 1.27, 1.29, "3/3 runs of o1-auto held the band")
+    cal = CriticalStrength("calibrated", 1.4, None, 1.3, 1.5, "calibration.json")
+    pred = CriticalStrength("predicted", 1.5, None, None, None, "held runs")
+    cons = CriticalStrength("conservative", 1.6, None, None, None, "grpo")
+    assert STRENGTH_KINDS == ("measured", "auto", "calibrated", "predicted", "conservative")
+    assert recommend([cons, pred, cal, auto, meas]) is meas
+    assert recommend([cons, pred, cal, auto]) is auto
+    assert recommend([cons, pred, cal]) is cal
+    none_held = CriticalStrength("measured", None, None, 1.3, None, "o1 W sweep")
+    assert recommend([none_held, auto, cal]) is cal
+    # an auto run that did not hold is a bound, like a sweep in which no W held: a larger estimate of a later kind
+    # wins (conservative 1.6 above at least 1.29), a smaller one is ruled out (it is returned itself then)
+    failed = CriticalStrength("auto", 1.29, None, 1.27, 1.29, "1/3 runs", "the band did not hold on 2/3 seeds")
+    assert recommend([failed, cons]) is cons and recommend([failed, CriticalStrength("predicted", 1.2)]) is failed
+    assert recommend([failed, meas]) is meas
+    assert "from an auto run" in auto.describe() and "from an auto run" in auto.describe(meaning=False)
+    assert auto.describe(meaning=False) == "1.29 (auto: from an auto run; range 1.27–1.29; 3/3 runs of o1-auto held " \
+                                           "the band)"
+
+
+def test_auto_strength_by_hand():
+    """o1-auto, 3 runs: two held with balance_w_max 1.28 and 1.30 (mean balance W 1.2, 1.24), one did not (1.9, left
+    out) → W = median(1.28, 1.30) = 1.29, range 1.28–1.3, a lower bound (the band did not hold on 1/3 seeds, W never
+    at its cap). c2-auto, 2 runs, neither held (balance_w_max
+    1.5, 1.7; W at its cap 2 on 30 % and 60 % of the steps from the crossing on) → at least median 1.6, M = 1/1.6 =
+    0.625, the reason names 2/2 seeds and the largest cap share."""
+    o1 = {"label": "o1-auto", "auto": True, "variant": "O1", "w_cap": 20.0, "runs": [
+        {**HELD, "balance_w_max": 1.28, "balance_w": 1.2, "w_cap_share": 0.0},
+        {**HELD, "balance_w_max": 1.30, "balance_w": 1.24, "w_cap_share": 0.0},
+        {**MISSED, "balance_w_max": 1.9, "balance_w": 1.5, "w_cap_share": 0.0}]}
+    c2 = {"label": "c2-auto", "auto": True, "variant": "C2", "w_cap": 2.0, "runs": [
+        {**MISSED, "balance_w_max": 1.5, "balance_w": 1.4, "w_cap_share": 0.3},
+        {**MISSED, "balance_w_max": 1.7, "balance_w": 1.6, "w_cap_share": 0.6}]}
+    a = auto_strength([o1, c2], "O1")
+    assert (a.kind, a.w, a.m, a.low, a.high) == ("auto", pytest.approx(1.29), None, 1.28, 1.30)
+    assert a.lower_bound == "the band did not hold on 1/3 seeds" and a.value_text() == "at least 1.29"
+    assert a.source == "2/3 runs of o1-auto held the band; mean balance W 1.22 (range 1.2–1.24)"
+    b = auto_strength([o1, c2], "C2")
+    assert b.w == pytest.approx(1.6) and b.m == pytest.approx(1 / 1.6) and b.value_text() == "at least 1.6 at M=0.625"
+    assert b.lower_bound == ("the band did not hold on 2/2 seeds (W at its cap auto_w_max=2 on 60% of the steps from "
+                             "the crossing on)")
+    assert b.variant == "C2 (M=0.625)"
+    # run_strengths: the auto groups give the auto kind only; GRPO still gives O1's conservative W
+    grpo = {"label": "grpo", "stare": False, "grpo": True, "m": None, "runs": [{"w_star_at_crossing": 1.35}]}
+    got = sorted((x.kind, round(x.m or 1.0, 9)) for x in run_strengths(
+        [grpo, {**o1, "stare": True}, {**c2, "stare": True, "m": 0.9}]))
+    assert got == [("auto", 0.625), ("auto", 1.0), ("conservative", 1.0)]
+    assert pushes_ran([grpo, {**o1, "stare": True}, {**c2, "stare": True}], [a, b]) == ["O1", "C2 (M=0.625)"]
+
+
+def test_auto_line_says_the_w_it_found_the_cap_and_the_measured_w():
+    """The screen's line for an auto group: held 3/3, the W it found 1.29 (median of 1.28, 1.29, 1.30) with its
+    range and the mean balance W (median of 1.2, 1.22, 1.24), the cap share when W sat there (10 % on one run: it
+    held, so no lower bound, but the cap is said), the measured W of the same variant (O1, not C2's)."""
+    g = {"label": "o1-auto", "auto": True, "variant": "O1", "w_cap": 20.0, "runs": [
+        {**HELD, "balance_w_max": 1.28, "balance_w": 1.2, "w_cap_share": 0.1},
+        {**HELD, "balance_w_max": 1.30, "balance_w": 1.24, "w_cap_share": 0.0},
+        {**HELD, "balance_w_max": 1.29, "balance_w": 1.22, "w_cap_share": 0.0}]}
+    (entry,) = auto_entries([g, {"label": "grpo", "stare": False, "runs": []}])
+    assert (entry["held"], entry["n"], entry["balance_w"], entry["cap_share"]) == (3, 3, pytest.approx(1.22), 0.1)
+    meas = CriticalStrength("measured", 1.3, None, 1.2, 1.3, "o1 W sweep: grid 1.1, 1.2, 1.3; 3 seeds")
+    line = auto_line(entry, [CriticalStrength("measured", 1.2, 0.9, None, 1.2, "c2 W sweep"), meas])
+    assert line == ("o1-auto: held 3/3 seeds; the W it found: 1.29 (range 1.28–1.3; from an auto run: the balance W "
+                    "of the strongest stretch of its hold; mean balance W 1.22, range 1.2–1.24); W at its cap "
+                    "auto_w_max=20 on 10% of the steps from the crossing on; measured critical W 1.3 (W sweep)")
+    # one that did not hold: "at least", the reason with the cap in it (said once)
+    g["runs"][2] = {**MISSED, "balance_w_max": 1.9, "balance_w": 1.5, "w_cap_share": 0.0}
+    line = auto_line(auto_entries([g])[0])
+    assert "held 2/3 seeds; the W it found: at least 1.29 (" in line
+    assert line.endswith("a lower bound: the band did not hold on 1/3 seeds (W at its cap auto_w_max=20 on 10% of "
+                         "the steps from the crossing on))") and line.count("at its cap") == 1
+
+
+def test_the_recommended_clause_names_one_number_per_push():
+    """A block with O1 measured 1.3 and C2 (M=0.9) predicted 1.18: one clause, O1 first, each number once with its
+    kind; a push that did not run (``ran``) is left out."""
+    o1 = CriticalStrength("measured", 1.3, None, 1.2, 1.3, "o1 W sweep").to_dict()
+    c2 = CriticalStrength("predicted", 1.18, 0.9, None, None, "3 held runs of c2").to_dict()
+    entry = {"point": {}, "strengths": [c2, o1], "recommended": {"C2 (M=0.9)": c2, "O1": o1}}
+    block = {"slice": {}, "slices": {"": entry}}
+    assert recommended_clause(block) == ("recommended W: O1 1.3 (measured: range (1.2, 1.3]; o1 W sweep), C2 (M=0.9) "
+                                         "1.18 (predicted: 3 held runs of c2)")
+    block["slices"][""]["ran"] = ["C2 (M=0.9)"]
+    assert recommended_clause(block) == "recommended W: C2 (M=0.9) 1.18 (predicted: 3 held runs of c2)"

@@ -79,12 +79,16 @@ def test_undefined_values_are_none_not_nan():
 
 def test_settings_from_a_run_config_and_bad_settings():
     cfg = {"loss": {"stare": {"target_entropy": 0.4}}, "band": 0.1, "collapse_frac": 0.2}
-    assert summary_settings(cfg) == {"target_entropy": 0.4, "band": 0.1, "collapse_frac": 0.2, "w_max": None}
-    assert summary_settings({"loss": {"stare": {}}}) == {"target_entropy": None, "band": 0.05, "collapse_frac": 0.1,
-                                                         "w_max": None}
+    assert summary_settings(cfg) == {"target_entropy": 0.4, "band": 0.1, "collapse_frac": 0.2, "w_max": None,
+                                     "variant": "O1", "schedule": None}
+    assert summary_settings({"loss": {"stare": {"variant": "c2"}}}) == {
+        "target_entropy": None, "band": 0.05, "collapse_frac": 0.1, "w_max": None, "variant": "C2", "schedule": None}
     adaptive = {"loss": {"stare": {"target_entropy": 0.4, "adaptive": True, "w_max": 1.5}}}
     assert summary_settings(adaptive)["w_max"] == 1.5  # the cap only matters with the adaptive schedule
-    assert summary_settings(None)["band"] == 0.05
+    assert summary_settings(adaptive)["schedule"] == "paper"
+    auto = {"loss": {"stare": {"adaptive": True, "schedule": "auto", "auto_w_max": 20.0}}}
+    assert (summary_settings(auto)["w_max"], summary_settings(auto)["schedule"]) == (20.0, "auto")
+    assert summary_settings(None)["band"] == 0.05 and summary_settings(None)["variant"] is None
     with pytest.raises(ConfigError, match="band"):
         run_summary([], band=-1)
     with pytest.raises(ConfigError, match="collapse_frac"):
@@ -130,3 +134,24 @@ def test_adaptive_w_mean_and_share_at_the_cap():
     assert s["w_mean_second_half"] == pytest.approx(1.4925) and s["w_cap_share"] == 0.5
     s = run_summary(rows, target_entropy=0.4)
     assert s["w_mean_second_half"] is None and s["w_cap_share"] is None
+
+
+def test_auto_cap_share_counts_from_the_crossing_and_balance_m_is_c2_only():
+    """10 rows, H_tgt 0.5, cap 3. Rows 0..3 above the target (W 2, gate off), row 4 the first below it; W from row 4
+    on: 3, 3, 3, 2.5, 2, 2 → at the cap on 3 of those 6 rows = 0.5 (the auto schedule). The paper schedule counts
+    the second half, rows 5..9 (W 3, 3, 2.5, 2, 2): 2 of 5 = 0.4. The mean W over the second half is
+    (3 + 3 + 2.5 + 2 + 2)/5 = 2.5 for both. balance_m over rows 5..9 with M 0.5 and the gate on at rows 5..7:
+    1 − 3·0.5/5 = 0.7 for C2, None for O1 (it never applies M) and without a variant."""
+    ent = [0.9, 0.8, 0.7, 0.6, 0.45, 0.48, 0.49, 0.51, 0.5, 0.5]
+    ws = [2.0] * 4 + [3.0, 3.0, 3.0, 2.5, 2.0, 2.0]
+    gates = [0] * 4 + [1, 1, 1, 1, 0, 0]
+    rows = [{"step": i + 1, "entropy": h, "stare_w": w, "stare_m": 0.5, "gate_on": g}
+            for i, (h, w, g) in enumerate(zip(ent, ws, gates))]
+    auto = run_summary(rows, target_entropy=0.5, w_max=3.0, schedule="auto", variant="C2")
+    paper = run_summary(rows, target_entropy=0.5, w_max=3.0, schedule="paper", variant="O1")
+    assert auto["w_cap_share"] == pytest.approx(0.5) and paper["w_cap_share"] == pytest.approx(0.4)
+    assert auto["w_mean_second_half"] == pytest.approx(2.5) == paper["w_mean_second_half"]
+    assert auto["balance_m"] == pytest.approx(0.7)
+    assert paper["balance_m"] is None and run_summary(rows, target_entropy=0.5)["balance_m"] is None
+    # no row below the target: the auto schedule never moved its W, there is no share to give
+    assert run_summary(rows[:4], target_entropy=0.5, w_max=3.0, schedule="auto")["w_cap_share"] is None

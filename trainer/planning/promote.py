@@ -61,6 +61,15 @@ header's ``WARNING`` line (and stderr) gives both numbers with the calibration's
 Without either, W is the source runs' own setting — no critical strength of any kind (``strength`` null; the
 header's ``W:`` line and ``w_from`` say so), an upper bound of the critical W when they all held the band.
 
+*auto* — ``--method o1-auto`` / ``c2-auto``: the W its runs found (:func:`stare_lab.theory.critical.auto_strength`:
+the median over the held runs of the balance W over the strongest stretch of the second half). ``--schedule auto``
+(the default) writes the auto schedule, which finds the target model's own W while training (a toy's W does not
+carry over to a model: docs/theory.md §8), and records the W found; ``--schedule fixed`` writes that W as a fixed
+W (method ``o1`` / ``c2``, M = 1/W for C2). A run of it that did not hold the band is not refused: the W is then
+"at least" (a lower bound) and a warning says why. The header's ``evidence:`` line and the provenance's
+``evidence_kind`` (``auto run``, ``W sweep``, ``calibration``, ``the runs' own setting``) and ``schedule`` name
+the source.
+
 **Regime check.** The source's regime (D_L+/|D_GRPO| where its entropy crosses H_tgt, H_tgt over the reward-optimal
 entropy, sampled vs mean field; :func:`stare_lab.theory.regime.run_regime`, or the calibration's ``regime``) is compared with
 the target's — a probe run of the target model (``--probe`` with ``pred/d_grpo``, ``pred/d_lplus`` or
@@ -94,7 +103,7 @@ from stare_lab.errors import ConfigError, DataError, RunError
 from stare_lab.theory.regime import calibrated_w_max
 
 from trainer.planning.promote_sources import (
-    PROMOTED_KEYS, collect_settings, evidence, own_w_text, read_probe_run, regime_check,
+    PROMOTED_KEYS, collect_settings, evidence, evidence_kind, is_auto_method, own_w_text, read_probe_run, regime_check,
 )
 
 logger = logging.getLogger(__name__)
@@ -162,8 +171,12 @@ def promote(
     probe: str | Path | None = None,
     force: bool = False,
     calibration: str | Path | None = None,
+    schedule: str | None = None,
 ) -> tuple[str, dict[str, Any], list[str]]:
     """Build the promoted config (W/M from evidence, the regime check and the proposal: module docstring).
+
+    ``schedule`` (auto-run evidence only, ``--method o1-auto`` / ``c2-auto``): ``"auto"`` (the default) writes the
+    auto schedule, ``"fixed"`` the fixed W it found (method ``o1`` / ``c2``, M = 1/W for C2).
 
     Returns:
         ``(text, provenance, notices)``: the file content (YAML or verl override lines), the provenance dict and
@@ -174,7 +187,8 @@ def promote(
     Raises:
         ConfigError / RunError: bad format, missing/ambiguous runs, refusals (see :func:`collect_settings`),
             conflicting target-entropy options, a merged config the trainer's loader rejects, a W sweep where no
-            grid W held, a calibration without a finite W for the promoted variant.
+            grid W held, a calibration without a finite W for the promoted variant, ``schedule`` not one of
+            :data:`SCHEDULES` or given for a method without the auto schedule, a calibration with an auto method.
         DataError: the ``--probe`` reports a non-positive or non-finite initial entropy; a malformed calibration.
     """
     from trainer.config import load_trainer_config  # the trainer's own loader validates the result
@@ -189,6 +203,11 @@ def promote(
     if not data:
         raise ConfigError(f"--base {str(base)!r}: the base config file is empty (no keys); give a trainer config "
                           "YAML, e.g. papers/stare_2606.19236/configs/<setting>.yaml")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule={schedule!r} is not one of {{{', '.join(SCHEDULES)}}}")
+    if schedule is not None and not is_auto_method(method):
+        raise ConfigError(f"--schedule {schedule} chooses what an auto run's evidence becomes (--method o1-auto or "
+                          f"c2-auto); the runs of {method!r} have no auto schedule: leave --schedule out")
     found, strength, candidates, cal, conflict = evidence(sources, method, force, calibration)
     base_stare = load_trainer_config(data).loss.stare  # the base itself must be valid
     base_w, base_m = float(base_stare.reweight_w), float(base_stare.reweight_m)
@@ -200,6 +219,16 @@ def promote(
     stare = loss.setdefault("stare", {})
     stare.update(found["stare"])
     data["method"] = method
+    auto = strength is not None and strength.kind == "auto"
+    written = (schedule or "auto") if auto else None
+    auto_warnings = _auto_warnings(strength, written) if auto else []
+    if written == "fixed":  # the fixed W (and M = 1/W for C2) the auto run found, under the fixed-W method
+        data["method"] = _FIXED_METHOD["C2" if strength.m is not None else "O1"]
+        stare.update(adaptive=False, schedule="paper", reweight_w=round(strength.w, 4))
+        if strength.m is not None:
+            stare["reweight_m"] = round(strength.m, 4)
+    if written is not None:
+        notices.append(_auto_notice(strength, written, method, data["method"]))
     calibrated: set[str] = set()
     if cal is not None and strength is not None:
         stare["reweight_w"] = strength.w
@@ -220,6 +249,8 @@ def promote(
     size = _model_size_b(str((data.get("model") or {}).get("path", "")))
     if size is not None and size >= 14 and model_calibrated:
         notices.append(f"model size guidance ({size:g}B) not applied: W/M are calibrated to the target model")
+    elif size is not None and size >= 14 and written == "auto":
+        notices.append(f"model size guidance ({size:g}B) not applied: the auto schedule finds its W while training")
     elif size is not None and size >= 14:
         touched = {"loss.stare.reweight_w", "loss.stare.reweight_m"} & user_keys
         if not touched:
@@ -253,7 +284,9 @@ def promote(
     w_from = strength.describe() if strength is not None else own_w_text(found, method, sources)
     overridden = _overridden(cfg.loss.stare, evidence_values, user_keys, strength, calibrated)
     notices[:0] = [v["note"] for v in overridden.values()]
-    warnings = (_push_warnings(cfg.loss.stare, base_w, base_m, model_calibrated - _keys(user_keys), _keys(user_keys))
+    pushed = [] if written == "auto" else _push_warnings(cfg.loss.stare, base_w, base_m,
+                                                         model_calibrated - _keys(user_keys), _keys(user_keys))
+    warnings = (auto_warnings + pushed
                 + _weaker_warnings(overridden, strength, calibrated) + _seed_warnings(found["runs"])
                 + (probed[2] if probed is not None else []) + ([conflict["text"]] if conflict else []))
     regime = regime_check(found, cal, probe, notices)
@@ -271,6 +304,8 @@ def promote(
         "source_runs": found["runs"],
         "promoted": {k: getattr(cfg.loss.stare, k) for k in PROMOTED_KEYS},
         "strength": None if strength is None else strength.to_dict(),
+        "evidence_kind": evidence_kind(strength, cal),
+        "schedule": written,
         "w_from": w_from,
         "overridden": {k: {"value": v["value"], "evidence": v["evidence"]} for k, v in overridden.items()},
         "evidence": [x.to_dict() for x in candidates],
@@ -293,6 +328,31 @@ def promote(
     else:
         text = header + "\n".join(_verl_lines(cfg)) + "\n"
     return text, provenance, notices
+
+
+#: what ``--schedule`` may write from an auto run's evidence: the auto schedule itself, or the fixed W it found
+SCHEDULES = ("auto", "fixed")
+#: the fixed-W method of each variant (``--schedule fixed``)
+_FIXED_METHOD = {"O1": "o1", "C2": "c2"}
+
+
+def _auto_notice(strength: CriticalStrength, written: str, method: str, fixed: str) -> str:
+    """What ``promote`` wrote from an auto run (``written``: ``auto`` or ``fixed``), with the W it found."""
+    found = strength.value_text()
+    if written == "auto":
+        return (f"from an auto run: the auto schedule is written (method {method}): it finds the target model's own W "
+                f"while training; the W it found here, {found}, is recorded, not applied (--schedule fixed writes it)")
+    return (f"from an auto run: the fixed W it found, {found}, is written (method {fixed}, adaptive false; "
+            "--schedule auto writes the schedule instead)")
+
+
+def _auto_warnings(strength: CriticalStrength, written: str) -> list[str]:
+    """A warning when the auto run's W is only a lower bound (not every run held the band; its W at the cap)."""
+    if not strength.lower_bound:
+        return []
+    what = ("the written fixed W may be too weak: run a W sweep from it up, or more steps / a higher auto_w_max in "
+            "the simulation" if written == "fixed" else "raise loss.stare.auto_w_max if its W sat at the cap")
+    return [f"the auto run's W is only a lower bound, at least {strength.w:.3g}: {strength.lower_bound}; {what}"]
 
 
 def _verl_dropped(user_keys: set[str]) -> list[str]:
@@ -422,6 +482,9 @@ def _comment_block(provenance: dict[str, Any], notices: list[str]) -> str:
             if k in s
         )
         lines.append(f"  {run['path']} (seed {run.get('seed')}): {facts}")
+    lines.append(f"evidence: {provenance['evidence_kind']}" + (
+        f"; written: {'the auto schedule' if provenance['schedule'] == 'auto' else 'the fixed W it found'}"
+        if provenance.get("schedule") else ""))
     if provenance.get("strength"):
         lines.append(f"critical W: {provenance['w_from']}")
     else:
@@ -481,6 +544,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration", default=None,
                         help="calibration.json (or the folder stare-lab calibrate wrote): promote its calibrated W "
                         "(and M for C2, w_max for the adaptive schedule)")
+    parser.add_argument("--schedule", default=None, choices=SCHEDULES,
+                        help="with an auto run's evidence (--method o1-auto / c2-auto): write the auto schedule "
+                        "(auto, the default: it finds the target model's own W) or the fixed W it found (fixed)")
     parser.add_argument("--force", action="store_true", help="promote despite refusals (recorded)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.set_defaults(extra_overrides=[])
@@ -539,7 +605,7 @@ def main(args: argparse.Namespace) -> int:
     text, provenance, notices = promote(
         sources, args.method, args.base, fmt=args.fmt, overrides=overrides,
         target_entropy=args.target_entropy, target_entropy_frac=args.target_entropy_frac, probe=args.probe,
-        force=args.force, calibration=getattr(args, "calibration", None),
+        force=args.force, calibration=getattr(args, "calibration", None), schedule=getattr(args, "schedule", None),
     )
     _write_outputs({out: text, out.with_name(out.name + ".provenance.json"):
                     json.dumps(provenance, indent=2, default=str) + "\n"})

@@ -4,9 +4,10 @@ promoted W comes from, and the regime check (docs/theory.md §7–8).
 * :func:`collect_settings`: the common STARE settings of a method's runs under the sources, with the band refusals.
 * :func:`evidence`: the critical strength the promoted W (and M, ``w_max``) comes from — *calibrated* (a
   ``calibration.json``: evidence about the target model) where a W sweep's *measured* W (its smallest W held on
-  every seed) agrees with it or there is none, the measured W where the two disagree (recorded with both numbers) —
-  and every candidate seen (:class:`stare_lab.theory.critical.CriticalStrength`); without either, the runs' own W
-  (:func:`own_w_text`: no critical strength, an upper bound when they all held).
+  every seed) agrees with it or there is none, the measured W where the two disagree (recorded with both numbers),
+  *auto* for a method with the auto schedule (the W its runs found: :func:`stare_lab.theory.critical.auto_strength`)
+  — and every candidate seen (:class:`stare_lab.theory.critical.CriticalStrength`); without any, the runs' own W
+  (:func:`own_w_text`: no critical strength, an upper bound when they all held). :func:`evidence_kind` names it.
 * :func:`regime_check`: the source's regime against the target's (:mod:`stare_lab.theory.regime`), and the proposal to
   calibrate when a probe run of the target is given without a calibration.
 """
@@ -17,8 +18,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength
+from stare_lab.theory.critical import KEY_D_GRPO, KEY_D_LPLUS, KEY_D_RATIO, CriticalStrength, auto_strength
+from stare_lab.config import STAREConfig, to_dict
 from stare_lab.errors import ConfigError, RunError
+from stare_lab.loss.methods import METHODS
 from stare_lab.platform.files import read_json
 from stare_lab.theory.regime import (
     CALIBRATION_FILE, POOR_FIT_RESIDUAL, calibrated_strengths, read_calibration, regime_mismatches, run_regime,
@@ -27,10 +30,16 @@ from stare_lab.platform.evidence import check_run
 from stare_lab.platform.runs import find_runs, read_run
 from stare_lab.platform.summary import band_held
 
-__all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "own_w_text", "read_probe_run", "regime_check"]
+__all__ = ["PROMOTED_KEYS", "collect_settings", "evidence", "evidence_kind", "is_auto_method", "own_w_text",
+           "read_probe_run", "regime_check", "AUTO_FREE_KEYS"]
 
 #: The STARE keys carried from a simulation into the trainer config (``loss.stare.*``); target_entropy is not.
-PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope")
+PROMOTED_KEYS = ("variant", "top_p_ratio", "reweight_w", "reweight_m", "adaptive", "alpha", "w_max", "m_min", "scope",
+                 "schedule", "auto_w_max")
+#: keys a run written before the auto schedule lacks: their value then is the STAREConfig default
+_OPTIONAL_KEYS = ("schedule", "auto_w_max")
+#: the promoted keys the auto schedule ignores (it sets W, and M = 1/W for C2, itself): its runs may differ in them
+AUTO_FREE_KEYS = ("reweight_w", "reweight_m", "w_max", "m_min", "alpha")
 _DEFAULT_BAND = 0.05
 
 
@@ -80,8 +89,9 @@ def collect_settings(
 
     Args:
         point: keep only the runs whose config has these dotted values (a W sweep's measured W and its slice).
-        free_keys: :data:`PROMOTED_KEYS` that come from a calibration: the runs may differ in them, and their band
-            criterion is not checked (the promoted W is not theirs).
+        free_keys: :data:`PROMOTED_KEYS` that come from a calibration or that the runs' auto schedule ignores
+            (:data:`AUTO_FREE_KEYS`): the runs may differ in them, and their band criterion is not checked (the
+            promoted W is not theirs; an auto run that did not hold gives a lower bound instead, :func:`evidence`).
 
     Every run of ``method`` (and every run whose ``config.yaml`` cannot be read) goes through the evidence check
     (:func:`stare_lab.platform.evidence.check_run`: its metrics parse, it is complete against its config and its
@@ -144,6 +154,7 @@ def collect_settings(
         stare = loss.get("stare") if isinstance(loss.get("stare"), dict) else None
         if stare is None:
             raise ConfigError(f"run {r.path} has an incomplete config: no loss.stare section")
+        stare = {**{k: _STARE_DEFAULTS[k] for k in _OPTIONAL_KEYS}, **stare}
         missing = [k for k in PROMOTED_KEYS if k not in stare]
         if missing:
             raise ConfigError(f"run {r.path} has an incomplete config: loss.stare lacks {', '.join(missing)}")
@@ -169,7 +180,7 @@ def collect_settings(
         )
         raise ConfigError(f"method {method!r} is ambiguous: its runs have {len(settings)} different STARE settings: "
                           f"{variants}; pass one run directory or a narrower sweep")
-    first = matching[0].config["loss"]["stare"]
+    first = {**{k: _STARE_DEFAULTS[k] for k in _OPTIONAL_KEYS}, **matching[0].config["loss"]["stare"]}
     return {
         "stare": {k: first[k] for k in PROMOTED_KEYS},
         "runs": [
@@ -183,6 +194,44 @@ def collect_settings(
 
 
 _W_KEY = "loss.stare.reweight_w"
+_STARE_DEFAULTS = to_dict(STAREConfig())
+
+
+def is_auto_method(method: str) -> bool:
+    """Whether ``method`` (:data:`stare_lab.loss.methods.METHODS`) runs the auto schedule (``o1-auto``,
+    ``c2-auto``); False for a name the table does not know."""
+    st = (METHODS.get(method) or {}).get("loss", {}).get("stare") or {}
+    return bool(st.get("adaptive")) and st.get("schedule") == "auto"
+
+
+def _auto_evidence(sources: list[str | Path], method: str, force: bool) -> tuple[dict[str, Any], CriticalStrength]:
+    """The settings of an auto method's runs (:func:`collect_settings`, free in :data:`AUTO_FREE_KEYS`) and the *auto*
+    strength they found (:func:`stare_lab.theory.critical.auto_strength` of their recomputed summaries: the median
+    balance W over the strongest stretch of the held runs; a lower bound when not every run held).
+
+    Raises:
+        RunError: as :func:`collect_settings`, or the runs log no balance W (no ``gate_on`` / ``stare_w`` rows).
+    """
+    found = collect_settings(sources, method, force=force, free_keys=AUTO_FREE_KEYS)
+    st = found["stare"]
+    variant = "C2" if str(st["variant"]).upper() == "C2" else "O1"
+    group = {"label": method, "auto": True, "variant": variant, "w_cap": st.get("auto_w_max"),
+             "runs": [r["summary"] or {} for r in found["runs"]]}
+    rec = auto_strength([group], variant)
+    if rec is None:
+        raise RunError(f"the runs of {method!r} under {', '.join(map(str, sources))} log no balance W (gate_on and "
+                       "stare_w over their second half): no W found to promote")
+    return found, rec
+
+
+def evidence_kind(strength: CriticalStrength | None, calibration: dict[str, Any] | None) -> str:
+    """What the promoted W comes from, in words for the header and the provenance: ``auto run``, ``W sweep``
+    (measured), ``calibration``, or ``the runs' own setting`` (no critical strength)."""
+    if strength is None:
+        return "the runs' own setting"
+    if strength.kind == "auto":
+        return "auto run"
+    return "calibration" if calibration is not None else "W sweep"
 
 
 def _find_calibration(sources: list[str | Path], calibration: str | Path | None) -> dict[str, Any] | None:
@@ -330,7 +379,19 @@ def evidence(sources: list[str | Path], method: str, force: bool, calibration: s
     cannot tell them apart); a measured W when there is no calibration, or when the two disagree — a measurement
     wins over a model of it, and the conflict is recorded with both numbers and the calibration's fit residual;
     neither: the runs' own W (:func:`own_w_text`). A source folder that ``stare-lab calibrate`` wrote counts with
-    its ``sweep/`` runs only."""
+    its ``sweep/`` runs only. A method with the auto schedule (:func:`is_auto_method`): the *auto* strength its runs
+    found (:func:`_auto_evidence`), the one candidate; a run of it that did not hold the band is no refusal, it
+    makes the W a lower bound.
+
+    Raises:
+        ConfigError: a calibration together with an auto method (the two are different evidence: give one).
+    """
+    if is_auto_method(method):
+        if calibration is not None:
+            raise ConfigError(f"--calibration promotes a calibrated fixed W; the evidence of --method {method} is the "
+                              "W its own auto runs found: give one of them")
+        found, rec = _auto_evidence(sources, method, force)
+        return found, rec, [rec], None, None
     cal = _find_calibration(sources, calibration)
     # a calibration folder's fit runs (toys that lost the fit) are not evidence: its sweep/ is
     sources = [Path(s) / "sweep" if (Path(s) / CALIBRATION_FILE).is_file() and (Path(s) / "sweep").is_dir() else s
