@@ -30,8 +30,9 @@ __all__ = ["selection_stare", "selected_parts", "grpo_objective", "part_objectiv
 
 def selection_stare(stare: STAREConfig) -> STAREConfig:
     """The STARE settings that select both L+ and L− with the run's top-P ratio and surprisal rule: variant C2, gate
-    always on, scope global, no adaptation (W and M are not read: the sets come back as masks)."""
-    return dataclasses.replace(stare, variant="C2", gate="always", scope="global", adaptive=False)
+    always on, scope global, no adaptation (W and M are not read: the sets come back as masks; the schedule set back
+    to ``paper``, since ``auto`` needs ``adaptive``)."""
+    return dataclasses.replace(stare, variant="C2", gate="always", scope="global", adaptive=False, schedule="paper")
 
 
 def _is_c2(loss: LossConfig) -> bool:
@@ -76,7 +77,8 @@ def part_objective(inputs: PolicyLossInputs, indicator: Tensor, loss: LossConfig
         loss: the run's loss config.
     """
     cfg = dataclasses.replace(loss, loss_mode="stare", entropy_coeff=0.0, kl_coef=0.0,
-                              stare=dataclasses.replace(loss.stare, gate="always", scope="global", adaptive=False))
+                              stare=dataclasses.replace(loss.stare, gate="always", scope="global", adaptive=False,
+                                                        schedule="paper"))
     inputs = dataclasses.replace(inputs, token_weights=indicator.to(inputs.logprobs.device), gate_on=True,
                                  reweight_w=None, reweight_m=None, stare_stats=None)
     return compute_policy_loss("stare", inputs, cfg)[0]

@@ -65,6 +65,7 @@ def main() -> int:
     ap.add_argument("--variant", default="C2")
     ap.add_argument("--scope", default="global")
     ap.add_argument("--target", type=float, default=100.0)
+    ap.add_argument("--schedule", default="paper", choices=["paper", "auto"], help="the adaptive W/M schedule")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--save-steps", type=int, default=1)
     ap.add_argument("--kill-after", type=int, default=0)
@@ -108,7 +109,8 @@ def main() -> int:
         cfg, cls = GRPOConfig(**common), GRPOTrainer
     else:
         cfg = STAREGRPOConfig(**common, variant=args.variant, top_p_ratio=0.2, reweight_w=1.2, reweight_m=0.8,
-                              target_entropy=args.target, adaptive=True, alpha=0.05, w_max=2.0, m_min=0.5,
+                              target_entropy=args.target, adaptive=True, schedule=args.schedule, alpha=0.05,
+                              w_max=2.0, m_min=0.5,
                               scope=args.scope, quadrant_every=args.quadrant_every)
         cls = STAREGRPOTrainer
 

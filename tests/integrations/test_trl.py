@@ -2,9 +2,10 @@
 
 In-process: the config's validation, and the loss of one micro-batch against TRL's own ``GRPOTrainer.compute_loss``
 (gate off: bit for bit, loss and gradients, for every supported ``loss_type``; gate on: the closed form of the
-on-policy surrogate). Launched runs (``tests/integrations/_trl_run.py``, deterministic rollouts): run A, 2 processes
-(torchrun, gloo) of STARE C2 with the gate on and the adaptive schedule, killed right after checkpoint 2; run B
-resumes A to step 3; run C, 1 process with 2 micro-batches per step, 3 steps, uninterrupted.
+on-policy surrogate). Launched runs (``tests/integrations/_trl_run.py``, deterministic rollouts), all STARE C2 with
+the gate on and the auto schedule: run A, 2 processes (torchrun, gloo), killed right after checkpoint 2; run B
+resumes A to step 3; run C, 1 process with 2 micro-batches per step, 3 steps, uninterrupted; run D, 2 processes,
+3 steps, uninterrupted (what B must equal bit for bit).
 """
 
 from __future__ import annotations
@@ -207,6 +208,60 @@ def test_microbatch_scope_selects_per_loss_call(tmp_path, tiny_model):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# the cost of the auto schedule: no extra pass
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _passes_per_step(tmp_path, model_dir, **stare) -> tuple[list[tuple[int, int]], list[float]]:
+    """(forwards, backwards) of the model in each optimizer step of a 3-step in-process STAREGRPOTrainer run (the
+    deterministic rollout of ``_trl_run.py``, 2 micro-batches per step), counted by a forward hook on the model
+    module and a gradient-accumulation hook on its first parameter, and the W of each step."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from _trl_run import NUM_GENERATIONS, reward, rollout
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    counts, per_step, ws = [0, 0], [], []
+    model.register_forward_hook(lambda *a: counts.__setitem__(0, counts[0] + 1))
+    # a backward pass accumulates into every parameter once: count it at the first one (the module's full backward
+    # hook does not fire on a model whose output is a ModelOutput)
+    next(model.parameters()).register_post_accumulate_grad_hook(lambda p: counts.__setitem__(1, counts[1] + 1))
+
+    class PerStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            per_step.append((counts[0], counts[1]))
+            counts[:] = [0, 0]
+            ws.append(trainer.stare_controller.reweight_w)
+
+    cfg = stare_trl.STAREGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, num_generations=NUM_GENERATIONS, max_completion_length=10,
+        learning_rate=1e-3, loss_type="dapo", beta=0.0, max_steps=3, logging_steps=1, save_strategy="no", seed=0,
+        shuffle_dataset=False, variant="C2", top_p_ratio=0.2, target_entropy=100.0, stare_run_dir="",
+        quadrant_every=0, **stare)
+    trainer = stare_trl.STAREGRPOTrainer(
+        model=model, processing_class=tok, reward_funcs=reward, args=cfg,
+        train_dataset=Dataset.from_list([{"prompt": f"prompt {i}"} for i in range(16)]),
+        rollout_func=rollout(10, len(tok), tok.eos_token_id), callbacks=[PerStep()])
+    trainer.train()
+    return per_step, ws
+
+
+def test_auto_schedule_adds_no_forward_or_backward_pass(tmp_path, tiny_model):
+    """The auto schedule reads only H̄, which the step measures anyway: over 3 optimizer steps (2 micro-batches each,
+    the gate on: H_tgt = 100 nats) the model runs exactly as many forward and backward passes per step with
+    ``schedule=auto`` as with the same W fixed (hooks on the model module): one backward per micro-batch, at least
+    as many forwards; and the auto run's W does move (the schedule ran)."""
+    fixed, w_fixed = _passes_per_step(tmp_path / "fixed", tiny_model, reweight_w=2.0, reweight_m=0.5)
+    auto, w_auto = _passes_per_step(tmp_path / "auto", tiny_model, adaptive=True, schedule="auto")
+    assert len(fixed) == 3 and fixed == auto, (fixed, auto)
+    assert all(b == 2 and f >= 2 for f, b in fixed)  # one backward per micro-batch
+    assert w_fixed == [2.0] * 3 and w_auto[0] < w_auto[-1]
+
+
+# --------------------------------------------------------------------------------------------------------------
 # launched runs
 # --------------------------------------------------------------------------------------------------------------
 
@@ -228,16 +283,35 @@ def _launch(model: Path, out: Path, nproc: int, *extra: str) -> subprocess.Compl
 
 @pytest.fixture(scope="module")
 def runs(tiny_model, tmp_path_factory) -> dict[str, Path]:
-    """A: 2 processes, killed after checkpoint 2; B: A resumed to step 3; C: 1 process, 2 micro-batches per step."""
+    """A: 2 processes, killed after checkpoint 2; B: A resumed to step 3; C: 1 process, 2 micro-batches per step;
+    D: 2 processes, uninterrupted. All with the auto schedule (H_tgt = 100 nats: H̄ below it from step 1 on, so the
+    checkpoint of step 2 holds a controller mid-acquisition)."""
     root = tmp_path_factory.mktemp("trl_runs")
-    a, c = root / "two_proc", root / "one_proc"
-    killed = _launch(tiny_model, a, 2, "--steps", "3", "--kill-after", "2")
+    a, c, d = root / "two_proc", root / "one_proc", root / "two_proc_whole"
+    auto = ("--schedule", "auto")
+    killed = _launch(tiny_model, a, 2, "--steps", "3", "--kill-after", "2", *auto)
     assert killed.returncode != 0 and "exitcode  : 17" in killed.stderr, killed.stderr[-3000:]
-    resumed = _launch(tiny_model, a, 2, "--steps", "3", "--resume", str(a / "checkpoint-2"))
+    resumed = _launch(tiny_model, a, 2, "--steps", "3", "--resume", str(a / "checkpoint-2"), *auto)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    single = _launch(tiny_model, c, 1, "--steps", "3", "--ga", "2")
+    single = _launch(tiny_model, c, 1, "--steps", "3", "--ga", "2", *auto)
     assert single.returncode == 0, single.stderr[-3000:]
-    return {"two": a, "one": c, "model": tiny_model}
+    whole = _launch(tiny_model, d, 2, "--steps", "3", *auto)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    return {"two": a, "one": c, "whole": d, "model": tiny_model}
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "stare_run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def _replayed(rows: list[dict]) -> list[tuple]:
+    """(gate, W, M) of a fresh controller with the run's STARE settings fed each row's H̄ once, in step order: what
+    a run that updates its controller once per optimizer step, with that H̄, logs."""
+    from stare_lab.config import STAREConfig
+    from stare_lab.loss.controller import STAREController
+
+    ctl = STAREController(STAREConfig(variant="C2", target_entropy=100.0, adaptive=True, schedule="auto"))
+    return [(int(ctl.update(r["entropy"])), ctl.reweight_w, ctl.reweight_m) for r in rows]
 
 
 def _rows(paths: list[Path]) -> tuple[dict, list[dict]]:
@@ -254,18 +328,24 @@ def _rows(paths: list[Path]) -> tuple[dict, list[dict]]:
 @pytest.mark.slow
 def test_two_processes_three_steps_c2_gate_on(runs):
     """The killed-and-resumed 2-process run has one metrics row per step 1…3, both processes' 16 rows in every step,
-    the gate on (H_tgt = 100 nats > log V) and the adaptive schedule W = 1.2 + 0.05·k, M = 0.8 − 0.05·k (closed
-    form: sgn(H_tgt − H̄) = +1 every step); TRL's own log history carries the same STARE keys."""
-    rows = [json.loads(line) for line in (runs["two"] / "stare_run" / "metrics.jsonl").read_text().splitlines()]
+    the gate on (H_tgt = 100 nats > log V) and the auto schedule acquiring: W raised at step 2 (H̄ below H_tgt and
+    falling: the checkpoint of the resume test holds a W that moved), never lowered, M = 1/W; gate, W and M those
+    of a fresh controller fed each step's logged H̄ once (1 process with 2 micro-batches per step too: the
+    controller moves once per optimizer step, not per micro-batch); TRL's own log history carries the same STARE
+    keys."""
+    rows = _metrics(runs["two"])
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["gate_on"] for r in rows] == [1, 1, 1] and {r["num_sequences"] for r in rows} == {16}
-    assert [round(r["stare_w"], 9) for r in rows] == [1.25, 1.3, 1.35]
-    assert [round(r["stare_m"], 9) for r in rows] == [0.75, 0.7, 0.65]
+    ws = [r["stare_w"] for r in rows]
+    assert ws[0] < ws[1] <= ws[2] and all(r["stare_m"] == 1.0 / r["stare_w"] for r in rows)
+    assert [(r["gate_on"], r["stare_w"], r["stare_m"]) for r in rows] == _replayed(rows)
+    one = _metrics(runs["one"])
+    assert [(r["gate_on"], r["stare_w"], r["stare_m"]) for r in one] == _replayed(one)
     assert all(r["stare/num_pos_selected"] > 0 and r["stare/num_neg_selected"] > 0 for r in rows)
     state = json.loads((runs["two"] / "trainer_state.json").read_text())
     logged = [e for e in state["log_history"] if "stare/w" in e]  # steps 1-2 come back from checkpoint 2
     assert [e["step"] for e in logged] == [1, 2, 3] and [e["stare/gate_on"] for e in logged] == [1.0] * 3
-    assert [round(e["stare/w"], 9) for e in logged] == [1.25, 1.3, 1.35]
+    assert [e["stare/w"] for e in logged] == pytest.approx(ws, rel=1e-6)
     assert {f"quadrant/{q}/share" for q in ("pos_high", "pos_low", "neg_high", "neg_low")} <= set(logged[0])
 
 
@@ -300,13 +380,29 @@ def test_one_and_two_processes_agree(runs):
 
 @pytest.mark.slow
 def test_kill_and_resume_restores_the_controller(runs):
-    """The resumed processes load exactly the state saved at checkpoint 2, and the controller after step 3 equals the
-    uninterrupted 1-process run's, field for field (the same step batches give the same H̄ bits)."""
+    """The resumed processes load exactly the state saved at checkpoint 2 — the auto schedule mid-acquisition: past
+    the crossing (step 1), W moved, not yet in its hold — and the resumed run equals the uninterrupted 2-process run
+    bit for bit: every metrics row (all but wall time), the controller after step 3 and the parameters of checkpoint
+    3. Against the uninterrupted 1-process run the controller agrees field for field but H̄ (to 1e-6: one process
+    sums the batch's entropy in another order)."""
+    from safetensors.torch import load_file
+
     saved = json.loads((runs["two"] / "checkpoint-2" / stare_trl.CONTROLLER_FILE).read_text())
-    assert saved["global_step"] == 2 and saved["controller"]["num_updates"] == 2
+    ctl = saved["controller"]
+    assert saved["global_step"] == 2 and ctl["num_updates"] == 2
+    assert ctl["crossed_at"] == 1 and ctl["auto_hold_steps"] == 0 and ctl["auto_x"] is not None
+    first = _metrics(runs["whole"])[0]
+    assert first["gate_on"] == 1 and ctl["gate_on"] is True and ctl["reweight_w"] != first["stare_w"]
     for r in (0, 1):
         assert json.loads((runs["two"] / f"resumed_controller_rank{r}.json").read_text()) == saved["controller"]
+    resumed, whole = _metrics(runs["two"]), _metrics(runs["whole"])
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole] == [1, 2, 3]
+    stable = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
+    assert [stable(r) for r in resumed] == [stable(r) for r in whole]
     after = json.loads((runs["two"] / "checkpoint-3" / stare_trl.CONTROLLER_FILE).read_text())["controller"]
+    assert after == json.loads((runs["whole"] / "checkpoint-3" / stare_trl.CONTROLLER_FILE).read_text())["controller"]
+    p_res, p_whole = (load_file(runs[k] / "checkpoint-3" / "model.safetensors") for k in ("two", "whole"))
+    assert p_res.keys() == p_whole.keys() and all(torch.equal(p_res[k], p_whole[k]) for k in p_res)
     reference = json.loads((runs["one"] / "checkpoint-3" / stare_trl.CONTROLLER_FILE).read_text())["controller"]
     assert after["num_updates"] == 3
     assert {k: v for k, v in after.items() if k != "last_entropy"} == {
@@ -330,7 +426,8 @@ def test_analyze_reads_the_trl_run(runs, tmp_path):
     for run in loaded.values():
         assert run.steps.tolist() == [1, 2, 3]
         assert run.column("gate_on").tolist() == [1.0, 1.0, 1.0]
-        assert [round(w, 9) for w in run.column("stare_w")] == [1.25, 1.3, 1.35]
+        assert run.column("stare_w").tolist() == pytest.approx([r["stare_w"] for r in _metrics(runs["two"])],
+                                                                rel=1e-6)
     result = analyze([runs["two"], plain], tmp_path / "report")
     assert "c2" in result.verdict and "trl_log_only" in result.verdict
     written = {p.name for p in (tmp_path / "report").iterdir()}

@@ -381,10 +381,17 @@ def test_batched_equals_one_run_at_a_time(tmp_path, mode):
         assert torch.equal(a["state"]["logits"], b["state"]["logits"])
 
 
-@pytest.mark.parametrize("method", ["o1-adaptive", "grpo-ds"])
-def test_interrupt_and_resume_is_bit_exact(tmp_path, method):
-    """Interrupt after 7 steps (checkpoint at 5), resume to 12 → the rows equal an uninterrupted 12-step run."""
-    cfg = tiny(method=method, steps=12, checkpoint_every=5, loss={"stare": {"target_entropy": 1.5}})
+@pytest.mark.parametrize("method, target, phase", [
+    ("o1-adaptive", 1.5, None), ("grpo-ds", 1.5, None),
+    # the auto schedule with the checkpoint of step 5 mid-acquisition (H̄ 1.23 below H_tgt from step 1 on) and
+    # mid-hold (H̄ back above H_tgt at step 2, below it again from step 3: the rescue moves W)
+    ("o1-auto", 1.5, "acquire"), ("c2-auto", 1.24, "hold"),
+])
+def test_interrupt_and_resume_is_bit_exact(tmp_path, method, target, phase):
+    """Interrupt after 7 steps (checkpoint at 5), resume to 12 → the rows equal an uninterrupted 12-step run, and
+    so do the final logits and controller state. For the auto schedule the controller at the checkpoint is past
+    the crossing, in the phase named, with the gate opened and W moved before it."""
+    cfg = tiny(method=method, steps=12, checkpoint_every=5, loss={"stare": {"target_entropy": target}})
     run(cfg, tmp_path / "full")
 
     def stop_at_7(_n, count=[0]):
@@ -395,6 +402,13 @@ def test_interrupt_and_resume_is_bit_exact(tmp_path, method):
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "cut", progress=stop_at_7)
     assert len(rows_of(tmp_path / "cut")) == 7
+    if phase is not None:
+        saved = torch.load(tmp_path / "cut" / "checkpoint" / "state.pt", weights_only=False)
+        ctl, before = saved["state"]["controller"], rows_of(tmp_path / "cut")[:5]
+        assert saved["step"] == 5 and ctl["num_updates"] == 5 and ctl["crossed_at"] >= 1 and ctl["auto_x"] is not None
+        assert (ctl["auto_hold_steps"] > 0) == (phase == "hold")
+        assert any(r["gate_on"] for r in before) and len({r["stare_w"] for r in before}) > 1
+        assert ctl["reweight_w"] == before[-1]["stare_w"] != before[0]["stare_w"]
     run(cfg, tmp_path / "cut", resume=True)
     assert rows_of(tmp_path / "cut") == rows_of(tmp_path / "full")
     a = torch.load(tmp_path / "full" / "checkpoint" / "state.pt", weights_only=False)

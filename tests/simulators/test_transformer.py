@@ -202,16 +202,34 @@ def test_gate_always_changes_the_trajectory(tmp_path):
     assert all(r["gate_on"] == 1 and r["stare_w"] == 5.0 for r in _rows(tmp_path / "s"))
 
 
-def test_resume_continues_bit_identically(tmp_path):
-    """A run stopped at step 2 (checkpoint) and resumed to step 4 writes the same rows as an uninterrupted run."""
-    T.run(_cfg(tmp_path, method="c2"), tmp_path / "full")
-    T.run(_cfg(tmp_path, "steps=2", method="c2"), tmp_path / "part")
+@pytest.mark.parametrize("method, extra, cut", [
+    ("c2", (), 2),
+    # the auto schedule mid-acquisition at the checkpoint of step 3: H_tgt = 20 nats > ln V, so H̄ crosses it at
+    # step 1 and the acquisition moves W on a step where H̄ falls (step 3 here: it rises at step 2); an evaluation
+    # at step 3 in both runs (a run evaluates its last step)
+    ("c2-auto", ("loss.stare.target_entropy=20", "checkpoint_every=3", "eval_every=3"), 3),
+])
+def test_resume_continues_bit_identically(tmp_path, method, extra, cut):
+    """A run stopped at step ``cut`` (checkpoint) and resumed to step 4 writes the same rows as an uninterrupted run,
+    and ends with the same controller state and parameters. For the auto schedule the checkpoint's controller is
+    past the crossing, still acquiring, with the gate on and W moved since the crossing."""
+    T.run(_cfg(tmp_path, *extra, method=method), tmp_path / "full")
+    T.run(_cfg(tmp_path, *extra, f"steps={cut}", method=method), tmp_path / "part")
+    if method.endswith("-auto"):
+        ctl = torch.load(tmp_path / "part" / "checkpoint" / "state.pt", weights_only=False)["state"]["controller"]
+        before = _rows(tmp_path / "part")
+        assert ctl["num_updates"] == cut and ctl["crossed_at"] == 1 and ctl["auto_hold_steps"] == 0
+        assert all(r["gate_on"] == 1 for r in before) and ctl["reweight_w"] == before[-1]["stare_w"]
+        assert before[-1]["stare_w"] != before[0]["stare_w"] and ctl["reweight_m"] == 1.0 / ctl["reweight_w"]
     with pytest.raises(RunError, match="already holds a run"):
-        T.run(_cfg(tmp_path, method="c2"), tmp_path / "part")
-    T.run(_cfg(tmp_path, method="c2"), tmp_path / "part", resume=True)
+        T.run(_cfg(tmp_path, *extra, method=method), tmp_path / "part")
+    T.run(_cfg(tmp_path, *extra, method=method), tmp_path / "part", resume=True)
     assert _rows(tmp_path / "part") == _rows(tmp_path / "full")
-    with pytest.raises(RunError, match="method='o1' differs from the checkpoint's 'c2'"):
-        T.run(_cfg(tmp_path, method="o1"), tmp_path / "part", resume=True)
+    a, b = (torch.load(tmp_path / d / "checkpoint" / "state.pt", weights_only=False)["state"] for d in ("full", "part"))
+    assert a["controller"] == b["controller"]
+    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    with pytest.raises(RunError, match=f"method='o1' differs from the checkpoint's '{method}'"):
+        T.run(_cfg(tmp_path, *extra, method="o1"), tmp_path / "part", resume=True)
 
 
 def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):

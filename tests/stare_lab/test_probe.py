@@ -246,6 +246,28 @@ def test_probe_row_by_hand():
         probe_row({KEY_D_GRPO: 1.0})
 
 
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+def test_decomposition_of_an_auto_run_selects_the_sets_of_the_fixed_w_run(variant):
+    """The D-term sets and objectives of a run with the auto schedule (o1-auto / c2-auto: adaptive, schedule auto)
+    are those of the same run with W fixed: the selection does not read W, M or the schedule. (The selection's
+    config once kept ``schedule="auto"`` with ``adaptive=False``, which the config refuses: every auto run of the
+    transformer simulator and the trainer's prediction stopped at its first step.)"""
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(B, T, generator=g) > 0.2
+    batch = StepBatch(mask, torch.tensor([1.0, -1.0, 0.5, -0.7], dtype=F64),
+                      -torch.rand(B, T, generator=g, dtype=F64) * 3, entropy=torch.rand(B, T, generator=g, dtype=F64))
+    fixed = LossConfig(loss_mode="stare", stare=STAREConfig(variant=variant, top_p_ratio=0.4, target_entropy=0.5))
+    auto = LossConfig(loss_mode="stare", stare=STAREConfig(variant=variant, top_p_ratio=0.4, target_entropy=0.5,
+                                                           adaptive=True, schedule="auto"))
+    a, b = selected_parts(batch, auto), selected_parts(batch, fixed)
+    assert a.keys() == b.keys() == ({KEY_D_LPLUS, KEY_D_LMINUS} if variant == "C2" else {KEY_D_LPLUS})
+    assert all(torch.equal(a[k], b[k]) for k in a) and a[KEY_D_LPLUS].sum() > 0
+    prep = prepare_step(batch, fixed, step=1, seed=0)
+    lp = batch.old_logprobs.clone().requires_grad_(True)
+    assert torch.equal(part_objective(prep.inputs(lp), a[KEY_D_LPLUS], auto),
+                       part_objective(prep.inputs(lp), a[KEY_D_LPLUS], fixed))
+
+
 def test_lplus_mass_combines_to_the_share_of_the_whole_batch():
     """The per-micro-batch sums of lplus_mass, added over two halves of the batch, give share_above_critical of the
     whole batch (the surprisal is −log π of the forward-mode pass's primal)."""

@@ -83,15 +83,15 @@ class Encoder:
         return EncodedPrompt(token_ids=[1, 2, 3], answer=record["answer"], truncated=False, index=index)
 
 
-def _trainer(offload: bool):
+def _trainer(offload: bool, method: str = "c2", stare: dict | None = None):
     from stare_lab.loss.stare import STAREController
     from trainer.engines.comm import Comm
     from trainer.step.runner import StepRunner
 
-    cfg = load_trainer_config({"method": "c2", "model": {"path": "unused"},
+    cfg = load_trainer_config({"method": method, "model": {"path": "unused"},
                                "rollout": {"n": 4, "max_response_length": 2},
                                "reward": {"kind": "gsm8k-lenient"},
-                               "loss": {"loss_mode": "stare", "stare": {"variant": "C2", "gate": "always"}},
+                               "loss": {"loss_mode": "stare", "stare": stare or {"variant": "C2", "gate": "always"}},
                                "optim": {"train_batch_size": 2}})
     events: list[str] = []
     dist, comm = DistInfo(rank=0, world_size=1, local_rank=0), Comm()
@@ -127,6 +127,21 @@ def test_step_order_with_deepspeed_offload_during_rollout():
     step = ["generate", "sleep", "free", "reload", "old_logprob", "update", "offload", "free", "wake:weights",
             "gather", "sync", "wake:kv_cache"]
     assert events == step + step
+
+
+def test_auto_schedule_adds_no_pass_to_the_step():
+    """The real step runner with the auto schedule (``c2-auto``) makes exactly the calls of the same run with W fixed
+    (``c2``), step after step: the same generation, old-log-prob pass, update and sync, nothing more — the schedule
+    reads only the H̄ the step measures anyway (H̄ = 1 nat here, the gate on below H_tgt = 5). Its W does move."""
+    stare = {"variant": "C2", "gate": "entropy", "target_entropy": 5.0}
+    fixed, fixed_events = _trainer(offload=False, method="c2", stare=stare)
+    auto, auto_events = _trainer(offload=False, method="c2-auto", stare=stare)
+    rows = {"fixed": [fixed.step(s) for s in (1, 2, 3)], "auto": [auto.step(s) for s in (1, 2, 3)]}
+    assert fixed_events == auto_events == STEP * 3
+    assert [r["gate_on"] for r in rows["auto"]] == [1, 1, 1] == [r["gate_on"] for r in rows["fixed"]]
+    assert [r["stare_w"] for r in rows["fixed"]] == [1.1] * 3
+    w = [r["stare_w"] for r in rows["auto"]]
+    assert w[0] < w[1] < w[2]
 
 
 def test_engine_never_generates_from_stale_weights():

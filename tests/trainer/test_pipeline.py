@@ -4,7 +4,9 @@ grading (lenient last-number GSM8K reward so a random model sometimes scores), v
 Each run is a subprocess (``python -m trainer.cli`` / ``torchrun``) with a timeout, so nothing can hang the suite.
 Covers the issue's checks (a) one process, 3 steps, ``stare`` C2 with the gate forced on; (b) two processes with
 torchrun, identical final parameters on both ranks; (c) after every sync the engine's log-probs equal the trainer's
-to 1e-4 (fp32); (d) kill-and-resume gives identical metrics; (e) the HF engine path; plus an all-filtered batch.
+to 1e-4 (fp32); (d) kill-and-resume gives identical metrics — on two processes, with the auto schedule
+(``c2-auto``) mid-acquisition at the checkpoint, against the uninterrupted two-process run of (b); (e) the HF
+engine path; plus an all-filtered batch.
 """
 
 from __future__ import annotations
@@ -131,20 +133,6 @@ def test_engine_logprobs_match_trainer_after_every_sync(run_a):
     assert all(d is not None and d <= 1e-4 for d in diffs), diffs
 
 
-def test_kill_and_resume_gives_identical_metrics(run_a, tiny_model, gsm8k_digits, tmp_path):
-    """(d) Kill right after step 3 is logged (checkpoint only at step 2): the row of step 3 is on disk but not in a
-    checkpoint. Resuming truncates it, redoes step 3, and every metric equals the uninterrupted run's."""
-    out = tmp_path / "out"
-    cfg = _config(tiny_model, gsm8k_digits, out)
-    _run(cfg, tmp_path, env=_env(STARE_LAB_FAULT="3:logged"), expect_rc=137)
-    assert len(_rows(out)) == 3 and not (out / "checkpoint" / "step_3").exists()
-    _run(_resumed(cfg), tmp_path)
-    a, b = _rows(run_a), _rows(out)
-    assert [r["step"] for r in b] == [1, 2, 3]
-    for ra, rb in zip(a, b):
-        assert _stable(ra) == _stable(rb)
-
-
 def test_hf_engine_path(deps, tiny_model, gsm8k_digits, tmp_path):
     """(e) The transformers-generate engine: one step; its processed log-probs equal the trainer's to 1e-4. The step
     also runs the periodic evaluation (2 MATH-500 problems, 1 sample each) with the synced engine."""
@@ -214,24 +202,77 @@ def test_all_filtered_batch_is_skipped_not_hung(deps, tiny_model, gsm8k_digits, 
     assert row["entropy"] is None and row["reward"] == 0.0
 
 
-def test_torchrun_two_processes_same_final_parameters(deps, tiny_model, gsm8k_digits, tmp_path):
-    """(b) torchrun with 2 processes (gloo, vLLM external_launcher, ZeRO-3 partitions over 2 ranks), 2 steps: the
+#: the two-process runs: STARE C2 with the auto schedule, H_tgt = 20 nats above the tiny model's ~6 (ln 512), so the
+#: gate is on and H̄ crosses H_tgt at step 1: W starts at the schedule's W0 there and the acquisition moves it at
+#: step 2, the checkpoint (save_freq 2) holds a controller mid-acquisition; the prediction pass on (it selects the
+#: STARE sets of an auto run too)
+TWO_PROC = {"method": "c2-auto", "loss.stare.gate": "entropy", "loss.stare.target_entropy": 20.0,
+            "schedule.measure_entropy_change": True}
+
+
+def _torchrun() -> list[str]:
+    import socket
+
+    if shutil.which("torchrun") is None and not (Path(sys.prefix) / "bin" / "torchrun").exists():
+        pytest.fail("torchrun not found")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+
+
+@pytest.fixture(scope="module")
+def run_two(deps, tiny_model, gsm8k_digits, tmp_path_factory):
+    """(b)'s run: 2 processes, 3 steps, uninterrupted; every rank dumps its gathered final parameters."""
+    tmp = tmp_path_factory.mktemp("run_two")
+    out, dump = tmp / "out", tmp / "params"
+    _run(_config(tiny_model, gsm8k_digits, out, **TWO_PROC), tmp, launcher=_torchrun(),
+         env=_env(STARE_LAB_DUMP_PARAMS=str(dump)))
+    return out, dump
+
+
+def test_torchrun_two_processes_same_final_parameters(run_two, tiny_model):
+    """(b) torchrun with 2 processes (gloo, vLLM external_launcher, ZeRO-3 partitions over 2 ranks), 3 steps: the
     gathered final parameters are bit-identical on both ranks and differ from the initial model."""
     import torch
     from safetensors.torch import load_file
 
-    if shutil.which("torchrun") is None and not (Path(sys.prefix) / "bin" / "torchrun").exists():
-        pytest.fail("torchrun not found")
-    out = tmp_path / "out"
-    cfg = _config(tiny_model, gsm8k_digits, out, **{"schedule.total_steps": 2})
-    dump = tmp_path / "params"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                str(29500 + os.getpid() % 1000)]
-    _run(cfg, tmp_path, launcher=launcher, env=_env(STARE_LAB_DUMP_PARAMS=str(dump)))
+    out, dump = run_two
     p0 = torch.load(f"{dump}.rank0.pt")
     p1 = torch.load(f"{dump}.rank1.pt")
     assert p0.keys() == p1.keys()
     assert all(torch.equal(p0[k], p1[k]) for k in p0)
     init = load_file(str(tiny_model / "model.safetensors"))
     assert any(not torch.equal(p0[k], init[k]) for k in p0 if k in init)
-    assert [r["step"] for r in _rows(out)] == [1, 2]
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3]
+
+
+def test_kill_and_resume_gives_identical_metrics(run_two, tiny_model, gsm8k_digits, tmp_path):
+    """(d) The run of (b), killed on both processes right after step 3 is logged (checkpoint only at step 2): the row
+    of step 3 is on disk but not in a checkpoint. Resuming truncates it and redoes step 3; every metric of every row
+    (all but wall time), the controller state of the final checkpoint and the final parameters equal the
+    uninterrupted run's, bit for bit. At the checkpoint the auto schedule is mid-acquisition: past the crossing
+    (step 1), the gate on, W moved from its value at the crossing, not yet in its hold."""
+    import torch
+
+    ref, ref_dump = run_two
+    out, dump = tmp_path / "out", tmp_path / "params"
+    cfg = _config(tiny_model, gsm8k_digits, out, **TWO_PROC)
+    _run(cfg, tmp_path, launcher=_torchrun(), env=_env(STARE_LAB_FAULT="3:logged"), expect_rc=1)
+    assert len(_rows(out)) == 3 and not (out / "checkpoint" / "step_3").exists()
+    saved = json.loads((out / "checkpoint" / "step_2" / "trainer_state.json").read_text())["controller"]
+    before = _rows(out)[:2]
+    assert saved["num_updates"] == 2 and saved["crossed_at"] == 1 and saved["auto_hold_steps"] == 0
+    assert [r["gate_on"] for r in before] == [1, 1] and saved["auto_x"] is not None
+    assert saved["reweight_w"] == before[1]["stare_w"] != before[0]["stare_w"]
+    assert saved["reweight_m"] == before[1]["stare_m"] == 1.0 / saved["reweight_w"]
+    _run(_resumed(cfg), tmp_path, launcher=_torchrun(), env=_env(STARE_LAB_DUMP_PARAMS=str(dump)))
+    a, b = _rows(ref), _rows(out)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        assert _stable(ra) == _stable(rb)
+    assert all(r["pred_entropy_change"] is not None and r["pred/d_lplus"] is not None for r in b)
+    final = [json.loads((d / "checkpoint" / "step_3" / "trainer_state.json").read_text()) for d in (ref, out)]
+    assert final[0]["controller"] == final[1]["controller"] and final[0]["cursor"] == final[1]["cursor"]
+    p_ref, p_res = torch.load(f"{ref_dump}.rank0.pt"), torch.load(f"{dump}.rank0.pt")
+    assert p_ref.keys() == p_res.keys() and all(torch.equal(p_ref[k], p_res[k]) for k in p_ref)

@@ -37,6 +37,8 @@ pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 ADAPTIVE = "+actor_rollout_ref.actor.policy_loss.adaptive=True"
+#: the auto schedule (the methods o1-auto / c2-auto): H̄ below H_tgt from step 1 on, so W acquires from step 1
+AUTO = ADAPTIVE + ",+actor_rollout_ref.actor.policy_loss.schedule=auto"
 #: keys that differ between two identical runs (wall time, host memory)
 TIMING = ("time/", "actor/perf/")
 
@@ -68,12 +70,12 @@ def _rows(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three 4-step runs in one process: verl's ``sync`` trainer with verl's ``vanilla`` loss; the STARE trainer with
+    """Four 4-step runs in one process: verl's ``sync`` trainer with verl's ``vanilla`` loss; the STARE trainer with
     the gate forced off; the STARE trainer, C2, scope global, adaptive W/M with the gate on (H_tgt 10 nats above
-    the tiny model's ~5.8)."""
+    the tiny model's ~5.8), with the paper's schedule and with the auto schedule."""
     work = tmp_path_factory.mktemp("verl_real")
     result = _drive(work, "vanilla:sync", "never:stare:+actor_rollout_ref.actor.policy_loss.gate=never",
-                    f"ref:stare:{ADAPTIVE}")
+                    f"ref:stare:{ADAPTIVE}", f"auto:stare:{AUTO}")
     return work, result
 
 
@@ -120,24 +122,32 @@ def test_the_real_worker_receives_the_whole_step_omega(runs):
 
 
 def test_kill_right_after_verls_checkpoint_then_resume_gives_one_row_per_step(runs):
-    """The adaptive STARE run again, killed with SIGKILL right after verl saved step 2's checkpoint — the point where
-    a row written after the checkpoint (verl's ``_compute_metrics``, before this fix) was lost: steps 1, 3, 4 — then
-    resumed to the end: steps 1–4 each have exactly one row, equal to the uninterrupted run's (all but wall time),
-    and the final parameters are the uninterrupted run's bit for bit (controller, model, optimizer and data order
-    restored). (A crash after a row but before its checkpoint: the resumed run drops the row and trains the step
-    again, test_verl_trainer.py::test_resume_keeps_rows_up_to_the_checkpoint.)"""
+    """The auto-schedule STARE run again, killed with SIGKILL right after verl saved step 2's checkpoint — the point
+    where a row written after the checkpoint (verl's ``_compute_metrics``, before this fix) was lost: steps 1, 3, 4 —
+    then resumed to the end: steps 1–4 each have exactly one row, equal to the uninterrupted run's (all but wall
+    time), and the final parameters are the uninterrupted run's bit for bit (controller, model, optimizer and data
+    order restored). At the checkpoint the controller is mid-acquisition: the gate on, W moved since the crossing at
+    step 1, M = 1/W. (A crash after a row but before its checkpoint: the resumed run drops the row and trains the
+    step again, test_verl_trainer.py::test_resume_keeps_rows_up_to_the_checkpoint.)"""
     work, result = runs
-    spec = f"killed:stare:{ADAPTIVE}"
+    spec = f"killed:stare:{AUTO}"
     half = STEPS // 2
     _drive(work, spec + f",kill=after_checkpoint:{half}", expect_kill=True)
-    assert [r["step"] for r in _rows(work / "killed")] == list(range(1, half + 1))
+    before = _rows(work / "killed")
+    assert [r["step"] for r in before] == list(range(1, half + 1))
+    assert all(r["gate_on"] == 1 and r["stare_m"] == 1.0 / r["stare_w"] for r in before)
+    assert before[0]["stare_w"] < before[-1]["stare_w"]
+    ckpt = work / "killed" / "ckpt" / f"global_step_{half}" / "stare_state.json"  # verl_trainer.STATE_FILE
+    saved = json.loads(ckpt.read_text())["controller"]
+    assert saved["num_updates"] == half and saved["crossed_at"] == 1 and saved["auto_hold_steps"] == 0
+    assert saved["reweight_w"] == before[-1]["stare_w"]
     final = _drive(work, spec)
-    rows, ref = _rows(work / "killed"), _rows(work / "ref")
+    rows, ref = _rows(work / "killed"), _rows(work / "auto")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for got, want in zip(rows, ref):
         assert {k: v for k, v in got.items() if not k.startswith(TIMING)} == \
             {k: v for k, v in want.items() if not k.startswith(TIMING)}
-    assert final["killed"]["params_sha256"] == result["ref"]["params_sha256"]
+    assert final["killed"]["params_sha256"] == result["auto"]["params_sha256"] != result["ref"]["params_sha256"]
 
 
 def test_real_setup_stops_at_verls_gpu_check(tmp_path):
