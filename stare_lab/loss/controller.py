@@ -190,8 +190,10 @@ class STAREController:
             x = self.auto_x + AUTO_K_RESCUE * max(0.0, e - AUTO_DEADBAND)
             if self.auto_hold_steps > AUTO_WINDOW and self.auto_push > 0:
                 x += AUTO_K_BALANCE * (math.log(AUTO_MARGIN * self.realised_push()) - x)
-        self.auto_x = min(max(x, AUTO_X_MIN), math.log(cfg.auto_w_max - 1.0))
-        self.reweight_w = min(1.0 + math.exp(self.auto_x), float(cfg.auto_w_max))
+        x_cap = math.log(cfg.auto_w_max - 1.0)
+        self.auto_x = min(max(x, AUTO_X_MIN), x_cap)
+        # at the cap W is auto_w_max exactly (1 + exp(ln(w_max − 1)) can round below it)
+        self.reweight_w = float(cfg.auto_w_max) if self.auto_x >= x_cap else 1.0 + math.exp(self.auto_x)
         self.reweight_m = self._auto_m(self.reweight_w)
         if self.auto_hold_steps:
             decay = 1.0 - 1.0 / AUTO_WINDOW

@@ -258,3 +258,15 @@ def test_summary_balance_crossing_and_time_to_band_by_hand():
     # row 5: (0.3 + 9·0.01)/10 = 0.039 < 0.05 → step 5, two steps after the crossing
     assert held_band(0.05, target) == 0.05
     assert s["steps_to_band"] == 2
+
+
+def test_auto_w_at_its_cap_is_the_cap_exactly():
+    """At the cap W equals auto_w_max (20.0), not 1 + exp(ln 19) rounded below it: H falls 0.001 a step from 0.5
+    under H_tgt 0.7, so the acquisition raises ln(W − 1) by 0.6 a step until it is clipped at ln 19."""
+    from stare_lab.config import STAREConfig
+    from stare_lab.loss.controller import STAREController
+
+    ctl = STAREController(STAREConfig(variant="O1", adaptive=True, schedule="auto", target_entropy=0.7))
+    for i in range(40):
+        ctl.update(0.5 - 0.001 * i)
+    assert ctl.reweight_w == 20.0
