@@ -24,7 +24,7 @@ held bands b = min(0.05, H_tgt/4) (docs/theory.md §7), clipped to ±:data:`AUTO
   momentum in a model) does not carry W past the push that arrested it;
 * *hold* (from then on): the realised push p̂, an exponential mean of gate·(W − 1) over ~:data:`AUTO_WINDOW` steps,
   is what holds the band, so x relaxes towards ln(κ·p̂) at rate :data:`AUTO_K_BALANCE` per step, κ =
-  :data:`AUTO_MARGIN` (W − 1 a quarter above the push that held: the gate opens on ~80 % of the steps); and while
+  :data:`AUTO_MARGIN` (W − 1 a tenth above the push that held: the gate opens on ~90 % of the steps); and while
   H̄ is more than :data:`AUTO_DEADBAND` band below the target (the drift grew, or W came down too far)
   x ← x + :data:`AUTO_K_RESCUE`·(e − :data:`AUTO_DEADBAND`);
 * W = 1 + eˣ, clipped to [1, auto_w_max]; C2 applies M = 1/W (the paper's pairs 1.1/0.9 and 1.05/0.95 within 1 %).
@@ -57,8 +57,10 @@ AUTO_ACQUIRE_WHILE_FALLING = True
 AUTO_K_ACQUIRE = 0.2
 #: hold: the rate per step at which ln(W − 1) relaxes towards ln(AUTO_MARGIN · the realised push)
 AUTO_K_BALANCE = 0.1
-#: hold: W − 1 is kept this factor above the realised push (the gate then opens on ~1/AUTO_MARGIN of the steps)
-AUTO_MARGIN = 1.25
+#: hold: W − 1 is kept this factor above the realised push (the gate then opens on ~1/AUTO_MARGIN of the steps): W
+#: stays near the smallest W that holds, whose balance is the critical W (a larger W's pushed steps saturate, and its
+#: balance overstates the W needed: docs/theory.md §9)
+AUTO_MARGIN = 1.1
 #: hold: steps of the exponential mean of the realised push (and steps of hold before it is used)
 AUTO_WINDOW = 20
 #: hold: rescue gain, ln(W − 1) per band of error beyond the dead band per step
