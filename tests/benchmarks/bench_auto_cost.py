@@ -6,11 +6,15 @@ fixed, on this machine (CPU). Goal: auto / fixed ≤ 1.02 (median of the paired 
     every step by the entropy rule (``loss.stare.gate=entropy``, H_tgt = 20 nats above the model's ~6), so both
     run the STARE selection and weighted loss on every step and differ only in the W/M schedule; lr 1e-6 (the two
     sides' weights stay within ~1e-6 of each other, so they sample the same responses and do the same work);
-    ``--steps`` steps, checkpoint at the end only. A run's number: the mean ``time/step_s`` over steps 2..N (step
+    ``--steps`` steps, checkpoint at the end only. The fixed side runs at ``--fixed-w`` (M = 1/W for C2, the auto
+    schedule's own pairing), by default the auto cap, the W where auto sits in these runs (the target lies far above
+    the entropy, so it climbs to the cap within a few steps): both sides then apply the same weights and differ only
+    in the schedule. (Against the method's default W 1.1, TRL measured 1.044×, min–max 1.009–1.106, idle: the W
+    changes the numbers in the update, and at lr 1e-6 not the work; docs/benchmarks.md.) A run's number: the mean ``time/step_s`` over steps 2..N (step
     1 includes the engines' warm-up); also the mean ``time/prepare_s`` (the step preparation, where the controller
     runs).
 (b) TRL: ``STAREGRPOTrainer`` (stare_lab.integrations.trl), C2, scope global, the gate on (H_tgt = 100 nats), W
-    fixed (``adaptive=False``) against ``adaptive=True, schedule="auto"``; the setup of ``bench_trl.py`` (8 GSM8K
+    fixed at ``--fixed-w`` (``adaptive=False``, M = 1/W) against ``adaptive=True, schedule="auto"``; the setup of ``bench_trl.py`` (8 GSM8K
     prompts × 4 samples, ≤ 32 new tokens with transformers ``generate``, lr 1e-6, ``loss_type="dapo"``, one
     micro-batch per step, quadrant counts every 10 steps); a run's number: the mean step time over steps 2..N.
 
@@ -26,7 +30,8 @@ printed with each repetition, and next to the wall-time ratio the ratio of the p
 threads; it leaves out the waits for a core that a shared machine adds — (a) measured around the trainer's
 ``StepRunner.step`` by the same plugin). Run on an otherwise idle machine (load < 1): the goal is a 2 % effect.
 
-Usage: ``python tests/benchmarks/bench_auto_cost.py [--reps 6] [--steps 6] [--trl-steps 21] [--only trainer|trl]``.
+Usage: ``python tests/benchmarks/bench_auto_cost.py [--reps 6] [--steps 6] [--trl-steps 21] [--fixed-w 20]
+[--only trainer|trl]``.
 Exit status 0 when both medians meet the goal and the pass counts agree.
 """
 
@@ -44,6 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _trl_run import SETUP  # noqa: E402
+
+from stare_lab.config import STAREConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "trainer" / "assets" / "gsm8k_train_sample.jsonl"  # bundled GSM8K sample (trainer/assets/README.md)
@@ -112,13 +119,14 @@ from stare_lab.integrations.trl import STAREGRPOConfig, STAREGRPOTrainer
 from trainer.grading.rewards import gsm8k_lenient_reward
 from trainer.config import DEFAULT_PROMPT_TEMPLATE
 
-model_dir, data, out, steps, prompts, n, max_new, side = sys.argv[1:9]
-steps, prompts, n, max_new = int(steps), int(prompts), int(n), int(max_new)
+model_dir, data, out, steps, prompts, n, max_new, side, fixed_w = sys.argv[1:10]
+steps, prompts, n, max_new, fixed_w = int(steps), int(prompts), int(n), int(max_new), float(fixed_w)
 """ + SETUP + r"""
 counts = [0, 0]
 model.register_forward_hook(lambda *a: counts.__setitem__(0, counts[0] + 1))
 next(model.parameters()).register_post_accumulate_grad_hook(lambda p: counts.__setitem__(1, counts[1] + 1))
-schedule = dict(adaptive=True, schedule="auto") if side == "auto" else dict(adaptive=False)
+schedule = dict(adaptive=True, schedule="auto") if side == "auto" else dict(adaptive=False, reweight_w=fixed_w,
+                                                                                  reweight_m=1.0 / fixed_w)
 cfg = STAREGRPOConfig(output_dir=out, use_cpu=True, per_device_train_batch_size=prompts * n, num_generations=n,
                       max_completion_length=max_new, temperature=1.0, learning_rate=1e-6, loss_type="dapo", beta=0.0,
                       max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", num_iterations=1, seed=0,
@@ -145,12 +153,14 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def trainer_run(side: str, folder: Path, steps: int, plugin: Path) -> dict:
+def trainer_run(side: str, folder: Path, steps: int, plugin: Path, fixed_w: float) -> dict:
     """One ``stare-lab train --preset tiny-cpu`` run of ``side``: mean step and prepare time over steps 2..N (s),
     the pass counts, the tokens of each step and the W of each step."""
     out, counts = folder / "run", folder / "counts.json"
     cmd = [str(Path(sys.prefix) / "bin" / "stare-lab"), "--plugin", str(plugin), "train", "--preset", "tiny-cpu",
            "--train-data", str(GSM8K), "--out", str(out), f"method={TRAINER_METHOD[side]}", *TRAINER_COMMON,
+           *([f"loss.stare.reweight_w={fixed_w}", f"loss.stare.reweight_m={1.0 / fixed_w}"] if side == "fixed"
+             else []),
            f"schedule.total_steps={steps}", f"schedule.save_freq={steps}"]
     proc = subprocess.run(cmd, cwd=folder, env=_env(STARE_BENCH_COUNTS=str(counts)), capture_output=True, text=True,
                           timeout=1800)
@@ -164,10 +174,11 @@ def trainer_run(side: str, folder: Path, steps: int, plugin: Path) -> dict:
             "counts": counted["counts"], "tokens": [r["num_tokens"] for r in rows], "w": [r["stare_w"] for r in rows]}
 
 
-def trl_run(side: str, model: Path, folder: Path, steps: int) -> dict:
+def trl_run(side: str, model: Path, folder: Path, steps: int, fixed_w: float) -> dict:
     """One TRL run of ``side``: mean step time over steps 2..N (s), the pass counts, tokens and W of each step."""
     proc = subprocess.run([sys.executable, "-c", TRL_SCRIPT, str(model), str(GSM8K), str(folder / "run"), str(steps),
-                           "8", "4", "32", side], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1800)
+                           "8", "4", "32", side, str(fixed_w)], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"TRL run ({side}) failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in proc.stdout.splitlines() if " " in ln}
@@ -201,16 +212,18 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--steps", type=int, default=6, help="trainer steps per run (the mean is over steps 2..N)")
     ap.add_argument("--trl-steps", type=int, default=21, help="TRL steps per run (the mean is over steps 2..N)")
+    ap.add_argument("--fixed-w", type=float, default=STAREConfig().auto_w_max,
+                    help="W of the fixed side (M = 1/W); default: the auto cap, where auto sits in these runs")
     ap.add_argument("--only", choices=["trainer", "trl"], default=None)
     args = ap.parse_args()
-    if args.reps < 1 or args.steps < 2 or args.trl_steps < 2:
-        ap.error("--reps >= 1, --steps >= 2 and --trl-steps >= 2")
+    if args.reps < 1 or args.steps < 2 or args.trl_steps < 2 or not args.fixed_w >= 1:
+        ap.error("--reps >= 1, --steps >= 2, --trl-steps >= 2 and --fixed-w >= 1")
     sys.path.insert(0, str(REPO))
     tmp = Path(tempfile.mkdtemp(prefix="bench_auto_cost_"))
     plugin = tmp / "count_passes.py"
     plugin.write_text(COUNTER)
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}, {args.reps} "
-          f"paired reps, order alternating", flush=True)
+          f"paired reps, order alternating; fixed side at W {args.fixed_w:g}, M {1 / args.fixed_w:.4g}", flush=True)
     ok = True
     if args.only in (None, "trainer"):
         print(f"(a) trainer, tiny-cpu: c2 vs c2-auto, {args.steps} steps, mean time/step_s of steps 2..{args.steps}",
@@ -223,7 +236,7 @@ def main() -> int:
             for side in order:
                 folder = tmp / f"trainer_{side}_{rep}"
                 folder.mkdir()
-                got[side] = trainer_run(side, folder, args.steps, plugin)
+                got[side] = trainer_run(side, folder, args.steps, plugin, args.fixed_w)
             runs.append(got)
             print(f"  rep {rep + 1} (order {', '.join(order)}; load {loads[-1]:.2f}): "
                   + "; ".join(f"{s} {got[s]['step_s']:.3f} s/step (CPU {got[s]['cpu_s']:.3f} s, prepare "
@@ -247,7 +260,7 @@ def main() -> int:
             for side in order:
                 folder = tmp / f"trl_{side}_{rep}"
                 folder.mkdir()
-                got[side] = trl_run(side, model, folder, args.trl_steps)
+                got[side] = trl_run(side, model, folder, args.trl_steps, args.fixed_w)
             runs.append(got)
             print(f"  rep {rep + 1} (order {', '.join(order)}; load {loads[-1]:.2f}): "
                   + "; ".join(f"{s} {got[s]['step_s']:.3f} s/step (CPU {got[s]['cpu_s']:.3f} s)" for s in SIDES)
